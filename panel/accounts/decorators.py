@@ -1,0 +1,30 @@
+"""Every team-scoped view goes through `team_view`: it signs the user in, resolves the current team and
+checks the role. Objects are then fetched with `team=request.team`, so another team's object is a 404."""
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import redirect
+
+from panel.accounts.models import Role
+from panel.accounts.services import current_membership
+
+
+def team_view(role=Role.VIEWER):
+    def decorate(view):
+        @login_required
+        @wraps(view)
+        def wrapper(request, *args, **kwargs):
+            membership = current_membership(request)
+            if membership is None:
+                return redirect("no_team")
+            if not membership.allows(role):
+                raise PermissionDenied(f"This needs the {Role(role).label.lower()} role in {membership.team}.")
+            request.membership = membership
+            request.team = membership.team
+            return view(request, *args, **kwargs)
+
+        wrapper.required_role = Role(role)
+        return wrapper
+
+    return decorate

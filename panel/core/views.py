@@ -1,0 +1,21 @@
+from django.shortcuts import render
+
+from panel.accounts.decorators import team_view
+from panel.core.sections import BY_SLUG, SECTIONS
+from panel.hosts.models import WorkerHost
+
+
+@team_view()
+def home(request):
+    hosts = list(WorkerHost.objects.all())
+    context = {
+        "sections": SECTIONS,
+        "hosts_online": sum(1 for host in hosts if host.is_online),
+        "hosts_total": len(hosts),
+    }
+    return render(request, "core/home.html", context)
+
+
+@team_view()
+def section(request, slug):
+    return render(request, "core/section.html", {"section": BY_SLUG[slug]})

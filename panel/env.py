@@ -1,0 +1,110 @@
+"""Read settings from the environment; a bad value stops start-up with one clear line naming the variable."""
+import os
+from urllib.parse import unquote, urlparse
+
+
+class EnvError(Exception):
+    """A variable is missing or malformed. The message names the variable and what was expected."""
+
+
+TRUE = {"1", "true", "yes", "on"}
+FALSE = {"0", "false", "no", "off", ""}
+
+
+def envstr(name, default=None):
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise EnvError(f"{name} is not set")
+        return default
+    return value
+
+
+def envbool(name, default):
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered in TRUE:
+        return True
+    if lowered in FALSE:
+        return False
+    raise EnvError(f"{name}={value!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
+def envint(name, default, *, minimum=None, maximum=None):
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise EnvError(f"{name}={value!r} is not a whole number") from None
+    if minimum is not None and number < minimum or maximum is not None and number > maximum:
+        raise EnvError(f"{name}={number} is out of range ({minimum} to {maximum})")
+    return number
+
+
+def envlist(name, default):
+    value = os.environ.get(name)
+    if value is None:
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def database_from_url(name, url, *, data_dir):
+    """Turn DATABASE_URL into a Django DATABASES entry: sqlite:///path or postgres://user:pass@host:port/db."""
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        path = unquote(parsed.path)
+        if url.startswith("sqlite:////"):
+            path = "/" + path.lstrip("/")
+        elif path.startswith("/"):
+            path = path[1:]
+        if not path:
+            raise EnvError(f"{name}={url!r} names no file (use sqlite:///relative.db or sqlite:////abs/path.db)")
+        if not os.path.isabs(path):
+            path = os.path.join(data_dir, path)
+        return sqlite_database(path)
+    if parsed.scheme in ("postgres", "postgresql"):
+        database = parsed.path.lstrip("/")
+        if not database:
+            raise EnvError(f"{name}={redact_url(url)!r} names no database")
+        try:
+            port = parsed.port
+        except ValueError:
+            raise EnvError(f"{name}={redact_url(url)!r} has a bad port") from None
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(database),
+            "USER": unquote(parsed.username or ""),
+            "PASSWORD": unquote(parsed.password or ""),
+            "HOST": parsed.hostname or "",
+            "PORT": str(port or ""),
+            "CONN_MAX_AGE": 60,
+            "CONN_HEALTH_CHECKS": True,
+        }
+    raise EnvError(f"{name}={redact_url(url)!r}: unsupported scheme (use sqlite:/// or postgres://)")
+
+
+def sqlite_database(path):
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": path,
+        # WAL lets the web server and the workers read while one of them writes; IMMEDIATE takes the write
+        # lock at BEGIN so concurrent writers wait (busy timeout) instead of failing with "database is locked".
+        "OPTIONS": {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        },
+        "TEST": {"NAME": path + ".test"},
+    }
+
+
+def redact_url(url):
+    """The URL without its password, for messages."""
+    parsed = urlparse(url)
+    if parsed.password:
+        return url.replace(f":{parsed.password}@", ":***@")
+    return url

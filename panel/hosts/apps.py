@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class HostsConfig(AppConfig):
+    name = "panel.hosts"
+    label = "hosts"

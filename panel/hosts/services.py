@@ -1,0 +1,42 @@
+"""Worker hosts announce themselves; engine checks run on the host they describe."""
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from panel.hosts.models import EngineCheck, WorkerHost
+
+
+def host_heartbeat(*, name, host, kind, queues, cpu_count, memory_bytes, memory_available_bytes, gpus, pid,
+                   started_at):
+    """Insert or refresh the row of worker `name`."""
+    values = {
+        "host": host, "kind": kind, "queues": list(queues), "cpu_count": cpu_count, "memory_bytes": memory_bytes,
+        "memory_available_bytes": memory_available_bytes, "gpus": gpus, "pid": pid, "started_at": started_at,
+        "last_seen": timezone.now(),
+    }
+    worker, _ = WorkerHost.objects.update_or_create(name=name, defaults=values)
+    return worker
+
+
+def host_offline(*, name):
+    """A worker that shuts down cleanly says so at once, instead of waiting to look stale."""
+    WorkerHost.objects.filter(name=name).update(last_seen=None)
+
+
+def engine_check_launch(*, team, user, host):
+    """Queue an engine check on `host`'s own queue. Returns the EngineCheck."""
+    from workers import tasks
+
+    with transaction.atomic():
+        check = EngineCheck.objects.create(team=team, created_by=user, host=host, queue=host.host_queue)
+        transaction.on_commit(lambda: tasks.run_engine_check.apply_async(args=[check.pk], queue=check.queue))
+    return check
+
+
+def engine_check_execute(*, check_id, worker):
+    """Body of the engine-check task: run workers/engine_probe.py in the engine venv."""
+    from workers import diagnosis, jobrunner
+
+    check = EngineCheck.objects.select_related("host").get(pk=check_id)
+    argv = [settings.ENGINE_PYTHON, str(settings.BASE_DIR / "workers" / "engine_probe.py")]
+    return jobrunner.run_job(check, argv, worker=worker, classify=diagnosis.classify, time_limit=300)

@@ -1,0 +1,49 @@
+from django.contrib import messages
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from panel.accounts.decorators import team_view
+from panel.accounts.models import Role
+from panel.hosts.models import EngineCheck, WorkerHost
+from panel.hosts.services import engine_check_launch
+from panel.jobs.services import job_events
+
+
+def _hosts_context(request):
+    hosts = list(WorkerHost.objects.all())
+    for host in hosts:
+        host.engine = host.latest_engine_check()
+    return {"hosts": hosts, "online": sum(1 for host in hosts if host.is_online)}
+
+
+@team_view()
+def host_list(request):
+    return render(request, "hosts/list.html", _hosts_context(request))
+
+
+@team_view()
+def host_list_live(request):
+    return render(request, "hosts/_table.html", _hosts_context(request))
+
+
+@require_POST
+@team_view(Role.MEMBER)
+def engine_check_create(request, host_id):
+    host = get_object_or_404(WorkerHost, pk=host_id, kind="gpu")
+    if not host.is_online:
+        messages.error(request, f"{host.name} is offline: start its worker first, then run the check.")
+        return redirect("hosts")
+    check = engine_check_launch(team=request.team, user=request.user, host=host)
+    return redirect("engine_check", check_id=check.pk)
+
+
+@team_view()
+def engine_check_detail(request, check_id):
+    check = get_object_or_404(EngineCheck.objects.select_related("host"), pk=check_id, team=request.team)
+    return render(request, "hosts/check.html", {"job": check, "events": job_events(check)})
+
+
+@team_view()
+def engine_check_live(request, check_id):
+    check = get_object_or_404(EngineCheck.objects.select_related("host"), pk=check_id, team=request.team)
+    return render(request, "hosts/_check_live.html", {"job": check})

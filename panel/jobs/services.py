@@ -1,0 +1,126 @@
+"""State changes, heartbeats and the reaper for every `Job` subclass."""
+import logging
+from datetime import timedelta
+
+from django.apps import apps
+from django.db import transaction
+from django.utils import timezone
+
+from panel.jobs.models import ACTIVE_STATES, LIVE_STATES, Job, JobEvent, JobState
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 200
+
+
+def job_transition(job, *, to, allowed_from, actor=None, reason="", **fields):
+    """Move `job` to state `to` if, and only if, it is now in one of `allowed_from`.
+
+    One conditional UPDATE decides; the loser of a race (a second worker, a redelivered message, a reaper)
+    gets False and changes nothing. Extra `fields` are written in the same UPDATE. On success the event is
+    recorded and `job` is updated in memory."""
+    now = timezone.now()
+    if to in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
+        fields.setdefault("finished_at", now)
+    with transaction.atomic():
+        previous = type(job).objects.filter(pk=job.pk).values_list("state", flat=True).first()
+        updated = type(job).objects.filter(pk=job.pk, state__in=list(allowed_from)).update(state=to, **fields)
+        if not updated:
+            return False
+        JobEvent.objects.create(job_type=job.job_type(), job_id=job.pk, from_state=previous or "", to_state=to,
+                                actor=actor, reason=reason[:2000])
+    job.state = to
+    for name, value in fields.items():
+        setattr(job, name, value)
+    return True
+
+
+def job_claim(job, *, worker):
+    """A worker takes a pending job. False means someone already did (duplicate delivery): do nothing."""
+    now = timezone.now()
+    return job_transition(job, to=JobState.RUNNING, allowed_from=[JobState.PENDING], reason=f"claimed by {worker}",
+                          worker=worker, started_at=now, heartbeat_at=now)
+
+
+def job_heartbeat(job, *, progress=None, phase=None, log_lines=(), pid=None):
+    """Record that the job is alive, with its progress. Returns the job's state as stored now, so the
+    runner learns of a cancel request at its next beat."""
+    fields = {"heartbeat_at": timezone.now()}
+    if progress is not None:
+        fields["progress"] = max(0, min(100, int(progress)))
+    if phase is not None:
+        fields["phase"] = phase[:200]
+    if pid is not None:
+        fields["pid"] = pid
+    if log_lines:
+        job.log_tail = append_log(job.log_tail, log_lines)
+        fields["log_tail"] = job.log_tail
+    type(job).objects.filter(pk=job.pk, state__in=list(LIVE_STATES)).update(**fields)
+    for name, value in fields.items():
+        setattr(job, name, value)
+    state = type(job).objects.filter(pk=job.pk).values_list("state", flat=True).first()
+    job.state = state
+    return state
+
+
+def append_log(tail, lines):
+    kept = (tail.splitlines() if tail else []) + [line.rstrip("\n")[:2000] for line in lines]
+    return "\n".join(kept[-LOG_TAIL_LINES:])
+
+
+def job_succeed(job, *, result):
+    return job_transition(job, to=JobState.SUCCEEDED, allowed_from=[JobState.RUNNING], reason="finished",
+                          result=result, progress=100, pid=None)
+
+
+def job_fail(job, *, kind, reason, actor=None):
+    """Fail an active job with a classified `kind` (e.g. "oom") and a reason in words."""
+    return job_transition(job, to=JobState.FAILED, allowed_from=list(ACTIVE_STATES), actor=actor,
+                          reason=f"{kind}: {reason}", failure_kind=kind, failure_reason=reason, pid=None)
+
+
+def job_cancel(job, *, actor=None):
+    """Ask for a job to stop. A pending job is cancelled at once; a running one moves to cancelling and its
+    worker kills the process group at its next heartbeat. Returns True if anything changed."""
+    if job_transition(job, to=JobState.CANCELLED, allowed_from=[JobState.PENDING], actor=actor,
+                      reason="cancelled before it started"):
+        return True
+    return job_transition(job, to=JobState.CANCELLING, allowed_from=[JobState.RUNNING], actor=actor,
+                          reason="cancel requested")
+
+
+def job_cancelled(job):
+    """The worker confirms that the process group of a cancelling job is gone."""
+    return job_transition(job, to=JobState.CANCELLED, allowed_from=[JobState.CANCELLING], reason="process stopped",
+                          pid=None)
+
+
+def job_models():
+    return [model for model in apps.get_models() if issubclass(model, Job)]
+
+
+def jobs_reap(*, stale_after_seconds):
+    """Fail every job whose worker stopped heartbeating (killed, lost, or its host went away).
+    Returns the reaped jobs. A job that was being cancelled ends cancelled instead."""
+    cutoff = timezone.now() - timedelta(seconds=stale_after_seconds)
+    reaped = []
+    for model in job_models():
+        stale = model.objects.filter(state__in=list(LIVE_STATES), heartbeat_at__lt=cutoff)
+        for job in stale:
+            reason = (f"the worker {job.worker or '?'} stopped sending heartbeats for over {stale_after_seconds} s "
+                      "(killed, crashed or lost its host)")
+            if job.state == JobState.CANCELLING:
+                moved = job_transition(job, to=JobState.CANCELLED, allowed_from=[JobState.CANCELLING],
+                                       reason="reaper: " + reason, pid=None)
+            else:
+                moved = job_transition(job, to=JobState.FAILED, allowed_from=[JobState.RUNNING],
+                                       reason="reaper: " + reason, failure_kind="worker_lost",
+                                       failure_reason=reason, pid=None)
+            if moved:
+                log.warning("reaped %s #%s: %s", model._meta.label, job.pk, reason)
+                reaped.append(job)
+    return reaped
+
+
+def job_events(job):
+    return JobEvent.objects.filter(job_type=job.job_type(), job_id=job.pk).select_related("actor")

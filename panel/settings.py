@@ -1,0 +1,178 @@
+"""Tokenwise settings: one flat file, every value from the environment through panel.env helpers."""
+import os
+import socket
+from pathlib import Path
+
+from panel.env import EnvError, database_from_url, envbool, envint, envlist, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = envbool("DEBUG", False)
+
+DATA_DIR = Path(envstr("TOKENWISE_DATA_DIR", str(BASE_DIR / "data"))).resolve()
+MODELS_DIR = DATA_DIR / "models"
+LOGS_DIR = DATA_DIR / "logs"
+JOBS_DIR = DATA_DIR / "jobs"
+try:
+    for _folder in (DATA_DIR, MODELS_DIR, LOGS_DIR, JOBS_DIR):
+        _folder.mkdir(parents=True, exist_ok=True)
+except OSError as _error:
+    raise EnvError(f"TOKENWISE_DATA_DIR={DATA_DIR}: cannot create it ({_error.strerror})") from None
+
+_INSECURE_KEYS = {"", "change-me", "changeme", "secret", "django-insecure"}
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if SECRET_KEY.strip() in _INSECURE_KEYS or SECRET_KEY.startswith("django-insecure"):
+    if not DEBUG:
+        raise EnvError("SECRET_KEY is empty or a known default; set a long random value (make run generates one)")
+    SECRET_KEY = "django-insecure-debug-only"
+elif len(SECRET_KEY) < 32 and not DEBUG:
+    raise EnvError("SECRET_KEY is shorter than 32 characters")
+
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+
+# Behind TLS (compose with a proxy in front) cookies must be secure; plain http on 127.0.0.1 cannot use them.
+HTTPS = envbool("TOKENWISE_HTTPS", False)
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+if HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = envbool("TOKENWISE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = envint("TOKENWISE_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "panel.accounts",
+    "panel.jobs",
+    "panel.hosts",
+    "panel.core",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "panel.urls"
+ASGI_APPLICATION = "panel.asgi.application"
+WSGI_APPLICATION = "panel.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "panel.accounts.context.current_team",
+                "panel.core.context.navigation",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": database_from_url(
+        "DATABASE_URL", envstr("DATABASE_URL", "sqlite:///tokenwise.sqlite3"), data_dir=str(DATA_DIR)
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6389/0")
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "tokenwise",
+    }
+}
+
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(envstr("TOKENWISE_STATIC_ROOT", str(DATA_DIR / "static")))
+
+# --- Engines (vLLM, AutoAWQ) live in their own venv; the panel only runs them as subprocesses.
+ENGINE_PYTHON = envstr("ENGINE_PYTHON", str(BASE_DIR / ".venv-engine" / "bin" / "python"))
+
+# --- Workers and jobs
+HOST_NAME = envstr("TOKENWISE_HOST_NAME", socket.gethostname())
+HOST_HEARTBEAT_SECONDS = envint("TOKENWISE_HOST_HEARTBEAT_SECONDS", 15, minimum=1)
+HOST_OFFLINE_AFTER_SECONDS = envint("TOKENWISE_HOST_OFFLINE_AFTER_SECONDS", 60, minimum=2)
+JOB_HEARTBEAT_SECONDS = envint("TOKENWISE_JOB_HEARTBEAT_SECONDS", 5, minimum=1)
+JOB_STALE_AFTER_SECONDS = envint("TOKENWISE_JOB_STALE_AFTER_SECONDS", 90, minimum=2)
+REAPER_EVERY_SECONDS = envint("TOKENWISE_REAPER_EVERY_SECONDS", 30, minimum=1)
+JOB_SOFT_TIME_LIMIT = envint("TOKENWISE_JOB_SOFT_TIME_LIMIT", 4 * 3600, minimum=10)
+JOB_HARD_TIME_LIMIT = envint("TOKENWISE_JOB_HARD_TIME_LIMIT", 4 * 3600 + 300, minimum=20)
+if JOB_HARD_TIME_LIMIT <= JOB_SOFT_TIME_LIMIT:
+    raise EnvError("TOKENWISE_JOB_HARD_TIME_LIMIT must be larger than TOKENWISE_JOB_SOFT_TIME_LIMIT")
+
+# --- Celery (read by workers/celery.py through the CELERY_ namespace)
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True  # job state lives in the database, not in a result backend
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_MAX_TASKS_PER_CHILD = envint("TOKENWISE_WORKER_MAX_TASKS_PER_CHILD", 50, minimum=1)
+CELERY_TASK_SOFT_TIME_LIMIT = JOB_SOFT_TIME_LIMIT
+CELERY_TASK_TIME_LIMIT = JOB_HARD_TIME_LIMIT
+# Redis redelivers an unacked message after the visibility timeout: it must outlast the longest job,
+# or a long quantization would be delivered a second time while it still runs.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": JOB_HARD_TIME_LIMIT + 3600}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE = {
+    "reap-stale-jobs": {"task": "workers.tasks.reap_stale_jobs", "schedule": REAPER_EVERY_SECONDS},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO").upper()},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,27 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from panel.accounts import views as accounts
+from panel.core import views as core
+from panel.core.sections import SECTIONS
+from panel.hosts import views as hosts
+
+urlpatterns = [
+    path("", core.home, name="home"),
+    path("login/", accounts.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("teams/switch/", accounts.switch_team, name="switch_team"),
+    path("teams/none/", accounts.no_team, name="no_team"),
+    path("workers/", hosts.host_list, name="hosts"),
+    path("workers/live/", hosts.host_list_live, name="hosts_live"),
+    path("workers/<int:host_id>/check/", hosts.engine_check_create, name="engine_check_create"),
+    path("workers/checks/<int:check_id>/", hosts.engine_check_detail, name="engine_check"),
+    path("workers/checks/<int:check_id>/live/", hosts.engine_check_live, name="engine_check_live"),
+    path("admin/", admin.site.urls),
+]
+
+# Sections whose features have not landed yet: a page that says what will appear and the first step.
+urlpatterns += [
+    path(f"{section.slug}/", core.section, {"slug": section.slug}, name=section.slug) for section in SECTIONS
+]

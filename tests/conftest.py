@@ -1,0 +1,136 @@
+"""Test set-up: a private data dir, a private Redis (a real redis-server), a SQLite test database in a file
+so that real worker processes share it, and helpers to start real Celery workers."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ["TOKENWISE_DATA_DIR"])
+REDIS_URL = os.environ["REDIS_URL"]
+REDIS_PORT = int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+
+
+def panel_env(**changes):
+    """The environment for a subprocess of the panel (manage.py, a worker): the real settings module."""
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="panel.settings", PYTHONUNBUFFERED="1")
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def redis_server():
+    from panel.launcher import start_redis
+
+    process = start_redis(port=REDIS_PORT, data_dir=DATA_DIR / "redis", log_path=DATA_DIR / "redis.log")
+    yield process
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_server):
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+@pytest.fixture
+def team_setup(db, django_user_model):
+    """Two teams; `alice` owns team A, `vera` is a viewer in A, `bob` owns team B."""
+    from panel.accounts.models import Role
+    from panel.accounts.services import membership_add, team_create
+
+    alice = django_user_model.objects.create_user("alice", password="pw-alice-123")
+    bob = django_user_model.objects.create_user("bob", password="pw-bob-123")
+    vera = django_user_model.objects.create_user("vera", password="pw-vera-123")
+    team_a = team_create(name="Team A", owner=alice)
+    team_b = team_create(name="Team B", owner=bob)
+    membership_add(team=team_a, user=vera, role=Role.VIEWER)
+    return {"alice": alice, "bob": bob, "vera": vera, "team_a": team_a, "team_b": team_b}
+
+
+class WorkerProcess:
+    """A real Celery worker (`python -m workers.start KIND`) against the test database and Redis."""
+
+    def __init__(self, kind, database_path, extra_env=None):
+        self.kind = kind
+        self.log_path = DATA_DIR / f"worker-{kind}-{time.monotonic_ns()}.log"
+        env = panel_env(DATABASE_URL=f"sqlite:///{database_path}", **(extra_env or {}))
+        self.log_file = open(self.log_path, "wb")
+        self.process = subprocess.Popen([sys.executable, "-m", "workers.start", kind], cwd=ROOT, env=env,
+                                        stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, seconds=60):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"worker exited early:\n{self.log()}")
+            if (b"beat: Starting" if self.kind == "beat" else b"ready.") in self.log_path.read_bytes():
+                return self
+            time.sleep(0.2)
+        raise AssertionError(f"worker not ready after {seconds} s:\n{self.log()}")
+
+    def log(self):
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def child_pids(self):
+        import psutil
+
+        try:
+            return [child.pid for child in psutil.Process(self.process.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self):
+        """SIGKILL the whole worker (main process and pool children), as a lost host would."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+    def stop(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.log_file.close()
+
+
+@pytest.fixture
+def start_worker(transactional_db):
+    """Start real workers for a test; they are stopped afterwards."""
+    from django.db import connection
+
+    started = []
+
+    def start(kind="gpu", **extra_env):
+        worker = WorkerProcess(kind, connection.settings_dict["NAME"], extra_env)
+        started.append(worker)
+        return worker.wait_ready()
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def wait_until(predicate, *, seconds=30, interval=0.2, message="condition"):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {seconds} s waiting for {message}")

@@ -1,0 +1,31 @@
+"""Settings for the test run: the environment a test run needs, then the real settings module.
+
+Values are set with setdefault, so a subprocess that inherits this environment sees the same ones."""
+import os
+import secrets
+import socket
+import tempfile
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+for _name in ("DATABASE_URL", "ENGINE_PYTHON"):
+    if "TOKENWISE_TEST_RUN" not in os.environ:
+        os.environ.pop(_name, None)
+os.environ.setdefault("TOKENWISE_TEST_RUN", "1")
+os.environ.setdefault("DEBUG", "0")
+os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
+os.environ.setdefault("TOKENWISE_DATA_DIR", tempfile.mkdtemp(prefix="tokenwise-test-"))
+os.environ.setdefault("REDIS_URL", f"redis://127.0.0.1:{_free_port()}/0")
+os.environ.setdefault("TOKENWISE_HOST_NAME", "testhost")
+os.environ.setdefault("TOKENWISE_HOST_HEARTBEAT_SECONDS", "1")
+os.environ.setdefault("TOKENWISE_JOB_HEARTBEAT_SECONDS", "1")
+os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+# Playwright's sync API runs an event loop in the test thread; the ORM calls made by fixtures are safe.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+from panel.settings import *  # noqa: E402,F401,F403

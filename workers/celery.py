@@ -1,0 +1,26 @@
+"""The Celery app. Workers start through `python -m workers.start {default,gpu,beat}`; Celery's Django fixup
+sets Django up in each worker process."""
+import os
+
+from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "panel.settings")
+
+app = Celery("tokenwise")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.include = ["workers.tasks"]
+
+
+@worker_ready.connect
+def _announce(sender, **_):
+    from workers import heartbeat
+
+    heartbeat.start(sender)
+
+
+@worker_shutdown.connect
+def _farewell(sender, **_):
+    from workers import heartbeat
+
+    heartbeat.stop(sender)

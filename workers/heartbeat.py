@@ -1,0 +1,96 @@
+"""Each worker process announces its host (CPU, memory, GPUs, queues) every few seconds from a thread."""
+import logging
+import os
+import threading
+
+import psutil
+from django.conf import settings
+from django.db import close_old_connections
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+_stop = threading.Event()
+_thread = None
+
+
+def gpu_facts():
+    """GPUs through NVML when the driver is there; an empty list on a CPU host."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append({
+                "index": index,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "memory_bytes": int(memory.total),
+                "memory_free_bytes": int(memory.free),
+            })
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def facts(consumer_queues, node_name, started_at):
+    memory = psutil.virtual_memory()
+    queues = sorted(consumer_queues)
+    return {
+        "name": node_name,
+        "host": settings.HOST_NAME,
+        "kind": "gpu" if "gpu" in queues else "default",
+        "queues": queues,
+        "cpu_count": os.cpu_count() or 0,
+        "memory_bytes": memory.total,
+        "memory_available_bytes": memory.available,
+        "gpus": gpu_facts(),
+        "pid": os.getpid(),
+        "started_at": started_at,
+    }
+
+
+def beat_once(consumer_queues, node_name, started_at):
+    from panel.hosts.services import host_heartbeat
+
+    close_old_connections()
+    try:
+        host_heartbeat(**facts(consumer_queues, node_name, started_at))
+    finally:
+        close_old_connections()
+
+
+def start(consumer):
+    global _thread
+    queues = [queue.name for queue in consumer.task_consumer.queues] if consumer.task_consumer else []
+    node_name = consumer.hostname
+    started_at = timezone.now()
+
+    def loop():
+        while not _stop.is_set():
+            try:
+                beat_once(queues, node_name, started_at)
+            except Exception:
+                log.exception("worker heartbeat failed")
+            _stop.wait(settings.HOST_HEARTBEAT_SECONDS)
+
+    _stop.clear()
+    _thread = threading.Thread(target=loop, name="tokenwise-heartbeat", daemon=True)
+    _thread.start()
+
+
+def stop(worker):
+    from panel.hosts.services import host_offline
+
+    _stop.set()
+    try:
+        close_old_connections()
+        host_offline(name=worker.hostname)
+    except Exception:
+        log.exception("could not mark the worker offline")

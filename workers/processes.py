@@ -1,0 +1,134 @@
+"""The one way Tokenwise runs a subprocess: its own process group, killed with its parent, output read line
+by line, a time limit, and a stop check between lines. Engine runners and the vLLM server go through here."""
+import ctypes
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    # Runs in the child between fork and exec: if the worker that started us dies (even by SIGKILL),
+    # the kernel sends us SIGKILL, so a lost worker leaves no orphan engine behind.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class ProcessOutcome:
+    returncode: int | None
+    stopped: bool = False  # we stopped it because should_stop() said so
+    timed_out: bool = False
+    tail: list = field(default_factory=list)
+
+
+def start(argv, *, env=None, cwd=None, log_file=None):
+    """Start `argv` in a new session (its own process group) that dies with this process."""
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+        text=True,
+        bufsize=1,
+        errors="replace",
+    )
+
+
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(pgid, *, grace_seconds=10.0):
+    """SIGTERM the process group, then SIGKILL whatever is left after `grace_seconds`."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_streaming(argv, *, on_line, tick, tick_every=5.0, time_limit=None, env=None, cwd=None, log_path=None,
+                  grace_seconds=10.0, on_start=None, tail_lines=50):
+    """Run `argv` to the end, calling `on_line(line)` for each output line and `tick()` every `tick_every`
+    seconds (and after each burst of lines). `tick()` returning True stops the process group.
+    Returns a ProcessOutcome. Whatever happens, no process of the group is left running."""
+    process = start(argv, env=env, cwd=cwd)
+    if on_start is not None:
+        on_start(process.pid)
+    lines = queue.Queue()
+
+    def pump():
+        for line in process.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    outcome = ProcessOutcome(returncode=None)
+    started = time.monotonic()
+    next_tick = started + tick_every
+    log_file = open(log_path, "a", encoding="utf-8") if log_path else None
+    try:
+        finished_output = False
+        while True:
+            timeout = max(0.0, min(next_tick - time.monotonic(), 0.5))
+            try:
+                line = lines.get(timeout=timeout)
+            except queue.Empty:
+                line = ""
+            if line is None:
+                finished_output = True
+            elif line:
+                if log_file:
+                    log_file.write(line)
+                outcome.tail = (outcome.tail + [line.rstrip("\n")])[-tail_lines:]
+                on_line(line.rstrip("\n"))
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + tick_every
+                if tick():
+                    outcome.stopped = True
+                    break
+            if time_limit is not None and now - started > time_limit:
+                outcome.timed_out = True
+                break
+            if finished_output:
+                break
+    finally:
+        if log_file:
+            log_file.close()
+        if process.poll() is None and (outcome.stopped or outcome.timed_out):
+            stop_group(process.pid, grace_seconds=grace_seconds)
+        try:
+            outcome.returncode = process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            stop_group(process.pid, grace_seconds=0)
+            outcome.returncode = process.wait()
+        # Grandchildren that outlived the runner (an engine's helper processes) share its group.
+        if group_alive(process.pid):
+            stop_group(process.pid, grace_seconds=grace_seconds)
+    return outcome
