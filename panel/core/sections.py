@@ -26,7 +26,7 @@ SECTIONS = [
     Section("channels", "Channels", "⇄", "OpenAI-compatible upstreams: local vLLM deployments and cloud providers "
             "such as TaoToken, with encrypted credentials, prices, and a Test button that diagnoses 401/404/"
             "connection errors in words.", "Start a deployment, or add a cloud channel", "serving"),
-    Section("keys", "Gateway keys", "⚿", "One key per team for the unified gateway at /v1: shown once, stored as "
+    Section("keys", "Gateway keys", "◈", "One key per team for the unified gateway at /v1: shown once, stored as "
             "a hash, with model allow-lists, expiry and per-minute limits.", "Add a channel first", "channels"),
     Section("dashboards", "Dashboards", "▤", "Live usage, TTFT, prefix-cache hit rate and cost per million tokens, "
             "local against cloud, with the savings against an all-cloud baseline.",
@@ -34,7 +34,7 @@ SECTIONS = [
     Section("compare", "Compare", "◫", "The same prompt to the local model and to the cloud model, streamed side "
             "by side with TTFT, tokens/s, tokens and cost per column; JSON and prefix-cache checks.",
             "Add two channels to compare", "channels"),
-    Section("benchmarks", "Benchmarks", "⏱", "Benchmark runs, the config ladder (FP16 → AWQ → prefix cache → "
+    Section("benchmarks", "Benchmarks", "◔", "Benchmark runs, the config ladder (FP16 → AWQ → prefix cache → "
             "batching) with this machine's real numbers, and the max_num_seqs sweep.",
             "Start a deployment to benchmark", "serving"),
     Section("audit", "Audit", "☰", "An append-only record of sign-ins, key and credential changes, role changes, "

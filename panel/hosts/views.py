@@ -46,4 +46,4 @@ def engine_check_detail(request, check_id):
 @team_view()
 def engine_check_live(request, check_id):
     check = get_object_or_404(EngineCheck.objects.select_related("host"), pk=check_id, team=request.team)
-    return render(request, "hosts/_check_live.html", {"job": check})
+    return render(request, "hosts/_check_live.html", {"job": check, "events": job_events(check)})

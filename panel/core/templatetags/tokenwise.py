@@ -25,3 +25,20 @@ def get_item(mapping, key):
         return mapping.get(key, "")
     except AttributeError:
         return ""
+
+
+@register.filter(name="ago")
+def ago(moment):
+    """'12 s ago', '3 min ago', '2 h ago' — precise enough for heartbeats."""
+    from django.utils import timezone
+
+    if not moment:
+        return "—"
+    seconds = max(0, int((timezone.now() - moment).total_seconds()))
+    if seconds < 90:
+        return f"{seconds} s ago"
+    if seconds < 5400:
+        return f"{seconds // 60} min ago"
+    if seconds < 172800:
+        return f"{seconds // 3600} h ago"
+    return f"{seconds // 86400} d ago"
