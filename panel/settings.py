@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "panel.accounts",
     "panel.jobs",
     "panel.hosts",
+    "panel.registry",
     "panel.core",
 ]
 

@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 
 from panel.accounts import views as accounts
 from panel.core import views as core
@@ -19,9 +19,12 @@ urlpatterns = [
     path("workers/checks/<int:check_id>/", hosts.engine_check_detail, name="engine_check"),
     path("workers/checks/<int:check_id>/live/", hosts.engine_check_live, name="engine_check_live"),
     path("admin/", admin.site.urls),
+    path("", include("panel.registry.urls")),
 ]
 
 # Sections whose features have not landed yet: a page that says what will appear and the first step.
 urlpatterns += [
-    path(f"{section.slug}/", core.section, {"slug": section.slug}, name=section.slug) for section in SECTIONS
+    path(f"{section.slug}/", core.section, {"slug": section.slug}, name=section.slug)
+    for section in SECTIONS
+    if not section.built
 ]

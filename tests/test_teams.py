@@ -109,7 +109,7 @@ def test_it_says_on_every_section_page_what_will_appear(client, team_setup):
     from panel.core.sections import SECTIONS
 
     client.force_login(team_setup["vera"])
-    for section in SECTIONS:
+    for section in [section for section in SECTIONS if not section.built]:
         page = client.get(reverse(section.slug)).content.decode()
         assert escape(section.summary) in page
         assert reverse(section.first_step_url) in page

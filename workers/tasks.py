@@ -23,3 +23,10 @@ def reap_stale_jobs():
 
     reaped = jobs_reap(stale_after_seconds=settings.JOB_STALE_AFTER_SECONDS)
     return len(reaped)
+
+
+@shared_task(bind=True, name="workers.tasks.run_quantization")
+def run_quantization(self, job_id):
+    from panel.registry.services import quantization_execute
+
+    quantization_execute(job_id=job_id, worker=_worker_name(self))

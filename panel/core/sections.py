@@ -11,15 +11,16 @@ class Section:
     summary: str
     first_step: str
     first_step_url: str  # a URL name
+    built: bool = False  # True once the section's own app serves its URL
 
 
 SECTIONS = [
     Section("models", "Models", "◆", "Registered models with their memory cost: weights at FP16, FP8 and INT4, "
             "KV cache per token, and what fits on which GPU. Quantized children appear under their parent.",
-            "Check that a GPU worker is online and its engine works", "hosts"),
+            "Check that a GPU worker is online and its engine works", "hosts", built=True),
     Section("quantization", "Quantization", "◇", "AWQ quantization jobs (4-bit, group size 128, zero point, GEMM) "
             "running on GPU workers, with live progress, logs and the size each one saved.",
-            "Register a model first", "models"),
+            "Register a model first", "models", built=True),
     Section("serving", "Serving", "▶", "Serving profiles (the seeds' config.toml as a form: quantization, block "
             "size, gpu_memory_utilization, max_num_seqs, prefix caching...) and the vLLM deployments launched "
             "from them, supervised by the workers.", "Register a model first", "models"),

@@ -42,3 +42,47 @@ def ago(moment):
     if seconds < 172800:
         return f"{seconds // 3600} h ago"
     return f"{seconds // 86400} d ago"
+
+
+@register.filter(name="params")
+def params(value):
+    """5.2M, 1.54B."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "—"
+    for threshold, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if number >= threshold:
+            return f"{number / threshold:.2f}".rstrip("0").rstrip(".") + suffix
+    return f"{number:.0f}"
+
+
+@register.filter(name="percent")
+def percent(value):
+    try:
+        return f"{float(value) * 100:.0f}%"
+    except (TypeError, ValueError):
+        return "—"
+
+
+@register.filter(name="tokens")
+def tokens(value):
+    """1.2M, 350K, 900."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return "—"
+    if number >= 1_000_000:
+        return f"{number / 1e6:.1f}M"
+    if number >= 10_000:
+        return f"{number / 1e3:.0f}K"
+    return f"{number:,}"
+
+
+@register.filter(name="reduction")
+def reduction(result):
+    """The size reduction of a quantization result, as a percentage."""
+    try:
+        return percent(1 - result["size_after_bytes"] / result["size_before_bytes"])
+    except (KeyError, TypeError, ZeroDivisionError):
+        return "—"

@@ -1,0 +1,14 @@
+from django.urls import path
+
+from panel.registry import views
+
+urlpatterns = [
+    path("models/", views.model_list, name="models"),
+    path("models/add/", views.model_create, name="model_create"),
+    path("models/<int:model_id>/", views.model_detail, name="model_detail"),
+    path("models/<int:model_id>/quantize/", views.job_create, name="quantization_create"),
+    path("quantization/", views.job_list, name="quantization"),
+    path("quantization/<int:job_id>/", views.job_detail, name="quantization_job"),
+    path("quantization/<int:job_id>/live/", views.job_live, name="quantization_job_live"),
+    path("quantization/<int:job_id>/cancel/", views.job_cancel, name="quantization_cancel"),
+]
