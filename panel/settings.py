@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "panel.jobs",
     "panel.hosts",
     "panel.registry",
+    "panel.serving",
     "panel.core",
 ]
 
@@ -135,6 +136,13 @@ STATIC_ROOT = Path(envstr("TOKENWISE_STATIC_ROOT", str(DATA_DIR / "static")))
 # --- Engines (vLLM, AutoAWQ) live in their own venv; the panel only runs them as subprocesses.
 ENGINE_PYTHON = envstr("ENGINE_PYTHON", str(BASE_DIR / ".venv-engine" / "bin" / "python"))
 
+# Where engine servers listen, and the host name the gateway uses to reach them (a GPU host's address when the
+# gateway runs elsewhere). On a CPU host, VLLM_CPU_KVCACHE_SPACE for each server.
+ENGINE_BIND = envstr("TOKENWISE_ENGINE_BIND", "127.0.0.1")
+ENGINE_ADVERTISE_HOST = envstr("TOKENWISE_ENGINE_ADVERTISE_HOST", "127.0.0.1")
+CPU_KVCACHE_GIB = envint("TOKENWISE_CPU_KVCACHE_GIB", 1, minimum=1)
+DEPLOYMENT_STOP_GRACE_SECONDS = envint("TOKENWISE_DEPLOYMENT_STOP_GRACE_SECONDS", 15, minimum=1)
+
 # --- Workers and jobs
 HOST_NAME = envstr("TOKENWISE_HOST_NAME", socket.gethostname())
 HOST_HEARTBEAT_SECONDS = envint("TOKENWISE_HOST_HEARTBEAT_SECONDS", 15, minimum=1)
@@ -157,8 +165,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_MAX_TASKS_PER_CHILD = envint("TOKENWISE_WORKER_MAX_TASKS_PER_CHILD", 50, minimum=1)
-CELERY_TASK_SOFT_TIME_LIMIT = JOB_SOFT_TIME_LIMIT
-CELERY_TASK_TIME_LIMIT = JOB_HARD_TIME_LIMIT
+# Time limits are set per task (workers/tasks.py): a deployment's task lives as long as its engine.
 # Redis redelivers an unacked message after the visibility timeout: it must outlast the longest job,
 # or a long quantization would be delivered a second time while it still runs.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": JOB_HARD_TIME_LIMIT + 3600}

@@ -20,6 +20,7 @@ urlpatterns = [
     path("workers/checks/<int:check_id>/live/", hosts.engine_check_live, name="engine_check_live"),
     path("admin/", admin.site.urls),
     path("", include("panel.registry.urls")),
+    path("", include("panel.serving.urls")),
 ]
 
 # Sections whose features have not landed yet: a page that says what will appear and the first step.

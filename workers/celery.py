@@ -14,8 +14,12 @@ app.conf.include = ["workers.tasks"]
 
 @worker_ready.connect
 def _announce(sender, **_):
-    from workers import heartbeat
+    from django.db import close_old_connections
 
+    from workers import heartbeat, sweep
+
+    sweep.sweep(sender.hostname)
+    close_old_connections()
     heartbeat.start(sender)
 
 

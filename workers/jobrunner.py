@@ -78,10 +78,12 @@ def run_job(job, argv, *, worker, classify, env=None, time_limit=None, log_path=
         return state != JobState.RUNNING
 
     limit = time_limit or settings.JOB_HARD_TIME_LIMIT
+    # A cancel must land within 10 s: up to one heartbeat to notice it, then a short grace for the runner's
+    # own cleanup before SIGKILL (on_end removes whatever it left).
     try:
         outcome = processes.run_streaming(
             argv, on_line=report.take, tick=flush, tick_every=settings.JOB_HEARTBEAT_SECONDS, time_limit=limit,
-            env=env, log_path=log_path, on_start=lambda pid: job_heartbeat(job, pid=pid),
+            env=env, log_path=log_path, on_start=lambda pid: job_heartbeat(job, pid=pid), grace_seconds=3,
         )
     except OSError as error:
         job_fail(job, kind="engine_missing", reason=f"could not start the runner: {error}")

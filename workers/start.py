@@ -2,7 +2,8 @@
 
 default: light tasks (scraping, rollups, benchmarks, health checks, the reaper).
 gpu:     quantization jobs and vLLM deployments; listens on `gpu` and on `gpu.<host>`, one job at a time
-         unless TOKENWISE_GPU_CONCURRENCY says otherwise.
+         (3 slots unless TOKENWISE_GPU_CONCURRENCY says otherwise;
+         a deployment holds one for its life).
 beat:    the schedule."""
 import os
 import sys
@@ -19,7 +20,8 @@ def argv_for(kind):
         return ["worker", "-n", f"default@{settings.HOST_NAME}", "-Q", "default", "-c", str(concurrency),
                 "--without-gossip", "--without-mingle", "-l", "INFO"]
     if kind == "gpu":
-        concurrency = envint("TOKENWISE_GPU_CONCURRENCY", 1, minimum=1)
+        # Each deployment holds a slot for as long as its engine runs; jobs take the others.
+        concurrency = envint("TOKENWISE_GPU_CONCURRENCY", 3, minimum=1)
         queues = f"gpu,gpu.{settings.HOST_NAME}"
         return ["worker", "-n", f"gpu@{settings.HOST_NAME}", "-Q", queues, "-c", str(concurrency),
                 "--without-gossip", "--without-mingle", "-l", "INFO"]

@@ -23,7 +23,7 @@ SECTIONS = [
             "Register a model first", "models", built=True),
     Section("serving", "Serving", "▶", "Serving profiles (the seeds' config.toml as a form: quantization, block "
             "size, gpu_memory_utilization, max_num_seqs, prefix caching...) and the vLLM deployments launched "
-            "from them, supervised by the workers.", "Register a model first", "models"),
+            "from them, supervised by the workers.", "Register a model first", "models", built=True),
     Section("channels", "Channels", "⇄", "OpenAI-compatible upstreams: local vLLM deployments and cloud providers "
             "such as TaoToken, with encrypted credentials, prices, and a Test button that diagnoses 401/404/"
             "connection errors in words.", "Start a deployment, or add a cloud channel", "serving"),

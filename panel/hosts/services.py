@@ -4,6 +4,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from panel.hosts.models import EngineCheck, WorkerHost
+from panel.jobs.services import job_created
 
 
 def host_heartbeat(*, name, host, kind, queues, cpu_count, memory_bytes, memory_available_bytes, gpus, pid,
@@ -29,6 +30,7 @@ def engine_check_launch(*, team, user, host):
 
     with transaction.atomic():
         check = EngineCheck.objects.create(team=team, created_by=user, host=host, queue=host.host_queue)
+        job_created(check, actor=user, reason=f"engine check on {host.host} requested")
         transaction.on_commit(lambda: tasks.run_engine_check.apply_async(args=[check.pk], queue=check.queue))
     return check
 

@@ -35,6 +35,12 @@ def job_transition(job, *, to, allowed_from, actor=None, reason="", **fields):
     return True
 
 
+def job_created(job, *, actor=None, reason="created"):
+    """Record who asked for a job (or deployment) that was just inserted."""
+    JobEvent.objects.create(job_type=job.job_type(), job_id=job.pk, from_state="", to_state=job.state,
+                            actor=actor, reason=reason[:2000])
+
+
 def job_claim(job, *, worker):
     """A worker takes a pending job. False means someone already did (duplicate delivery): do nothing."""
     now = timezone.now()

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils.text import slugify
 
-from panel.jobs.services import job_cancel
+from panel.jobs.services import job_cancel, job_created
 from panel.registry.hub import NotInCache, looks_like_hub_id, resolve_hub_id
 from panel.registry.inspection import CheckpointError, inspect_checkpoint
 from panel.registry.models import CalibrationSource, QuantizationJob, RegisteredModel
@@ -111,6 +111,7 @@ def quantization_launch(*, team, user, source, host=None, q_group_size=128, zero
         job.output_dir = str(Path(settings.MODELS_DIR) / f"{slugify(source.name)[:80]}-awq-w{w_bit}-g{q_group_size}"
                                                          f"-job{job.pk}")
         job.save(update_fields=["output_dir"])
+        job_created(job, actor=user, reason=f"quantization of {source.name} requested")
         if enqueue:
             transaction.on_commit(lambda: tasks.run_quantization.apply_async(args=[job.pk], queue=job.queue))
     return job

@@ -86,3 +86,17 @@ def reduction(result):
         return percent(1 - result["size_after_bytes"] / result["size_before_bytes"])
     except (KeyError, TypeError, ZeroDivisionError):
         return "—"
+
+
+@register.filter(name="duration")
+def duration(seconds):
+    """45 s, 12 min, 3 h 5 min."""
+    try:
+        seconds = int(seconds)
+    except (TypeError, ValueError):
+        return "—"
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"

@@ -21,7 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--team", help="the team's name, when the model name exists in several teams")
         parser.add_argument("--group-size", type=int, default=128, choices=[64, 128, 256])
         parser.add_argument("--no-zero-point", action="store_true")
-        parser.add_argument("--version", default="GEMM", choices=["GEMM", "GEMV"])
+        parser.add_argument("--kernel", default="GEMM", choices=["GEMM", "GEMV"], help="AWQ kernel version")
         parser.add_argument("--calib", default="builtin", help="'builtin' or a UTF-8 text file of your domain")
         parser.add_argument("--max-calib-samples", type=int, default=128)
         parser.add_argument("--max-calib-seq-len", type=int, default=512)
@@ -45,7 +45,7 @@ class Command(BaseCommand):
         try:
             job = quantization_launch(
                 team=model.team, user=None, source=model, q_group_size=options["group_size"],
-                zero_point=not options["no_zero_point"], version=options["version"], calibration=calibration,
+                zero_point=not options["no_zero_point"], version=options["kernel"], calibration=calibration,
                 calibration_file=calibration_file, calibration_name=calibration_name,
                 max_calib_samples=options["max_calib_samples"], max_calib_seq_len=options["max_calib_seq_len"],
                 enqueue=False)

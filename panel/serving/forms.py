@@ -1,0 +1,118 @@
+from django import forms
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+
+from panel.hosts.models import WorkerHost
+from panel.registry.models import RegisteredModel
+from panel.serving import configfile, rules
+from panel.serving.models import ServingProfile
+from panel.serving.profile_fields import FIELDS_BY_NAME
+
+PROFILE_FIELDS = ["name", "model", "served_model_name", "dtype", "quantization", "quantization_bits", "max_model_len",
+                  "enable_prefix_caching", "block_size", "gpu_memory_utilization", "swap_space", "max_num_seqs",
+                  "max_num_batched_tokens", "enable_chunked_prefill", "tensor_parallel_size",
+                  "pipeline_parallel_size", "port", "extra_args"]
+SECTIONS = [
+    ("Model", ["name", "model", "served_model_name", "dtype", "quantization", "quantization_bits", "max_model_len"]),
+    ("KV cache", ["enable_prefix_caching", "block_size", "gpu_memory_utilization", "swap_space"]),
+    ("Batching", ["max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill"]),
+    ("Parallelism and server", ["tensor_parallel_size", "pipeline_parallel_size", "port", "extra_args"]),
+]
+
+
+class ServingProfileForm(forms.ModelForm):
+    class Meta:
+        model = ServingProfile
+        fields = PROFILE_FIELDS
+
+    def __init__(self, *args, team, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.team = team
+        self.warnings = []
+        self.fields["model"].queryset = RegisteredModel.objects.filter(team=team)
+        for name, field in self.fields.items():
+            spec = FIELDS_BY_NAME.get(name)
+            if spec is None:
+                continue
+            field.help_text = spec.help or field.help_text
+            field.label = spec.label
+            if spec.min_value is not None:
+                field.validators.append(MinValueValidator(spec.min_value))
+            if spec.max_value is not None:
+                field.validators.append(MaxValueValidator(spec.max_value))
+        self.fields["name"].label = "Profile name"
+        if not self.instance.pk and "block_size" not in self.initial and not any(
+                host.gpus for host in WorkerHost.objects.filter(kind="gpu") if host.is_online):
+            # Only CPU engines are online: their attention backend needs a multiple of 32 (the seeds' 16 is a
+            # GPU value).
+            self.initial["block_size"] = 32
+        self.fields["model"].label = "Model"
+
+    def sections(self):
+        return [(title, [self[name] for name in names]) for title, names in SECTIONS]
+
+    def clean_name(self):
+        name = self.cleaned_data["name"].strip()
+        taken = ServingProfile.objects.filter(team=self.team, name=name).exclude(pk=self.instance.pk)
+        if taken.exists():
+            raise ValidationError(f"This team already has a profile named {name!r}.")
+        return name
+
+    def clean(self):
+        cleaned = super().clean()
+        model = cleaned.get("model")
+        if model is None or self.errors:
+            return cleaned
+        from panel.serving.services import profile_values
+
+        profile = ServingProfile(team=self.team, model=model,
+                                 **{name: cleaned.get(name) for name in PROFILE_FIELDS if name != "model"})
+        values = profile_values(profile)
+        try:
+            configfile.launch_argv(values, model_path=model.path, port=8000,
+                                   checkpoint_quantized=model.is_quantized)
+        except configfile.ConfigFileError as error:
+            self.add_error("extra_args", str(error))
+            return cleaned
+        verdict = rules.check_profile(values, model=model)
+        for field, messages in verdict.errors.items():
+            for message in messages:
+                self.add_error(field if field in self.fields else None, message)
+        self.warnings = list(verdict.warnings)
+        return cleaned
+
+
+class LaunchForm(forms.Form):
+    host = forms.ModelChoiceField(queryset=WorkerHost.objects.none(), required=False,
+                                  empty_label="Pick the worker with the most free memory", label="Run on")
+    restart_on_crash = forms.BooleanField(required=False, label="Restart on crash (with backoff, up to 3 times)")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["host"].queryset = WorkerHost.objects.filter(kind="gpu").order_by("host")
+
+
+class ImportForm(forms.Form):
+    name = forms.CharField(max_length=100, label="Profile name")
+    config = forms.CharField(widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false"}), required=False,
+                             label="config.toml", help_text="Paste the file, or upload it below.")
+    file = forms.FileField(required=False, label="…or upload config.toml")
+
+    MAX_BYTES = 256 * 1024
+
+    def clean(self):
+        cleaned = super().clean()
+        upload = cleaned.get("file")
+        text = cleaned.get("config") or ""
+        if upload:
+            data = upload.read(self.MAX_BYTES + 1)
+            if len(data) > self.MAX_BYTES:
+                raise ValidationError("config.toml is larger than 256 KB; that is not a serving config.")
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValidationError("config.toml is not UTF-8 text.") from None
+        if not text.strip():
+            raise ValidationError("Paste a config.toml or upload one.")
+        cleaned["text"] = text
+        return cleaned

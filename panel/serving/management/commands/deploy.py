@@ -1,0 +1,64 @@
+"""`manage.py deploy PROFILE`: launch a serving profile on a worker, as the Launch button does."""
+import time
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+
+from panel.hosts.models import WorkerHost
+from panel.serving.models import Deployment, DeploymentState, ServingProfile
+from panel.serving.services import deployment_launch
+
+
+class Command(BaseCommand):
+    help = "Launch a serving profile as a deployment on a GPU worker (picked by free memory unless --host)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("profile", help="the profile's id or name")
+        parser.add_argument("--team", help="the team's name, when several teams have a profile of that name")
+        parser.add_argument("--host", help="the worker host to run on (its TOKENWISE_HOST_NAME)")
+        parser.add_argument("--restart-on-crash", action="store_true")
+        parser.add_argument("--wait", type=int, default=0, metavar="SECONDS",
+                            help="wait up to SECONDS for the deployment to be ready")
+
+    def handle(self, *args, **options):
+        profile = find_one(ServingProfile.objects.select_related("model", "team"), options["profile"],
+                           options["team"], "serving profile")
+        host = None
+        if options["host"]:
+            host = WorkerHost.objects.filter(kind="gpu", host=options["host"]).first()
+            if host is None:
+                raise CommandError(f"no GPU worker on host {options['host']!r}")
+        try:
+            deployment = deployment_launch(team=profile.team, user=None, profile=profile, host=host,
+                                           restart_on_crash=options["restart_on_crash"])
+        except ValidationError as error:
+            raise CommandError(" ".join(error.messages)) from None
+        self.stdout.write(f"deployment #{deployment.pk} of {profile.name} queued on {deployment.host.host}")
+        if options["wait"]:
+            deployment = wait_for(deployment, {DeploymentState.READY, DeploymentState.FAILED,
+                                               DeploymentState.STOPPED}, options["wait"])
+            if deployment.state != DeploymentState.READY:
+                raise CommandError(f"deployment #{deployment.pk} is {deployment.state}: {deployment.failure_kind} "
+                                   f"{deployment.failure_reason}".strip())
+            self.stdout.write(self.style.SUCCESS(f"ready: {deployment.served_model_name} at {deployment.base_url}"))
+
+
+def find_one(queryset, key, team_name, what):
+    if team_name:
+        queryset = queryset.filter(team__name=team_name)
+    found = list(queryset.filter(pk=int(key))) if key.isdigit() else list(queryset.filter(name=key))
+    if not found:
+        raise CommandError(f"no {what} {key!r}")
+    if len(found) > 1:
+        raise CommandError(f"{len(found)} teams have a {what} named {key!r}: pass --team")
+    return found[0]
+
+
+def wait_for(deployment, states, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        deployment = Deployment.objects.get(pk=deployment.pk)
+        if deployment.state in states:
+            return deployment
+        time.sleep(0.5)
+    raise CommandError(f"deployment #{deployment.pk} is still {deployment.state} after {seconds} s")

@@ -1,0 +1,270 @@
+"""Serving profiles and the deployments launched from them."""
+import logging
+import os
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from panel.hosts.models import WorkerHost
+from panel.jobs.services import append_log, job_created, job_transition
+from panel.registry import memory
+from panel.serving import configfile, rules
+from panel.serving.models import (ACTIVE_DEPLOYMENT_STATES, LIVE_DEPLOYMENT_STATES, Deployment, DeploymentState,
+                                  ServingProfile)
+from panel.serving.profile_fields import FIELDS
+
+log = logging.getLogger(__name__)
+
+S = DeploymentState
+
+
+def profile_values(profile):
+    """The profile as the plain dict that configfile and rules work on."""
+    values = {field.name: getattr(profile, field.name) for field in FIELDS if hasattr(profile, field.name)}
+    values["model_name"] = profile.model.hub_id or profile.model.path
+    values["name"] = profile.name
+    values["served_model_name"] = profile.served_name
+    return values
+
+
+def host_facts(host):
+    """What the rules need to know about a worker host, or None for "no host chosen yet"."""
+    if host is None:
+        return None
+    check = host.latest_engine_check()
+    return {
+        "kind": "gpu" if host.gpus else "cpu",
+        "gpus": host.gpus,
+        "memory_available_bytes": host.memory_available_bytes,
+        "serves_awq": check.result.get("serves_awq") if check else None,
+    }
+
+
+def profile_check(profile, host=None):
+    return rules.check_profile(profile_values(profile), model=profile.model, host=host_facts(host),
+                               cpu_kv_cache_bytes=settings.CPU_KVCACHE_GIB * memory.GIB)
+
+
+def launch_argv(profile, *, port):
+    return configfile.launch_argv(profile_values(profile), model_path=profile.model.path, port=port,
+                                  engine_python=settings.ENGINE_PYTHON,
+                                  checkpoint_quantized=profile.model.is_quantized, host=settings.ENGINE_BIND)
+
+
+def host_pick(profile):
+    """The online GPU worker host where the profile fits with the most free memory, or ValidationError."""
+    reasons = []
+    candidates = [host for host in WorkerHost.objects.filter(kind="gpu") if host.is_online]
+    if not candidates:
+        raise ValidationError("No GPU worker is online: start one (make run, or python -m workers.start gpu).")
+    fitting = []
+    for host in candidates:
+        verdict = profile_check(profile, host)
+        if verdict.ok:
+            fitting.append(host)
+        else:
+            reasons.append(f"{host.host}: " + "; ".join(message for messages in verdict.errors.values()
+                                                         for message in messages))
+    if not fitting:
+        raise ValidationError("No online worker can run this profile. " + " ".join(reasons))
+    return max(fitting, key=lambda host: sum(g.get("memory_free_bytes", 0) for g in host.gpus)
+               or host.memory_available_bytes)
+
+
+def deployment_launch(*, team, user, profile, host=None, restart_on_crash=False, enqueue=True):
+    """Check the profile against the host (picked when not given) and queue its deployment there."""
+    from workers import tasks
+
+    if host is None:
+        host = host_pick(profile)
+    elif not host.is_online:
+        raise ValidationError(f"{host.name} is offline.")
+    verdict = profile_check(profile, host)
+    if not verdict.ok:
+        raise ValidationError([message for messages in verdict.errors.values() for message in messages])
+    with transaction.atomic():
+        deployment = Deployment.objects.create(team=team, created_by=user, profile=profile, host=host,
+                                               queue=f"gpu.{host.host}", served_model_name=profile.served_name,
+                                               restart_on_crash=restart_on_crash)
+        job_created(deployment, actor=user, reason=f"launch on {host.host} requested")
+        if enqueue:
+            transaction.on_commit(lambda: tasks.run_deployment.apply_async(args=[deployment.pk],
+                                                                           queue=deployment.queue))
+    return deployment
+
+
+def deployment_stop(*, deployment, user=None, reason="stop requested"):
+    """Ask for a deployment to stop. A pending one stops at once; a live one moves to stopping and its
+    supervisor ends the engine's process group (SIGTERM, then SIGKILL) within a second."""
+    if job_transition(deployment, to=S.STOPPED, allowed_from=[S.PENDING], actor=user, reason=reason):
+        return True
+    return job_transition(deployment, to=S.STOPPING, allowed_from=[S.STARTING, S.READY], actor=user, reason=reason)
+
+
+class DeploymentHooks:
+    """The supervisor's view of the deployment row."""
+
+    def __init__(self, deployment):
+        self.deployment = deployment
+
+    def _rows(self):
+        return Deployment.objects.filter(pk=self.deployment.pk)
+
+    def started(self, pid):
+        self._rows().update(pid=pid, heartbeat_at=timezone.now())
+
+    def ready(self, verification):
+        now = timezone.now()
+        job_transition(self.deployment, to=S.READY, allowed_from=[S.STARTING],
+                       reason="GET /v1/models lists " + self.deployment.served_model_name, ready_at=now,
+                       heartbeat_at=now, verification=verification)
+
+    def beat(self, log_lines):
+        fields = {"heartbeat_at": timezone.now()}
+        if log_lines:
+            self.deployment.log_tail = append_log(self.deployment.log_tail, log_lines)
+            fields["log_tail"] = self.deployment.log_tail
+        self._rows().filter(state__in=list(LIVE_DEPLOYMENT_STATES)).update(**fields)
+        return self.stop_requested()
+
+    def stop_requested(self):
+        state = self._rows().values_list("state", flat=True).first()
+        return state != S.STARTING and state != S.READY
+
+
+def engine_env(deployment, host_is_gpu):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if host_is_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in deployment.gpu_indices)
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.CPU_KVCACHE_GIB)
+    return env
+
+
+def gpus_for(deployment):
+    """GPU indices on the deployment's host not held by its other live deployments."""
+    needed = deployment.profile.tensor_parallel_size * deployment.profile.pipeline_parallel_size
+    busy = set()
+    for other in Deployment.objects.filter(host=deployment.host, state__in=list(ACTIVE_DEPLOYMENT_STATES)).exclude(
+            pk=deployment.pk):
+        busy.update(other.gpu_indices)
+    free = [gpu["index"] for gpu in deployment.host.gpus if gpu["index"] not in busy]
+    return free[:needed] if len(free) >= needed else None
+
+
+def deployment_execute(*, deployment_id, worker):
+    """Body of the deployment task: own the engine until it is stopped or dies for good."""
+    from workers import supervisor
+
+    deployment = Deployment.objects.select_related("profile__model", "host").get(pk=deployment_id)
+    host_is_gpu = bool(deployment.host and deployment.host.gpus)
+    if host_is_gpu:
+        deployment.gpu_indices = gpus_for(deployment)
+        if deployment.gpu_indices is None:
+            job_transition(deployment, to=S.FAILED, allowed_from=[S.PENDING], reason="no free GPU",
+                           failure_kind="no_free_gpu",
+                           failure_reason="every GPU of this host is held by another deployment")
+            return False
+    log_path = Path(settings.LOGS_DIR) / f"deployment-{deployment.pk}.log"
+    hooks = DeploymentHooks(deployment)
+    while True:
+        port = deployment.profile.port or supervisor.free_port()
+        argv = launch_argv(deployment.profile, port=port)
+        base_url = f"http://{settings.ENGINE_ADVERTISE_HOST}:{port}/v1"
+        claimed = job_transition(deployment, to=S.STARTING, allowed_from=[S.PENDING],
+                                 reason=f"started by {worker}" + (f" (restart {deployment.restarts})"
+                                                                  if deployment.restarts else ""),
+                                 worker=worker, port=port, base_url=base_url, command=argv,
+                                 gpu_indices=deployment.gpu_indices or [], started_at=timezone.now(),
+                                 heartbeat_at=timezone.now(), verification={})
+        if not claimed:
+            log.info("deployment #%s is not pending; duplicate delivery or stopped before start", deployment.pk)
+            return False
+        profile = deployment.profile
+        outcome = supervisor.run_server(
+            argv, env=engine_env(deployment, host_is_gpu), port=port, served_model_name=deployment.served_model_name,
+            hooks=hooks, log_path=log_path, wanted_quantization=profile.quantization,
+            wanted_prefix_caching=profile.enable_prefix_caching,
+            grace_seconds=settings.DEPLOYMENT_STOP_GRACE_SECONDS)
+        close_old_connections()
+        if outcome.stopped or Deployment.objects.filter(pk=deployment.pk, state=S.STOPPING).exists():
+            job_transition(deployment, to=S.STOPPED, allowed_from=[S.STOPPING], reason="engine stopped", pid=None)
+            return True
+        kind, reason = supervisor.classify_crash(outcome)
+        if deployment.restart_on_crash and deployment.restarts < deployment.max_restarts and outcome.became_ready:
+            deployment.restarts += 1
+            backoff = min(60, 2 ** deployment.restarts)
+            if not job_transition(deployment, to=S.PENDING, allowed_from=[S.STARTING, S.READY],
+                                  reason=f"crashed ({kind}); restarting in {backoff} s", restarts=deployment.restarts,
+                                  pid=None, failure_kind=kind, failure_reason=reason):
+                return True
+            if _sleep_unless_stopped(deployment, backoff):
+                return True
+            continue
+        job_transition(deployment, to=S.FAILED, allowed_from=[S.STARTING, S.READY, S.STOPPING],
+                       reason=f"engine exited: {kind}", failure_kind=kind, failure_reason=reason, pid=None)
+        return True
+
+
+def _sleep_unless_stopped(deployment, seconds):
+    deadline = timezone.now() + timedelta(seconds=seconds)
+    while timezone.now() < deadline:
+        if Deployment.objects.filter(pk=deployment.pk, state=S.STOPPED).exists():
+            return True
+        import time
+
+        time.sleep(0.5)
+    return False
+
+
+def deployments_reap(*, stale_after_seconds):
+    """Deployments whose supervisor stopped beating (worker killed or lost): stopping -> stopped, else failed.
+    Their engines died with the worker (PR_SET_PDEATHSIG)."""
+    cutoff = timezone.now() - timedelta(seconds=stale_after_seconds)
+    reaped = []
+    for deployment in Deployment.objects.filter(state__in=list(LIVE_DEPLOYMENT_STATES), heartbeat_at__lt=cutoff):
+        reason = (f"the worker {deployment.worker or '?'} stopped sending heartbeats for over {stale_after_seconds} s "
+                  "(killed, crashed or lost its host)")
+        if deployment.state == S.STOPPING:
+            moved = job_transition(deployment, to=S.STOPPED, allowed_from=[S.STOPPING], reason="reaper: " + reason,
+                                   pid=None)
+        else:
+            moved = job_transition(deployment, to=S.FAILED, allowed_from=[S.STARTING, S.READY],
+                                   reason="reaper: " + reason, failure_kind="worker_lost", failure_reason=reason,
+                                   pid=None)
+        if moved:
+            reaped.append(deployment)
+    return reaped
+
+
+@transaction.atomic
+def profile_import(*, team, user, text, name):
+    """Create a profile from the seeds' config.toml text. Validates everything; saves nothing on error."""
+    from panel.registry.models import RegisteredModel
+
+    try:
+        values = configfile.toml_import(text)
+    except configfile.ConfigFileError as error:
+        raise ValidationError(str(error)) from None
+    model_name = values["model_name"]
+    model = (RegisteredModel.objects.filter(team=team, hub_id=model_name).first()
+             or RegisteredModel.objects.filter(team=team, name=model_name).first()
+             or RegisteredModel.objects.filter(team=team, path=model_name).first())
+    if model is None:
+        raise ValidationError(f"[model].name {model_name!r} is not a registered model of this team: register it "
+                              "first (Models → Register), by hub id or path.")
+    if ServingProfile.objects.filter(team=team, name=name).exists():
+        raise ValidationError(f"This team already has a profile named {name!r}.")
+    fields = {field.name: values[field.name] for field in FIELDS
+              if field.name in values and field.name not in ("model_name", "name")}
+    fields = {key: value for key, value in fields.items() if value is not None or key in ("quantization_bits", "port")}
+    profile = ServingProfile(team=team, created_by=user, name=name, model=model, **fields)
+    verdict = rules.check_profile(profile_values(profile), model=model)
+    if not verdict.ok:
+        raise ValidationError([message for messages in verdict.errors.values() for message in messages])
+    profile.save()
+    return profile

@@ -1,0 +1,168 @@
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from panel.accounts.decorators import team_view
+from panel.accounts.models import Role
+from panel.jobs.services import job_events
+from panel.serving import configfile
+from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
+from panel.serving.models import Deployment, ServingProfile
+from panel.serving.profile_fields import PRESETS
+from panel.serving.services import (deployment_launch, deployment_stop, launch_argv, profile_check,
+                                    profile_import, profile_values)
+
+EXPORTS = {
+    "toml": ("config.toml", "application/toml"),
+    "sh": ("vllm_deploy.sh", "text/x-shellscript"),
+    "yaml": ("vllm_config.yaml", "application/yaml"),
+}
+
+
+@team_view()
+def serving_home(request):
+    context = {
+        "profiles": ServingProfile.objects.filter(team=request.team).select_related("model"),
+        "deployments": Deployment.objects.filter(team=request.team).select_related("profile", "host")[:50],
+        "presets": PRESETS,
+        "import_form": ImportForm(),
+    }
+    return render(request, "serving/home.html", context)
+
+
+@team_view(Role.MEMBER)
+def profile_create(request):
+    preset = PRESETS.get(request.GET.get("preset", ""))
+    initial = dict(preset["values"]) if preset else {}
+    form = ServingProfileForm(request.POST or None, team=request.team, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        profile = form.save(commit=False)
+        profile.team, profile.created_by = request.team, request.user
+        profile.save()
+        for warning in form.warnings:
+            messages.warning(request, warning)
+        messages.success(request, f"Saved profile {profile.name}.")
+        return redirect("profile_detail", profile_id=profile.pk)
+    status = 400 if request.method == "POST" else 200
+    return render(request, "serving/profile_form.html", {"form": form, "preset": preset}, status=status)
+
+
+@team_view(Role.MEMBER)
+def profile_edit(request, profile_id):
+    profile = get_object_or_404(ServingProfile, pk=profile_id, team=request.team)
+    form = ServingProfileForm(request.POST or None, team=request.team, instance=profile)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        for warning in form.warnings:
+            messages.warning(request, warning)
+        messages.success(request, f"Saved profile {profile.name}.")
+        return redirect("profile_detail", profile_id=profile.pk)
+    status = 400 if request.method == "POST" else 200
+    return render(request, "serving/profile_form.html", {"form": form, "profile": profile}, status=status)
+
+
+@require_POST
+@team_view(Role.MEMBER)
+def profile_import_view(request):
+    form = ImportForm(request.POST, request.FILES)
+    if form.is_valid():
+        try:
+            profile = profile_import(team=request.team, user=request.user, text=form.cleaned_data["text"],
+                                     name=form.cleaned_data["name"])
+        except ValidationError as error:
+            form.add_error(None, error)
+        else:
+            messages.success(request, f"Imported {profile.name} from config.toml.")
+            return redirect("profile_detail", profile_id=profile.pk)
+    context = {"profiles": ServingProfile.objects.filter(team=request.team).select_related("model"),
+               "deployments": Deployment.objects.filter(team=request.team).select_related("profile", "host")[:50],
+               "presets": PRESETS, "import_form": form}
+    return render(request, "serving/home.html", context, status=400)
+
+
+@team_view()
+def profile_detail(request, profile_id):
+    profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
+    context = {
+        "profile": profile,
+        "values": profile_values(profile),
+        "command": " ".join(launch_argv(profile, port=profile.port or 8000)),
+        "verdict": profile_check(profile),
+        "launch_form": LaunchForm(),
+        "deployments": profile.deployments.select_related("host")[:20],
+    }
+    return render(request, "serving/profile_detail.html", context)
+
+
+@team_view()
+def profile_export(request, profile_id, kind):
+    profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
+    if kind not in EXPORTS:
+        return HttpResponse("unknown export", status=404)
+    values = profile_values(profile)
+    port = profile.port or 8000
+    keywords = {"model_path": profile.model.path, "port": port, "checkpoint_quantized": profile.model.is_quantized}
+    if kind == "toml":
+        body = configfile.toml_export(values)
+    elif kind == "sh":
+        body = configfile.deploy_script(values, **keywords)
+    else:
+        body = configfile.yaml_export(values, **keywords)
+    filename, content_type = EXPORTS[kind]
+    response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+@require_POST
+@team_view(Role.MEMBER)
+def deployment_create(request, profile_id):
+    profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
+    form = LaunchForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(m for ms in form.errors.values() for m in ms))
+        return redirect("profile_detail", profile_id=profile.pk)
+    try:
+        deployment = deployment_launch(team=request.team, user=request.user, profile=profile,
+                                       host=form.cleaned_data["host"],
+                                       restart_on_crash=form.cleaned_data["restart_on_crash"])
+    except ValidationError as error:
+        for message in error.messages:
+            messages.error(request, message)
+        return redirect("profile_detail", profile_id=profile.pk)
+    return redirect("deployment_detail", deployment_id=deployment.pk)
+
+
+def _deployment(request, deployment_id):
+    return get_object_or_404(Deployment.objects.select_related("profile__model", "host"), pk=deployment_id,
+                             team=request.team)
+
+
+@team_view()
+def deployment_detail(request, deployment_id):
+    deployment = _deployment(request, deployment_id)
+    return render(request, "serving/deployment_detail.html",
+                  {"deployment": deployment, "events": job_events(deployment)})
+
+
+@team_view()
+def deployment_live(request, deployment_id):
+    deployment = _deployment(request, deployment_id)
+    return render(request, "serving/_deployment_live.html",
+                  {"deployment": deployment, "events": job_events(deployment)})
+
+
+@require_POST
+@team_view(Role.MEMBER)
+def deployment_stop_view(request, deployment_id):
+    deployment = _deployment(request, deployment_id)
+    if deployment_stop(deployment=deployment, user=request.user):
+        messages.info(request, "Stopping: the engine gets SIGTERM, then SIGKILL after a grace period.")
+    else:
+        messages.error(request, f"The deployment is already {deployment.get_state_display().lower()}.")
+    return redirect("deployment_detail", deployment_id=deployment.pk)
+
+
+
