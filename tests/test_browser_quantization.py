@@ -15,7 +15,7 @@ def test_it_launches_a_job_from_the_form_and_follows_it_to_done(page, live_serve
     page.click("nav.sidebar >> text=Models")
     page.fill("#id_source", str(model_path))
     page.fill("#id_name", "tiny")
-    page.click("text=Register")
+    page.click("button:has-text('Register')")
     expect(page.locator("h1")).to_have_text("tiny")
     expect(page.locator("table.fit")).to_contain_text("INT4 (AWQ, g128)")
     screenshot(page, "model-detail")

@@ -193,3 +193,20 @@ def test_it_hides_another_teams_profile_and_deployment(client, team_setup, profi
     client.force_login(team_setup["vera"])
     assert client.post(reverse("deployment_stop", args=[deployment.pk])).status_code == 403
     assert client.get(reverse("profile_detail", args=[profile.pk])).status_code == 200
+
+
+def test_it_restarts_a_crashed_engine_with_backoff(start_worker, team_setup, profile, demo_model_path):
+    start_worker("gpu")
+    gpu_worker_online()
+    deployment = deployment_launch(team=team_setup["team_a"], user=team_setup["alice"], profile=profile,
+                                   restart_on_crash=True)
+    deployment = wait_state(deployment, {S.READY, S.FAILED})
+    first_engine = deployment.pid
+    os.killpg(first_engine, signal.SIGKILL)
+    wait_until(lambda: Deployment.objects.get(pk=deployment.pk).restarts == 1, seconds=30, message="a restart")
+    deployment = wait_state(deployment, {S.READY, S.FAILED})
+    assert deployment.state == S.READY and deployment.pid != first_engine
+    assert deployment.failure_kind == "killed"  # why it last restarted, kept for the page
+    assert deployment_stop(deployment=deployment) is True
+    wait_state(deployment, {S.STOPPED}, seconds=60)
+    wait_until(lambda: engine_processes(demo_model_path) == [], seconds=15, message="no engine left")

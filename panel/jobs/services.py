@@ -76,7 +76,7 @@ def append_log(tail, lines):
 
 def job_succeed(job, *, result):
     return job_transition(job, to=JobState.SUCCEEDED, allowed_from=[JobState.RUNNING], reason="finished",
-                          result=result, progress=100, pid=None)
+                          result=result, progress=100, phase="done", pid=None)
 
 
 def job_fail(job, *, kind, reason, actor=None):

@@ -1,0 +1,115 @@
+"""Serving pages: presets, the profile form's validation (nothing saved on error), config.toml import through the
+page, and the three exports."""
+from pathlib import Path
+
+import pytest
+import yaml
+from django.urls import reverse
+
+from panel.registry.services import model_register
+from panel.serving import configfile
+from panel.serving.models import ServingProfile
+from panel.serving.services import profile_values
+
+SEED = (Path(__file__).parent / "fixtures" / "seed_config.toml").read_text()
+
+
+@pytest.fixture(scope="module")
+def demo_model_path(tmp_path_factory):
+    from panel.core.demo_model import build_demo_model
+
+    path = tmp_path_factory.mktemp("pages") / "tiny"
+    build_demo_model(path)
+    return path
+
+
+@pytest.fixture
+def model(team_setup, demo_model_path):
+    return model_register(team=team_setup["team_a"], user=None, source=str(demo_model_path), name="tiny")
+
+
+def form_data(model, **changes):
+    data = {"name": "tiny-latency", "model": model.pk, "served_model_name": "", "dtype": "auto", "quantization": "none",
+            "quantization_bits": "", "max_model_len": 2048, "enable_prefix_caching": "on", "block_size": 32,
+            "gpu_memory_utilization": 0.9, "swap_space": 0, "max_num_seqs": 16, "max_num_batched_tokens": 2048,
+            "enable_chunked_prefill": "on", "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "port": "",
+            "extra_args": ""}
+    data.update(changes)
+    return {key: value for key, value in data.items() if value is not None}
+
+
+def test_it_fills_the_form_from_a_preset(client, team_setup, model):
+    client.force_login(team_setup["alice"])
+    page = client.get(reverse("profile_create") + "?preset=low_latency").content.decode()
+    assert "Low latency" in page and 'name="max_num_seqs" value="16"' in page
+    page = client.get(reverse("profile_create") + "?preset=high_throughput").content.decode()
+    assert 'name="max_num_seqs" value="256"' in page
+    assert '<option value="32" selected>' in page  # no GPU host online: the CPU engine's block size
+
+
+def test_it_saves_a_good_profile_and_warns_outside_the_stable_range(client, team_setup, model):
+    client.force_login(team_setup["alice"])
+    response = client.post(reverse("profile_create"), form_data(model, gpu_memory_utilization=0.95), follow=True)
+    profile = ServingProfile.objects.get()
+    assert (profile.team, profile.model, profile.max_num_seqs) == (team_setup["team_a"], model, 16)
+    assert "0.85-0.92" in response.content.decode()
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"tensor_parallel_size": 3}, "does not split"),
+    ({"gpu_memory_utilization": 0.3}, "0.5"),
+    ({"quantization": "awq", "quantization_bits": 4}, "Quantize it first"),
+    ({"max_model_len": 100000, "max_num_batched_tokens": 100000}, "4,096"),
+    ({"max_num_seqs": 0}, "greater than or equal to 1"),
+    ({"extra_args": "--port 9000"}, "--port"),
+    ({"extra_args": "--enforce-eager 'unclosed"}, "extra"),
+    ({"name": ""}, "This field is required"),
+])
+def test_it_refuses_a_bad_profile_and_saves_nothing(client, team_setup, model, changes, message):
+    client.force_login(team_setup["alice"])
+    response = client.post(reverse("profile_create"), form_data(model, **changes))
+    assert response.status_code == 400
+    assert message in response.content.decode()
+    assert ServingProfile.objects.count() == 0
+
+
+def test_it_refuses_another_teams_model_in_the_form(client, team_setup, demo_model_path):
+    other = model_register(team=team_setup["team_b"], user=None, source=str(demo_model_path), name="theirs")
+    client.force_login(team_setup["alice"])
+    response = client.post(reverse("profile_create"), form_data(other))
+    assert response.status_code == 400 and ServingProfile.objects.count() == 0
+
+
+def test_it_imports_the_seeds_config_toml_through_the_page(client, team_setup, model):
+    client.force_login(team_setup["alice"])
+    seed_for_tiny = SEED.replace('"Qwen/Qwen2.5-14B-Instruct"', f'"{model.path}"')
+    # The seeds' file as it is asks for AWQ on an unquantized checkpoint: refused, nothing saved.
+    response = client.post(reverse("profile_import"), {"name": "seed", "config": seed_for_tiny})
+    assert response.status_code == 400 and "Quantize it first" in response.content.decode()
+    assert ServingProfile.objects.count() == 0
+    unknown = client.post(reverse("profile_import"), {"name": "seed", "config": SEED})
+    assert "is not a registered model of this team" in unknown.content.decode()
+    broken = client.post(reverse("profile_import"), {"name": "seed", "config": "[model\nname = 1"})
+    assert broken.status_code == 400 and ServingProfile.objects.count() == 0
+    fixed = (seed_for_tiny.replace('quantization = "awq"', 'quantization = "none"')
+             .replace("quantization_bits = 4", "").replace("max_model_len = 8192", "max_model_len = 4096"))
+    response = client.post(reverse("profile_import"), {"name": "seed", "config": fixed})
+    profile = ServingProfile.objects.get()
+    assert response.status_code == 302 and response["Location"] == reverse("profile_detail", args=[profile.pk])
+    assert (profile.block_size, profile.max_num_seqs, profile.tensor_parallel_size) == (16, 256, 2)
+
+
+def test_it_exports_config_toml_the_deploy_script_and_yaml(client, team_setup, model):
+    profile = ServingProfile.objects.create(team=team_setup["team_a"], name="p", model=model, max_model_len=2048,
+                                            block_size=32)
+    client.force_login(team_setup["vera"])  # a viewer may read and export
+    toml = client.get(reverse("profile_export", args=[profile.pk, "toml"]))
+    assert toml["Content-Disposition"] == 'attachment; filename="config.toml"'
+    assert configfile.toml_import(toml.content.decode())["max_model_len"] == 2048
+    script = client.get(reverse("profile_export", args=[profile.pk, "sh"])).content.decode()
+    assert script.startswith("#!/usr/bin/env bash") and "vllm.entrypoints.openai.api_server" in script
+    assert "--block-size 32" in script
+    config = yaml.safe_load(client.get(reverse("profile_export", args=[profile.pk, "yaml"])).content)
+    assert config["max-model-len"] == 2048 and config["model"] == model.path
+    assert client.get(reverse("profile_export", args=[profile.pk, "exe"])).status_code == 404
+    assert profile_values(profile)["model_name"] == model.path
