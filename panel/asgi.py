@@ -16,6 +16,15 @@ except EnvError as error:
 
 from django.conf import settings  # noqa: E402
 
+from panel.gateway.app import application as gateway_application  # noqa: E402
 from panel.static_files import StaticFiles  # noqa: E402
 
-application = StaticFiles(django_application, url_prefix=settings.STATIC_URL, root=settings.STATIC_ROOT)
+panel_application = StaticFiles(django_application, url_prefix=settings.STATIC_URL, root=settings.STATIC_ROOT)
+
+
+async def application(scope, receive, send):
+    """/v1/... goes straight to the gateway (no Django middleware on its path); the rest to the panel."""
+    if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        await gateway_application(scope, receive, send)
+    else:
+        await panel_application(scope, receive, send)

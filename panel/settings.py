@@ -59,6 +59,8 @@ INSTALLED_APPS = [
     "panel.hosts",
     "panel.registry",
     "panel.serving",
+    "panel.channels",
+    "panel.gateway",
     "panel.core",
 ]
 
@@ -142,6 +144,13 @@ ENGINE_BIND = envstr("TOKENWISE_ENGINE_BIND", "127.0.0.1")
 ENGINE_ADVERTISE_HOST = envstr("TOKENWISE_ENGINE_ADVERTISE_HOST", "127.0.0.1")
 CPU_KVCACHE_GIB = envint("TOKENWISE_CPU_KVCACHE_GIB", 1, minimum=1)
 DEPLOYMENT_STOP_GRACE_SECONDS = envint("TOKENWISE_DEPLOYMENT_STOP_GRACE_SECONDS", 15, minimum=1)
+
+# --- Gateway
+KEY_CACHE_SECONDS = envint("TOKENWISE_KEY_CACHE_SECONDS", 5, minimum=0)  # a revoked key stops within this
+ROUTE_CACHE_SECONDS = envint("TOKENWISE_ROUTE_CACHE_SECONDS", 5, minimum=0)
+GATEWAY_MAX_BODY_BYTES = envint("TOKENWISE_GATEWAY_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024)
+GATEWAY_MAX_TOKENS = envint("TOKENWISE_GATEWAY_MAX_TOKENS", 131072, minimum=1)
+GATEWAY_BACKOFF_BASE_SECONDS = envint("TOKENWISE_GATEWAY_BACKOFF_BASE_MS", 200, minimum=0) / 1000
 
 # --- Workers and jobs
 HOST_NAME = envstr("TOKENWISE_HOST_NAME", socket.gethostname())

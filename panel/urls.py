@@ -21,6 +21,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("panel.registry.urls")),
     path("", include("panel.serving.urls")),
+    path("", include("panel.channels.urls")),
+    path("", include("panel.gateway.urls")),
 ]
 
 # Sections whose features have not landed yet: a page that says what will appear and the first step.

@@ -134,3 +134,8 @@ def wait_until(predicate, *, seconds=30, interval=0.2, message="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {seconds} s waiting for {message}")
+
+
+# One Chromium for the whole run: the fixtures live here, not in each browser test module, because a second
+# session-scoped Playwright started by another module would find the first one's event loop running.
+from tests.browser import chromium, page  # noqa: E402,F401

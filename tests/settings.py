@@ -22,6 +22,7 @@ os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
 os.environ.setdefault("TOKENWISE_DATA_DIR", tempfile.mkdtemp(prefix="tokenwise-test-"))
 os.environ.setdefault("REDIS_URL", f"redis://127.0.0.1:{_free_port()}/0")
 os.environ.setdefault("TOKENWISE_HOST_NAME", "testhost")
+os.environ.setdefault("TOKENWISE_ENCRYPTION_KEYS", "uoCEune358PVvLlqWgU70DAPPWRL6mXgdqx-IrL8uVg=")  # fixed test key
 os.environ.setdefault("TOKENWISE_HOST_HEARTBEAT_SECONDS", "1")
 os.environ.setdefault("TOKENWISE_JOB_HEARTBEAT_SECONDS", "1")
 os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")

@@ -3,7 +3,7 @@ from playwright.sync_api import expect
 
 from panel.accounts.models import Role
 from panel.accounts.services import membership_add
-from tests.browser import chromium, page, screenshot, sign_in  # noqa: F401  (fixtures)
+from tests.browser import screenshot, sign_in
 
 NAVIGATION = ["Overview", "Models", "Quantization", "Serving", "Channels", "Gateway keys", "Dashboards", "Compare",
               "Benchmarks", "Audit", "Workers"]

@@ -1,7 +1,7 @@
 """In Chromium: register the demo model, launch a quantization job from the form, watch the bar reach done."""
 from playwright.sync_api import expect
 
-from tests.browser import chromium, page, screenshot, sign_in  # noqa: F401  (fixtures)
+from tests.browser import screenshot, sign_in
 
 
 def test_it_launches_a_job_from_the_form_and_follows_it_to_done(page, live_server, team_setup, start_worker,

@@ -2,7 +2,7 @@
 from playwright.sync_api import expect
 
 from panel.registry.services import model_register
-from tests.browser import chromium, page, screenshot, sign_in  # noqa: F401  (fixtures)
+from tests.browser import screenshot, sign_in
 
 
 def test_it_creates_launches_watches_and_stops_a_deployment(page, live_server, team_setup, start_worker, tmp_path):

@@ -26,9 +26,9 @@ SECTIONS = [
             "from them, supervised by the workers.", "Register a model first", "models", built=True),
     Section("channels", "Channels", "⇄", "OpenAI-compatible upstreams: local vLLM deployments and cloud providers "
             "such as TaoToken, with encrypted credentials, prices, and a Test button that diagnoses 401/404/"
-            "connection errors in words.", "Start a deployment, or add a cloud channel", "serving"),
+            "connection errors in words.", "Start a deployment, or add a cloud channel", "serving", built=True),
     Section("keys", "Gateway keys", "◈", "One key per team for the unified gateway at /v1: shown once, stored as "
-            "a hash, with model allow-lists, expiry and per-minute limits.", "Add a channel first", "channels"),
+            "a hash, with model allow-lists, expiry and per-minute limits.", "Add a channel first", "channels", built=True),
     Section("dashboards", "Dashboards", "▤", "Live usage, TTFT, prefix-cache hit rate and cost per million tokens, "
             "local against cloud, with the savings against an all-cloud baseline.",
             "Send traffic through the gateway with a team key", "keys"),

@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
+from panel.channels.services import local_channel_sync
 from panel.hosts.models import WorkerHost
 from panel.jobs.services import append_log, job_created, job_transition
 from panel.registry import memory
@@ -101,8 +102,11 @@ def deployment_stop(*, deployment, user=None, reason="stop requested"):
     """Ask for a deployment to stop. A pending one stops at once; a live one moves to stopping and its
     supervisor ends the engine's process group (SIGTERM, then SIGKILL) within a second."""
     if job_transition(deployment, to=S.STOPPED, allowed_from=[S.PENDING], actor=user, reason=reason):
+        local_channel_sync(deployment)
         return True
-    return job_transition(deployment, to=S.STOPPING, allowed_from=[S.STARTING, S.READY], actor=user, reason=reason)
+    stopping = job_transition(deployment, to=S.STOPPING, allowed_from=[S.STARTING, S.READY], actor=user, reason=reason)
+    local_channel_sync(deployment)
+    return stopping
 
 
 class DeploymentHooks:
@@ -122,6 +126,7 @@ class DeploymentHooks:
         job_transition(self.deployment, to=S.READY, allowed_from=[S.STARTING],
                        reason="GET /v1/models lists " + self.deployment.served_model_name, ready_at=now,
                        heartbeat_at=now, verification=verification)
+        local_channel_sync(self.deployment)
 
     def beat(self, log_lines):
         fields = {"heartbeat_at": timezone.now()}
@@ -193,6 +198,7 @@ def deployment_execute(*, deployment_id, worker):
         close_old_connections()
         if outcome.stopped or Deployment.objects.filter(pk=deployment.pk, state=S.STOPPING).exists():
             job_transition(deployment, to=S.STOPPED, allowed_from=[S.STOPPING], reason="engine stopped", pid=None)
+            local_channel_sync(deployment)
             return True
         kind, reason = supervisor.classify_crash(outcome)
         if deployment.restart_on_crash and deployment.restarts < deployment.max_restarts and outcome.became_ready:
@@ -202,11 +208,13 @@ def deployment_execute(*, deployment_id, worker):
                                   reason=f"crashed ({kind}); restarting in {backoff} s", restarts=deployment.restarts,
                                   pid=None, failure_kind=kind, failure_reason=reason):
                 return True
+            local_channel_sync(deployment)
             if _sleep_unless_stopped(deployment, backoff):
                 return True
             continue
         job_transition(deployment, to=S.FAILED, allowed_from=[S.STARTING, S.READY, S.STOPPING],
                        reason=f"engine exited: {kind}", failure_kind=kind, failure_reason=reason, pid=None)
+        local_channel_sync(deployment)
         return True
 
 
@@ -237,6 +245,7 @@ def deployments_reap(*, stale_after_seconds):
                                    reason="reaper: " + reason, failure_kind="worker_lost", failure_reason=reason,
                                    pid=None)
         if moved:
+            local_channel_sync(deployment)
             reaped.append(deployment)
     return reaped
 

@@ -1,0 +1,172 @@
+"""Gateway overhead against a fake streaming upstream on this machine (not a test; results in docs/benchmarks.md).
+
+  .venv/bin/python bench/gateway_bench.py [--requests 300] [--seconds 10] [--litellm /path/to/venv/bin/litellm]
+
+1. TTFT at concurrency 1: time to the first content event of a 20-chunk stream, calling the fake upstream
+   directly and through the gateway (p50/p95, and the difference = what the gateway adds).
+2. Requests per second at concurrency 16 with 20-chunk streams (wrk), directly, through the gateway and, when
+   --litellm is given, through LiteLLM's proxy configured for the same upstream.
+Each server runs as its own process with one worker; the load generator runs on the same 2 cores."""
+import argparse
+import json
+import os
+import re
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+BODY = {"model": "chat", "stream": True, "max_tokens": 64,
+        "messages": [{"role": "user", "content": "tell me about prefix caching in one paragraph"}]}
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = [[%s]]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer %s"
+"""
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start(argv, env=None, ready_url=None, seconds=60):
+    process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.monotonic() + seconds
+    while ready_url and time.monotonic() < deadline:
+        try:
+            httpx.get(ready_url, timeout=1)
+            return process
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    if ready_url:
+        raise SystemExit(f"{argv[:3]} did not start")
+    return process
+
+
+def stop(process):
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=20)
+
+
+def ttft(url, headers, count):
+    """Seconds to the first content event, for `count` sequential streams on one keep-alive connection."""
+    times = []
+    with httpx.Client(timeout=30) as client:
+        for index in range(count + 20):
+            started = time.perf_counter()
+            with client.stream("POST", url, json=BODY, headers=headers) as response:
+                first = None
+                for line in response.iter_lines():
+                    if first is None and line.startswith("data: ") and '"content"' in line:
+                        first = time.perf_counter() - started
+            if index >= 20:  # warm-up first
+                times.append(first)
+    times.sort()
+    return {"p50_ms": statistics.median(times) * 1000, "p95_ms": times[int(len(times) * 0.95)] * 1000}
+
+
+def rps(url, key, seconds, connections=16):
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT % (json.dumps(BODY), key))
+    output = subprocess.run(["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "-s", script.name, url],
+                            capture_output=True, text=True, timeout=seconds + 30).stdout
+    requests = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    return {"rps": requests, "non_2xx": int(errors.group(1)) if errors else 0}
+
+
+def prepare_panel(data_dir, upstream_url):
+    """A fresh database with one team, a channel to the fake upstream, a route `chat` and a key."""
+    env = dict(os.environ, TOKENWISE_DATA_DIR=str(data_dir), SECRET_KEY=secrets.token_urlsafe(50),
+               TOKENWISE_ENCRYPTION_KEYS=__import__("cryptography.fernet").fernet.Fernet.generate_key().decode(),
+               REDIS_URL=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/9"), DJANGO_SETTINGS_MODULE="panel.settings")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    code = f"""
+from panel.accounts.models import Team
+from panel.channels.models import Channel, Route, RouteChannel
+from panel.gateway.keys import key_issue
+team = Team.objects.create(name="bench")
+channel = Channel.objects.create(team=team, name="fake", kind="remote", base_url={upstream_url!r},
+                                 model_id="fake-model", credential_kind="none", timeout_seconds=30, max_retries=0)
+route = Route.objects.create(team=team, model_name="chat")
+RouteChannel.objects.create(route=route, channel=channel, position=1)
+print(key_issue(team=team, user=None, name="bench")[1])
+"""
+    key = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    return env, key
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--litellm", help="path to the litellm command of a venv with litellm[proxy]")
+    args = parser.parse_args()
+    results = {}
+    up_port, gw_port = free_port(), free_port()
+    upstream = start([sys.executable, "-m", "tests.fake_upstream", "--port", str(up_port), "--chunks", "20",
+                      "--model", "fake-model"], ready_url=f"http://127.0.0.1:{up_port}/v1/models")
+    upstream_url = f"http://127.0.0.1:{up_port}/v1"
+    data_dir = Path(tempfile.mkdtemp(prefix="tokenwise-bench-"))
+    env, key = prepare_panel(data_dir, upstream_url)
+    gateway = start([sys.executable, "-m", "uvicorn", "panel.asgi:application", "--port", str(gw_port), "--loop",
+                     "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"], env=env,
+                    ready_url=f"http://127.0.0.1:{gw_port}/login/")
+    auth = {"Authorization": f"Bearer {key}"}
+    try:
+        direct_body = dict(BODY, model="fake-model")
+        BODY.update(direct_body)
+        results["direct_ttft"] = ttft(f"{upstream_url}/chat/completions", {}, args.requests)
+        results["direct_rps"] = rps(f"{upstream_url}/chat/completions", "none", args.seconds)
+        BODY["model"] = "chat"
+        results["gateway_ttft"] = ttft(f"http://127.0.0.1:{gw_port}/v1/chat/completions", auth, args.requests)
+        results["gateway_rps"] = rps(f"http://127.0.0.1:{gw_port}/v1/chat/completions", key, args.seconds)
+        if args.litellm:
+            results.update(run_litellm(args, upstream_url))
+    finally:
+        stop(gateway)
+        stop(upstream)
+    results["added_ttft_p50_ms"] = results["gateway_ttft"]["p50_ms"] - results["direct_ttft"]["p50_ms"]
+    print(json.dumps(results, indent=2))
+
+
+def run_litellm(args, upstream_url):
+    port = free_port()
+    config = Path(tempfile.mkdtemp()) / "litellm.yaml"
+    config.write_text(f"""model_list:
+  - model_name: chat
+    litellm_params:
+      model: openai/fake-model
+      api_base: {upstream_url}
+      api_key: none
+litellm_settings:
+  num_retries: 0
+""")
+    proxy = start([args.litellm, "--config", str(config), "--port", str(port), "--num_workers", "1"],
+                  env=dict(os.environ, LITELLM_LOG="ERROR"), ready_url=f"http://127.0.0.1:{port}/health/readiness",
+                  seconds=180)
+    try:
+        BODY["model"] = "chat"
+        return {"litellm_ttft": ttft(f"http://127.0.0.1:{port}/v1/chat/completions", {"Authorization": "Bearer x"},
+                                     args.requests),
+                "litellm_rps": rps(f"http://127.0.0.1:{port}/v1/chat/completions", "x", args.seconds)}
+    finally:
+        stop(proxy)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+from django import forms
+from django.core.exceptions import ValidationError
+
+from panel.channels import settings_json
+from panel.channels.models import Channel, CredentialKind, RouteStrategy
+from panel.channels.services import CHANNEL_FIELDS
+from panel.serving.models import Deployment
+
+HELP = {
+    "name": "Letters, digits, '-', '_' or '.'; how routes and the usage records name it.",
+    "kind": "Local: a vLLM server of this team (tried first by local_first routes). Remote: a cloud provider.",
+    "deployment": "For a local channel: the deployment it serves (kept in step automatically).",
+    "base_url": "The API root, ending in /v1: http://127.0.0.1:8000/v1, https://taotoken.net/api/v1. The client "
+                "appends /chat/completions and /models.",
+    "model_id": "The model name sent upstream, as GET /models lists it.",
+    "credential_kind": "Where the key comes from. A local vLLM checks none (the seeds' EMPTY).",
+    "credential_env": "For \"Environment variable\": the variable the panel reads the key from, e.g. TAOTOKEN_API_KEY.",
+    "timeout_seconds": "How long one attempt may wait for the upstream.",
+    "max_retries": "Retries on this channel before falling back to the next one.",
+    "retry_backoff": "Exponential backoff base in seconds between retries (1.5 → 1.5 s, 2.25 s, …).",
+    "priority": "Lower first, among channels of equal position.",
+    "weight": "Default share for weighted routes.",
+    "price_input_per_million": "Price per million prompt tokens (USD).",
+    "price_output_per_million": "Price per million completion tokens (USD).",
+    "price_cached_per_million": "Cached prompt tokens are billed at this price instead of the input price; set it "
+                                "to the input price if the provider gives no discount.",
+    "enabled": "Disabled channels are skipped by every route.",
+}
+LABELS = {"model_id": "Model id", "base_url": "Base URL", "credential_kind": "Credential",
+          "credential_env": "Environment variable", "timeout_seconds": "Timeout (s)",
+          "retry_backoff": "Retry backoff (s)",
+          "price_input_per_million": "Input / 1M tokens", "price_output_per_million": "Output / 1M tokens",
+          "price_cached_per_million": "Cached input / 1M tokens"}
+SECTIONS = [
+    ("Upstream", ["name", "kind", "deployment", "base_url", "model_id", "enabled"]),
+    ("Credential", ["credential_kind", "api_key", "credential_env"]),
+    ("Timeouts and retries", ["timeout_seconds", "max_retries", "retry_backoff", "priority", "weight"]),
+    ("Prices", ["price_input_per_million", "price_output_per_million", "price_cached_per_million"]),
+]
+
+
+class ChannelForm(forms.ModelForm):
+    api_key = forms.CharField(required=False, strip=True, label="API key",
+                              widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}))
+
+    class Meta:
+        model = Channel
+        fields = list(CHANNEL_FIELDS)
+        widgets = {"base_url": forms.TextInput(attrs={"spellcheck": "false"}),
+                   "model_id": forms.TextInput(attrs={"spellcheck": "false"})}
+
+    def __init__(self, *args, team, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.team = team
+        self.fields["deployment"].queryset = Deployment.objects.filter(team=team).select_related("profile")
+        self.fields["deployment"].required = False
+        self.fields["deployment"].empty_label = "None"
+        for name, field in self.fields.items():
+            field.help_text = HELP.get(name, field.help_text)
+            field.label = LABELS.get(name, field.label)
+        if self.instance.pk:  # 0.550000 -> 0.55, 120.0 -> 120
+            for name in ("price_input_per_million", "price_output_per_million", "price_cached_per_million"):
+                self.initial[name] = format(getattr(self.instance, name).normalize(), "f")
+            for name in ("timeout_seconds", "retry_backoff"):
+                value = getattr(self.instance, name)
+                self.initial[name] = int(value) if float(value).is_integer() else value
+        if self.instance.pk and self.instance.credential_kind == CredentialKind.STORED:
+            self.fields["api_key"].help_text = (f"A key is stored ({self.instance.credential_display}). Leave this "
+                                                "empty to keep it; type a new one to replace it.")
+        else:
+            self.fields["api_key"].help_text = ("For \"Stored here, encrypted\": the key alone, without \"Bearer\". It "
+                                                "is encrypted at rest and never shown again, only its last four "
+                                                "characters.")
+
+    def sections(self):
+        return [(title, [self[name] for name in names]) for title, names in SECTIONS]
+
+    def channel_fields(self):
+        return {name: self.cleaned_data[name] for name in CHANNEL_FIELDS}
+
+
+class RouteForm(forms.Form):
+    model_name = forms.CharField(max_length=200, label="Model name",
+                                 help_text="What clients send as \"model\", e.g. qwen2.5-14b-instruct.")
+    strategy = forms.ChoiceField(choices=RouteStrategy.choices, initial=RouteStrategy.LOCAL_FIRST,
+                                 help_text="local_first: local channels first, then the rest in order. priority: in "
+                                           "order. weighted: one pick by weight, the rest in order as fallbacks.")
+    fallback_on_error = forms.BooleanField(required=False, initial=True,
+                                           label="Fall back to the next channel on errors")
+    enabled = forms.BooleanField(required=False, initial=True)
+
+    def __init__(self, *args, team, route=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.team = team
+        self.channels = list(Channel.objects.filter(team=team).order_by("name"))
+        current = {entry.channel_id: entry for entry in route.entries()} if route else {}
+        if route is not None:
+            self.initial.update(model_name=route.model_name, strategy=route.strategy,
+                                fallback_on_error=route.fallback_on_error, enabled=route.enabled)
+        for index, channel in enumerate(self.channels):
+            entry = current.get(channel.pk)
+            self.fields[f"use_{channel.pk}"] = forms.BooleanField(required=False, initial=entry is not None,
+                                                                  label=channel.name)
+            self.fields[f"position_{channel.pk}"] = forms.IntegerField(
+                min_value=0, max_value=10_000, initial=entry.position if entry else len(current) + index,
+                label="Position")
+            self.fields[f"weight_{channel.pk}"] = forms.IntegerField(
+                min_value=0, max_value=1000, initial=entry.weight if entry else channel.weight, label="Weight")
+
+    def rows(self):
+        return [(channel, self[f"use_{channel.pk}"], self[f"position_{channel.pk}"], self[f"weight_{channel.pk}"])
+                for channel in self.channels]
+
+    def entries(self):
+        """[(channel, position, weight)] of the ticked channels, by position."""
+        chosen = [(channel, self.cleaned_data[f"position_{channel.pk}"], self.cleaned_data[f"weight_{channel.pk}"])
+                  for channel in self.channels if self.cleaned_data.get(f"use_{channel.pk}")]
+        return sorted(chosen, key=lambda item: item[1])
+
+    def clean(self):
+        cleaned = super().clean()
+        if not self.errors and not any(cleaned.get(f"use_{channel.pk}") for channel in self.channels):
+            raise ValidationError("Pick at least one channel.")
+        return cleaned
+
+
+class ImportForm(forms.Form):
+    text = forms.CharField(required=False, strip=False, label="settings.json",
+                           widget=forms.Textarea(attrs={"rows": 16, "spellcheck": "false"}),
+                           help_text="Paste the file (format A or B), or upload it below.")
+    file = forms.FileField(required=False, label="…or upload settings.json")
+    replace = forms.BooleanField(required=False, label="Replace channels and the route that have the same names")
+
+    def clean(self):
+        cleaned = super().clean()
+        upload = cleaned.get("file")
+        payload = cleaned.get("text") or ""
+        if upload:
+            payload = upload.read(settings_json.MAX_BYTES + 1)
+            if len(payload) > settings_json.MAX_BYTES:
+                raise ValidationError(f"settings.json is larger than {settings_json.MAX_BYTES // 1024} KB: that is "
+                                      "not a settings file.")
+        if not payload or (isinstance(payload, str) and not payload.strip()):
+            raise ValidationError("Paste a settings.json or upload one.")
+        cleaned["payload"] = payload
+        return cleaned
+

@@ -1,0 +1,212 @@
+"""Channels (OpenAI-compatible upstreams) and routes (a model name clients send -> an ordered list of channels).
+
+The gateway codes against these names: `Channel.api_key()`, `Channel.cost()`, `Route.ordered_channels()`."""
+import os
+import random
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+
+from panel.channels import crypto
+from panel.channels.crypto import CredentialError  # noqa: F401  (the gateway imports it from here)
+from panel.env import EnvError
+
+MILLION = Decimal(1_000_000)
+EMPTY_KEY = "EMPTY"  # the seeds' placeholder for a local vLLM, which checks no key
+
+
+class ChannelKind(models.TextChoices):
+    LOCAL = "local", "Local vLLM"
+    REMOTE = "remote", "Remote provider"
+
+
+class CredentialKind(models.TextChoices):
+    NONE = "none", "None (EMPTY, for a local vLLM)"
+    STORED = "stored", "Stored here, encrypted"
+    ENV = "env", "Environment variable"
+
+
+class RouteStrategy(models.TextChoices):
+    LOCAL_FIRST = "local_first", "Local first"
+    PRIORITY = "priority", "Priority (in order)"
+    WEIGHTED = "weighted", "Weighted"
+
+
+def _price():
+    return models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+
+
+class Channel(models.Model):
+    """One OpenAI-compatible upstream: a local vLLM deployment or a remote provider such as TaoToken."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="channels")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=10, choices=ChannelKind.choices, default=ChannelKind.REMOTE)
+    deployment = models.ForeignKey("serving.Deployment", null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="channels")
+    base_url = models.CharField(max_length=300)
+    model_id = models.CharField(max_length=200)
+    credential_kind = models.CharField(max_length=10, choices=CredentialKind.choices, default=CredentialKind.NONE)
+    credential_ciphertext = models.TextField(blank=True)
+    credential_last4 = models.CharField(max_length=4, blank=True)
+    credential_env = models.CharField(max_length=100, blank=True)
+    timeout_seconds = models.FloatField(default=120)
+    max_retries = models.PositiveSmallIntegerField(default=3)
+    retry_backoff = models.FloatField(default=1.5)
+    priority = models.IntegerField(default=100)
+    weight = models.PositiveIntegerField(default=1)
+    price_input_per_million = _price()
+    price_output_per_million = _price()
+    price_cached_per_million = _price()
+    enabled = models.BooleanField(default=True)
+    misconfigured = models.TextField(blank=True)  # why the gateway must not call it; blank = ok
+    last_test = models.JSONField(default=dict, blank=True)
+    last_tested_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["priority", "name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="channel_name_unique_per_team")]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def is_local(self):
+        return self.kind == ChannelKind.LOCAL
+
+    def api_key(self):
+        """The plaintext key to send upstream: "EMPTY" for none, the variable's value for env, the decrypted key for
+        stored. CredentialError (with the reason in words) when it cannot be produced; never the ciphertext."""
+        if self.credential_kind == CredentialKind.NONE:
+            return EMPTY_KEY
+        if self.credential_kind == CredentialKind.ENV:
+            value = os.environ.get(self.credential_env, "").strip() if self.credential_env else ""
+            if not self.credential_env:
+                raise CredentialError("the channel reads its key from an environment variable but names none")
+            if not value:
+                raise CredentialError(f"the environment variable {self.credential_env} is not set (or empty) in the "
+                                      "panel's environment: set it where the panel runs and restart it")
+            if value.lower().startswith("bearer"):
+                raise CredentialError(f"the value of {self.credential_env} starts with \"Bearer\": the client adds "
+                                      "\"Bearer \" itself, so set the variable to the key alone")
+            if any(char.isspace() or not 32 < ord(char) < 127 for char in value):
+                raise CredentialError(f"the value of {self.credential_env} has spaces, line breaks or non-ASCII "
+                                      "characters: a key has none (copy it again)")
+            return value
+        if self.credential_kind == CredentialKind.STORED:
+            if not self.credential_ciphertext:
+                raise CredentialError("no key is stored for this channel: enter one")
+            try:
+                return crypto.decrypt(self.credential_ciphertext)
+            except EnvError as error:
+                raise CredentialError(str(error)) from None
+        raise CredentialError(f"unknown credential kind {self.credential_kind!r}")
+
+    def credential_problem(self):
+        """Why api_key() fails, or "" when it works."""
+        try:
+            self.api_key()
+        except CredentialError as error:
+            return str(error)
+        return ""
+
+    @property
+    def credential_display(self):
+        """What the pages show: never the key, only its last four characters."""
+        if self.credential_kind == CredentialKind.STORED:
+            return f"••••{self.credential_last4}"
+        if self.credential_kind == CredentialKind.ENV:
+            return f"${{{self.credential_env}}}"
+        return EMPTY_KEY
+
+    def cost(self, prompt_tokens, completion_tokens, cached_tokens=0):
+        """The price of one request in the panel's currency. Cached tokens are part of the prompt tokens and are
+        billed at the cached price instead of the input price."""
+        prompt = max(int(prompt_tokens or 0), 0)
+        cached = min(max(int(cached_tokens or 0), 0), prompt)
+        completion = max(int(completion_tokens or 0), 0)
+        total = (Decimal(prompt - cached) * self.price_input_per_million
+                 + Decimal(cached) * self.price_cached_per_million
+                 + Decimal(completion) * self.price_output_per_million)
+        return total / MILLION
+
+    @property
+    def prices_display(self):
+        def plain(value):
+            return format(value.normalize(), "f") if value else "0"
+
+        return (f"input {plain(self.price_input_per_million)} · output {plain(self.price_output_per_million)} · "
+                f"cached input {plain(self.price_cached_per_million)}")
+
+    @property
+    def test_ok(self):
+        return bool(self.last_test) and bool(self.last_test.get("ok"))
+
+
+class Route(models.Model):
+    """What clients send as `model`, mapped to channels tried in the order the strategy gives."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="routes")
+    model_name = models.CharField(max_length=200)
+    strategy = models.CharField(max_length=20, choices=RouteStrategy.choices, default=RouteStrategy.LOCAL_FIRST)
+    fallback_on_error = models.BooleanField(default=True)
+    enabled = models.BooleanField(default=True)
+    channels = models.ManyToManyField(Channel, through="RouteChannel", related_name="routes")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model_name"]
+        constraints = [models.UniqueConstraint(fields=["team", "model_name"], name="route_model_unique_per_team")]
+
+    def __str__(self):
+        return self.model_name
+
+    def entries(self):
+        """RouteChannel rows with their channels, by position."""
+        return list(self.routechannel_set.select_related("channel").order_by("position", "pk"))
+
+    def ordered_channels(self, rng=random):
+        """The enabled channels in the order to try them for one request (see `order_channels`)."""
+        return order_channels(self.strategy, self.entries(), rng=rng)
+
+
+class RouteChannel(models.Model):
+    # Default reverse names (route.routechannel_set, channel.routechannel_set): the gateway reads them.
+    route = models.ForeignKey(Route, on_delete=models.CASCADE)
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE)
+    position = models.PositiveIntegerField(default=0)
+    weight = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["position", "pk"]
+        constraints = [models.UniqueConstraint(fields=["route", "channel"], name="channel_once_per_route")]
+
+    def __str__(self):
+        return f"{self.route} → {self.channel} (#{self.position})"
+
+
+def order_channels(strategy, entries, *, rng=random):
+    """Order a route's channels for one request. `entries` are RouteChannel rows (or anything with .channel,
+    .position and .weight), so the gateway can call this on a cached list without a query.
+
+    local_first: local channels first, then the rest, each by position. priority: by position. weighted: one
+    weighted-random pick first (by the entry's weight; weight 0 is never picked first), then the rest by position
+    as fallbacks. Disabled channels are left out."""
+    usable = sorted((entry for entry in entries if entry.channel.enabled), key=lambda entry: entry.position)
+    if strategy == RouteStrategy.LOCAL_FIRST:
+        usable.sort(key=lambda entry: 0 if entry.channel.kind == ChannelKind.LOCAL else 1)
+    elif strategy == RouteStrategy.WEIGHTED and usable:
+        weights = [max(entry.weight, 0) for entry in usable]
+        if sum(weights) > 0:
+            first = rng.choices(usable, weights=weights, k=1)[0]
+            usable.remove(first)
+            usable.insert(0, first)
+    return [entry.channel for entry in usable]

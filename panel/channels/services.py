@@ -1,0 +1,544 @@
+"""Channels and routes: validation (the seeds' §5 troubleshooting as rules), create/update in one transaction, the
+Test button, local channels for deployments, key rotation."""
+import json
+import logging
+import math
+import os
+import re
+import time
+from decimal import Decimal, InvalidOperation
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from django.core.cache import cache
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from panel.channels import crypto, diagnosis
+from panel.channels.models import (EMPTY_KEY, Channel, ChannelKind, CredentialError, CredentialKind, Route,
+                                   RouteChannel, RouteStrategy)
+from panel.env import EnvError
+
+log = logging.getLogger(__name__)
+
+TAOTOKEN = {"name": "taotoken", "kind": ChannelKind.REMOTE, "base_url": "https://taotoken.net/api/v1",
+            "credential_kind": CredentialKind.ENV, "credential_env": "TAOTOKEN_API_KEY",
+            "model_id": "qwen2.5-7b-instruct"}
+PRESETS = {"taotoken": {"label": "TaoToken", "description": "TaoToken's unified key and API: base URL "
+                        "https://taotoken.net/api/v1, key read from TAOTOKEN_API_KEY.", "values": TAOTOKEN}}
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+MODEL_RE = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
+KEY_CHARS_RE = re.compile(r"^[\x21-\x7e]+$")
+VERSION_SEGMENT_RE = re.compile(r"^v\d+[a-z0-9]*$")
+ENDPOINT_SUFFIXES = ("/chat/completions", "/completions", "/models", "/embeddings")
+LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+
+LIMITS = {  # field: (minimum, maximum, words)
+    "timeout_seconds": (0.1, 3600, "seconds"),
+    "max_retries": (0, 10, "retries"),
+    "retry_backoff": (0, 60, "seconds"),
+    "priority": (0, 100_000, ""),
+    "weight": (0, 1000, ""),
+    "price_input_per_million": (0, 999_999, ""),
+    "price_output_per_million": (0, 999_999, ""),
+    "price_cached_per_million": (0, 999_999, ""),
+}
+TEST_TIMEOUT_CAP = 20.0  # the Test button runs in a page request: it waits at most this long per step
+MAX_TEST_BODY = 2 * 1024 * 1024
+
+
+# ------------------------------------------------------------------------------------------------- rules
+
+def base_url_check(url):
+    """(cleaned url, errors, warnings) for a channel's base URL, with the seeds' §5 mistakes explained."""
+    if not isinstance(url, str) or not url.strip():
+        return "", ["Enter the server's base URL, for example http://127.0.0.1:8000/v1."], []
+    url = url.strip()
+    if len(url) > 300:
+        return url, ["The base URL is longer than 300 characters."], []
+    if re.search(r"[\s\x00-\x1f\x7f]", url):
+        return url, ["The base URL contains spaces or control characters."], []
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return url, ["The base URL must start with http:// or https://."], []
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return url, ["The base URL has a port that is not a number from 1 to 65535."], []
+    if not host:
+        return url, ["The base URL has no host name."], []
+    if port == 0:
+        return url, ["The base URL has a port that is not a number from 1 to 65535."], []
+    if parts.username or parts.password:
+        return url, ["Put the key in the credential field, not in the URL (a URL ends up in logs)."], []
+    if parts.query or parts.fragment:
+        return url, ["The base URL cannot have a query string or #fragment: the client appends paths to it."], []
+    path = re.sub(r"/+$", "", parts.path)
+    cleaned = urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+    segments = [segment for segment in path.split("/") if segment]
+    if len(segments) >= 2 and segments[-1] == "v1" and segments[-2] == "v1":
+        fixed = urlunsplit((parts.scheme, parts.netloc, path[:-3], "", ""))
+        return cleaned, [f"The base URL ends in /v1/v1: /v1 is there twice. The SDK appends /chat/completions to "
+                         f"base_url as it is, so the server would see /v1/v1/chat/completions and answer 404. "
+                         f"Remove one: {fixed}"], []
+    lowered = path.lower()
+    for suffix in ENDPOINT_SUFFIXES:
+        if lowered.endswith(suffix):
+            fixed = urlunsplit((parts.scheme, parts.netloc, path[:-len(suffix)], "", ""))
+            return cleaned, [f"The base URL ends in {suffix}: that is an endpoint, not the base. The client appends "
+                             f"{suffix} itself; use {fixed}"], []
+    warnings = []
+    if not any(VERSION_SEGMENT_RE.match(segment) for segment in segments):
+        suggestion = urlunsplit((parts.scheme, parts.netloc, path + "/v1", "", ""))
+        warnings.append(f"The base URL has no /v1. Most OpenAI-compatible servers need it (vLLM: "
+                        f"http://127.0.0.1:8000/v1, TaoToken: https://taotoken.net/api/v1); without it the SDK "
+                        f"calls {path or ''}/chat/completions and gets 404. Did you mean {suggestion}?")
+    return cleaned, [], warnings
+
+
+def api_key_errors(key):
+    """Errors for a key typed into the form (or found literally in a settings.json)."""
+    stripped = key.strip()
+    if stripped.lower().startswith("bearer"):
+        return ["Enter the key without \"Bearer\": the client adds \"Bearer \" to the Authorization header itself, "
+                "so the server would receive \"Bearer Bearer sk-…\" and answer 401."]
+    if stripped == EMPTY_KEY:
+        return ["EMPTY means \"no key\" (a local vLLM): choose the credential None instead."]
+    match = re.fullmatch(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", stripped)
+    if match:
+        return [f"That is a reference to an environment variable: choose \"Environment variable\" and enter "
+                f"{match.group(1)}."]
+    if not KEY_CHARS_RE.match(stripped):
+        return ["A key is plain ASCII without spaces or line breaks: copy it again from the provider's page."]
+    if len(stripped) < 8:
+        return ["That is too short to be an API key."]
+    if len(stripped) > 500:
+        return ["That is longer than any API key (500 characters at most)."]
+    return []
+
+
+def env_name_errors(name):
+    if not name:
+        return ["Name the environment variable that holds the key, for example TAOTOKEN_API_KEY."]
+    if not ENV_RE.match(name):
+        return ["An environment variable name is letters, digits and underscores, not starting with a digit "
+                "(TAOTOKEN_API_KEY)."]
+    return []
+
+
+def model_id_errors(model_id):
+    if not isinstance(model_id, str) or not MODEL_RE.match(model_id):
+        return ["Enter the model id the server serves (no spaces), for example qwen2.5-7b-instruct or "
+                "Qwen/Qwen2.5-7B-Instruct-AWQ; GET /models lists them."]
+    return []
+
+
+def name_errors(name):
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        return ["A channel name is 1-100 letters, digits, '-', '_' or '.', starting with a letter or digit."]
+    return []
+
+
+def number_errors(field, value):
+    minimum, maximum, unit = LIMITS[field]
+    if isinstance(value, bool) or value is None:
+        return ["Enter a number."]
+    try:
+        number = Decimal(str(value)) if isinstance(value, (Decimal, str)) else value
+        finite = math.isfinite(float(number))
+    except (InvalidOperation, ValueError, TypeError, OverflowError):
+        return ["Enter a number."]
+    if not finite or number < minimum or number > maximum:
+        return [f"Enter a value from {minimum:g} to {maximum:g}{' ' + unit if unit else ''}."]
+    return []
+
+
+def is_loopback(url):
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return False
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def channel_check(channel, *, api_key=""):
+    """Every rule for a channel about to be saved: ({field: [errors]}, [warnings]). Cleans base_url in place."""
+    errors, warnings = {}, []
+
+    def add(field, messages):
+        if messages:
+            errors.setdefault(field, []).extend(messages)
+
+    add("name", name_errors(channel.name))
+    taken = Channel.objects.filter(team_id=channel.team_id, name=channel.name).exclude(pk=channel.pk)
+    if not errors.get("name") and taken.exists():
+        add("name", [f"This team already has a channel named {channel.name!r}."])
+    if channel.kind not in ChannelKind.values:
+        add("kind", ["Choose local or remote."])
+    cleaned, url_errors, url_warnings = base_url_check(channel.base_url)
+    add("base_url", url_errors)
+    warnings += url_warnings
+    if not url_errors:
+        channel.base_url = cleaned
+    add("model_id", model_id_errors(channel.model_id))
+    for field in LIMITS:
+        add(field, number_errors(field, getattr(channel, field)))
+    if channel.deployment_id and channel.deployment.team_id != channel.team_id:
+        add("deployment", ["That deployment belongs to another team."])
+    if channel.deployment_id and channel.kind != ChannelKind.LOCAL:
+        add("deployment", ["Only a local channel is linked to a deployment."])
+    kind = channel.credential_kind
+    if kind not in CredentialKind.values:
+        add("credential_kind", ["Choose how the key is provided."])
+    elif kind == CredentialKind.STORED:
+        if api_key:
+            add("api_key", api_key_errors(api_key))
+        elif not channel.credential_ciphertext:
+            add("api_key", ["Enter the key to store (it is encrypted at rest and never shown again)."])
+    elif kind == CredentialKind.ENV:
+        add("credential_env", env_name_errors(channel.credential_env))
+        if not errors.get("credential_env"):
+            if not os.environ.get(channel.credential_env):
+                warnings.append(f"{channel.credential_env} is not set in the panel's environment: the gateway "
+                                "reports this channel as misconfigured until it is set where the panel runs.")
+    if kind == CredentialKind.NONE and channel.kind == ChannelKind.REMOTE and not is_loopback(channel.base_url):
+        warnings.append("A remote provider usually needs a key: with none, it will answer 401.")
+    if (not errors.get("price_input_per_million") and not errors.get("price_cached_per_million")
+            and channel.price_input_per_million and not channel.price_cached_per_million):
+        warnings.append("Cached prompt tokens are billed at the cached price, which is 0: set it to the input price "
+                        "if this provider gives no discount for cached tokens.")
+    return errors, warnings
+
+
+# ------------------------------------------------------------------------------------------------- channels
+
+CHANNEL_FIELDS = ("name", "kind", "deployment", "base_url", "model_id", "credential_kind", "credential_env",
+                  "timeout_seconds", "max_retries", "retry_backoff", "priority", "weight", "price_input_per_million",
+                  "price_output_per_million", "price_cached_per_million", "enabled")
+
+
+def _channel_save(channel, *, api_key):
+    errors, warnings = channel_check(channel, api_key=api_key)
+    if errors:
+        raise ValidationError(errors)
+    if channel.credential_kind == CredentialKind.STORED:
+        if api_key:
+            key = api_key.strip()
+            try:
+                channel.credential_ciphertext = crypto.encrypt(key)
+            except EnvError as error:
+                raise ValidationError({"api_key": [f"The key cannot be stored: {error}"]}) from None
+            channel.credential_last4 = key[-4:]
+    else:
+        channel.credential_ciphertext = ""
+        channel.credential_last4 = ""
+    if channel.credential_kind != CredentialKind.ENV:
+        channel.credential_env = ""
+    channel.misconfigured = channel.credential_problem()
+    channel.save()
+    routing_changed(channel.team_id)
+    channel.warnings = warnings
+    return channel
+
+
+@transaction.atomic
+def channel_create(*, team, user=None, api_key="", **fields):
+    """Create a channel after every check (ValidationError {field: [messages]} otherwise; nothing saved).
+    A stored key is encrypted here; the returned channel carries `.warnings`."""
+    unknown = set(fields) - set(CHANNEL_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown channel fields: {sorted(unknown)}")
+    channel = Channel(team=team, created_by=user, **fields)
+    return _channel_save(channel, api_key=api_key)
+
+
+@transaction.atomic
+def channel_update(*, channel, api_key="", **fields):
+    """Change a channel. An empty `api_key` keeps the stored key; a new one replaces it."""
+    unknown = set(fields) - set(CHANNEL_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown channel fields: {sorted(unknown)}")
+    for name, value in fields.items():
+        setattr(channel, name, value)
+    return _channel_save(channel, api_key=api_key)
+
+
+@transaction.atomic
+def channel_delete(*, channel):
+    team_id = channel.team_id
+    channel.delete()
+    routing_changed(team_id)
+
+
+def credentials_rotate():
+    """Re-encrypt every stored key with the first key of TOKENWISE_ENCRYPTION_KEYS. Returns (rotated, problems):
+    a key no configured key opens is left as it is and its channel marked misconfigured."""
+    rotated, problems = 0, []
+    for channel in Channel.objects.filter(credential_kind=CredentialKind.STORED).exclude(credential_ciphertext=""):
+        try:
+            token = crypto.rotate(channel.credential_ciphertext)
+        except CredentialError as error:
+            Channel.objects.filter(pk=channel.pk).update(misconfigured=str(error))
+            problems.append(f"{channel.team} / {channel.name}: {error}")
+            continue
+        Channel.objects.filter(pk=channel.pk).update(credential_ciphertext=token, misconfigured="")
+        rotated += 1
+    return rotated, problems
+
+
+# ------------------------------------------------------------------------------------------------- routing version
+
+def _version_key(team_id):
+    return f"channels:routing-version:{team_id}"
+
+
+def routing_changed(team_id):
+    """Tell the gateway (after commit) that this team's channels or routes changed: it drops its cached copy."""
+    def bump():
+        try:
+            cache.add(_version_key(team_id), 0, timeout=None)
+            cache.incr(_version_key(team_id))
+        except Exception:  # a cache outage must not undo a saved change; the gateway's TTL still applies
+            log.warning("could not bump the routing version of team %s", team_id, exc_info=True)
+
+    transaction.on_commit(bump)
+
+
+def routing_version(team_id):
+    """A number that changes whenever the team's channels or routes change (0 when unknown)."""
+    try:
+        return int(cache.get(_version_key(team_id)) or 0)
+    except Exception:
+        return 0
+
+
+# ------------------------------------------------------------------------------------------------- routes
+
+def route_check(*, team, route, model_name, strategy, entries):
+    errors = {}
+    if not isinstance(model_name, str) or not MODEL_RE.match(model_name):
+        errors["model_name"] = ["Enter the model name clients send (no spaces, 200 characters at most), for example "
+                                "qwen2.5-14b-instruct."]
+    elif Route.objects.filter(team=team, model_name=model_name).exclude(pk=route.pk if route else None).exists():
+        errors["model_name"] = [f"This team already has a route for {model_name!r}."]
+    if strategy not in RouteStrategy.values:
+        errors["strategy"] = ["Choose local_first, priority or weighted."]
+    if not entries:
+        errors["channels"] = ["Pick at least one channel."]
+    channels = [channel for channel, _, _ in entries]
+    if any(channel.team_id != team.pk for channel in channels):
+        errors["channels"] = ["A channel of another team cannot be used."]
+    elif len({channel.pk for channel in channels}) != len(channels):
+        errors["channels"] = ["A channel appears twice."]
+    for _, position, weight in entries:
+        if not (isinstance(position, int) and 0 <= position <= 10_000 and isinstance(weight, int)
+                and 0 <= weight <= 1000):
+            errors["channels"] = ["Positions are 0-10000 and weights 0-1000."]
+    if strategy == RouteStrategy.WEIGHTED and entries and not any(weight > 0 for _, _, weight in entries
+                                                                  if isinstance(weight, int)):
+        errors.setdefault("channels", []).append("A weighted route needs at least one channel with a weight above 0.")
+    return errors
+
+
+@transaction.atomic
+def route_save(*, team, user=None, route=None, model_name, strategy=RouteStrategy.LOCAL_FIRST,
+               fallback_on_error=True, enabled=True, entries=()):
+    """Create (route=None) or replace a route with its channels. `entries` is [(channel, position, weight)]."""
+    entries = list(entries)
+    errors = route_check(team=team, route=route, model_name=model_name, strategy=strategy, entries=entries)
+    if errors:
+        raise ValidationError(errors)
+    if route is None:
+        route = Route(team=team, created_by=user)
+    route.model_name, route.strategy = model_name, strategy
+    route.fallback_on_error, route.enabled = bool(fallback_on_error), bool(enabled)
+    route.save()
+    route.routechannel_set.all().delete()
+    RouteChannel.objects.bulk_create([RouteChannel(route=route, channel=channel, position=position, weight=weight)
+                                      for channel, position, weight in entries])
+    routing_changed(team.pk)
+    return route
+
+
+@transaction.atomic
+def route_delete(*, route):
+    team_id = route.team_id
+    route.delete()
+    routing_changed(team_id)
+
+
+# ------------------------------------------------------------------------------------------------- the Test button
+
+def _call(client, method, url, **kwargs):
+    """(status, body bytes, latency ms, exception) for one request; the body is read up to MAX_TEST_BODY."""
+    started = time.perf_counter()
+    try:
+        with client.stream(method, url, **kwargs) as response:
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_TEST_BODY:
+                    break
+            return response.status_code, bytes(body), (time.perf_counter() - started) * 1000, None
+    except httpx.HTTPError as error:
+        return None, b"", (time.perf_counter() - started) * 1000, error
+
+
+def _json(body):
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def channel_test(channel, *, timeout_cap=TEST_TIMEOUT_CAP):
+    """The Test button: GET {base_url}/models, then a one-token chat completion to model_id. Returns (and stores
+    on the channel as last_test) {"ok", "kind", "diagnosis", "notes", "models", "steps": [{"name", "url", "status",
+    "latency_ms", "ok", "detail"}], "timeout_seconds", "tested_at"}. Retries are off: one request per step."""
+    timeout = min(float(channel.timeout_seconds), timeout_cap)
+    result = {"ok": False, "kind": "", "diagnosis": "", "notes": [], "models": None, "steps": [],
+              "timeout_seconds": timeout, "base_url": channel.base_url, "model_id": channel.model_id,
+              "tested_at": timezone.now().isoformat()}
+    credential_problem = ""
+    try:
+        key = channel.api_key()
+    except CredentialError as error:
+        credential_problem = str(error)
+        result["kind"] = "credential"
+        result["diagnosis"] = f"No request was sent: {error}."
+        return _test_store(channel, result, credential_problem)
+    context = {"model_id": channel.model_id, "url": channel.base_url, "timeout": timeout, "key": key}
+    headers = {"Authorization": f"Bearer {key}", "Accept": "application/json"}
+    transport = httpx.HTTPTransport(retries=0)
+    with httpx.Client(timeout=httpx.Timeout(timeout), transport=transport, follow_redirects=False,
+                      headers=headers) as client:
+        models_url = channel.base_url + "/models"
+        status, body, latency, error = _call(client, "GET", models_url)
+        step = {"name": "GET /models", "url": models_url, "status": status, "latency_ms": round(latency, 1),
+                "ok": status == 200, "detail": ""}
+        result["steps"].append(step)
+        models_failure = None
+        if error is not None or status != 200:
+            found = diagnosis.diagnose(status, error, body, step="models", **context)
+            if status == 404:
+                models_failure = found  # some servers have no /models: the chat decides
+                step["detail"] = "no /models here"
+            else:
+                step["detail"] = diagnosis.SHORT[found.kind]
+                result.update(kind=found.kind, diagnosis=found.message)
+                return _test_store(channel, result, "")
+        else:
+            data = _json(body)
+            if data is None:
+                found = diagnosis.describe_not_json(status, body)
+                step.update(ok=False, detail=diagnosis.SHORT[found.kind])
+                result.update(kind=found.kind, diagnosis=found.message)
+                return _test_store(channel, result, "")
+            ids = [entry.get("id") for entry in data.get("data", []) if isinstance(entry, dict)
+                   and isinstance(entry.get("id"), str)] if isinstance(data, dict) and isinstance(
+                data.get("data"), list) else []
+            result["models"] = ids[:200]
+            step["detail"] = f"lists {len(ids)} model{'s' if len(ids) != 1 else ''}" + (
+                ": " + ", ".join(ids[:10]) + ("…" if len(ids) > 10 else "") if ids else "")
+            if ids and channel.model_id not in ids:
+                result["notes"].append(f"{channel.model_id!r} is not among the models /models lists.")
+
+        chat_url = channel.base_url + "/chat/completions"
+        payload = {"model": channel.model_id, "messages": [{"role": "user", "content": "Reply with OK."}],
+                   "max_tokens": 1, "stream": False}
+        status, body, latency, error = _call(client, "POST", chat_url, json=payload)
+        step = {"name": "chat completion (max_tokens 1)", "url": chat_url, "status": status,
+                "latency_ms": round(latency, 1), "ok": False, "detail": ""}
+        result["steps"].append(step)
+        if error is not None or status != 200:
+            if models_failure is not None and status == 404:
+                found = models_failure  # both 404: the path is wrong, not the model
+            else:
+                found = diagnosis.diagnose(status, error, body, step="chat", served_ids=result["models"], **context)
+            step["detail"] = diagnosis.SHORT[found.kind]
+            result.update(kind=found.kind, diagnosis=found.message)
+            return _test_store(channel, result, "")
+        data = _json(body)
+        if data is None:
+            found = diagnosis.describe_not_json(status, body)
+        elif not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+            found = diagnosis.describe_no_choices()
+        else:
+            found = None
+        if found is not None:
+            step["detail"] = diagnosis.SHORT[found.kind]
+            result.update(kind=found.kind, diagnosis=found.message)
+            return _test_store(channel, result, "")
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        step["ok"] = True
+        step["detail"] = "answered" + (f" (usage: {usage.get('prompt_tokens')} prompt, "
+                                       f"{usage.get('completion_tokens')} completion tokens)" if usage else "")
+        if models_failure is not None:
+            result["notes"].append("This server does not list models at /models, but the chat works.")
+        result["ok"] = True
+    return _test_store(channel, result, "")
+
+
+def _test_store(channel, result, credential_problem):
+    result["latency_ms"] = round(sum(step["latency_ms"] for step in result["steps"]), 1)
+    now = timezone.now()
+    Channel.objects.filter(pk=channel.pk).update(last_test=result, last_tested_at=now,
+                                                 misconfigured=credential_problem)
+    channel.last_test, channel.last_tested_at, channel.misconfigured = result, now, credential_problem
+    return result
+
+
+# ------------------------------------------------------------------------------------------------- local channels
+
+def local_channel_sync(deployment):
+    """Keep the team's local channel for a deployment in step with it (called by the serving code whenever a
+    deployment changes state). Ready: create the channel `local-<profile>` (or re-enable it and point it at this
+    deployment's base_url and served name) and put it on the route named after the served model (created with
+    local_first if missing). Any other state: disable the channel linked to this deployment. Idempotent.
+
+    Never raises: the supervisor calls it and must not die because of it (errors are logged)."""
+    try:
+        return _local_channel_sync(deployment)
+    except Exception:
+        log.exception("local channel sync failed for deployment #%s", getattr(deployment, "pk", None))
+        return None
+
+
+@transaction.atomic
+def _local_channel_sync(deployment):
+    from panel.serving.models import Deployment, DeploymentState
+
+    row = Deployment.objects.select_related("profile", "team").filter(pk=deployment.pk).first()
+    if row is None:
+        return None
+    if row.state != DeploymentState.READY:
+        linked = Channel.objects.filter(team=row.team, deployment=row, kind=ChannelKind.LOCAL, enabled=True)
+        if linked.update(enabled=False):
+            routing_changed(row.team_id)
+        return Channel.objects.filter(team=row.team, deployment=row, kind=ChannelKind.LOCAL).first()
+    if not row.base_url or not row.served_model_name:
+        log.warning("deployment #%s is ready without a base_url or served name; no local channel", row.pk)
+        return None
+    name = f"local-{row.profile.name}"[:100]
+    channel = (Channel.objects.select_for_update().filter(team=row.team, deployment=row).first()
+               or Channel.objects.select_for_update().filter(team=row.team, name=name,
+                                                             kind=ChannelKind.LOCAL).first())
+    if channel is None:
+        if Channel.objects.filter(team=row.team, name=name).exists():  # a remote channel took the name
+            name = f"{name[:90]}-{row.pk}"
+        channel = Channel(team=row.team, name=name, kind=ChannelKind.LOCAL, credential_kind=CredentialKind.NONE,
+                          created_by=row.created_by)
+    channel.deployment, channel.base_url, channel.model_id = row, row.base_url.rstrip("/"), row.served_model_name
+    channel.enabled, channel.misconfigured = True, ""
+    channel.save()
+    route, _ = Route.objects.get_or_create(team=row.team, model_name=row.served_model_name,
+                                           defaults={"strategy": RouteStrategy.LOCAL_FIRST,
+                                                     "created_by": row.created_by})
+    if not route.routechannel_set.filter(channel=channel).exists():
+        last = route.routechannel_set.order_by("-position").values_list("position", flat=True).first()
+        RouteChannel.objects.create(route=route, channel=channel, position=0 if last is None else last + 1)
+    routing_changed(row.team_id)
+    return channel

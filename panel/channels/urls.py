@@ -1,0 +1,17 @@
+from django.urls import path
+
+from panel.channels import views
+
+urlpatterns = [
+    path("channels/", views.channel_list, name="channels"),
+    path("channels/new/", views.channel_create_view, name="channel_create"),
+    path("channels/import/", views.settings_import_view, name="settings_import"),
+    path("channels/export/", views.settings_export_view, name="settings_export"),
+    path("channels/<int:channel_id>/", views.channel_detail, name="channel_detail"),
+    path("channels/<int:channel_id>/edit/", views.channel_edit, name="channel_edit"),
+    path("channels/<int:channel_id>/test/", views.channel_test_view, name="channel_test"),
+    path("channels/<int:channel_id>/delete/", views.channel_delete_view, name="channel_delete"),
+    path("channels/routes/new/", views.route_create, name="route_create"),
+    path("channels/routes/<int:route_id>/edit/", views.route_edit, name="route_edit"),
+    path("channels/routes/<int:route_id>/delete/", views.route_delete_view, name="route_delete"),
+]

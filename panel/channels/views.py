@@ -1,0 +1,194 @@
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from panel.accounts.decorators import team_view
+from panel.accounts.models import Role
+from panel.channels import settings_json
+from panel.channels.crypto import encryption_problem
+from panel.channels.forms import ChannelForm, ImportForm, RouteForm
+from panel.channels.models import Channel, Route
+from panel.channels.services import (PRESETS, channel_create, channel_delete, channel_test, channel_update,
+                                     route_delete, route_save)
+
+
+def _render(request, template, context, status=200):
+    membership = request.membership
+    context.update(can_admin=membership.allows(Role.ADMIN), can_test=membership.allows(Role.MEMBER),
+                   currency=getattr(settings, "TOKENWISE_CURRENCY", "USD"))
+    return render(request, template, context, status=status)
+
+
+def _channels(request):
+    return Channel.objects.filter(team=request.team).select_related("deployment")
+
+
+def _routes(request):
+    return Route.objects.filter(team=request.team).prefetch_related("routechannel_set__channel")
+
+
+@team_view()
+def channel_list(request):
+    context = {"channels": _channels(request), "routes": _routes(request), "presets": PRESETS,
+               "encryption_problem": encryption_problem()}
+    return _render(request, "channels/list.html", context)
+
+
+@team_view(Role.ADMIN)
+def channel_create_view(request):
+    preset = PRESETS.get(request.GET.get("preset", ""))
+    form = ChannelForm(request.POST or None, team=request.team, initial=dict(preset["values"]) if preset else {})
+    if request.method == "POST" and form.is_valid():
+        try:
+            channel = channel_create(team=request.team, user=request.user, api_key=form.cleaned_data["api_key"],
+                                     **form.channel_fields())
+        except ValidationError as error:
+            form.add_error(None, error)
+        else:
+            for warning in channel.warnings:
+                messages.warning(request, warning)
+            messages.success(request, f"Saved channel {channel.name}. Press Test to check it answers.")
+            return redirect("channel_detail", channel_id=channel.pk)
+    status = 400 if request.method == "POST" else 200
+    return _render(request, "channels/channel_form.html", {"form": form, "preset": preset,
+                                                          "encryption_problem": encryption_problem()}, status=status)
+
+
+@team_view()
+def channel_detail(request, channel_id):
+    channel = get_object_or_404(_channels(request), pk=channel_id)
+    routes = Route.objects.filter(team=request.team, routechannel__channel=channel).distinct()
+    return _render(request, "channels/channel_detail.html", {"channel": channel, "routes": routes,
+                                                            "result": channel.last_test or None})
+
+
+@team_view(Role.ADMIN)
+def channel_edit(request, channel_id):
+    channel = get_object_or_404(_channels(request), pk=channel_id)
+    form = ChannelForm(request.POST or None, team=request.team, instance=channel)
+    if request.method == "POST" and form.is_valid():
+        try:
+            channel = channel_update(channel=channel, api_key=form.cleaned_data["api_key"], **form.channel_fields())
+        except ValidationError as error:
+            form.add_error(None, error)
+        else:
+            for warning in channel.warnings:
+                messages.warning(request, warning)
+            messages.success(request, f"Saved channel {channel.name}.")
+            return redirect("channel_detail", channel_id=channel.pk)
+    status = 400 if request.method == "POST" else 200
+    return _render(request, "channels/channel_form.html", {"form": form, "channel": channel,
+                                                          "encryption_problem": encryption_problem()}, status=status)
+
+
+@require_POST
+@team_view(Role.MEMBER)
+def channel_test_view(request, channel_id):
+    channel = get_object_or_404(_channels(request), pk=channel_id)
+    result = channel_test(channel)
+    if result["ok"]:
+        messages.success(request, f"{channel.name} answers: {result['latency_ms']:.0f} ms for both steps.")
+    else:
+        messages.error(request, f"{channel.name} failed the test; the diagnosis is below.")
+    return redirect("channel_detail", channel_id=channel.pk)
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def channel_delete_view(request, channel_id):
+    channel = get_object_or_404(_channels(request), pk=channel_id)
+    channel_delete(channel=channel)
+    messages.info(request, f"Deleted channel {channel.name}.")
+    return redirect("channels")
+
+
+@team_view(Role.ADMIN)
+def route_create(request):
+    return _route_form(request, None)
+
+
+@team_view(Role.ADMIN)
+def route_edit(request, route_id):
+    return _route_form(request, get_object_or_404(Route, pk=route_id, team=request.team))
+
+
+def _route_form(request, route):
+    form = RouteForm(request.POST or None, team=request.team, route=route)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            route = route_save(team=request.team, user=request.user, route=route, model_name=data["model_name"],
+                               strategy=data["strategy"], fallback_on_error=data["fallback_on_error"],
+                               enabled=data["enabled"], entries=form.entries())
+        except ValidationError as error:
+            for field, errors in error.message_dict.items():
+                form.add_error(field if field in form.fields else None, errors)
+        else:
+            messages.success(request, f"Saved the route for {route.model_name}.")
+            return redirect("channels")
+    status = 400 if request.method == "POST" else 200
+    return _render(request, "channels/route_form.html", {"form": form, "route": route}, status=status)
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def route_delete_view(request, route_id):
+    route = get_object_or_404(Route, pk=route_id, team=request.team)
+    route_delete(route=route)
+    messages.info(request, f"Deleted the route for {route.model_name}.")
+    return redirect("channels")
+
+
+@team_view(Role.ADMIN)
+def settings_import_view(request):
+    form = ImportForm(request.POST or None, request.FILES or None)
+    problems = []
+    if request.method == "POST" and form.is_valid():
+        try:
+            result = settings_json.settings_import(team=request.team, user=request.user,
+                                                   text=form.cleaned_data["payload"],
+                                                   replace=form.cleaned_data["replace"])
+        except ValidationError as error:
+            # "$.channels.x.base_url: message" -> the path in code, the words as text
+            problems = [tuple(message.split(": ", 1)) if message.startswith("$") and ": " in message
+                        else ("", message) for message in error.messages]
+        else:
+            for warning in result.warnings:
+                messages.warning(request, warning)
+            names = ", ".join(channel.name for channel in result.channels)
+            messages.success(request, f"Imported settings.json (format {result.format}): channels {names} and the "
+                                      f"route for {result.route.model_name}.")
+            return redirect("channels")
+    status = 400 if request.method == "POST" else 200
+    return _render(request, "channels/import.html", {"form": form, "problems": problems,
+                                                    "routes": Route.objects.filter(team=request.team)},
+                  status=status)
+
+
+@team_view()
+def settings_export_view(request):
+    kind = request.GET.get("format", "b").lower()
+    route_id = request.GET.get("route") or None
+    route = None
+    if route_id is not None:
+        if not route_id.isdigit():
+            raise Http404("no such route")
+        route = get_object_or_404(Route, pk=int(route_id), team=request.team)
+    try:
+        if kind == "a":
+            if route is None:
+                raise ValidationError("Format A describes one route: pick the route to export.")
+            body = settings_json.export_a(route=route)
+        elif kind == "b":
+            body = settings_json.export_b(team=request.team, route=route)
+        else:
+            raise Http404("unknown format")
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+        return redirect("settings_import")
+    response = HttpResponse(body, content_type="application/json; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="settings.json"'
+    return response

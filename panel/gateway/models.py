@@ -1,0 +1,71 @@
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class TeamKey(models.Model):
+    """A key for the gateway. Only its SHA-256 and its last four characters are stored; the key is shown once."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="keys")
+    name = models.CharField(max_length=100)
+    key_hash = models.CharField(max_length=64, unique=True)
+    last4 = models.CharField(max_length=4)
+    allowed_models = models.JSONField(default=list, blank=True)  # [] = every route of the team
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.name} (…{self.last4})"
+
+    @property
+    def masked(self):
+        return f"tw-…{self.last4}"
+
+    @property
+    def status(self):
+        if self.revoked_at:
+            return "revoked"
+        if self.expires_at and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"
+
+
+class RequestLog(models.Model):
+    """Exactly one row per gateway request, whatever happened (a request refused before its key was known has no
+    team). Never a prompt or a key."""
+
+    team = models.ForeignKey("accounts.Team", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    key = models.ForeignKey(TeamKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    route = models.ForeignKey("channels.Route", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    channel = models.ForeignKey("channels.Channel", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    endpoint = models.CharField(max_length=40)
+    model = models.CharField(max_length=200)
+    stream = models.BooleanField(default=False)
+    status_code = models.PositiveSmallIntegerField()
+    outcome = models.CharField(max_length=20)  # ok, error, client_closed
+    error_kind = models.CharField(max_length=40, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    fell_back = models.BooleanField(default=False)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    latency_ms = models.FloatField()
+    cost = models.DecimalField(max_digits=14, decimal_places=8, default=0)
+    json_requested = models.BooleanField(default=False)
+    json_valid = models.BooleanField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["team", "created_at"])]

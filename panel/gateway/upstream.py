@@ -1,0 +1,237 @@
+"""Calling upstream channels: one retry loop (the HTTP client's own retries are off), fallback to the next
+channel until the first byte has reached the client, cooldown for channels that keep failing."""
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from django.conf import settings
+
+RETRY_AFTER_CAP_SECONDS = 5.0
+COOLDOWN_AFTER_FAILURES = 3
+COOLDOWN_SECONDS = 30.0
+
+_client = None
+
+
+def client():
+    global _client
+    if _client is None:
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200, keepalive_expiry=30)
+        _client = httpx.AsyncClient(limits=limits, timeout=None, follow_redirects=False)
+    return _client
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the gateway needs of a channel for one request (read once, cached)."""
+
+    id: int
+    name: str
+    base_url: str
+    model_id: str
+    api_key: str | None
+    credential_error: str
+    timeout: float
+    max_retries: int
+    backoff: float
+    channel: object  # the Channel row, for its prices (read once, with the route)
+
+
+class UpstreamError(Exception):
+    """One failed attempt. `retryable`: try again / elsewhere; `client_fault`: the request itself is bad."""
+
+    def __init__(self, kind, message, *, status=None, retry_after=None, retryable=True, client_fault=False,
+                 body=None):
+        super().__init__(message)
+        self.kind, self.status, self.retry_after = kind, status, retry_after
+        self.retryable, self.client_fault, self.body = retryable, client_fault, body
+
+
+class Cooldown:
+    """Consecutive failures per channel in this process; after a few, the channel rests and is probed later."""
+
+    def __init__(self):
+        self.failures = {}
+        self.until = {}
+
+    def cooled(self, channel_id):
+        return self.until.get(channel_id, 0) > time.monotonic()
+
+    def failed(self, channel_id):
+        count = self.failures.get(channel_id, 0) + 1
+        self.failures[channel_id] = count
+        if count >= COOLDOWN_AFTER_FAILURES:
+            self.until[channel_id] = time.monotonic() + COOLDOWN_SECONDS
+
+    def succeeded(self, channel_id):
+        self.failures.pop(channel_id, None)
+        self.until.pop(channel_id, None)
+
+
+COOLDOWN = Cooldown()
+
+
+def order_for_request(targets):
+    """Cooled-down channels go last: they are tried only when everything else failed (that is their probe)."""
+    return sorted(targets, key=lambda target: COOLDOWN.cooled(target.id))
+
+
+def upstream_body(body, target, *, stream):
+    payload = dict(body)
+    payload["model"] = target.model_id
+    if stream:
+        options = dict(payload.get("stream_options") or {})
+        options["include_usage"] = True  # usage for the record, even if the client did not ask
+        payload["stream_options"] = options
+    return payload
+
+
+def headers_for(target):
+    return {"content-type": "application/json", "accept": "application/json, text/event-stream",
+            "authorization": f"Bearer {target.api_key}"}
+
+
+def error_from_response(status, body_bytes, headers):
+    retry_after = None
+    if status == 429:
+        try:
+            retry_after = min(float(headers.get("retry-after", "1")), RETRY_AFTER_CAP_SECONDS)
+        except ValueError:
+            retry_after = 1.0
+    try:
+        message = json.loads(body_bytes).get("error", {}).get("message", "")
+    except (ValueError, AttributeError):
+        message = body_bytes[:200].decode("utf-8", "replace")
+    if status in (400, 413, 422):
+        return UpstreamError("bad_request", message or f"upstream refused the request ({status})", status=status,
+                             retryable=False, client_fault=True, body=body_bytes)
+    if status in (401, 403):
+        return UpstreamError("upstream_auth", message or "the channel's key was refused", status=status,
+                             retryable=False)
+    if status == 404:
+        return UpstreamError("upstream_not_found", message or "the channel does not serve this model or path",
+                             status=status, retryable=False)
+    if status == 429:
+        return UpstreamError("rate_limited", message or "the channel's quota is exhausted", status=status,
+                             retry_after=retry_after)
+    return UpstreamError("upstream_error", message or f"the channel answered {status}", status=status)
+
+
+async def post_json(target, path, payload):
+    """A non-streaming call. Returns the parsed body."""
+    try:
+        response = await client().post(target.base_url.rstrip("/") + path, json=payload, headers=headers_for(target),
+                                       timeout=target.timeout)
+    except httpx.TimeoutException:
+        raise UpstreamError("timeout", f"no answer within {target.timeout:g} s") from None
+    except httpx.HTTPError as error:
+        raise UpstreamError("connection", f"cannot reach the channel ({type(error).__name__})") from None
+    if response.status_code != 200:
+        raise error_from_response(response.status_code, response.content, response.headers)
+    try:
+        return response.json()
+    except ValueError:
+        raise UpstreamError("malformed", "the channel answered 200 with a body that is not JSON") from None
+
+
+@dataclass
+class OpenStream:
+    """A 200 stream whose first event has been read and checked; nothing has reached the client yet."""
+
+    response: httpx.Response
+    lines: object
+    first: list = field(default_factory=list)
+
+
+async def open_stream(target, path, payload):
+    request = client().build_request("POST", target.base_url.rstrip("/") + path, json=payload,
+                                     headers=headers_for(target), timeout=httpx.Timeout(target.timeout))
+    try:
+        response = await client().send(request, stream=True)
+    except httpx.TimeoutException:
+        raise UpstreamError("timeout", f"no answer within {target.timeout:g} s") from None
+    except httpx.HTTPError as error:
+        raise UpstreamError("connection", f"cannot reach the channel ({type(error).__name__})") from None
+    if response.status_code != 200:
+        try:
+            body = await response.aread()
+        except httpx.HTTPError:
+            body = b""
+        await response.aclose()
+        raise error_from_response(response.status_code, body, response.headers)
+    lines = response.aiter_lines()
+    first = []
+    try:
+        async for line in lines:
+            first.append(line)
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            event = parse_event(data)
+            if event is None:
+                raise UpstreamError("malformed", "the channel's stream has an event that is not JSON")
+            if "error" in event:
+                raise UpstreamError("error_event", str(event["error"].get("message", "error event in the stream")
+                                                       if isinstance(event["error"], dict) else event["error"]))
+            break
+        else:
+            raise UpstreamError("cut", "the channel's stream ended before its first event")
+    except httpx.TimeoutException:
+        await response.aclose()
+        raise UpstreamError("timeout", f"no first token within {target.timeout:g} s") from None
+    except httpx.HTTPError as error:
+        await response.aclose()
+        raise UpstreamError("cut", f"the channel's stream broke ({type(error).__name__})") from None
+    except UpstreamError:
+        await response.aclose()
+        raise
+    return OpenStream(response=response, lines=lines, first=first)
+
+
+def parse_event(data):
+    try:
+        event = json.loads(data)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+async def backoff(target, attempt, error):
+    if error.retry_after is not None:
+        delay = error.retry_after
+    else:
+        delay = settings.GATEWAY_BACKOFF_BASE_SECONDS * (target.backoff ** attempt)
+    await asyncio.sleep(min(delay, RETRY_AFTER_CAP_SECONDS))
+
+
+async def first_success(targets, attempt_call, *, fallback_on_error, log):
+    """Try each target (retries with backoff on retryable errors) until `attempt_call(target)` succeeds.
+    Returns (target, value). Raises the last UpstreamError. `log` collects attempts for the usage record."""
+    last = UpstreamError("no_channel", "the route has no enabled channel", retryable=False)
+    for index, target in enumerate(order_for_request(targets)):
+        if index and not fallback_on_error:
+            break
+        if target.credential_error:
+            last = UpstreamError("misconfigured", target.credential_error, retryable=False)
+            continue
+        for attempt in range(target.max_retries + 1):
+            log["attempts"] += 1
+            try:
+                value = await attempt_call(target)
+            except UpstreamError as error:
+                last = error
+                if error.client_fault:
+                    raise
+                if not error.retryable or attempt == target.max_retries:
+                    break
+                await backoff(target, attempt, error)
+                continue
+            COOLDOWN.succeeded(target.id)
+            log["fell_back"] = index > 0
+            return target, value
+        COOLDOWN.failed(target.id)
+    raise last
