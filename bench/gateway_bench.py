@@ -136,6 +136,7 @@ def main():
         results["gateway_ttft"] = ttft(f"http://127.0.0.1:{gw_port}/v1/chat/completions", auth, args.requests)
         results["gateway_rps"] = rps(f"http://127.0.0.1:{gw_port}/v1/chat/completions", key, args.seconds)
         if args.litellm:
+            print(json.dumps(results), flush=True)  # the panel's numbers, before the slower LiteLLM part
             results.update(run_litellm(args, upstream_url))
     finally:
         stop(gateway)
@@ -156,14 +157,15 @@ def run_litellm(args, upstream_url):
 litellm_settings:
   num_retries: 0
 """)
+    master_key = "sk-" + secrets.token_hex(24)
     proxy = start([args.litellm, "--config", str(config), "--port", str(port), "--num_workers", "1"],
-                  env=dict(os.environ, LITELLM_LOG="ERROR"), ready_url=f"http://127.0.0.1:{port}/health/readiness",
-                  seconds=180)
+                  env=dict(os.environ, LITELLM_LOG="ERROR", LITELLM_MASTER_KEY=master_key),
+                  ready_url=f"http://127.0.0.1:{port}/health/readiness", seconds=180)
     try:
         BODY["model"] = "chat"
-        return {"litellm_ttft": ttft(f"http://127.0.0.1:{port}/v1/chat/completions", {"Authorization": "Bearer x"},
-                                     args.requests),
-                "litellm_rps": rps(f"http://127.0.0.1:{port}/v1/chat/completions", "x", args.seconds)}
+        return {"litellm_ttft": ttft(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                     {"Authorization": f"Bearer {master_key}"}, args.requests),
+                "litellm_rps": rps(f"http://127.0.0.1:{port}/v1/chat/completions", master_key, args.seconds)}
     finally:
         stop(proxy)
 

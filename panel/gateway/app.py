@@ -2,18 +2,19 @@
 
 A plain ASGI application mounted in front of Django (panel/asgi.py): no middleware, no ORM query that a cache
 can answer, usage written by a background thread. One team key, one base URL, every model."""
+import asyncio
 import json
 import time
 from decimal import Decimal
 
-import httpx
 from django.conf import settings
 from django.utils import timezone
 
 from panel.gateway import limits, usage
 from panel.gateway.keys import key_lookup
 from panel.gateway.routes import model_names, route_for
-from panel.gateway.upstream import UpstreamError, first_success, open_stream, post_json, upstream_body
+from panel.gateway.upstream import (TRANSPORT_ERRORS, UpstreamError, first_success, open_stream, post_json,
+                                    upstream_body)
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 STATUS_FOR_KIND = {"timeout": 504, "rate_limited": 429, "misconfigured": 502, "no_channel": 503}
@@ -258,8 +259,6 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-
 
 
 async def stream_response(exchange, route, body, path, receive, send):
-    import asyncio
-
     client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     try:
         target, opened = await first_success(
@@ -285,7 +284,10 @@ async def stream_response(exchange, route, body, path, receive, send):
             relay.result()
     finally:
         disconnect.cancel()
-        await opened.response.aclose()
+        if exchange.fields["outcome"] == "ok" and opened.response.content.at_eof():
+            opened.response.release()  # keep-alive: the next request reuses the connection
+        else:
+            opened.response.close()
 
 
 async def wait_disconnect(receive):
@@ -340,7 +342,7 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send):
         if not finished:
             raise UpstreamError("cut", "the channel's stream ended without [DONE]")
     except Exception as error:  # any failure after the first byte ends the stream with an error event
-        if isinstance(error, httpx.HTTPError):
+        if isinstance(error, (asyncio.TimeoutError, *TRANSPORT_ERRORS)):
             error = UpstreamError("cut", f"the channel's stream broke ({type(error).__name__})")
         elif not isinstance(error, UpstreamError):
             error = UpstreamError("malformed", "the channel's stream has an event that is not JSON")
@@ -353,3 +355,6 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send):
     if exchange.fields["json_requested"]:
         exchange.fields["json_valid"] = is_json("".join(content))
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+    if finished:
+        async for _ in opened.lines:  # read to the end, so the connection goes back to the pool
+            pass
