@@ -316,3 +316,12 @@ def test_it_limits_requests_per_minute_across_processes(gateway, setup, transact
     assert codes == [200, 200, 200, 429]
     assert refused.status_code == 429 and 1 <= int(refused.headers["retry-after"]) <= 60
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_it_limits_tokens_per_minute(gateway, setup):
+    limited, raw = key_issue(team=setup["team"], user=None, name="tokens", tpm_limit=10)
+    first = post(gateway, raw, CHAT)
+    assert first.status_code == 200 and first.json()["usage"]["total_tokens"] > 10
+    wait_until(lambda: post(gateway, raw, CHAT).status_code == 429, seconds=5, message="the token limit")
+    refused = post(gateway, raw, CHAT)
+    assert refused.status_code == 429 and "tokens per minute" in refused.json()["error"]["message"]
