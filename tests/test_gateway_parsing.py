@@ -1,0 +1,49 @@
+"""Hostile and malformed bodies thrown at the gateway's request parsing: a ClientError with a status, never
+another exception."""
+import json
+
+from hypothesis import given, settings, strategies as st
+
+from panel.gateway.app import ClientError, bearer, parse_request
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+                    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children,
+                                                                                        max_size=4), max_leaves=20)
+FIELDS = st.fixed_dictionaries({}, optional={
+    "model": JSON, "messages": JSON, "prompt": JSON, "stream": JSON, "max_tokens": JSON,
+    "stream_options": JSON, "response_format": JSON})
+
+
+def outcome(raw, endpoint):
+    try:
+        body = parse_request(raw, endpoint)
+    except ClientError as error:
+        assert 400 <= error.status < 500 and str(error)
+        return None
+    assert isinstance(body, dict) and isinstance(body["model"], str)
+    return body
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.sampled_from(["chat", "completions"]))
+def test_it_never_crashes_on_arbitrary_bytes(raw, endpoint):
+    outcome(raw, endpoint)
+
+
+@settings(max_examples=300, deadline=None)
+@given(FIELDS, st.sampled_from(["chat", "completions"]))
+def test_it_never_crashes_on_hostile_json(fields, endpoint):
+    body = outcome(json.dumps(fields, allow_nan=True).encode(), endpoint)
+    if body is not None:
+        assert body["model"].strip()
+        if endpoint == "chat":
+            assert body["messages"] and all(isinstance(m, dict) for m in body["messages"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=80))
+def test_it_never_crashes_on_arbitrary_authorization_headers(value):
+    try:
+        bearer({"headers": [(b"authorization", value)]})
+    except ClientError as error:
+        assert error.status == 401
