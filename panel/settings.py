@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "panel.serving",
     "panel.channels",
     "panel.gateway",
+    "panel.audit",
     "panel.core",
 ]
 

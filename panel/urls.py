@@ -23,6 +23,7 @@ urlpatterns = [
     path("", include("panel.serving.urls")),
     path("", include("panel.channels.urls")),
     path("", include("panel.gateway.urls")),
+    path("", include("panel.audit.urls")),
 ]
 
 # Sections whose features have not landed yet: a page that says what will appear and the first step.

@@ -19,6 +19,11 @@ def team_view(role=Role.VIEWER):
             if membership is None:
                 return redirect("no_team")
             if not membership.allows(role):
+                from panel.audit.models import AuditAction
+                from panel.audit.services import audit_record
+
+                audit_record(action=AuditAction.REFUSED, request=request, team=membership.team,
+                             target=request.path[:300], needed=Role(role).value, had=membership.role)
                 raise PermissionDenied(f"This needs the {Role(role).label.lower()} role in {membership.team}.")
             request.membership = membership
             request.team = membership.team

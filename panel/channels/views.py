@@ -7,6 +7,8 @@ from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
 from panel.accounts.models import Role
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
 from panel.channels import settings_json
 from panel.channels.crypto import encryption_problem
 from panel.channels.forms import ChannelForm, ImportForm, RouteForm
@@ -48,6 +50,8 @@ def channel_create_view(request):
         except ValidationError as error:
             form.add_error(None, error)
         else:
+            audit_record(action=AuditAction.CREDENTIAL_CHANGED, request=request, target=channel.name,
+                         credential=channel.credential_kind, created=True)
             for warning in channel.warnings:
                 messages.warning(request, warning)
             messages.success(request, f"Saved channel {channel.name}. Press Test to check it answers.")
@@ -71,10 +75,15 @@ def channel_edit(request, channel_id):
     form = ChannelForm(request.POST or None, team=request.team, instance=channel)
     if request.method == "POST" and form.is_valid():
         try:
+            before = (channel.credential_kind, channel.credential_env, channel.credential_last4)
             channel = channel_update(channel=channel, api_key=form.cleaned_data["api_key"], **form.channel_fields())
         except ValidationError as error:
             form.add_error(None, error)
         else:
+            if form.cleaned_data["api_key"] or before != (channel.credential_kind, channel.credential_env,
+                                                          channel.credential_last4):
+                audit_record(action=AuditAction.CREDENTIAL_CHANGED, request=request, target=channel.name,
+                             credential=channel.credential_kind)
             for warning in channel.warnings:
                 messages.warning(request, warning)
             messages.success(request, f"Saved channel {channel.name}.")

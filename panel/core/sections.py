@@ -40,7 +40,7 @@ SECTIONS = [
             "Start a deployment to benchmark", "serving"),
     Section("audit", "Audit", "☰", "An append-only record of sign-ins, key and credential changes, role changes, "
             "job launches and deployment starts and stops: who, when, from where.",
-            "Back to the overview", "home"),
+            "Back to the overview", "home", built=True),
 ]
 
 BY_SLUG = {section.slug: section for section in SECTIONS}

@@ -4,6 +4,8 @@ from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
 from panel.accounts.models import Role
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
 from panel.gateway.forms import KeyIssueForm
 from panel.gateway.keys import key_issue, key_revoke
 from panel.gateway.models import TeamKey
@@ -35,6 +37,7 @@ def key_create(request):
     data = form.cleaned_data
     key, raw = key_issue(team=request.team, user=request.user, name=data["name"], allowed_models=data["allowed_models"],
                          rpm_limit=data["rpm_limit"], tpm_limit=data["tpm_limit"], expires_at=data["expires_at"])
+    audit_record(action=AuditAction.KEY_ISSUED, request=request, target=f"{key.name} ({key.masked})")
     # The raw key is rendered once, in this response, and never stored or shown again.
     response = render(request, "gateway/keys.html",
                       _context(request, KeyIssueForm(route_names=_route_names(request.team)), raw_key=raw))
@@ -47,6 +50,7 @@ def key_create(request):
 def key_revoke_view(request, key_id):
     key = get_object_or_404(TeamKey, pk=key_id, team=request.team)
     if key_revoke(key=key, user=request.user):
+        audit_record(action=AuditAction.KEY_REVOKED, request=request, target=f"{key.name} ({key.masked})")
         messages.success(request, f"Revoked {key.name} ({key.masked}).")
     else:
         messages.error(request, f"{key.name} was already revoked.")

@@ -4,6 +4,8 @@ from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
 from panel.accounts.models import Role
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
 from panel.hosts.models import EngineCheck, WorkerHost
 from panel.hosts.services import engine_check_launch
 from panel.jobs.services import job_events
@@ -34,6 +36,7 @@ def engine_check_create(request, host_id):
         messages.error(request, f"{host.name} is offline: start its worker first, then run the check.")
         return redirect("hosts")
     check = engine_check_launch(team=request.team, user=request.user, host=host)
+    audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"engine check #{check.pk} on {host.host}")
     return redirect("engine_check", check_id=check.pk)
 
 

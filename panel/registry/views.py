@@ -5,6 +5,8 @@ from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
 from panel.accounts.models import Role
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
 from panel.jobs.services import job_events
 from panel.registry import memory
 from panel.registry.forms import ModelRegisterForm, QuantizationForm
@@ -71,6 +73,7 @@ def job_create(request, model_id):
             calibration=data["calibration"], calibration_file=calibration_path,
             calibration_name=data["calibration_file"].name if data["calibration_file"] else "",
             max_calib_samples=data["max_calib_samples"], max_calib_seq_len=data["max_calib_seq_len"])
+        audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"quantization #{job.pk} of {model.name}")
         for warning in form.warnings:
             messages.warning(request, warning)
         return redirect("quantization_job", job_id=job.pk)
@@ -98,6 +101,7 @@ def job_live(request, job_id):
 def job_cancel(request, job_id):
     job = get_object_or_404(QuantizationJob, pk=job_id, team=request.team)
     if quantization_cancel(job=job, user=request.user):
+        audit_record(action=AuditAction.JOB_CANCELLED, request=request, target=f"quantization #{job.pk}")
         messages.info(request, "Cancelling: the worker stops the job within a few seconds.")
     else:
         messages.error(request, f"The job is already {job.get_state_display().lower()}.")

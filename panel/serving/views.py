@@ -6,6 +6,8 @@ from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
 from panel.accounts.models import Role
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
 from panel.jobs.services import job_events
 from panel.serving import configfile
 from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
@@ -132,6 +134,8 @@ def deployment_create(request, profile_id):
         for message in error.messages:
             messages.error(request, message)
         return redirect("profile_detail", profile_id=profile.pk)
+    audit_record(action=AuditAction.DEPLOYMENT_STARTED, request=request,
+                 target=f"{profile.name} #{deployment.pk} on {deployment.host.host}")
     return redirect("deployment_detail", deployment_id=deployment.pk)
 
 
@@ -159,6 +163,8 @@ def deployment_live(request, deployment_id):
 def deployment_stop_view(request, deployment_id):
     deployment = _deployment(request, deployment_id)
     if deployment_stop(deployment=deployment, user=request.user):
+        audit_record(action=AuditAction.DEPLOYMENT_STOPPED, request=request,
+                     target=f"{deployment.profile.name} #{deployment.pk}")
         messages.info(request, "Stopping: the engine gets SIGTERM, then SIGKILL after a grace period.")
     else:
         messages.error(request, f"The deployment is already {deployment.get_state_display().lower()}.")

@@ -1,0 +1,51 @@
+from django.conf import settings
+from django.db import models
+
+
+class AuditAction(models.TextChoices):
+    SIGNIN = "signin", "Signed in"
+    SIGNIN_FAILED = "signin_failed", "Sign-in failed"
+    KEY_ISSUED = "key_issued", "Key issued"
+    KEY_REVOKED = "key_revoked", "Key revoked"
+    CREDENTIAL_CHANGED = "credential_changed", "Channel credential changed"
+    JOB_LAUNCHED = "job_launched", "Job launched"
+    JOB_CANCELLED = "job_cancelled", "Job cancelled"
+    DEPLOYMENT_STARTED = "deployment_started", "Deployment started"
+    DEPLOYMENT_STOPPED = "deployment_stopped", "Deployment stopped"
+    REFUSED = "refused", "Authorization refused"
+
+
+class AppendOnlyQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise PermissionError("the audit log is append-only")
+
+    def delete(self):
+        raise PermissionError("the audit log is append-only")
+
+
+class AuditEvent(models.Model):
+    """One thing that happened: who, in which team, when (UTC), what, from where. Never a secret or a prompt.
+    Rows are only ever inserted: updates and deletes raise, in the ORM, the admin and the pages."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    team = models.ForeignKey("accounts.Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="+")
+    actor_name = models.CharField(max_length=150, blank=True)  # kept if the user is deleted
+    action = models.CharField(max_length=30, choices=AuditAction.choices, db_index=True)
+    target = models.CharField(max_length=300, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    address = models.GenericIPAddressField(null=True, blank=True)
+
+    objects = AppendOnlyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise PermissionError("the audit log is append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise PermissionError("the audit log is append-only")
