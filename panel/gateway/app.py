@@ -127,6 +127,7 @@ class Exchange:
         self.key = None
         self.route_id = None
         self.target = None
+        self.responded = False  # the whole response has been sent
 
     def usage_from(self, data):
         usage_data = data.get("usage") if isinstance(data, dict) else None
@@ -275,7 +276,8 @@ async def stream_response(exchange, route, body, path, receive, send):
         done, _ = await asyncio.wait({relay, disconnect}, return_when=asyncio.FIRST_COMPLETED)
         if disconnect in done and not relay.done():
             relay.cancel()
-            exchange.fail(499, "client_closed", outcome="client_closed")
+            if not exchange.responded:  # a client that leaves after the last byte did not cancel anything
+                exchange.fail(499, "client_closed", outcome="client_closed")
             try:
                 await relay
             except asyncio.CancelledError:
@@ -355,6 +357,7 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send):
     if exchange.fields["json_requested"]:
         exchange.fields["json_valid"] = is_json("".join(content))
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+    exchange.responded = True
     if finished:
         async for _ in opened.lines:  # read to the end, so the connection goes back to the pool
             pass
