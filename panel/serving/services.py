@@ -1,6 +1,7 @@
 """Serving profiles and the deployments launched from them."""
 import logging
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -219,12 +220,10 @@ def deployment_execute(*, deployment_id, worker):
 
 
 def _sleep_unless_stopped(deployment, seconds):
-    deadline = timezone.now() + timedelta(seconds=seconds)
-    while timezone.now() < deadline:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         if Deployment.objects.filter(pk=deployment.pk, state=S.STOPPED).exists():
             return True
-        import time
-
         time.sleep(0.5)
     return False
 

@@ -23,15 +23,18 @@ EXPORTS = {
 }
 
 
-@team_view()
-def serving_home(request):
-    context = {
+def _home_context(request, import_form):
+    return {
         "profiles": ServingProfile.objects.filter(team=request.team).select_related("model"),
         "deployments": Deployment.objects.filter(team=request.team).select_related("profile", "host")[:50],
         "presets": PRESETS,
-        "import_form": ImportForm(),
+        "import_form": import_form,
     }
-    return render(request, "serving/home.html", context)
+
+
+@team_view()
+def serving_home(request):
+    return render(request, "serving/home.html", _home_context(request, ImportForm()))
 
 
 @team_view(Role.MEMBER)
@@ -78,10 +81,7 @@ def profile_import_view(request):
         else:
             messages.success(request, f"Imported {profile.name} from config.toml.")
             return redirect("profile_detail", profile_id=profile.pk)
-    context = {"profiles": ServingProfile.objects.filter(team=request.team).select_related("model"),
-               "deployments": Deployment.objects.filter(team=request.team).select_related("profile", "host")[:50],
-               "presets": PRESETS, "import_form": form}
-    return render(request, "serving/home.html", context, status=400)
+    return render(request, "serving/home.html", _home_context(request, form), status=400)
 
 
 @team_view()
