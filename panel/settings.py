@@ -62,6 +62,11 @@ INSTALLED_APPS = [
     "panel.channels",
     "panel.gateway",
     "panel.audit",
+    "panel.budgets",
+    "panel.dashboards",
+    "panel.compare",
+    "panel.benchmarks",
+    "panel.advisor",
     "panel.core",
 ]
 

@@ -24,6 +24,11 @@ urlpatterns = [
     path("", include("panel.channels.urls")),
     path("", include("panel.gateway.urls")),
     path("", include("panel.audit.urls")),
+    path("", include("panel.budgets.urls")),
+    path("", include("panel.dashboards.urls")),
+    path("", include("panel.compare.urls")),
+    path("", include("panel.benchmarks.urls")),
+    path("", include("panel.advisor.urls")),
 ]
 
 # Sections whose features have not landed yet: a page that says what will appear and the first step.

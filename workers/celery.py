@@ -9,7 +9,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "panel.settings")
 
 app = Celery("tokenwise")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.include = ["workers.tasks"]
+app.conf.include = ["workers.tasks", "panel.dashboards.tasks", "panel.benchmarks.tasks", "panel.advisor.tasks",
+                    "panel.budgets.tasks", "panel.compare.tasks"]
 
 
 @worker_ready.connect

@@ -12,6 +12,17 @@ class AuditAction(models.TextChoices):
     JOB_CANCELLED = "job_cancelled", "Job cancelled"
     DEPLOYMENT_STARTED = "deployment_started", "Deployment started"
     DEPLOYMENT_STOPPED = "deployment_stopped", "Deployment stopped"
+    MEMBER_ADDED = "member_added", "Member added"
+    ROLE_CHANGED = "role_changed", "Role changed"
+    MEMBER_REMOVED = "member_removed", "Member removed"
+    BUDGET_CHANGED = "budget_changed", "Budget changed"
+    BUDGET_ALERT = "budget_alert", "Budget reached 80%"
+    BUDGET_EXHAUSTED = "budget_exhausted", "Budget spent"
+    CANARY_STARTED = "canary_started", "Canary started"
+    CANARY_PROMOTED = "canary_promoted", "Canary promoted"
+    CANARY_ROLLED_BACK = "canary_rolled_back", "Canary rolled back"
+    CANARY_STOPPED = "canary_stopped", "Canary stopped"
+    BENCHMARK_LAUNCHED = "benchmark_launched", "Benchmark launched"
     REFUSED = "refused", "Authorization refused"
 
 

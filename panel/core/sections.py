@@ -38,6 +38,9 @@ SECTIONS = [
     Section("benchmarks", "Benchmarks", "◔", "Benchmark runs, the config ladder (FP16 → AWQ → prefix cache → "
             "batching) with this machine's real numbers, and the max_num_seqs sweep.",
             "Start a deployment to benchmark", "serving"),
+    Section("advisor", "Advisor", "✦", "Concrete recommendations read from your traffic, engine metrics and "
+            "serving profiles, each with its evidence and the fix; canary rollouts of a candidate channel with "
+            "automatic rollback.", "Send traffic through the gateway with a team key", "keys"),
     Section("audit", "Audit", "☰", "An append-only record of sign-ins, key and credential changes, role changes, "
             "job launches and deployment starts and stops: who, when, from where.",
             "Back to the overview", "home", built=True),

@@ -1,0 +1,1 @@
+"""Celery tasks of panel.advisor: thin wrappers over its service functions."""

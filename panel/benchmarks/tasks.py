@@ -1,0 +1,1 @@
+"""Celery tasks of panel.benchmarks: thin wrappers over its service functions."""

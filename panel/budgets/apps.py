@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BudgetsConfig(AppConfig):
+    name = "panel.budgets"
+    label = "budgets"

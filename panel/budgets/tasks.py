@@ -1,0 +1,1 @@
+"""Celery tasks of panel.budgets: thin wrappers over its service functions."""

@@ -1,0 +1,1 @@
+"""Celery tasks of panel.compare: thin wrappers over its service functions."""

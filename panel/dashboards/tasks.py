@@ -1,0 +1,1 @@
+"""Celery tasks of panel.dashboards: thin wrappers over its service functions."""
