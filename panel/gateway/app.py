@@ -125,6 +125,7 @@ class Exchange:
                        "ttft_ms": None, "json_requested": False, "json_valid": None}
         self.log = {"attempts": 0, "fell_back": False}
         self.key = None
+        self.team_id = None  # for a request made inside the panel (Compare), which has no key
         self.route_id = None
         self.target = None
         self.responded = False  # the whole response has been sent
@@ -146,7 +147,7 @@ class Exchange:
         fields["latency_ms"] = (time.perf_counter() - self.started) * 1000
         fields["cost"] = cost_of(self.target, fields["prompt_tokens"], fields["completion_tokens"],
                                  fields["cached_tokens"])
-        usage.record(team_id=self.key.team_id if self.key else None, key_id=self.key.id if self.key else None,
+        usage.record(team_id=self.key.team_id if self.key else self.team_id, key_id=self.key.id if self.key else None,
                      route_id=self.route_id, channel_id=self.target.id if self.target else None,
                      attempts=self.log["attempts"], fell_back=self.log["fell_back"], **fields)
         if self.key is not None:
