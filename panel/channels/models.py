@@ -27,6 +27,17 @@ class CredentialKind(models.TextChoices):
     ENV = "env", "Environment variable"
 
 
+class CanaryState(models.TextChoices):
+    NONE = "", "No canary"
+    RUNNING = "running", "Running"
+    ROLLED_BACK = "rolled_back", "Rolled back"
+    COMPLETED = "completed", "Promoted to 100%"
+    STOPPED = "stopped", "Stopped"
+
+
+CANARY_STEPS = (5, 25, 50, 100)  # the seeds' gradual rollout: 5% first, then up
+
+
 class RouteStrategy(models.TextChoices):
     LOCAL_FIRST = "local_first", "Local first"
     PRIORITY = "priority", "Priority (in order)"
@@ -161,6 +172,18 @@ class Route(models.Model):
                                    related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Canary rollout (panel/channels/canary.py): `canary_percent` of the requests go to the candidate channel first,
+    # the rest to the route's own channels, which never include the candidate.
+    canary_channel = models.ForeignKey(Channel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    canary_state = models.CharField(max_length=12, choices=CanaryState.choices, default=CanaryState.NONE,
+                                    blank=True)
+    canary_percent = models.PositiveSmallIntegerField(default=0)
+    canary_auto = models.BooleanField(default=False)  # promoted by the schedule when each step stays clean
+    canary_started_at = models.DateTimeField(null=True, blank=True)
+    canary_step_at = models.DateTimeField(null=True, blank=True)  # when the current share began: the window
+    canary_reason = models.TextField(blank=True)  # why it was rolled back, in words
+    canary_evidence = models.JSONField(default=dict, blank=True)  # the last guard check's numbers
+    canary_checked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["model_name"]
@@ -172,6 +195,12 @@ class Route(models.Model):
     def entries(self):
         """RouteChannel rows with their channels, by position."""
         return list(self.routechannel_set.select_related("channel").order_by("position", "pk"))
+
+    @property
+    def canary_active(self):
+        """The candidate gets traffic: a running canary, or one promoted to 100%."""
+        return (self.canary_channel_id is not None and self.canary_percent > 0
+                and self.canary_state in (CanaryState.RUNNING, CanaryState.COMPLETED))
 
     def ordered_channels(self, rng=random):
         """The enabled channels in the order to try them for one request (see `order_channels`)."""

@@ -65,6 +65,12 @@ class RequestLog(models.Model):
     cost = models.DecimalField(max_digits=14, decimal_places=8, default=0)
     json_requested = models.BooleanField(default=False)
     json_valid = models.BooleanField(null=True, blank=True)
+    # Keyed hashes of the system prompt as sent and with its dynamic-looking spans masked (gateway/fingerprint.py):
+    # many raw hashes under one masked hash = a prompt that defeats the prefix cache. Never the prompt itself.
+    system_prompt_hash = models.CharField(max_length=16, blank=True, default="")
+    system_prompt_shape_hash = models.CharField(max_length=16, blank=True, default="")
+    # The canary arm this request was assigned to (None: the route had no running canary).
+    canary = models.BooleanField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
