@@ -96,6 +96,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "panel.accounts.context.current_team",
                 "panel.core.context.navigation",
+                "panel.budgets.context.budget_alerts",
             ],
         },
     },
@@ -159,6 +160,8 @@ ROUTE_CACHE_SECONDS = envint("TOKENWISE_ROUTE_CACHE_SECONDS", 5, minimum=0)
 GATEWAY_MAX_BODY_BYTES = envint("TOKENWISE_GATEWAY_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024)
 GATEWAY_MAX_TOKENS = envint("TOKENWISE_GATEWAY_MAX_TOKENS", 131072, minimum=1)
 GATEWAY_BACKOFF_BASE_SECONDS = envint("TOKENWISE_GATEWAY_BACKOFF_BASE_MS", 200, minimum=0) / 1000
+BUDGET_CACHE_SECONDS = envint("TOKENWISE_BUDGET_CACHE_SECONDS", 5, minimum=0)  # a budget change applies within this
+BUDGET_RECONCILE_SECONDS = envint("TOKENWISE_BUDGET_RECONCILE_SECONDS", 60, minimum=1)
 
 # --- Workers and jobs
 HOST_NAME = envstr("TOKENWISE_HOST_NAME", socket.gethostname())
@@ -191,6 +194,7 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "reap-stale-jobs": {"task": "workers.tasks.reap_stale_jobs", "schedule": REAPER_EVERY_SECONDS},
+    "reconcile-budgets": {"task": "panel.budgets.tasks.reconcile_budgets", "schedule": BUDGET_RECONCILE_SECONDS},
 }
 
 LOGGING = {

@@ -15,6 +15,7 @@ PUBLIC = {
     "logout": "signing out",
     "switch_team": "login_required; checks membership itself (404 for a team the user is not in)",
     "no_team": "login_required; for users in no team",
+    "account_setup": "an invited person's one-time set-password link (they have no password to sign in with yet)",
 }
 
 

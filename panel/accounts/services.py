@@ -1,6 +1,12 @@
 """Teams and memberships: the only place that creates them or changes roles."""
 from django.contrib.auth import get_user_model
+from django.contrib.auth.tokens import default_token_generator
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import validate_email
 from django.db import transaction
+from django.urls import reverse
+from django.utils.encoding import force_bytes, force_str
+from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
 
 from panel.accounts.models import Membership, Role, Team
 
@@ -67,3 +73,123 @@ def demo_team_ensure(*, owner, name="Demo team"):
         return team_create(name=name, owner=owner)
     membership_add(team=team, user=owner, role=Role.OWNER)
     return team
+
+
+# --- Members: invite, change role, remove. The safeguards live here, so every caller gets them.
+
+INVITE_LINK_DAYS = 3  # Django's PASSWORD_RESET_TIMEOUT default, which the set-password token follows
+
+
+def _owners(team):
+    return Membership.objects.filter(team=team, role=Role.OWNER)
+
+
+def _check_actor(*, actor, target_role=None, new_role=None):
+    """An admin manages members and admins only: never an owner, never making one."""
+    if actor.role == Role.OWNER:
+        return
+    if target_role == Role.OWNER:
+        raise PermissionDenied("Only an owner can change or remove an owner.")
+    if new_role == Role.OWNER:
+        raise PermissionDenied("Only an owner can make someone an owner.")
+
+
+def _username_for(email):
+    """A free username from an email's local part (alice@x -> alice, alice2, ...)."""
+    User = get_user_model()
+    base = "".join(ch for ch in email.split("@", 1)[0] if ch.isalnum() or ch in "._-")[:140] or "user"
+    name, n = base, 1
+    while User.objects.filter(username__iexact=name).exists():
+        n += 1
+        name = f"{base}{n}"
+    return name
+
+
+@transaction.atomic
+def member_invite(*, team, actor, who, role):
+    """Add a user to `team` by username or email. Returns (membership, created_user).
+
+    An existing user (by username, or by email when exactly one account has it) is added. An unknown email creates
+    an inactive account with no password: the caller shows the admin a one-time set-password link
+    (`member_setup_link`) to pass on, since the panel sends no mail. An unknown username is an error."""
+    User = get_user_model()
+    who = (who or "").strip()
+    _check_actor(actor=actor, new_role=role)
+    if not who:
+        raise ValidationError("Enter a username or an email address.")
+    user = User.objects.filter(username=who).first()
+    created = False
+    if user is None and "@" in who:
+        try:
+            validate_email(who)
+        except ValidationError:
+            raise ValidationError(f"{who!r} is not a valid email address.") from None
+        matches = list(User.objects.filter(email__iexact=who)[:2])
+        if len(matches) > 1:
+            raise ValidationError(f"Several accounts use {who}: invite by username instead.")
+        if matches:
+            user = matches[0]
+        else:
+            user = User.objects.create_user(username=_username_for(who), email=who, is_active=False)
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+            created = True
+    if user is None:
+        raise ValidationError(f"No account is named {who!r}. Invite by email to create one.")
+    if Membership.objects.filter(team=team, user=user).exists():
+        raise ValidationError(f"{user.get_username()} is already a member of {team}.")
+    return Membership.objects.create(team=team, user=user, role=role), created
+
+
+def member_setup_link(*, user):
+    """The path of a one-time set-password link for an invited account that has not signed in yet. It stops working
+    once the password is set (the token covers the password hash) or after PASSWORD_RESET_TIMEOUT."""
+    if user.is_active or user.has_usable_password():
+        raise ValidationError(f"{user.get_username()} has already set a password.")
+    return reverse("account_setup", kwargs={"uidb64": urlsafe_base64_encode(force_bytes(user.pk)),
+                                            "token": default_token_generator.make_token(user)})
+
+
+def member_setup_user(*, uidb64, token):
+    """The invited, not yet active user a set-password link belongs to, or None for a bad or used link."""
+    User = get_user_model()
+    try:
+        user = User.objects.get(pk=int(force_str(urlsafe_base64_decode(uidb64))))
+    except (ValueError, TypeError, OverflowError, User.DoesNotExist):
+        return None
+    if user.is_active or user.has_usable_password() or not default_token_generator.check_token(user, token):
+        return None
+    return user
+
+
+@transaction.atomic
+def member_activate(*, user, password):
+    """Set the invited user's password and let them sign in (the link is spent: the hash changed)."""
+    user.set_password(password)
+    user.is_active = True
+    user.save(update_fields=["password", "is_active"])
+    return user
+
+
+@transaction.atomic
+def member_role_change(*, actor, membership, role):
+    """Give `membership` the role `role`. Returns the previous role."""
+    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    _check_actor(actor=actor, target_role=membership.role, new_role=role)
+    previous = membership.role
+    if previous == Role.OWNER and role != Role.OWNER and _owners(membership.team).count() <= 1:
+        raise ValidationError(f"{membership.user} is the last owner of {membership.team}: make someone else an "
+                              "owner first.")
+    membership.role = role
+    membership.save(update_fields=["role"])
+    return previous
+
+
+@transaction.atomic
+def member_remove(*, actor, membership):
+    """Remove `membership` from its team (the user's account stays)."""
+    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    _check_actor(actor=actor, target_role=membership.role)
+    if membership.role == Role.OWNER and _owners(membership.team).count() <= 1:
+        raise ValidationError(f"{membership.user} is the last owner of {membership.team} and cannot be removed.")
+    membership.delete()

@@ -2,13 +2,21 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import SetPasswordForm
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import Http404
-from django.shortcuts import redirect, render, resolve_url
+from django.shortcuts import get_object_or_404, redirect, render, resolve_url
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from panel.accounts.services import team_switch
+from panel.accounts.decorators import team_view
+from panel.accounts.forms import InviteForm, RoleForm, role_choices
+from panel.accounts.models import Membership, Role
+from panel.accounts.services import (INVITE_LINK_DAYS, member_activate, member_invite, member_remove,
+                                     member_role_change, member_setup_link, member_setup_user, team_switch)
 from panel.accounts.throttle import signin_blocked, signin_failed, signin_succeeded
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
 
 
 class LoginView(auth_views.LoginView):
@@ -57,3 +65,119 @@ def no_team(request):
     if request.user.memberships.exists():
         return redirect("home")
     return render(request, "accounts/no_team.html")
+
+
+# --- Members (owners and admins)
+
+def _members_page(request, *, form=None, status=200, setup_link=None):
+    role = request.membership.role
+    memberships = (Membership.objects.filter(team=request.team).select_related("user")
+                   .order_by("user__username"))
+    return render(request, "accounts/members.html", {
+        "memberships": memberships, "form": form or InviteForm(actor_role=role), "role_choices": role_choices(role),
+        "setup_link": request.build_absolute_uri(setup_link) if setup_link else None,
+        "link_days": INVITE_LINK_DAYS}, status=status)
+
+
+def _refused(request, membership, error):
+    audit_record(action=AuditAction.REFUSED, request=request, target=f"member {membership.user}",
+                 reason=str(error))
+    raise error
+
+
+@team_view(Role.ADMIN)
+def member_list(request):
+    return _members_page(request)
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def member_invite_view(request):
+    form = InviteForm(request.POST, actor_role=request.membership.role)
+    if not form.is_valid():
+        return _members_page(request, form=form, status=400)
+    try:
+        membership, created = member_invite(team=request.team, actor=request.membership,
+                                            who=form.cleaned_data["who"], role=form.cleaned_data["role"])
+    except ValidationError as error:
+        form.add_error("who", error)
+        return _members_page(request, form=form, status=400)
+    audit_record(action=AuditAction.MEMBER_ADDED, request=request, target=membership.user.get_username(),
+                 role=membership.role, new_account=created)
+    messages.success(request, f"Added {membership.user} as {membership.get_role_display().lower()}.")
+    if not created:
+        return redirect("members")
+    # The link is rendered in this response only; it is never stored or logged.
+    response = _members_page(request, setup_link=member_setup_link(user=membership.user))
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def member_link_view(request, membership_id):
+    membership = get_object_or_404(Membership.objects.select_related("user"), pk=membership_id, team=request.team)
+    try:
+        link = member_setup_link(user=membership.user)
+    except ValidationError as error:
+        messages.error(request, error.messages[0])
+        return redirect("members")
+    response = _members_page(request, setup_link=link)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def member_role_view(request, membership_id):
+    membership = get_object_or_404(Membership.objects.select_related("user"), pk=membership_id, team=request.team)
+    form = RoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose one of the roles owner, admin, member or viewer.")
+        return _members_page(request, status=400)
+    role = form.cleaned_data["role"]
+    try:
+        previous = member_role_change(actor=request.membership, membership=membership, role=role)
+    except PermissionDenied as error:
+        _refused(request, membership, error)
+    except ValidationError as error:
+        messages.error(request, error.messages[0])
+        return _members_page(request, status=400)
+    if previous != role:
+        audit_record(action=AuditAction.ROLE_CHANGED, request=request, target=membership.user.get_username(),
+                     before=previous, after=role)
+        messages.success(request, f"{membership.user} is now {Role(role).label.lower()}.")
+    return redirect("members")
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def member_remove_view(request, membership_id):
+    membership = get_object_or_404(Membership.objects.select_related("user"), pk=membership_id, team=request.team)
+    try:
+        member_remove(actor=request.membership, membership=membership)
+    except PermissionDenied as error:
+        _refused(request, membership, error)
+    except ValidationError as error:
+        messages.error(request, error.messages[0])
+        return _members_page(request, status=400)
+    audit_record(action=AuditAction.MEMBER_REMOVED, request=request, target=membership.user.get_username(),
+                 role=membership.role)
+    messages.success(request, f"Removed {membership.user} from {request.team}.")
+    if membership.user_id == request.user.pk:
+        return redirect("home")
+    return redirect("members")
+
+
+def account_setup(request, uidb64, token):
+    """The one-time link an invited person opens to choose a password (no sign-in: they have none yet)."""
+    user = member_setup_user(uidb64=uidb64, token=token)
+    if user is None:
+        return render(request, "accounts/setup.html", {"invalid": True}, status=404)
+    form = SetPasswordForm(user, request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        member_activate(user=user, password=form.cleaned_data["new_password1"])
+        messages.success(request, "Your password is set. Sign in with it.")
+        return redirect("login")
+    return render(request, "accounts/setup.html", {"form": form, "invited": user},
+                  status=400 if request.method == "POST" else 200)

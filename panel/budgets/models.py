@@ -1,1 +1,44 @@
-from django.db import models  # noqa: F401
+from django.conf import settings
+from django.db import models
+
+
+class Budget(models.Model):
+    """A monthly ceiling (calendar month, UTC) on a team's gateway spend, or on one key's. Money is in the panel's
+    currency (the channels' prices); a blank limit means no ceiling of that kind."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="budgets")
+    key = models.ForeignKey("gateway.TeamKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    money_per_month = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    tokens_per_month = models.PositiveBigIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team"], condition=models.Q(key__isnull=True), name="one_team_budget"),
+            models.UniqueConstraint(fields=["key"], condition=models.Q(key__isnull=False), name="one_budget_per_key"),
+        ]
+
+    def __str__(self):
+        return f"budget of {self.target_name}"
+
+    @property
+    def target_name(self):
+        return f"key {self.key}" if self.key_id else f"team {self.team}"
+
+
+class BudgetNotice(models.Model):
+    """That a budget reached 80% (`alert`) or 100% (`exhausted`) in a month: recorded once, audited once."""
+
+    class Level(models.TextChoices):
+        ALERT = "alert", "80% reached"
+        EXHAUSTED = "exhausted", "spent"
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="notices")
+    month = models.CharField(max_length=7)  # "2026-11"
+    level = models.CharField(max_length=10, choices=Level.choices)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["budget", "month", "level"], name="one_notice_per_month")]

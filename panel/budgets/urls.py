@@ -1,3 +1,8 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-urlpatterns = []
+from panel.budgets import views
+
+urlpatterns = [
+    path("budgets/", views.budget_list, name="budgets"),
+    path("budgets/edit/", views.budget_edit, name="budget_edit"),
+]

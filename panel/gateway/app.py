@@ -11,6 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from panel.gateway import limits, usage
+from panel.budgets import gateway as budgets
 from panel.gateway.keys import key_lookup
 from panel.gateway.routes import model_names, route_for
 from panel.gateway.upstream import (TRANSPORT_ERRORS, UpstreamError, first_success, open_stream, post_json,
@@ -152,6 +153,7 @@ class Exchange:
                      attempts=self.log["attempts"], fell_back=self.log["fell_back"], **fields)
         if self.key is not None:
             await limits.count_tokens(self.key, fields["prompt_tokens"] + fields["completion_tokens"])
+            await budgets.count(self.key, fields["cost"], fields["prompt_tokens"] + fields["completion_tokens"])
 
 
 async def application(scope, receive, send):
@@ -192,6 +194,8 @@ async def application(scope, receive, send):
             raise ClientError(429, f"this key's {which} limit is reached; retry in {retry_after} s",
                               code="rate_limit_exceeded", kind="rate_limit_error",
                               headers=[(b"retry-after", str(retry_after).encode())])
+        if (spent := await budgets.refusal(exchange.key)) is not None:  # 402: SDKs do not retry it, unlike 429
+            raise ClientError(402, spent, code="budget_exceeded", kind="insufficient_quota")
         upstream_path = "/chat/completions" if endpoint == "chat" else "/completions"
         if body.get("stream"):
             await stream_response(exchange, route, body, upstream_path, receive, send)

@@ -1,0 +1,46 @@
+"""Monthly spend counters in Redis, shared by every gateway process: money and tokens, per team and per key.
+
+Money is kept as an integer number of hundred-millionths (RequestLog.cost has 8 decimal places), so INCRBY stays
+exact. Counters live a little longer than a month. The database (RequestLog) stays the truth: the reconciliation
+task raises each counter to at least the month's sum there, so a Redis flush or a lost increment does not reset a
+budget for longer than one reconciliation period."""
+from datetime import datetime, timezone
+from decimal import Decimal
+
+UNIT = 10**8
+TTL_SECONDS = 40 * 24 * 3600
+
+RAISE_TO_AT_LEAST = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > current then redis.call('SET', KEYS[1], ARGV[1]) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 0
+"""
+
+
+def month_of(moment=None):
+    """The calendar month (UTC) of `moment`, as "2026-11"."""
+    moment = moment or datetime.now(timezone.utc)
+    return moment.astimezone(timezone.utc).strftime("%Y-%m")
+
+
+def month_bounds(month):
+    """The first instant of `month` and of the next one (UTC)."""
+    year, number = (int(part) for part in month.split("-"))
+    start = datetime(year, number, 1, tzinfo=timezone.utc)
+    end = datetime(year + number // 12, number % 12 + 1, 1, tzinfo=timezone.utc)
+    return start, end
+
+
+def counter_keys(month, scope, ident):
+    """(money key, tokens key) of a team (`scope`="team") or a key (`scope`="key")."""
+    base = f"tw:budget:{month}:{scope}:{ident}"
+    return f"{base}:money", f"{base}:tokens"
+
+
+def money_units(amount):
+    return int((Decimal(amount or 0) * UNIT).to_integral_value())
+
+
+def money_from_units(units):
+    return Decimal(int(units or 0)) / UNIT

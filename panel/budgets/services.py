@@ -1,0 +1,175 @@
+"""Budgets: setting them, reading the month's use against them, and the reconciliation that keeps the gateway's
+Redis counters true to the usage records and raises the 80% and 100% notices once a month."""
+from dataclasses import dataclass
+from decimal import Decimal
+
+import redis
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Sum
+
+from panel.budgets.counters import (RAISE_TO_AT_LEAST, TTL_SECONDS, counter_keys, money_from_units, money_units,
+                                    month_bounds, month_of)
+from panel.budgets.models import Budget, BudgetNotice
+
+ALERT_AT = Decimal("0.8")
+
+
+def _redis():
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+def _limits(budget):
+    if budget is None:
+        return {"money_per_month": None, "tokens_per_month": None}
+    return {"money_per_month": None if budget.money_per_month is None else str(budget.money_per_month),
+            "tokens_per_month": budget.tokens_per_month}
+
+
+@transaction.atomic
+def budget_set(*, team, key=None, money_per_month=None, tokens_per_month=None, user=None):
+    """Set the monthly budget of `team` (or of its `key`); both limits blank removes it.
+    Returns (before, after), each {"money_per_month", "tokens_per_month"}, for the audit."""
+    if key is not None and key.team_id != team.pk:
+        raise ValueError("the key belongs to another team")
+    budget = Budget.objects.select_for_update().filter(team=team, key=key).first()
+    before = _limits(budget)
+    if money_per_month is None and tokens_per_month is None:
+        if budget is not None:
+            budget.delete()
+        return before, _limits(None)
+    if budget is None:
+        budget = Budget(team=team, key=key)
+    budget.money_per_month, budget.tokens_per_month, budget.updated_by = money_per_month, tokens_per_month, user
+    budget.save()
+    return before, _limits(budget)
+
+
+def budget_spend_recorded(*, team_id, month):
+    """The month's spend in the usage records: {("team", id) or ("key", id): (money, tokens)}."""
+    from panel.gateway.models import RequestLog
+
+    start, end = month_bounds(month)
+    rows = (RequestLog.objects.filter(team_id=team_id, created_at__gte=start, created_at__lt=end)
+            .values("key_id").annotate(money=Sum("cost"), tokens=Sum(F("prompt_tokens") + F("completion_tokens"))))
+    spend = {("team", team_id): (Decimal(0), 0)}
+    for row in rows:
+        money, tokens = Decimal(row["money"] or 0), int(row["tokens"] or 0)
+        team_money, team_tokens = spend[("team", team_id)]
+        spend[("team", team_id)] = (team_money + money, team_tokens + tokens)
+        if row["key_id"] is not None:
+            spend[("key", row["key_id"])] = (money, tokens)
+    return spend
+
+
+def _counted(client, month, scopes):
+    """The Redis counters of `scopes` [(scope, id)]: {(scope, id): (money, tokens)}."""
+    names = [name for scope, ident in scopes for name in counter_keys(month, scope, ident)]
+    values = client.mget(names) if names else []
+    return {scopes[i]: (money_from_units(values[2 * i]), int(values[2 * i + 1] or 0)) for i in range(len(scopes))}
+
+
+@dataclass
+class Use:
+    """One team's or key's use this month against its budget (budget None: no budget, use shown anyway)."""
+    scope: str
+    ident: int
+    name: str
+    budget: Budget | None
+    money: Decimal
+    tokens: int
+
+    def _fraction(self, spent, limit):
+        if limit is None:
+            return None
+        return Decimal(1) if limit <= 0 else Decimal(spent) / Decimal(limit)
+
+    @property
+    def money_fraction(self):
+        return self._fraction(self.money, self.budget.money_per_month if self.budget else None)
+
+    @property
+    def tokens_fraction(self):
+        return self._fraction(self.tokens, self.budget.tokens_per_month if self.budget else None)
+
+    @property
+    def fraction(self):
+        known = [f for f in (self.money_fraction, self.tokens_fraction) if f is not None]
+        return max(known) if known else None
+
+    @property
+    def money_percent(self):
+        return None if self.money_fraction is None else min(int(self.money_fraction * 100), 100)
+
+    @property
+    def tokens_percent(self):
+        return None if self.tokens_fraction is None else min(int(self.tokens_fraction * 100), 100)
+
+    @property
+    def level(self):
+        fraction = self.fraction
+        if fraction is None or fraction < ALERT_AT:
+            return "ok"
+        return "exhausted" if fraction >= 1 else "alert"
+
+
+def budget_usage(*, team, recorded=True, month=None):
+    """The month's use of the team and of each of its keys against their budgets. The use is the larger of the
+    Redis counters and (when `recorded`) the usage records, so neither a flush nor the writer's lag hides spend.
+    The banner passes recorded=False: it must stay cheap on every page."""
+    from panel.gateway.models import TeamKey
+
+    month = month or month_of()
+    budgets = {b.key_id: b for b in Budget.objects.filter(team=team).select_related("key")}
+    keys = list(TeamKey.objects.filter(team=team).order_by("name")) if recorded else [b.key for b in budgets.values()
+                                                                                     if b.key_id]
+    scopes = [("team", team.pk)] + [("key", key.pk) for key in keys]
+    try:
+        counted = _counted(_redis(), month, scopes)
+    except (redis.RedisError, OSError):
+        counted = {}
+    spend = budget_spend_recorded(team_id=team.pk, month=month) if recorded else {}
+    names = {("team", team.pk): f"Whole team ({team.name})", **{("key", k.pk): f"Key {k}" for k in keys}}
+    uses = []
+    for scope, ident in scopes:
+        money_a, tokens_a = counted.get((scope, ident), (Decimal(0), 0))
+        money_b, tokens_b = spend.get((scope, ident), (Decimal(0), 0))
+        uses.append(Use(scope, ident, names[(scope, ident)], budgets.get(None if scope == "team" else ident),
+                        max(money_a, money_b), max(tokens_a, tokens_b)))
+    return uses
+
+
+def budgets_reconcile(*, month=None):
+    """For every team with a budget: raise the Redis counters to at least the usage records' sums, and record (and
+    audit) each budget's 80% and 100% notice once a month. Returns the notices created."""
+    from panel.accounts.models import Team
+    from panel.audit.models import AuditAction
+    from panel.audit.services import audit_record
+
+    month = month or month_of()
+    client = _redis()
+    raise_script = client.register_script(RAISE_TO_AT_LEAST)
+    created = []
+    for team in Team.objects.filter(budgets__isnull=False).distinct():
+        spend = budget_spend_recorded(team_id=team.pk, month=month)
+        for (scope, ident), (money, tokens) in spend.items():
+            money_key, tokens_key = counter_keys(month, scope, ident)
+            raise_script(keys=[money_key], args=[money_units(money), TTL_SECONDS])
+            raise_script(keys=[tokens_key], args=[tokens, TTL_SECONDS])
+        for use in budget_usage(team=team, recorded=True, month=month):
+            if use.budget is None or use.level == "ok":
+                continue
+            levels = [BudgetNotice.Level.ALERT] + ([BudgetNotice.Level.EXHAUSTED] if use.level == "exhausted" else [])
+            for level in levels:
+                try:
+                    with transaction.atomic():
+                        notice, new = BudgetNotice.objects.get_or_create(budget=use.budget, month=month, level=level)
+                except IntegrityError:  # another reconciliation got there first
+                    continue
+                if not new:
+                    continue
+                created.append(notice)
+                audit_record(action=AuditAction.BUDGET_ALERT if level == BudgetNotice.Level.ALERT
+                             else AuditAction.BUDGET_EXHAUSTED, team=team, target=use.name, month=month,
+                             money=f"{use.money:.2f}", tokens=use.tokens, **_limits(use.budget))
+    return created
