@@ -157,6 +157,19 @@ DEPLOYMENT_STOP_GRACE_SECONDS = envint("TOKENWISE_DEPLOYMENT_STOP_GRACE_SECONDS"
 # --- Gateway
 KEY_CACHE_SECONDS = envint("TOKENWISE_KEY_CACHE_SECONDS", 5, minimum=0)  # a revoked key stops within this
 ROUTE_CACHE_SECONDS = envint("TOKENWISE_ROUTE_CACHE_SECONDS", 5, minimum=0)
+# A cached route is re-checked against the routing version in Redis at most this often: a rollback lands this fast.
+ROUTE_VERSION_CHECK_SECONDS = envint("TOKENWISE_ROUTE_VERSION_CHECK_MS", 500, minimum=0) / 1000
+
+# --- Canary rollout (panel/channels/canary.py): guards per window, the automatic schedule, the advisor's window
+CANARY_JSON_FAILURE_PERCENT = envint("TOKENWISE_CANARY_JSON_FAILURE_PERCENT", 3, minimum=0, maximum=100)
+CANARY_ERROR_PERCENT = envint("TOKENWISE_CANARY_ERROR_PERCENT", 5, minimum=0, maximum=100)
+CANARY_P99_RATIO_PERCENT = envint("TOKENWISE_CANARY_P99_RATIO_PERCENT", 150, minimum=100)  # candidate vs stable
+CANARY_P99_MARGIN_MS = envint("TOKENWISE_CANARY_P99_MARGIN_MS", 250, minimum=0)  # ignore smaller differences
+CANARY_MIN_REQUESTS = envint("TOKENWISE_CANARY_MIN_REQUESTS", 20, minimum=1)  # per arm, before any verdict
+CANARY_WINDOW_SECONDS = envint("TOKENWISE_CANARY_WINDOW_SECONDS", 900, minimum=10)
+CANARY_STEP_SECONDS = envint("TOKENWISE_CANARY_STEP_SECONDS", 600, minimum=0)  # automatic: time per clean step
+CANARY_CHECK_EVERY_SECONDS = envint("TOKENWISE_CANARY_CHECK_EVERY_SECONDS", 10, minimum=1)
+ADVISOR_WINDOW_HOURS = envint("TOKENWISE_ADVISOR_WINDOW_HOURS", 24, minimum=1)
 GATEWAY_MAX_BODY_BYTES = envint("TOKENWISE_GATEWAY_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024)
 GATEWAY_MAX_TOKENS = envint("TOKENWISE_GATEWAY_MAX_TOKENS", 131072, minimum=1)
 GATEWAY_BACKOFF_BASE_SECONDS = envint("TOKENWISE_GATEWAY_BACKOFF_BASE_MS", 200, minimum=0) / 1000
@@ -194,6 +207,7 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "reap-stale-jobs": {"task": "workers.tasks.reap_stale_jobs", "schedule": REAPER_EVERY_SECONDS},
+    "check-canaries": {"task": "panel.advisor.tasks.check_canaries", "schedule": CANARY_CHECK_EVERY_SECONDS},
     "reconcile-budgets": {"task": "panel.budgets.tasks.reconcile_budgets", "schedule": BUDGET_RECONCILE_SECONDS},
 }
 

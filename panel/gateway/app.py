@@ -10,7 +10,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.utils import timezone
 
-from panel.gateway import limits, usage
+from panel.gateway import fingerprint, limits, usage
 from panel.budgets import gateway as budgets
 from panel.gateway.keys import key_lookup
 from panel.gateway.routes import model_names, route_for
@@ -178,6 +178,7 @@ async def application(scope, receive, send):
             raise ClientError(405, "use POST", code="method_not_allowed")
         exchange.key = await authenticate(scope)
         body = parse_request(await read_body(receive, settings.GATEWAY_MAX_BODY_BYTES), endpoint)
+        exchange.fields.update(fingerprint.system_prompt_hashes(body))  # hashes only, never the prompt
         exchange.fields.update(model=body["model"][:200], stream=bool(body.get("stream")),
                                json_requested=json_requested(body))
         if exchange.key.allowed_models and body["model"] not in exchange.key.allowed_models:
@@ -229,8 +230,8 @@ async def plain_response(exchange, route, body, path, send):
         return data
 
     try:
-        target, data = await first_success(route.ordered(), attempt, fallback_on_error=route.fallback_on_error,
-                                           log=exchange.log)
+        target, data = await first_success(route.ordered(exchange.fields), attempt,
+                                           fallback_on_error=route.fallback_on_error, log=exchange.log)
     except UpstreamError as error:
         status, payload = upstream_failure(exchange, error)
         await send_json(send, status, payload)
@@ -268,7 +269,8 @@ async def stream_response(exchange, route, body, path, receive, send):
     client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     try:
         target, opened = await first_success(
-            route.ordered(), lambda target: open_stream(target, path, upstream_body(body, target, stream=True)),
+            route.ordered(exchange.fields),
+            lambda target: open_stream(target, path, upstream_body(body, target, stream=True)),
             fallback_on_error=route.fallback_on_error, log=exchange.log)
     except UpstreamError as error:
         status, payload = upstream_failure(exchange, error)

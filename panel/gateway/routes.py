@@ -1,4 +1,11 @@
-"""Which channels serve a model name for a team, read from the database once and cached for a few seconds."""
+"""Which channels serve a model name for a team, read from the database once and cached for a few seconds.
+
+The cache honours `channels.services.routing_version` (a Redis counter bumped after every routing change): an entry
+is re-validated against it at most every ROUTE_VERSION_CHECK_SECONDS, so a change such as a canary rollback
+reaches every gateway process within about that long instead of ROUTE_CACHE_SECONDS. One Redis GET per team per
+interval; if Redis is unreachable the TTL alone applies, as before."""
+import logging
+import random
 import time
 from dataclasses import dataclass
 
@@ -6,6 +13,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from panel.gateway.upstream import Target
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -25,13 +34,23 @@ class RouteTargets:
     strategy: str
     fallback_on_error: bool
     entries: tuple
+    canary: Target | None = None  # the candidate channel while a canary is active
+    canary_percent: int = 0
 
-    def ordered(self):
-        """The targets for one request, in the order the route's strategy gives."""
+    def ordered(self, fields=None, rng=random):
+        """The targets for one request, in the order the route's strategy gives. With an active canary,
+        `canary_percent` % of the requests try the candidate first and fall back to that order; the arm is
+        written into `fields` (the request's usage record) as `canary` = True/False."""
         from panel.channels.models import order_channels
 
         by_channel = {entry.channel.pk: entry.target for entry in self.entries}
-        return [by_channel[channel.pk] for channel in order_channels(self.strategy, self.entries)]
+        stable = [by_channel[channel.pk] for channel in order_channels(self.strategy, self.entries, rng=rng)]
+        if self.canary is None:
+            return stable
+        chosen = rng.random() * 100 < self.canary_percent
+        if fields is not None:
+            fields["canary"] = chosen
+        return [self.canary, *stable] if chosen else stable
 
 
 _cache = {}
@@ -54,13 +73,18 @@ def _target(channel):
 def _load(team_id, model_name):
     from panel.channels.models import Route
 
-    route = Route.objects.filter(team_id=team_id, model_name=model_name, enabled=True).first()
+    route = (Route.objects.select_related("canary_channel")
+             .filter(team_id=team_id, model_name=model_name, enabled=True).first())
     if route is None:
         return None
     entries = [Entry(channel=link.channel, position=link.position, weight=link.weight, target=_target(link.channel))
-               for link in route.entries()]
+               for link in route.entries() if link.channel_id != route.canary_channel_id]
+    canary = None
+    if route.canary_active and route.canary_channel.enabled:
+        canary = _target(route.canary_channel)
     return RouteTargets(route_id=route.pk, model_name=route.model_name, strategy=route.strategy,
-                        fallback_on_error=route.fallback_on_error, entries=tuple(entries))
+                        fallback_on_error=route.fallback_on_error, entries=tuple(entries), canary=canary,
+                        canary_percent=route.canary_percent if canary else 0)
 
 
 def _load_names(team_id):
@@ -70,20 +94,46 @@ def _load_names(team_id):
 
 
 async def route_for(team_id, model_name):
-    return await _cached(("route", team_id, model_name), lambda: _load(team_id, model_name))
+    return await _cached(("route", team_id, model_name), team_id, lambda: _load(team_id, model_name))
 
 
 async def model_names(team_id):
-    return await _cached(("names", team_id), lambda: _load_names(team_id))
+    return await _cached(("names", team_id), team_id, lambda: _load_names(team_id))
 
 
-async def _cached(key, load):
-    hit = _cache.get(key)
+_versions = {}  # team id -> (checked at, version)
+
+
+async def _version(team_id, now):
+    """The team's routing version, read from Redis at most every ROUTE_VERSION_CHECK_SECONDS (None: unknown)."""
+    seen = _versions.get(team_id)
+    if seen and now - seen[0] < settings.ROUTE_VERSION_CHECK_SECONDS:
+        return seen[1]
+    from django.core.cache import cache
+
+    from panel.channels.services import _version_key
+    from panel.gateway.limits import client
+
+    try:
+        raw = await client().get(cache.make_and_validate_key(_version_key(team_id)))
+        version = int(raw or 0)
+    except Exception:  # Redis down or an odd value: fall back to the TTL alone
+        log.debug("routing version of team %s unreadable", team_id, exc_info=True)
+        version = None
+    if len(_versions) > 10_000:
+        _versions.clear()
+    _versions[team_id] = (now, version)
+    return version
+
+
+async def _cached(key, team_id, load):
     now = time.monotonic()
-    if hit and hit[0] > now:
+    version = await _version(team_id, now)
+    hit = _cache.get(key)
+    if hit and hit[0] > now and (version is None or hit[2] == version):
         return hit[1]
     value = await sync_to_async(load, thread_sensitive=False)()
     if len(_cache) > 10_000:
         _cache.clear()
-    _cache[key] = (now + settings.ROUTE_CACHE_SECONDS, value)
+    _cache[key] = (now + settings.ROUTE_CACHE_SECONDS, value, version)
     return value
