@@ -143,6 +143,8 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(envstr("TOKENWISE_STATIC_ROOT", str(DATA_DIR / "static")))
+# plotly.js for the dashboards, served from the plotly package itself (no CDN): /static/plotly/plotly.min.js
+STATICFILES_DIRS += [("plotly", Path(__import__("plotly").__file__).resolve().parent / "package_data")]
 
 # --- Engines (vLLM, AutoAWQ) live in their own venv; the panel only runs them as subprocesses.
 ENGINE_PYTHON = envstr("ENGINE_PYTHON", str(BASE_DIR / ".venv-engine" / "bin" / "python"))
@@ -176,6 +178,13 @@ GATEWAY_BACKOFF_BASE_SECONDS = envint("TOKENWISE_GATEWAY_BACKOFF_BASE_MS", 200, 
 BUDGET_CACHE_SECONDS = envint("TOKENWISE_BUDGET_CACHE_SECONDS", 5, minimum=0)  # a budget change applies within this
 BUDGET_RECONCILE_SECONDS = envint("TOKENWISE_BUDGET_RECONCILE_SECONDS", 60, minimum=1)
 
+# --- Dashboards: engine /metrics scrapes, usage rollups, the panel's own /metrics (empty token = open: put it on
+# a private network then)
+DASHBOARDS_SCRAPE_EVERY_SECONDS = envint("TOKENWISE_SCRAPE_EVERY_SECONDS", 10, minimum=1)
+DASHBOARDS_SCRAPE_TIMEOUT_SECONDS = envint("TOKENWISE_SCRAPE_TIMEOUT_SECONDS", 3, minimum=1)
+DASHBOARDS_ROLLUP_EVERY_SECONDS = envint("TOKENWISE_ROLLUP_EVERY_SECONDS", 10, minimum=1)
+METRICS_TOKEN = envstr("TOKENWISE_METRICS_TOKEN", "")
+
 # --- Workers and jobs
 HOST_NAME = envstr("TOKENWISE_HOST_NAME", socket.gethostname())
 HOST_HEARTBEAT_SECONDS = envint("TOKENWISE_HOST_HEARTBEAT_SECONDS", 15, minimum=1)
@@ -207,6 +216,8 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "reap-stale-jobs": {"task": "workers.tasks.reap_stale_jobs", "schedule": REAPER_EVERY_SECONDS},
+    "scrape-engines": {"task": "panel.dashboards.tasks.scrape_engines", "schedule": DASHBOARDS_SCRAPE_EVERY_SECONDS},
+    "roll-up-usage": {"task": "panel.dashboards.tasks.roll_up_usage", "schedule": DASHBOARDS_ROLLUP_EVERY_SECONDS},
     "check-canaries": {"task": "panel.advisor.tasks.check_canaries", "schedule": CANARY_CHECK_EVERY_SECONDS},
     "reconcile-budgets": {"task": "panel.budgets.tasks.reconcile_budgets", "schedule": BUDGET_RECONCILE_SECONDS},
 }

@@ -31,7 +31,7 @@ SECTIONS = [
             "a hash, with model allow-lists, expiry and per-minute limits.", "Add a channel first", "channels", built=True),
     Section("dashboards", "Dashboards", "▤", "Live usage, TTFT, prefix-cache hit rate and cost per million tokens, "
             "local against cloud, with the savings against an all-cloud baseline.",
-            "Send traffic through the gateway with a team key", "keys"),
+            "Send traffic through the gateway with a team key", "keys", built=True),
     Section("compare", "Compare", "◫", "The same prompt to the local model and to the cloud model, streamed side "
             "by side with TTFT, tokens/s, tokens and cost per column; JSON and prefix-cache checks.",
             "Add two channels to compare", "channels"),

@@ -1,1 +1,83 @@
-from django.db import models  # noqa: F401
+"""Dashboard data: per-minute and per-hour rollups of the gateway's usage records, and engine metric samples
+scraped from each ready deployment's /metrics. The pages read these tables only, never RequestLog."""
+from django.db import models
+
+# Upper bounds (ms) of the fixed histogram buckets for TTFT and end-to-end latency; the last bucket is open.
+# Percentiles come from these buckets, so a rollup row answers them without the raw records.
+BUCKET_BOUNDS_MS = (25, 50, 100, 200, 300, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000, 20000, 60000)
+BUCKETS = len(BUCKET_BOUNDS_MS) + 1
+
+MINUTE = 60
+HOUR = 3600
+
+
+class UsageRollup(models.Model):
+    """The usage records of one period (a minute or an hour) for one team / channel / key / model. `start` is the
+    period's start in epoch seconds, so pages group by any coarser step with integer division on both databases."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
+    period = models.PositiveIntegerField()  # MINUTE or HOUR
+    start = models.BigIntegerField()
+    channel = models.ForeignKey("channels.Channel", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+", db_constraint=False)
+    deployment = models.ForeignKey("serving.Deployment", null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+", db_constraint=False)
+    key = models.ForeignKey("gateway.TeamKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                            db_constraint=False)
+    model = models.CharField(max_length=200)
+    local = models.BooleanField(default=False)  # served by a local channel (a deployment)
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    fallbacks = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    cost = models.FloatField(default=0)
+    ttft_count = models.PositiveIntegerField(default=0)
+    ttft_sum_ms = models.FloatField(default=0)
+    latency_sum_ms = models.FloatField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["team", "period", "start"], name="usage_rollup_team_start")]
+
+
+# One integer column per bucket (ttft_b0.., latency_b0..): SQL sums them in the same GROUP BY as the counts.
+TTFT_COLUMNS = tuple(f"ttft_b{i}" for i in range(BUCKETS))
+LATENCY_COLUMNS = tuple(f"latency_b{i}" for i in range(BUCKETS))
+for _name in TTFT_COLUMNS + LATENCY_COLUMNS:
+    UsageRollup.add_to_class(_name, models.PositiveIntegerField(default=0))
+
+
+class RollupWatermark(models.Model):
+    """The last RequestLog id the rollup has read (one row)."""
+
+    last_id = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
+class EngineSample(models.Model):
+    """One scrape of a deployment's /metrics: what changed since the previous good scrape (deltas of counters and
+    histograms), the gauges as read, and the cumulative values the next scrape subtracts. A failed scrape is a gap:
+    ok=False with the warning in words."""
+
+    deployment = models.ForeignKey("serving.Deployment", on_delete=models.CASCADE, related_name="engine_samples")
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField(db_index=True)
+    ok = models.BooleanField(default=True)
+    warning = models.TextField(blank=True)
+    restarted = models.BooleanField(default=False)  # a counter went down: the engine restarted
+    seconds = models.FloatField(default=0)  # since the previous good scrape; 0 for the first
+    prefix_queries = models.FloatField(default=0)
+    prefix_hits = models.FloatField(default=0)
+    prompt_tokens = models.FloatField(default=0)
+    generation_tokens = models.FloatField(default=0)
+    kv_cache_usage = models.FloatField(null=True, blank=True)  # 0..1
+    running = models.FloatField(null=True, blank=True)
+    waiting = models.FloatField(null=True, blank=True)
+    ttft = models.JSONField(default=dict, blank=True)  # {"le": {bound: delta count}, "count": n, "sum": s}
+    itl = models.JSONField(default=dict, blank=True)
+    cumulative = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at"]
+        indexes = [models.Index(fields=["team", "at"], name="engine_sample_team_at")]

@@ -10,7 +10,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.utils import timezone
 
-from panel.gateway import fingerprint, limits, usage
+from panel.gateway import fingerprint, limits, metrics, usage
 from panel.budgets import gateway as budgets
 from panel.gateway.keys import key_lookup
 from panel.gateway.routes import model_names, route_for
@@ -151,6 +151,7 @@ class Exchange:
         usage.record(team_id=self.key.team_id if self.key else self.team_id, key_id=self.key.id if self.key else None,
                      route_id=self.route_id, channel_id=self.target.id if self.target else None,
                      attempts=self.log["attempts"], fell_back=self.log["fell_back"], **fields)
+        metrics.gateway_request_observe(fields=fields, fell_back=self.log["fell_back"])
         if self.key is not None:
             await limits.count_tokens(self.key, fields["prompt_tokens"] + fields["completion_tokens"])
             await budgets.count(self.key, fields["cost"], fields["prompt_tokens"] + fields["completion_tokens"])

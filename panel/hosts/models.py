@@ -22,6 +22,10 @@ class WorkerHost(models.Model):
     pid = models.IntegerField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
+    # What an hour of one GPU costs on this host (the dashboards' local cost), and how many GPUs a deployment
+    # here is billed for when it records none (a CPU host: 1, the price being the whole machine's).
+    gpu_price_per_hour = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True)
+    gpu_count = models.PositiveSmallIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["host", "name"]

@@ -1,0 +1,178 @@
+"""Cost per million tokens, local against cloud, and the savings against an all-cloud baseline.
+
+- Local: a deployment costs its host's GPU price per hour × its GPUs for every hour it was up within the range,
+  whatever it served; per million tokens that is the hourly price divided by the tokens it actually served per
+  hour. With a key filter, a deployment's cost is split by that key's share of its tokens.
+- Cloud: what the gateway recorded for each request from the channel's prices.
+- Baseline: the same tokens all sent to the cloud: local tokens priced at the prices of the team's cloud channel
+  (the remote channel that carried the most tokens in the range, else the first enabled one).
+- Monthly projection: the range's savings scaled to 30 days."""
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from panel.dashboards.selectors import DashboardQuery, usage_grouped
+
+MONTH_SECONDS = 30 * 24 * 3600
+TOKEN_COLUMNS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cost")
+
+
+@dataclass
+class CostLine:
+    """One channel's tokens and cost in the range."""
+
+    name: str
+    kind: str  # "local" or "remote"
+    requests: int
+    tokens: int
+    cost: float | None  # None: a local channel whose host has no GPU price
+    gpu_hours: float = 0.0
+    hourly: float | None = None
+    baseline: float | None = None  # these tokens at the cloud baseline's prices
+
+    @property
+    def per_million(self):
+        if self.cost is None or not self.tokens:
+            return None
+        return self.cost / self.tokens * 1_000_000
+
+
+@dataclass
+class CostSummary:
+    lines: list = field(default_factory=list)
+    baseline_channel: object = None
+    missing_prices: list = field(default_factory=list)  # host names without a GPU price
+    span_seconds: float = 0
+
+    def _total(self, kind):
+        return sum(line.cost or 0 for line in self.lines if line.kind == kind)
+
+    def _tokens(self, kind):
+        return sum(line.tokens for line in self.lines if line.kind == kind)
+
+    @property
+    def local_cost(self):
+        return self._total("local")
+
+    @property
+    def cloud_cost(self):
+        return self._total("remote")
+
+    @property
+    def local_tokens(self):
+        return self._tokens("local")
+
+    @property
+    def cloud_tokens(self):
+        return self._tokens("remote")
+
+    @property
+    def actual(self):
+        return self.local_cost + self.cloud_cost
+
+    @property
+    def all_cloud(self):
+        """The same tokens with every local one priced at the baseline channel; None without a baseline."""
+        if self.baseline_channel is None:
+            return None
+        return self.cloud_cost + sum(line.baseline or 0 for line in self.lines if line.kind == "local")
+
+    @property
+    def savings(self):
+        return None if self.all_cloud is None else self.all_cloud - self.actual
+
+    @property
+    def savings_share(self):
+        return self.savings / self.all_cloud if self.all_cloud else None
+
+    @property
+    def monthly_savings(self):
+        return None if self.savings is None or not self.span_seconds else self.savings * MONTH_SECONDS / self.span_seconds
+
+    @property
+    def monthly_cost(self):
+        return self.actual * MONTH_SECONDS / self.span_seconds if self.span_seconds else None
+
+    def per_million(self, kind):
+        tokens = self._tokens(kind)
+        return self._total(kind) / tokens * 1_000_000 if tokens else None
+
+
+def cost_summary(query: DashboardQuery):
+    """The Cost page's numbers for one query."""
+    from panel.channels.models import Channel
+    from panel.serving.models import Deployment
+
+    rows = usage_grouped(query, by=("channel_id", "deployment_id", "local"), columns=TOKEN_COLUMNS)
+    channels = Channel.objects.filter(team=query.team).in_bulk()
+    summary = CostSummary(span_seconds=query.end - query.start)
+    summary.baseline_channel = _baseline_channel(query.team, rows, channels)
+    deployments = Deployment.objects.filter(pk__in={row["deployment_id"] for row in rows if row["local"]}) \
+        .select_related("host").in_bulk()
+    unfiltered = _deployment_tokens(query) if query.key_id is not None else {}
+    for row in rows:
+        tokens = row["prompt_tokens"] + row["completion_tokens"]
+        channel = channels.get(row["channel_id"])
+        name = channel.name if channel else "(deleted channel)"
+        if not row["local"]:
+            summary.lines.append(CostLine(name=name, kind="remote", requests=row["requests"], tokens=tokens,
+                                          cost=float(row["cost"])))
+            continue
+        line = CostLine(name=name, kind="local", requests=row["requests"], tokens=tokens, cost=None)
+        deployment = deployments.get(row["deployment_id"])
+        if deployment is not None:
+            line.gpu_hours = deployment_up_hours(deployment, since=query.start, until=query.end)
+            line.hourly = deployment_hourly_price(deployment)
+            if line.hourly is None:
+                summary.missing_prices.append(deployment.host.host if deployment.host else str(deployment))
+            else:
+                share = tokens / unfiltered[deployment.pk] if unfiltered.get(deployment.pk) else 1.0
+                line.cost = line.gpu_hours * line.hourly * share
+        if summary.baseline_channel is not None:
+            line.baseline = float(summary.baseline_channel.cost(row["prompt_tokens"], row["completion_tokens"],
+                                                                row["cached_tokens"]))
+        summary.lines.append(line)
+    summary.lines.sort(key=lambda line: (line.kind, -line.tokens))
+    return summary
+
+
+def deployment_hourly_price(deployment):
+    """The host's GPU price per hour × the deployment's GPUs (its recorded GPU indices, else the host's GPU count,
+    else 1); None when the host has no price."""
+    host = deployment.host
+    if host is None or host.gpu_price_per_hour is None:
+        return None
+    gpus = len(deployment.gpu_indices or []) or host.gpu_count or 1
+    return float(host.gpu_price_per_hour) * gpus
+
+
+def deployment_up_hours(deployment, *, since, until):
+    """Hours the deployment was up (ready until finished, or now) within [since, until] (epoch seconds)."""
+    if deployment.ready_at is None:
+        return 0.0
+    began = max(deployment.ready_at.timestamp(), since)
+    ended = min(deployment.finished_at.timestamp() if deployment.finished_at else until, until)
+    return max(ended - began, 0) / 3600
+
+
+def _baseline_channel(team, rows, channels):
+    carried = {}
+    for row in rows:
+        if not row["local"] and row["channel_id"] in channels:
+            carried[row["channel_id"]] = carried.get(row["channel_id"], 0) + row["prompt_tokens"] + row["completion_tokens"]
+    if carried:
+        return channels[max(carried, key=carried.get)]
+    remote = [channel for channel in channels.values() if channel.kind == "remote" and channel.enabled]
+    return min(remote, key=lambda channel: (channel.priority, channel.name)) if remote else None
+
+
+def _deployment_tokens(query):
+    """Every key's tokens per deployment in the range (the denominator of a key's share of the GPU cost)."""
+    whole = DashboardQuery(team=query.team, range=query.range, channel_id=query.channel_id,
+                           deployment_id=query.deployment_id, now=query.end)
+    return {row["deployment_id"]: row["prompt_tokens"] + row["completion_tokens"]
+            for row in usage_grouped(whole, by=("deployment_id",), columns=("prompt_tokens", "completion_tokens"))
+            if row["deployment_id"] is not None}
+
+
+def utc(seconds):
+    return datetime.fromtimestamp(seconds, tz=timezone.utc)

@@ -1,0 +1,288 @@
+"""What each dashboard tab shows: its figures, its tables (every table also exports as CSV) and its headline
+numbers, for one query. Views render this; the JSON endpoint returns it for live refresh."""
+from dataclasses import dataclass, field
+
+from panel.dashboards import figures as fig
+from panel.dashboards.cost import cost_summary
+from panel.dashboards.models import LATENCY_COLUMNS, TTFT_COLUMNS, EngineSample, UsageRollup
+from panel.dashboards.selectors import (QUANTILES, engine_by_deployment, engine_by_step, engine_percentile,
+                                        latency_by, latency_by_step, percentile_from_buckets, scrape_gaps,
+                                        usage_by_step, usage_grouped, usage_totals)
+
+TABS = {"overview": "Overview", "latency": "Latency", "cache": "Cache", "cost": "Cost"}
+TOP = 10
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    columns: list
+    rows: list = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass
+class Page:
+    figures: dict = field(default_factory=dict)
+    tables: list = field(default_factory=list)
+    cards: list = field(default_factory=list)  # (label, value, hint)
+
+    def table(self, name):
+        return next((table for table in self.tables if table.name == name), None)
+
+
+def team_has_data(team):
+    return UsageRollup.objects.filter(team=team).exists() or EngineSample.objects.filter(team=team).exists()
+
+
+def dashboard_page(*, tab, query):
+    """The figures, tables and cards of one tab for one query."""
+    return {"overview": overview, "latency": latency, "cache": cache, "cost": cost}[tab](query)
+
+
+def _names(query):
+    from panel.channels.models import Channel
+    from panel.gateway.models import TeamKey
+    from panel.serving.models import Deployment
+
+    channels = dict(Channel.objects.filter(team=query.team).values_list("pk", "name"))
+    keys = {key.pk: str(key) for key in TeamKey.objects.filter(team=query.team)}
+    deployments = {d.pk: f"{d.served_model_name or d.profile.name} #{d.pk}"
+                   for d in Deployment.objects.filter(team=query.team).select_related("profile")}
+    return channels, keys, deployments
+
+
+def _rate(part, whole):
+    return round(100 * part / whole, 2) if whole else None
+
+
+def _per_minute(value, query):
+    return round(value * 60 / query.step, 2)
+
+
+def _ms(value):
+    return None if value is None else round(value, 1)
+
+
+def _money(value):
+    return None if value is None else round(value, 6)
+
+
+def overview(query):
+    channels, keys, _ = _names(query)
+    page = Page()
+    rows = usage_by_step(query, by="channel_id", columns=("requests", "prompt_tokens", "completion_tokens"))
+    name = lambda pk: channels.get(pk, "(no channel)")  # noqa: E731
+    series = fig.by_series(rows, "channel_id", lambda row: _per_minute(row["requests"], query), name)
+    page.figures["requests"] = fig.figure("Requests per minute by channel", [
+        fig.line(label, xs, ys, i) for i, (label, (xs, ys)) in enumerate(sorted(series.items()))],
+        y_title="requests / min")
+    series = fig.by_series(rows, "channel_id", lambda row: _per_minute(row["prompt_tokens"] + row["completion_tokens"],
+                                                                         query), name)
+    page.figures["tokens"] = fig.figure("Tokens per minute by channel", [
+        fig.line(label, xs, ys, i) for i, (label, (xs, ys)) in enumerate(sorted(series.items()))],
+        y_title="tokens / min")
+    steps = usage_by_step(query, columns=("requests", "errors", "fallbacks"))
+    xs = [row["t"] for row in steps]
+    page.figures["errors"] = fig.figure("Error and fallback rate", [
+        fig.line("errors", xs, [_rate(row["errors"], row["requests"]) for row in steps], 5),
+        fig.line("fallbacks", xs, [_rate(row["fallbacks"], row["requests"]) for row in steps], 2)],
+        y_title="% of requests", y_percent=True)
+    totals = usage_totals(query)
+    page.cards = [("Requests", f"{totals['requests']:,}", f"last {query.range}"),
+                  ("Tokens", f"{totals['prompt_tokens'] + totals['completion_tokens']:,}",
+                   f"{totals['cached_tokens']:,} prompt tokens from cache"),
+                  ("Error rate", _percent(_rate(totals["errors"], totals["requests"])),
+                   f"{totals['fallbacks']:,} fallbacks"),
+                  ("Cost recorded", f"{totals['cost']:,.4f}", "cloud prices of the channels")]
+    columns = ["requests", "errors", "fallbacks", "prompt tokens", "completion tokens", "cached tokens", "cost"]
+
+    def counts(row):
+        return [row["requests"], row["errors"], row["fallbacks"], row["prompt_tokens"], row["completion_tokens"],
+                row["cached_tokens"], _money(row["cost"])]
+
+    grouped = sorted(usage_grouped(query, by=("channel_id",)), key=lambda row: -row["requests"])
+    page.tables.append(Table("channels", "By channel", ["channel"] + columns,
+                             [[name(row["channel_id"])] + counts(row) for row in grouped]))
+    grouped = sorted(usage_grouped(query, by=("key_id",)), key=lambda row: -row["requests"])[:TOP]
+    page.tables.append(Table("keys", f"Top {TOP} keys", ["key"] + columns,
+                             [[keys.get(row["key_id"], "(deleted key)")] + counts(row) for row in grouped]))
+    grouped = sorted(usage_grouped(query, by=("model",)), key=lambda row: -row["requests"])[:TOP]
+    page.tables.append(Table("models", f"Top {TOP} models", ["model"] + columns,
+                             [[row["model"]] + counts(row) for row in grouped]))
+    return page
+
+
+def latency(query):
+    channels, _, deployments = _names(query)
+    page = Page()
+    steps = latency_by_step(query)
+    engine = engine_by_step(query)
+    xs = [row["t"] for row in steps]
+    traces = [fig.line(f"gateway p{int(q * 100)}", xs, [_ms(row["ttft"][q]) for row in steps], i)
+              for i, q in enumerate(QUANTILES)]
+    for i, (label, (exs, eys)) in enumerate(sorted(_engine_series(engine, "ttft", 0.95, deployments).items())):
+        traces.append(fig.line(f"engine p95 · {label}", exs, eys, 3 + i, dash="dot"))
+    page.figures["ttft"] = fig.figure("Time to first token (ms): gateway and engine", traces, y_title="ms")
+    traces = []
+    for q_index, q in enumerate(QUANTILES):
+        for label, (exs, eys) in sorted(_engine_series(engine, "itl", q, deployments).items()):
+            traces.append(fig.line(f"p{int(q * 100)} · {label}", exs, eys, q_index))
+    page.figures["itl"] = fig.figure("Inter-token latency (ms, engine)", traces, y_title="ms",
+                                     empty="No engine samples in this range: the scraper reads ready deployments")
+    page.figures["latency"] = fig.figure("End-to-end latency (ms, gateway)", [
+        fig.line(f"p{int(q * 100)}", xs, [_ms(row["latency"][q]) for row in steps], i)
+        for i, q in enumerate(QUANTILES)], y_title="ms")
+    rows = sorted(latency_by(query, by=("channel_id",)), key=lambda row: -row["requests"])
+    page.tables.append(Table("latency", "Gateway latency by channel (ms)", [
+        "channel", "requests", "with TTFT", "TTFT p50", "TTFT p95", "TTFT p99", "latency p50", "latency p95",
+        "latency p99"], [[channels.get(row["channel_id"], "(no channel)"), row["requests"], row["ttft_count"]]
+                         + [_ms(row["ttft"][q]) for q in QUANTILES] + [_ms(row["latency"][q]) for q in QUANTILES]
+                         for row in rows]))
+    totals = engine_by_deployment(query)
+    page.tables.append(Table("engine_latency", "Engine latency by deployment (ms, from vLLM's histograms)", [
+        "deployment", "requests (TTFT samples)", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95",
+        "ITL p99"], [[deployments.get(row["deployment_id"], "?"), int(row["ttft"].get("count", 0))]
+                     + [_seconds_ms(engine_percentile(row["ttft"], q)) for q in QUANTILES]
+                     + [_seconds_ms(engine_percentile(row["itl"], q)) for q in QUANTILES] for row in totals]))
+    total = usage_totals(query, columns=("ttft_count",) + TTFT_COLUMNS + LATENCY_COLUMNS)
+    ttft = [total[column] for column in TTFT_COLUMNS]
+    latencies = [total[column] for column in LATENCY_COLUMNS]
+    page.cards = [("TTFT p50", _fmt_ms(percentile_from_buckets(ttft, 0.5)), "gateway, all requests"),
+                  ("TTFT p95", _fmt_ms(percentile_from_buckets(ttft, 0.95)),
+                   f"{total['ttft_count']:,} requests with a first token"),
+                  ("Latency p95", _fmt_ms(percentile_from_buckets(latencies, 0.95)), "end to end")]
+    return page
+
+
+def cache(query):
+    channels, _, deployments = _names(query)
+    page = Page()
+    engine = engine_by_step(query)
+    series = {}
+    kv = {}
+    for row in engine:
+        label = deployments.get(row["deployment_id"], "?")
+        if row["hit_rate"] is not None:
+            xs, ys = series.setdefault(label, ([], []))
+            xs.append(row["t"])
+            ys.append(round(100 * row["hit_rate"], 2))
+        if row["kv"] is not None:
+            xs, ys = kv.setdefault(label, ([], []))
+            xs.append(row["t"])
+            ys.append(round(100 * row["kv"], 2))
+    page.figures["hit_rate"] = fig.figure("Prefix cache hit rate by deployment (engine)", [
+        fig.line(label, xs, ys, i) for i, (label, (xs, ys)) in enumerate(sorted(series.items()))],
+        y_title="% of prompt tokens", y_percent=True,
+        empty="No prefix-cache lookups in this range (the scraper reads ready deployments every few seconds)")
+    page.figures["kv"] = fig.figure("KV cache usage by deployment (engine)", [
+        fig.line(label, xs, ys, i) for i, (label, (xs, ys)) in enumerate(sorted(kv.items()))],
+        y_title="% of KV cache", y_percent=True, empty="No engine samples in this range")
+    steps = usage_by_step(query, columns=("prompt_tokens", "cached_tokens"))
+    page.figures["cached_share"] = fig.figure("Share of prompt tokens served from cache (gateway usage)", [
+        fig.line("cached share", [row["t"] for row in steps],
+                 [_rate(row["cached_tokens"], row["prompt_tokens"]) for row in steps], 1)],
+        y_title="% of prompt tokens", y_percent=True)
+    totals = engine_by_deployment(query)
+    page.tables.append(Table("cache", "Prefix cache by deployment (engine)", [
+        "deployment", "prefix queries (tokens)", "prefix hits (tokens)", "hit rate %", "mean KV usage %",
+        "last KV usage %", "scrapes", "gaps"],
+        [[deployments.get(row["deployment_id"], "?"), int(row["prefix_queries"]), int(row["prefix_hits"]),
+          _rate(row["prefix_hits"], row["prefix_queries"]), _pct(row["kv"]), _pct(row["last_kv"]), row["samples"],
+          row["gaps"]] for row in totals]))
+    rows = sorted(usage_grouped(query, by=("channel_id",), columns=("prompt_tokens", "cached_tokens")),
+                  key=lambda row: -row["prompt_tokens"])
+    page.tables.append(Table("cached_tokens", "Cached prompt tokens by channel (gateway usage)", [
+        "channel", "prompt tokens", "cached tokens", "cached %"],
+        [[channels.get(row["channel_id"], "(no channel)"), row["prompt_tokens"], row["cached_tokens"],
+          _rate(row["cached_tokens"], row["prompt_tokens"])] for row in rows]))
+    page.tables.append(Table("gaps", "Recent scrape gaps", ["at (UTC)", "deployment", "warning"],
+                             [[sample.at.strftime("%Y-%m-%d %H:%M:%S"), deployments.get(sample.deployment_id, "?"),
+                               sample.warning] for sample in scrape_gaps(query)],
+                             note="A gap is a scrape that failed: /metrics down, slow or not Prometheus text."))
+    queries = sum(row["prefix_queries"] for row in totals)
+    hits = sum(row["prefix_hits"] for row in totals)
+    prompt = sum(row["prompt_tokens"] for row in rows)
+    cached = sum(row["cached_tokens"] for row in rows)
+    page.cards = [("Prefix hit rate", _percent(_rate(hits, queries)), f"{int(hits):,} of {int(queries):,} tokens"),
+                  ("Cached prompt tokens", _percent(_rate(cached, prompt)), "as the gateway's usage reports them"),
+                  ("Scrape gaps", f"{sum(row['gaps'] for row in totals):,}", f"last {query.range}")]
+    return page
+
+
+def cost(query):
+    page = Page()
+    summary = cost_summary(query)
+    lines = summary.lines
+    page.figures["per_million"] = fig.figure("Cost per million tokens by channel", [
+        fig.bars("local (GPU hours)", [line.name for line in lines if line.kind == "local"],
+                 [_money(line.per_million) for line in lines if line.kind == "local"], 1),
+        fig.bars("cloud (channel prices)", [line.name for line in lines if line.kind == "remote"],
+                 [_money(line.per_million) for line in lines if line.kind == "remote"], 0)],
+        y_title="cost / 1M tokens")
+    labels = ["actual", "all cloud"]
+    values = [_money(summary.actual), _money(summary.all_cloud)]
+    page.figures["savings"] = fig.figure(f"This range ({query.range}): actual cost against all-cloud", [
+        fig.bars("cost", labels if summary.all_cloud is not None else labels[:1],
+                 values if summary.all_cloud is not None else values[:1], 0,
+                 text=[_fmt_money(value) for value in values])],
+        y_title="cost", empty="No traffic in this range")
+    page.tables.append(Table("cost", "Cost by channel", [
+        "channel", "kind", "requests", "tokens", "GPU hours", "price per hour", "cost", "cost / 1M tokens",
+        "same tokens at the cloud baseline"],
+        [[line.name, line.kind, line.requests, line.tokens, round(line.gpu_hours, 3) if line.kind == "local" else "",
+          _money(line.hourly) if line.hourly is not None else "", _money(line.cost), _money(line.per_million),
+          _money(line.baseline) if line.kind == "local" else ""] for line in lines],
+        note=("Local cost: the host's GPU price per hour × GPUs × the hours the deployment was up in this range. "
+              + (f"No GPU price on: {', '.join(sorted(set(summary.missing_prices)))} (set it on the Workers page)."
+                 if summary.missing_prices else ""))))
+    baseline = summary.baseline_channel
+    page.tables.append(Table("savings", "Savings against an all-cloud baseline", ["what", "value"], [
+        ["baseline channel", baseline.name if baseline else "none: add a cloud channel with prices"],
+        ["local cost", _money(summary.local_cost)], ["cloud cost", _money(summary.cloud_cost)],
+        ["actual cost", _money(summary.actual)], ["all-cloud cost", _money(summary.all_cloud)],
+        ["savings", _money(summary.savings)], ["savings %", _rate(summary.savings or 0, summary.all_cloud or 0)],
+        ["monthly projection: cost", _money(summary.monthly_cost)],
+        ["monthly projection: savings", _money(summary.monthly_savings)],
+        ["local cost / 1M tokens", _money(summary.per_million("local"))],
+        ["cloud cost / 1M tokens", _money(summary.per_million("remote"))]],
+        note="Monthly projection: this range's numbers scaled to 30 days."))
+    page.cards = [("Local / 1M tokens", _fmt_money(summary.per_million("local")), "GPU hours ÷ tokens served"),
+                  ("Cloud / 1M tokens", _fmt_money(summary.per_million("remote")), "channel prices"),
+                  ("Savings", _percent(_rate(summary.savings or 0, summary.all_cloud or 0))
+                   if summary.all_cloud else "—", f"{_fmt_money(summary.savings)} against all-cloud"),
+                  ("Monthly projection", _fmt_money(summary.monthly_savings), "savings at this range's rate")]
+    return page
+
+
+def _engine_series(steps, name, quantile, deployments):
+    series = {}
+    for row in steps:
+        value = engine_percentile(row[name], quantile) if row[name] else None
+        if value is None:
+            continue
+        xs, ys = series.setdefault(deployments.get(row["deployment_id"], "?"), ([], []))
+        xs.append(row["t"])
+        ys.append(_seconds_ms(value))
+    return series
+
+
+def _seconds_ms(value):
+    return None if value is None else round(value * 1000, 1)
+
+
+def _pct(value):
+    return None if value is None else round(100 * value, 2)
+
+
+def _percent(value):
+    return "—" if value is None else f"{value:g} %"
+
+
+def _fmt_ms(value):
+    return "—" if not value else f"{value:,.0f} ms"
+
+
+def _fmt_money(value):
+    return "—" if value is None else f"{value:,.2f}"

@@ -1,0 +1,280 @@
+"""Reads for the dashboards. Every usage figure comes from UsageRollup (minute rows for the last day, hour rows
+beyond), engine figures from EngineSample; never from RequestLog, so a page costs the same at ten million records."""
+import time
+from dataclasses import dataclass
+
+from django.db.models import F, Sum
+
+from panel.dashboards.models import (BUCKET_BOUNDS_MS, HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COLUMNS, EngineSample,
+                                     UsageRollup)
+
+# range → (span seconds, chart step seconds, rollup period read)
+RANGES = {
+    "1h": (HOUR, MINUTE, MINUTE),
+    "24h": (24 * HOUR, 15 * MINUTE, MINUTE),
+    "7d": (7 * 24 * HOUR, HOUR, HOUR),
+    "30d": (30 * 24 * HOUR, 6 * HOUR, HOUR),
+}
+QUANTILES = (0.5, 0.95, 0.99)
+COUNTS = ("requests", "errors", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens", "cost",
+          "ttft_count", "ttft_sum_ms", "latency_sum_ms")
+
+
+class BadQuery(ValueError):
+    """A query parameter the dashboards cannot use; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class DashboardQuery:
+    team: object
+    range: str
+    channel_id: int | None = None
+    deployment_id: int | None = None
+    key_id: int | None = None
+    now: float | None = None
+
+    @property
+    def span(self):
+        return RANGES[self.range][0]
+
+    @property
+    def step(self):
+        return RANGES[self.range][1]
+
+    @property
+    def period(self):
+        return RANGES[self.range][2]
+
+    @property
+    def end(self):
+        return self.now if self.now is not None else time.time()
+
+    @property
+    def start(self):
+        # Whole steps, so the first point is a full one and consecutive refreshes line up.
+        return int((self.end - self.span) // self.step * self.step)
+
+    def as_params(self):
+        params = {"range": self.range}
+        for name in ("channel", "deployment", "key"):
+            value = getattr(self, f"{name}_id")
+            if value is not None:
+                params[name] = value
+        return params
+
+
+def dashboard_query_parse(*, team, params):
+    """The query a page asked for, checked: the range is one of RANGES, and channel/deployment/key are ids of this
+    team's objects. Raises BadQuery with the reason."""
+    from panel.channels.models import Channel
+    from panel.gateway.models import TeamKey
+    from panel.serving.models import Deployment
+
+    allowed = {"range", "channel", "deployment", "key", "tab", "table"}
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise BadQuery(f"unknown parameter {unknown[0]!r}: use range, channel, deployment or key")
+    value = params.get("range") or "24h"
+    if value not in RANGES:
+        raise BadQuery(f"range must be one of {', '.join(RANGES)}, not {value!r}")
+    ids = {}
+    for name, model in (("channel", Channel), ("deployment", Deployment), ("key", TeamKey)):
+        raw = params.get(name, "")
+        if raw == "":
+            continue
+        if not raw.isdigit():
+            raise BadQuery(f"{name} must be the id of one of your team's {name}s, not {raw!r}")
+        if not model.objects.filter(team=team, pk=int(raw)).exists():
+            raise BadQuery(f"your team has no {name} with id {raw}")
+        ids[f"{name}_id"] = int(raw)
+    return DashboardQuery(team=team, range=value, now=time.time(), **ids)
+
+
+def _rollups(query):
+    rows = UsageRollup.objects.filter(team=query.team, period=query.period, start__gte=query.start,
+                                      start__lt=query.end)
+    if query.channel_id is not None:
+        rows = rows.filter(channel_id=query.channel_id)
+    if query.deployment_id is not None:
+        rows = rows.filter(deployment_id=query.deployment_id)
+    if query.key_id is not None:
+        rows = rows.filter(key_id=query.key_id)
+    return rows.order_by()
+
+
+def _sums(columns):
+    return {f"s_{name}": Sum(name) for name in columns}
+
+
+def _plain(row, columns):
+    return {name: row[f"s_{name}"] or 0 for name in columns}
+
+
+def usage_by_step(query, *, by=None, columns=COUNTS):
+    """[{"t": step start (epoch s), by: value, counts...}] in time order."""
+    group = ("t", by) if by else ("t",)
+    rows = (_rollups(query).annotate(t=F("start") / query.step * query.step).values(*group)
+            .annotate(**_sums(columns)).order_by("t"))
+    return [{"t": row["t"], **({by: row[by]} if by else {}), **_plain(row, columns)} for row in rows]
+
+
+def usage_grouped(query, *, by, columns=COUNTS):
+    """Totals over the range per value of `by` (channel_id, key_id, model, deployment_id)."""
+    rows = _rollups(query).values(*by).annotate(**_sums(columns))
+    return [{**{name: row[name] for name in by}, **_plain(row, columns)} for row in rows]
+
+
+def usage_totals(query, *, columns=COUNTS):
+    row = _rollups(query).aggregate(**_sums(columns))
+    return _plain(row, columns)
+
+
+def percentile_from_buckets(counts, quantile, bounds=BUCKET_BOUNDS_MS):
+    """A quantile from fixed-bucket counts, linear inside the bucket (as Prometheus' histogram_quantile); None when
+    there is nothing. The open last bucket answers its lower bound."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = quantile * total
+    seen = 0
+    for index, count in enumerate(counts):
+        if count and seen + count >= rank:
+            if index >= len(bounds):
+                return float(bounds[-1])
+            lower = bounds[index - 1] if index else 0.0
+            return lower + (bounds[index] - lower) * (rank - seen) / count
+        seen += count
+    return float(bounds[-1])
+
+
+def latency_by_step(query):
+    """Gateway TTFT and end-to-end latency percentiles per step, from the summed bucket columns."""
+    rows = usage_by_step(query, columns=("requests", "ttft_count") + TTFT_COLUMNS + LATENCY_COLUMNS)
+    return [{"t": row["t"], "requests": row["requests"],
+             "ttft": {q: percentile_from_buckets([row[c] for c in TTFT_COLUMNS], q) for q in QUANTILES},
+             "latency": {q: percentile_from_buckets([row[c] for c in LATENCY_COLUMNS], q) for q in QUANTILES}}
+            for row in rows]
+
+
+def latency_by(query, *, by):
+    rows = usage_grouped(query, by=by, columns=("requests", "ttft_count", "ttft_sum_ms", "latency_sum_ms")
+                         + TTFT_COLUMNS + LATENCY_COLUMNS)
+    for row in rows:
+        row["ttft"] = {q: percentile_from_buckets([row[c] for c in TTFT_COLUMNS], q) for q in QUANTILES}
+        row["latency"] = {q: percentile_from_buckets([row[c] for c in LATENCY_COLUMNS], q) for q in QUANTILES}
+    return rows
+
+
+# --- Engine samples
+
+
+def engine_samples(query):
+    samples = EngineSample.objects.filter(team=query.team, at__gte=_aware(query.start), at__lt=_aware(query.end))
+    deployment_id = query.deployment_id
+    if query.channel_id is not None:
+        from panel.channels.models import Channel
+
+        deployment_id = Channel.objects.filter(pk=query.channel_id).values_list("deployment_id", flat=True).first()
+        if deployment_id is None or (query.deployment_id not in (None, deployment_id)):
+            return EngineSample.objects.none()
+    if deployment_id is not None:
+        samples = samples.filter(deployment_id=deployment_id)
+    return samples.order_by("at")
+
+
+def engine_by_step(query):
+    """Per (step, deployment): prefix-cache queries and hits, tokens, mean KV cache usage and queue, merged TTFT and
+    inter-token histograms, and gaps (failed scrapes)."""
+    steps = {}
+    fields = ("deployment_id", "at", "ok", "prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens",
+              "kv_cache_usage", "running", "waiting", "ttft", "itl")
+    for row in engine_samples(query).values_list(*fields).iterator(chunk_size=5000):
+        (deployment_id, at, ok, queries, hits, prompt, generation, kv, running, waiting, ttft, itl) = row
+        t = int(at.timestamp() // query.step * query.step)
+        step = steps.get((t, deployment_id))
+        if step is None:
+            step = steps[(t, deployment_id)] = {
+                "t": t, "deployment_id": deployment_id, "prefix_queries": 0.0, "prefix_hits": 0.0,
+                "prompt_tokens": 0.0, "generation_tokens": 0.0, "kv": [], "running": [], "waiting": [],
+                "ttft": {}, "itl": {}, "gaps": 0, "samples": 0}
+        step["samples"] += 1
+        if not ok:
+            step["gaps"] += 1
+            continue
+        step["prefix_queries"] += queries
+        step["prefix_hits"] += hits
+        step["prompt_tokens"] += prompt
+        step["generation_tokens"] += generation
+        for name, value in (("kv", kv), ("running", running), ("waiting", waiting)):
+            if value is not None:
+                step[name].append(value)
+        for name, histogram in (("ttft", ttft), ("itl", itl)):
+            merge_histogram(step[name], histogram)
+    result = sorted(steps.values(), key=lambda step: (step["t"], step["deployment_id"]))
+    for step in result:
+        for name in ("kv", "running", "waiting"):
+            values = step[name]
+            step[name] = sum(values) / len(values) if values else None
+        step["hit_rate"] = step["prefix_hits"] / step["prefix_queries"] if step["prefix_queries"] else None
+    return result
+
+
+def merge_histogram(into, histogram):
+    """Adds a stored histogram delta ({"le": {bound: cumulative count}, "count", "sum"}) into `into`."""
+    if not histogram:
+        return into
+    buckets = into.setdefault("le", {})
+    for bound, count in histogram.get("le", {}).items():
+        buckets[bound] = buckets.get(bound, 0) + count
+    into["count"] = into.get("count", 0) + histogram.get("count", 0)
+    into["sum"] = into.get("sum", 0) + histogram.get("sum", 0)
+    return into
+
+
+def engine_percentile(histogram, quantile):
+    """A quantile (seconds) from a Prometheus-style histogram with cumulative `le` buckets; None when empty."""
+    buckets = sorted(((float(bound), count) for bound, count in histogram.get("le", {}).items()),
+                     key=lambda pair: pair[0])
+    total = histogram.get("count") or (buckets[-1][1] if buckets else 0)
+    if not total:
+        return None
+    rank = quantile * total
+    lower, below = 0.0, 0
+    for bound, cumulative in buckets:
+        if cumulative >= rank:
+            if bound == float("inf"):
+                return lower
+            inside = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1)
+        lower, below = bound, cumulative
+    return lower
+
+
+def engine_by_deployment(query):
+    """Totals per deployment over the range, with merged histograms."""
+    totals = {}
+    for step in engine_by_step(query):
+        total = totals.setdefault(step["deployment_id"], {
+            "deployment_id": step["deployment_id"], "prefix_queries": 0.0, "prefix_hits": 0.0, "prompt_tokens": 0.0,
+            "generation_tokens": 0.0, "ttft": {}, "itl": {}, "gaps": 0, "samples": 0, "kv": [], "last_kv": None})
+        for name in ("prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens", "gaps", "samples"):
+            total[name] += step[name]
+        merge_histogram(total["ttft"], step["ttft"])
+        merge_histogram(total["itl"], step["itl"])
+        if step["kv"] is not None:
+            total["kv"].append(step["kv"])
+            total["last_kv"] = step["kv"]
+    for total in totals.values():
+        total["hit_rate"] = total["prefix_hits"] / total["prefix_queries"] if total["prefix_queries"] else None
+        total["kv"] = sum(total["kv"]) / len(total["kv"]) if total["kv"] else None
+    return list(totals.values())
+
+
+def scrape_gaps(query, *, limit=20):
+    return list(engine_samples(query).filter(ok=False).order_by("-at").select_related("deployment__profile")[:limit])
+
+
+def _aware(seconds):
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(seconds, tz=timezone.utc)
