@@ -1,1 +1,121 @@
-from django.db import models  # noqa: F401
+"""Benchmark runs, config ladders and max_num_seqs sweeps. All three are jobs on the default queue."""
+from decimal import Decimal
+
+from django.db import models
+
+from panel.jobs.models import Job
+
+
+class WorkloadKind(models.TextChoices):
+    BUILTIN = "builtin", "Built-in prompt set"
+    FILE = "file", "Uploaded file"
+    SYNTHETIC = "synthetic", "Synthetic prompts of a given length"
+
+
+class Workload(models.Model):
+    """The load: which prompts, how many, how hard. Shared by runs, ladders and sweeps so every step of a ladder
+    or sweep sends exactly the same thing."""
+
+    workload = models.CharField(max_length=10, choices=WorkloadKind.choices, default=WorkloadKind.BUILTIN)
+    prompts = models.JSONField(default=list, blank=True)  # an uploaded file's prompts (lists of messages)
+    prompts_name = models.CharField(max_length=255, blank=True)
+    input_tokens = models.PositiveIntegerField(default=128)  # synthetic only
+    output_tokens = models.PositiveIntegerField(default=64)  # max_tokens of every request
+    shared_system_prompt = models.BooleanField(default=False)  # synthetic only: exercises prefix caching
+    requests = models.PositiveIntegerField(default=50)
+    warmup_requests = models.PositiveIntegerField(default=2)
+    concurrency = models.PositiveIntegerField(default=4)
+    request_rate = models.FloatField(null=True, blank=True)  # requests/s; empty = closed loop at `concurrency`
+
+    class Meta:
+        abstract = True
+
+    @property
+    def workload_summary(self):
+        if self.workload == WorkloadKind.SYNTHETIC:
+            what = f"synthetic {self.input_tokens} → {self.output_tokens} tokens"
+            if self.shared_system_prompt:
+                what += ", shared system prompt"
+        elif self.workload == WorkloadKind.FILE:
+            what = f"{self.prompts_name or 'uploaded file'} ({len(self.prompts)} prompts), ≤ {self.output_tokens} tokens out"
+        else:
+            what = f"built-in prompts, ≤ {self.output_tokens} tokens out"
+        load = (f"{self.request_rate:g} req/s (≤ {self.concurrency} in flight)" if self.request_rate
+                else f"concurrency {self.concurrency}")
+        return f"{self.requests} requests ({self.warmup_requests} warm-up) · {what} · {load}"
+
+    def workload_fields(self):
+        """The workload as keyword arguments, to give a ladder's or sweep's steps the same one."""
+        return {name: getattr(self, name) for name in WORKLOAD_FIELDS}
+
+
+WORKLOAD_FIELDS = ("workload", "prompts", "prompts_name", "input_tokens", "output_tokens", "shared_system_prompt",
+                   "requests", "warmup_requests", "concurrency", "request_rate")
+
+
+class TargetKind(models.TextChoices):
+    DEPLOYMENT = "deployment", "Deployment"
+    CHANNEL = "channel", "Channel"
+    ROUTE = "route", "Route"
+
+
+class Ladder(Job, Workload):
+    """The seeds' order of work for one model, measured: FP16 baseline → + AWQ → + prefix caching → + larger
+    max_num_seqs and chunked prefill. `result["steps"]` holds each step's outcome (run id or skip reason)."""
+
+    model = models.ForeignKey("registry.RegisteredModel", on_delete=models.CASCADE, related_name="ladders")
+    host = models.ForeignKey("hosts.WorkerHost", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    small_max_num_seqs = models.PositiveIntegerField(default=8)
+    large_max_num_seqs = models.PositiveIntegerField(default=64)
+    max_model_len = models.PositiveIntegerField(default=2048)
+    extra_args = models.CharField(max_length=1000, blank=True)
+    gpu_price_per_hour = models.DecimalField(max_digits=10, decimal_places=4, default=Decimal(0))
+
+    class Meta(Job.Meta):
+        pass
+
+    def __str__(self):
+        return f"Ladder #{self.pk} for {self.model.name}"
+
+
+class Sweep(Job, Workload):
+    """The same load at several max_num_seqs values of one profile; the best throughput within a P99 target."""
+
+    profile = models.ForeignKey("serving.ServingProfile", on_delete=models.CASCADE, related_name="sweeps")
+    host = models.ForeignKey("hosts.WorkerHost", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    values = models.JSONField(default=list)  # max_num_seqs values, ascending
+    p99_target_ms = models.PositiveIntegerField(default=5000)  # end-to-end P99 latency
+
+    class Meta(Job.Meta):
+        pass
+
+    def __str__(self):
+        return f"Sweep #{self.pk} of {self.profile.name}"
+
+
+class BenchmarkRun(Job, Workload):
+    """One measured load against a deployment, a channel or a route. `result` holds the figures
+    (runner.summarize): throughput, output tokens/s, TTFT / inter-token / end-to-end p50/p95/p99, errors."""
+
+    name = models.CharField(max_length=200, blank=True)
+    target_kind = models.CharField(max_length=12, choices=TargetKind.choices)
+    deployment = models.ForeignKey("serving.Deployment", null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="benchmark_runs")
+    channel = models.ForeignKey("channels.Channel", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="benchmark_runs")
+    route = models.ForeignKey("channels.Route", null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="benchmark_runs")
+    target_label = models.CharField(max_length=300)  # kept when the target is deleted
+    ladder = models.ForeignKey(Ladder, null=True, blank=True, on_delete=models.CASCADE, related_name="runs")
+    sweep = models.ForeignKey(Sweep, null=True, blank=True, on_delete=models.CASCADE, related_name="runs")
+    step = models.CharField(max_length=100, blank=True)  # the ladder step or sweep value it measured
+
+    class Meta(Job.Meta):
+        pass
+
+    def __str__(self):
+        return self.title
+
+    @property
+    def title(self):
+        return self.name or f"Run #{self.pk} · {self.target_label}"

@@ -1,0 +1,113 @@
+from django import forms
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+from panel.benchmarks import workload
+from panel.benchmarks.ladder import sweep_values_parse
+from panel.benchmarks.models import WORKLOAD_FIELDS, WorkloadKind
+from panel.channels.models import Channel, Route
+from panel.registry.models import RegisteredModel
+from panel.serving.models import Deployment, DeploymentState, ServingProfile
+
+
+class WorkloadForm(forms.Form):
+    workload = forms.ChoiceField(choices=WorkloadKind.choices, initial=WorkloadKind.BUILTIN)
+    prompts_file = forms.FileField(required=False, label="Prompt file",
+                                   help_text="JSONL ({\"prompt\": ...} or {\"messages\": [...]} per line) or plain "
+                                             "text, one prompt per line. Used with “Uploaded file”.")
+    input_tokens = forms.IntegerField(min_value=1, max_value=32768, initial=128, label="Input tokens",
+                                      help_text="Synthetic prompts only: about this many tokens each.")
+    output_tokens = forms.IntegerField(min_value=1, max_value=8192, initial=64, label="Output tokens",
+                                       help_text="max_tokens of every request (vLLM targets produce exactly this).")
+    shared_system_prompt = forms.BooleanField(required=False, label="Share one system prompt (prefix caching)")
+    requests = forms.IntegerField(min_value=1, max_value=10000, initial=50, label="Measured requests")
+    warmup_requests = forms.IntegerField(min_value=0, max_value=100, initial=2, label="Warm-up requests",
+                                         help_text="Sent first and not counted.")
+    concurrency = forms.IntegerField(min_value=1, max_value=1024, initial=4, label="Concurrency",
+                                     help_text="Requests in flight at once (the cap when a rate is set).")
+    request_rate = forms.FloatField(required=False, min_value=0.001, max_value=1000, label="Request rate (req/s)",
+                                    help_text="Empty: closed loop at the concurrency. Set: Poisson arrivals.")
+
+    def clean(self):
+        data = super().clean()
+        data["prompts"], data["prompts_name"] = [], ""
+        upload = data.get("prompts_file")
+        if data.get("workload") == WorkloadKind.FILE:
+            if not upload:
+                self.add_error("prompts_file", "Upload a prompt file for this workload.")
+            else:
+                try:
+                    data["prompts"] = workload.parse_prompt_file(
+                        upload.read(settings.BENCHMARK_MAX_UPLOAD_BYTES + 1), name=upload.name,
+                        max_bytes=settings.BENCHMARK_MAX_UPLOAD_BYTES)
+                    data["prompts_name"] = upload.name[:255]
+                except ValidationError as error:
+                    self.add_error("prompts_file", error)
+        return data
+
+    def workload_values(self):
+        return {name: self.cleaned_data[name] for name in WORKLOAD_FIELDS}
+
+
+class BenchmarkForm(WorkloadForm):
+    name = forms.CharField(max_length=200, required=False, help_text="Optional, to find it when comparing.")
+    target = forms.ChoiceField(label="Target", help_text="A ready deployment, a channel, or a route of this team.")
+
+    field_order = ["name", "target"]
+
+    def __init__(self, *args, team, **kwargs):
+        super().__init__(*args, **kwargs)
+        deployments = Deployment.objects.filter(team=team, state=DeploymentState.READY).select_related("profile")
+        self.fields["target"].choices = [
+            ("Deployments (ready)", [(f"deployment:{d.pk}", str(d)) for d in deployments]),
+            ("Channels", [(f"channel:{c.pk}", c.name) for c in Channel.objects.filter(team=team, enabled=True)]),
+            ("Routes", [(f"route:{r.pk}", r.model_name) for r in Route.objects.filter(team=team)]),
+        ]
+
+    def clean_target(self):
+        kind, _, pk = self.cleaned_data["target"].partition(":")
+        return kind, int(pk)
+
+
+class LadderForm(WorkloadForm):
+    model = forms.ModelChoiceField(queryset=RegisteredModel.objects.none(), help_text="An FP16/BF16 model; its AWQ "
+                                   "child, if it has one, is used for the AWQ step.")
+    small_max_num_seqs = forms.IntegerField(min_value=1, max_value=65536, initial=4, label="Small max_num_seqs",
+                                            help_text="The baseline's batch.")
+    large_max_num_seqs = forms.IntegerField(min_value=2, max_value=65536, initial=64, label="Large max_num_seqs",
+                                            help_text="The last step's batch (the seeds use 256 on an L40S).")
+    max_model_len = forms.IntegerField(min_value=16, initial=2048, label="Max model length")
+    extra_args = forms.CharField(required=False, max_length=1000, label="Extra engine arguments",
+                                 help_text="Passed to every step, e.g. --enforce-eager.")
+    gpu_price_per_hour = forms.DecimalField(required=False, min_value=0, max_digits=10, decimal_places=4,
+                                            label="GPU price per hour",
+                                            help_text="For the cost per million tokens. Empty: the host's price.")
+
+    field_order = ["model", "small_max_num_seqs", "large_max_num_seqs", "max_model_len", "extra_args",
+                   "gpu_price_per_hour"]
+
+    def __init__(self, *args, team, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["model"].queryset = RegisteredModel.objects.filter(team=team, quantization={})
+        self.fields["concurrency"].initial = 8
+
+
+class SweepForm(WorkloadForm):
+    profile = forms.ModelChoiceField(queryset=ServingProfile.objects.none(), label="Serving profile",
+                                     help_text="Each value runs this profile with only max_num_seqs changed.")
+    values = forms.CharField(initial="4, 16, 64", label="max_num_seqs values", help_text="2 to 8, comma-separated.")
+    p99_target_ms = forms.IntegerField(min_value=1, max_value=3_600_000, initial=5000, label="P99 target (ms)",
+                                       help_text="End-to-end P99 latency the best value must stay within.")
+
+    field_order = ["profile", "values", "p99_target_ms"]
+
+    def __init__(self, *args, team, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["profile"].queryset = ServingProfile.objects.filter(team=team).select_related("model")
+        self.fields["concurrency"].initial = 16
+
+    def clean_values(self):
+        try:
+            return sweep_values_parse(self.cleaned_data["values"])
+        except ValidationError as error:
+            raise ValidationError(error.message_dict["values"]) from None

@@ -1,0 +1,411 @@
+"""The config ladder and the max_num_seqs sweep: jobs on the default queue that, step after step, create a serving
+profile, launch its deployment (the GPU worker runs it), benchmark it with the job's workload, and stop it.
+
+Only one deployment of a ladder or sweep is up at a time, so every step gets the whole host."""
+import json
+import time
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import close_old_connections, transaction
+
+from panel.benchmarks import services
+from panel.benchmarks.models import BenchmarkRun, Ladder, Sweep, TargetKind
+from panel.jobs.models import JobState
+from panel.jobs.services import job_cancelled, job_claim, job_created, job_fail, job_heartbeat, job_succeed
+from panel.serving.models import Deployment, DeploymentState, ServingProfile
+from panel.serving.services import deployment_launch, deployment_stop, host_pick, profile_check
+
+MAX_SWEEP_VALUES = 8
+
+# The seeds' ladder (§3-§4, 5.3), each step adding one thing to the one before it.
+STEPS = (
+    ("baseline", "FP16 baseline", "no prefix caching, small max_num_seqs", "precision-sensitive traffic"),
+    ("awq", "+ AWQ INT4", "4-bit weights (the model's AWQ child)", "large models, many users per card"),
+    ("prefix", "+ prefix caching", "reuses the KV cache of a shared system prompt", "agents, shared system prompts"),
+    ("batching", "+ larger max_num_seqs, chunked prefill", "more sequences per step; long prompts in chunks",
+     "batch jobs, throughput first"),
+)
+
+
+class Cancelled(Exception):
+    """The user cancelled the ladder or sweep."""
+
+
+def awq_child(model):
+    """The newest AWQ model quantized from `model`, or None."""
+    children = [child for child in model.children.order_by("-created_at")
+                if str((child.quantization or {}).get("method", "")).lower() == "awq"]
+    return children[0] if children else None
+
+
+def _block_size(host):
+    # vLLM 0.32's CPU attention needs a multiple of 32 (panel.serving.rules); 16 is the seeds' GPU value.
+    return 32 if host is not None and not host.gpus else 16
+
+
+def ladder_profiles(ladder, host):
+    """The ladder's steps: (key, label, what, use, profile fields or None, skip reason)."""
+    base = dict(dtype="auto", quantization="none", quantization_bits=None, max_model_len=ladder.max_model_len,
+                enable_prefix_caching=False, block_size=_block_size(host), gpu_memory_utilization=0.90,
+                max_num_seqs=ladder.small_max_num_seqs, max_num_batched_tokens=max(ladder.max_model_len,
+                                                                                   ladder.small_max_num_seqs),
+                enable_chunked_prefill=False, extra_args=ladder.extra_args, model=ladder.model)
+    plans = []
+    current = dict(base)
+    for key, label, what, use in STEPS:
+        fields, skip = dict(current), ""
+        if key == "awq":
+            child = awq_child(ladder.model)
+            if child is None:
+                skip = (f"{ladder.model.name} has no AWQ child: quantize it first (Models → {ladder.model.name} → "
+                        "Quantize with AWQ). The next steps keep the FP16 weights.")
+            else:
+                fields.update(model=child, quantization="awq", quantization_bits=4)
+                verdict = profile_check(ServingProfile(team=ladder.team, name="check", **fields), host)
+                if not verdict.ok:
+                    skip = "This host cannot serve it: " + " ".join(
+                        message for messages in verdict.errors.values() for message in messages)
+        elif key == "prefix":
+            fields.update(enable_prefix_caching=True)
+        elif key == "batching":
+            fields.update(max_num_seqs=ladder.large_max_num_seqs, enable_chunked_prefill=True,
+                          max_num_batched_tokens=max(ladder.max_model_len, ladder.large_max_num_seqs))
+        if not skip:
+            current = fields
+        plans.append((key, label, what, use, None if skip else fields, skip))
+    return plans
+
+
+def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_max_num_seqs=64, max_model_len=2048,
+                  extra_args="", gpu_price_per_hour=Decimal(0), enqueue=True, **workload_given):
+    """Validate and queue a ladder for `model` (an unquantized model of the team)."""
+    from panel.benchmarks import tasks
+
+    problems = {}
+    if model.is_quantized:
+        problems["model"] = (f"{model.name} is already quantized ({model.quantization_label}): the ladder starts "
+                             "from FP16 weights. Pick its parent; its AWQ child is used for the AWQ step.")
+    if not 1 <= small_max_num_seqs < large_max_num_seqs <= 65536:
+        problems["large_max_num_seqs"] = ("The larger max_num_seqs must be above the small one (and at most "
+                                          "65,536); the small one at least 1.")
+    if not 16 <= max_model_len <= model.max_position_embeddings:
+        problems["max_model_len"] = (f"Max model length must be from 16 to {model.max_position_embeddings:,} "
+                                     f"(what {model.name} was trained for).")
+    if gpu_price_per_hour is None or gpu_price_per_hour < 0:
+        problems["gpu_price_per_hour"] = "The price per GPU hour cannot be negative."
+    values = services.workload_values(**workload_given)
+    try:
+        services.workload_check(values)
+    except ValidationError as error:
+        problems.update({key: " ".join(messages) for key, messages in error.message_dict.items()})
+    if problems:
+        raise ValidationError(problems)
+    ladder = Ladder(team=team, created_by=user, model=model, small_max_num_seqs=small_max_num_seqs,
+                    large_max_num_seqs=large_max_num_seqs, max_model_len=max_model_len, extra_args=extra_args,
+                    gpu_price_per_hour=gpu_price_per_hour, queue="default", **values)
+    baseline = ladder_profiles(ladder, host)[0][4]
+    host = host or host_pick(ServingProfile(team=team, name="check", **baseline))
+    with transaction.atomic():
+        ladder.host = host
+        ladder.save()
+        job_created(ladder, actor=user, reason=f"config ladder of {model.name} on {host.host} requested")
+        if enqueue:
+            transaction.on_commit(lambda: tasks.run_ladder.apply_async(args=[ladder.pk], queue="default"))
+    return ladder
+
+
+class StepRunner:
+    """Launches one deployment at a time for a ladder or sweep `job`, benchmarks it, stops it; heartbeats the job
+    all the while and raises Cancelled when its user cancels."""
+
+    def __init__(self, job, *, worker):
+        self.job, self.worker = job, worker
+
+    def beat(self, phase, progress=None):
+        if job_heartbeat(self.job, phase=phase, progress=progress) == JobState.CANCELLING:
+            raise Cancelled()
+
+    def measure(self, *, profile, step, progress):
+        """Deploy `profile`, benchmark it, stop it. Returns (run or None, reason when there is no run)."""
+        try:
+            deployment = deployment_launch(team=self.job.team, user=self.job.created_by, profile=profile,
+                                           host=self.job.host)
+        except ValidationError as error:
+            return None, "Not launched: " + " ".join(error.messages)
+        try:
+            reason = self._wait_ready(deployment, step, progress)
+            if reason:
+                return None, reason
+            run = services.benchmark_launch(
+                team=self.job.team, user=self.job.created_by, target_kind=TargetKind.DEPLOYMENT,
+                target_id=deployment.pk, name=f"{self.job} · {step}", step=step, enqueue=False,
+                **{type(self.job)._meta.model_name: self.job}, **self.job.workload_fields())
+            job_claim(run, worker=self.worker)
+            self._measure(run, step, progress)
+            run.refresh_from_db()
+            if run.state != JobState.SUCCEEDED:
+                return run, f"The benchmark failed: {run.failure_reason}"
+            return run, ""
+        finally:
+            self._stop(deployment, step)
+
+    def _wait_ready(self, deployment, step, progress):
+        deadline = time.monotonic() + settings.BENCHMARK_DEPLOYMENT_READY_SECONDS
+        while time.monotonic() < deadline:
+            deployment.refresh_from_db()
+            if deployment.state == DeploymentState.READY:
+                return ""
+            if deployment.state in (DeploymentState.FAILED, DeploymentState.STOPPED):
+                return f"The deployment did not start: {deployment.failure_kind or deployment.state}: " \
+                       f"{deployment.failure_reason}".strip()
+            self.beat(f"{step}: starting deployment #{deployment.pk} ({deployment.get_state_display().lower()})",
+                      progress)
+            time.sleep(1)
+        return f"The deployment was not ready after {settings.BENCHMARK_DEPLOYMENT_READY_SECONDS} s."
+
+    def _measure(self, run, step, progress):
+        cancelled = []
+
+        def beat(load):
+            job_heartbeat(run, progress=99 * (load.done + load.warmup_done) // max(load.total + load.warmup, 1),
+                          phase=services._phase(load))
+            try:
+                self.beat(f"{step}: {services._phase(load)}", progress)
+            except Cancelled:
+                load.stop = True
+                cancelled.append(True)
+
+        try:
+            summary, load = services.benchmark_measure(run, on_beat=beat)
+        except services.TargetError as error:
+            job_fail(run, kind="target_unavailable", reason=str(error))
+            return
+        if cancelled:
+            job_fail(run, kind="cancelled", reason="the ladder or sweep was cancelled")
+            raise Cancelled()
+        if summary["ok"] == 0:
+            job_fail(run, kind="all_requests_failed", reason=f"all requests failed; the first: {summary['first_error']}")
+            return
+        job_succeed(run, result=summary)
+
+    def _stop(self, deployment, step):
+        deployment_stop(deployment=deployment, reason=f"{self.job} finished {step}")
+        deadline = time.monotonic() + settings.DEPLOYMENT_STOP_GRACE_SECONDS + 30
+        while time.monotonic() < deadline:
+            if Deployment.objects.get(pk=deployment.pk).is_final:
+                return
+            job_heartbeat(self.job, phase=f"{step}: stopping deployment #{deployment.pk}")
+            time.sleep(1)
+
+
+def _save_profile(job, name, fields):
+    """A profile for one step (kept, so the page links to exactly what was measured)."""
+    from django.utils.text import slugify
+
+    return ServingProfile.objects.create(team=job.team, created_by=job.created_by, name=name[:100],
+                                         served_model_name=slugify(name)[:200], **fields)
+
+
+def _run_steps(job, *, worker, plan, record):
+    """Measure each (step, name, fields or None, skip reason) of `plan`; `record(step, outcome)` stores progress."""
+    if not job_claim(job, worker=worker):
+        return False
+    steps = StepRunner(job, worker=worker)
+    outcomes = []
+    try:
+        for index, (step, name, fields, skip) in enumerate(plan):
+            progress = 100 * index // len(plan)
+            outcome = {"step": step, "status": "skipped", "reason": skip}
+            if fields is not None:
+                profile = _save_profile(job, name, fields)
+                run, reason = steps.measure(profile=profile, step=step, progress=progress)
+                outcome.update(status="failed" if reason else "measured", reason=reason, profile_id=profile.pk,
+                               run_id=run.pk if run else None)
+            outcomes.append(outcome)
+            type(job).objects.filter(pk=job.pk).update(result=record(outcomes))
+            close_old_connections()
+    except Cancelled:
+        job_cancelled(job)
+        return False
+    job.result = record(outcomes)
+    return job_succeed(job, result=job.result)
+
+
+def ladder_execute(*, ladder_id, worker):
+    """Body of the ladder task."""
+    ladder = Ladder.objects.select_related("model", "host", "team", "created_by").get(pk=ladder_id)
+    plan = [(key, f"ladder {ladder.pk} · {key}", fields, skip)
+            for key, _, _, _, fields, skip in ladder_profiles(ladder, ladder.host)]
+    return _run_steps(ladder, worker=worker, plan=plan, record=lambda outcomes: {"steps": outcomes})
+
+
+def ladder_table(ladder):
+    """The seeds' table (§4.3) for this ladder: one row per step with its real figures, the gain over the step
+    before and the cost per million output tokens at the host's price."""
+    outcomes = {outcome["step"]: outcome for outcome in (ladder.result or {}).get("steps", [])}
+    runs = {run.pk: run for run in ladder.runs.all()}
+    profiles = {profile.pk: profile for profile in ServingProfile.objects.filter(
+        pk__in=[o.get("profile_id") for o in outcomes.values() if o.get("profile_id")]).select_related("model")}
+    price = ladder_price(ladder)
+    rows, previous, baseline = [], None, None
+    for key, label, what, use in STEPS:
+        outcome = outcomes.get(key, {"status": "pending" if ladder.is_active else "not run", "reason": ""})
+        run = runs.get(outcome.get("run_id"))
+        profile = profiles.get(outcome.get("profile_id"))
+        row = {"key": key, "label": label, "what": what, "use": use, "status": outcome["status"],
+               "reason": outcome.get("reason", ""), "run": run, "profile": profile}
+        figures = run.result if run is not None and run.state == JobState.SUCCEEDED else None
+        if figures:
+            throughput = figures["output_tokens_per_s"]
+            row.update(throughput=throughput, figures=figures, weights_bytes=profile.model.size_bytes if profile
+                       else None)
+            devices = (profile.tensor_parallel_size * profile.pipeline_parallel_size) if profile else 1
+            row["cost_per_million"] = cost_per_million(price, devices, throughput)
+            if previous:
+                row["gain_vs_previous"] = f"{throughput / previous - 1:+.0%}"
+            if baseline:
+                row["gain_vs_baseline"] = f"{throughput / baseline - 1:+.0%}"
+            previous = throughput
+            baseline = baseline or throughput
+        rows.append(row)
+    return rows
+
+
+def ladder_price(ladder):
+    """The price of one GPU hour: the ladder's own, else the host's price when the hosts page records one."""
+    if ladder.gpu_price_per_hour:
+        return Decimal(ladder.gpu_price_per_hour)
+    host_price = getattr(ladder.host, "gpu_price_per_hour", None) if ladder.host else None
+    return Decimal(host_price) if host_price else Decimal(0)
+
+
+def cost_per_million(price_per_hour, devices, tokens_per_second):
+    """price per GPU hour × GPUs / millions of tokens per hour."""
+    if not price_per_hour or not tokens_per_second:
+        return None
+    return float(price_per_hour) * devices / (tokens_per_second * 3600 / 1_000_000)
+
+
+def ladder_figure(rows):
+    import plotly.graph_objects as go
+
+    measured = [row for row in rows if row.get("throughput")]
+    figure = go.Figure(go.Bar(x=[row["label"] for row in measured], y=[row["throughput"] for row in measured],
+                              text=[f"{row['throughput']:.1f}" for row in measured], marker_color="#2f6fed"))
+    figure.update_layout(title="Output tokens per second by step", yaxis_title="tok/s", height=320,
+                         margin=dict(l=50, r=20, t=50, b=60))
+    return json.loads(figure.to_json())
+
+
+def sweep_values_parse(text):
+    """"4, 16, 64" -> [4, 16, 64]; ValidationError for anything else."""
+    try:
+        values = sorted({int(part) for part in str(text).replace(" ", ",").split(",") if part.strip()})
+    except ValueError:
+        raise ValidationError({"values": "Values must be whole numbers separated by commas, e.g. 4, 16, 64."}) from None
+    if not 2 <= len(values) <= MAX_SWEEP_VALUES or values[0] < 1 or values[-1] > 65536:
+        raise ValidationError({"values": f"Give 2 to {MAX_SWEEP_VALUES} different values from 1 to 65,536."})
+    return values
+
+
+def sweep_launch(*, team, user, profile, values, p99_target_ms, host=None, enqueue=True, **workload_given):
+    """Validate and queue a sweep of `profile` over max_num_seqs `values` (a list or "4, 16, 64")."""
+    from panel.benchmarks import tasks
+
+    values = values if isinstance(values, list) else sweep_values_parse(values)
+    if not 1 <= len(values) <= MAX_SWEEP_VALUES:
+        raise ValidationError({"values": f"Give 2 to {MAX_SWEEP_VALUES} values."})
+    if not isinstance(p99_target_ms, int) or not 1 <= p99_target_ms <= 3_600_000:
+        raise ValidationError({"p99_target_ms": "The P99 target must be a whole number of milliseconds, "
+                                                "1 to 3,600,000."})
+    values_checked = services.workload_values(**workload_given)
+    services.workload_check(values_checked)
+    host = host or host_pick(profile)
+    with transaction.atomic():
+        sweep = Sweep.objects.create(team=team, created_by=user, profile=profile, host=host, values=values,
+                                     p99_target_ms=p99_target_ms, queue="default", **values_checked)
+        job_created(sweep, actor=user, reason=f"max_num_seqs sweep of {profile.name} over {values} requested")
+        if enqueue:
+            transaction.on_commit(lambda: tasks.run_sweep.apply_async(args=[sweep.pk], queue="default"))
+    return sweep
+
+
+def sweep_plan(sweep):
+    """(step, profile name, fields or None, skip reason) per value."""
+    from panel.serving.services import profile_values
+
+    source = sweep.profile
+    plan = []
+    for value in sweep.values:
+        fields = {name: getattr(source, name) for name in profile_values(source)
+                  if name not in ("model_name", "name", "served_model_name") and hasattr(source, name)}
+        fields.update(model=source.model, max_num_seqs=value, port=None,
+                      max_num_batched_tokens=max(source.max_num_batched_tokens, value))
+        verdict = profile_check(ServingProfile(team=sweep.team, name="check", **fields), sweep.host)
+        skip = "" if verdict.ok else " ".join(m for messages in verdict.errors.values() for m in messages)
+        plan.append((f"max_num_seqs={value}", f"sweep {sweep.pk} · seqs {value}", None if skip else fields, skip))
+    return plan
+
+
+def sweep_execute(*, sweep_id, worker):
+    """Body of the sweep task."""
+    sweep = Sweep.objects.select_related("profile__model", "host", "team", "created_by").get(pk=sweep_id)
+    return _run_steps(sweep, worker=worker, plan=sweep_plan(sweep),
+                      record=lambda outcomes: sweep_result(sweep, outcomes))
+
+
+def sweep_points(sweep, outcomes=None):
+    """(value, run) for every measured value."""
+    outcomes = outcomes if outcomes is not None else (sweep.result or {}).get("points", [])
+    runs = {run.pk: run for run in BenchmarkRun.objects.filter(sweep=sweep, state=JobState.SUCCEEDED)}
+    points = []
+    for value, outcome in zip(sweep.values, outcomes):
+        run = runs.get(outcome.get("run_id"))
+        if run is not None:
+            points.append((value, run))
+    return points
+
+
+def sweep_result(sweep, outcomes):
+    """The stored result: every value's outcome and the best value within the P99 target, with why."""
+    points = sweep_points(sweep, outcomes)
+    best, why = sweep_best([(value, run.result) for value, run in points], sweep.p99_target_ms)
+    return {"points": [dict(outcome, value=value) for value, outcome in zip(sweep.values, outcomes)],
+            "best": best, "best_reason": why}
+
+
+def sweep_best(points, target_ms):
+    """(value, reason): the value with the highest output tokens/s whose end-to-end P99 is within `target_ms`."""
+    if not points:
+        return None, "No value was measured."
+    within = [(value, result) for value, result in points if (result.get("e2e_p99_ms") or 0) <= target_ms]
+    if not within:
+        value, result = min(points, key=lambda point: point[1].get("e2e_p99_ms") or 0)
+        return None, (f"No value met the P99 target of {target_ms:,} ms; the lowest P99 was "
+                      f"{result['e2e_p99_ms']:,.0f} ms at max_num_seqs={value}.")
+    value, result = max(within, key=lambda point: point[1].get("output_tokens_per_s") or 0)
+    return value, (f"max_num_seqs={value}: {result['output_tokens_per_s']:,.1f} output tokens/s with P99 "
+                   f"{result['e2e_p99_ms']:,.0f} ms, within the {target_ms:,} ms target.")
+
+
+def sweep_figure(sweep):
+    """Throughput against P99 latency, one point per value, the target as a vertical line."""
+    import plotly.graph_objects as go
+
+    points = sweep_points(sweep)
+    best = (sweep.result or {}).get("best")
+    figure = go.Figure(go.Scatter(
+        x=[run.result.get("e2e_p99_ms") for _, run in points], y=[run.result.get("output_tokens_per_s")
+                                                                  for _, run in points],
+        mode="lines+markers+text", text=[f"max_num_seqs={value}" for value, _ in points],
+        textposition="top center", marker=dict(size=[16 if value == best else 9 for value, _ in points],
+                                               color=["#1a9850" if value == best else "#2f6fed"
+                                                      for value, _ in points])))
+    figure.add_vline(x=sweep.p99_target_ms, line_dash="dash", line_color="#d73027",
+                     annotation_text=f"P99 target {sweep.p99_target_ms:,} ms")
+    figure.update_layout(title="Throughput against P99 latency", xaxis_title="end-to-end P99 (ms)",
+                         yaxis_title="output tokens/s", height=380, margin=dict(l=60, r=30, t=50, b=50),
+                         showlegend=False)
+    return json.loads(figure.to_json())

@@ -1,0 +1,309 @@
+"""Benchmark runs against a fake cloud channel (fast, no engine): the statistics, errors, routes, the pages, bad
+input, comparison; the ladder's and the sweep's plans and choices without starting an engine."""
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from panel.audit.models import AuditAction, AuditEvent
+from panel.benchmarks import ladder as ladders
+from panel.benchmarks import runner, workload
+from panel.benchmarks.models import BenchmarkRun
+from panel.benchmarks.services import benchmark_execute, benchmark_launch
+from panel.channels.models import Channel, Route, RouteChannel
+from panel.jobs.models import JobState
+from tests.fake_upstream import FakeUpstream
+
+
+def fake_channel(team, fake, name="cloud", **fields):
+    return Channel.objects.create(team=team, name=name, kind="remote", base_url=fake.base_url,
+                                  model_id=fake.models[0], credential_kind="none", timeout_seconds=5, max_retries=0,
+                                  **fields)
+
+
+def run_now(run):
+    """The task body, in this thread (what the default worker runs)."""
+    benchmark_execute(run_id=run.pk, worker="test-worker")
+    run.refresh_from_db()
+    return run
+
+
+def assert_sane(result, requests):
+    assert result["requests"] == requests and result["errors"] == 0 and result["ok"] == requests
+    assert result["request_throughput"] > 0 and result["output_tokens_per_s"] > 0
+    for family in ("ttft", "itl", "e2e"):
+        p50, p95, p99 = (result[f"{family}_p{p}_ms"] for p in (50, 95, 99))
+        assert 0 < p50 <= p95 <= p99, (family, p50, p95, p99)
+    assert result["ttft_p50_ms"] <= result["e2e_p50_ms"]
+
+
+def test_it_measures_a_fake_channel_and_leaves_the_warm_up_out(team_setup):
+    team = team_setup["team_a"]
+    with FakeUpstream(chunks=12, chunk_delay=0.002) as fake:
+        channel = fake_channel(team, fake)
+        run = benchmark_launch(team=team, user=team_setup["alice"], target_kind="channel", target_id=channel.pk,
+                               requests=20, warmup_requests=3, concurrency=4, output_tokens=10, enqueue=False)
+        run = run_now(run)
+        sent = fake.request_count
+    assert run.state == JobState.SUCCEEDED, run.failure_reason
+    assert sent == 23  # 3 warm-up + 20 measured
+    result = run.result
+    assert_sane(result, 20)
+    assert result["output_tokens"] == 20 * 10  # max_tokens caps the fake's 12 words
+    # 10 content chunks 2 ms apart: 9 gaps per request, each at least the fake's delay
+    assert result["itl_p50_ms"] >= 2
+    assert result["targets"] == {"cloud": 20}
+    assert run.progress == 100 and run.phase == "done"
+
+
+def test_it_counts_failed_requests_as_errors(team_setup):
+    team = team_setup["team_a"]
+    with FakeUpstream() as fake:
+        channel = fake_channel(team, fake)
+        fake.behave("status_503", times=3)
+        run = run_now(benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk,
+                                       requests=10, warmup_requests=0, concurrency=1, enqueue=False))
+        assert run.result["errors"] == 3 and run.result["ok"] == 7
+        assert run.result["first_error"].startswith("HTTP 503")
+        assert run.result["error_kinds"] == {"HTTP 503": 3}
+        fake.behave("refuse")
+        failed = run_now(benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk,
+                                          requests=3, warmup_requests=0, enqueue=False))
+    assert failed.state == JobState.FAILED and failed.failure_kind == "all_requests_failed"
+    assert "all 3 requests failed" in failed.failure_reason
+
+
+def test_it_spreads_a_route_over_its_channels_by_weight(team_setup):
+    team = team_setup["team_a"]
+    with FakeUpstream(models=("m-a",)) as first, FakeUpstream(models=("m-b",)) as second:
+        route = Route.objects.create(team=team, model_name="mixed", strategy="weighted")
+        RouteChannel.objects.create(route=route, channel=fake_channel(team, first, "a"), position=0, weight=1)
+        RouteChannel.objects.create(route=route, channel=fake_channel(team, second, "b"), position=1, weight=1)
+        run = run_now(benchmark_launch(team=team, user=None, target_kind="route", target_id=route.pk, requests=40,
+                                       warmup_requests=0, concurrency=8, enqueue=False))
+    assert run.state == JobState.SUCCEEDED
+    assert set(run.result["targets"]) == {"a", "b"} and sum(run.result["targets"].values()) == 40
+
+
+def test_it_fails_a_run_whose_channel_key_is_missing(team_setup, monkeypatch):
+    team = team_setup["team_a"]
+    monkeypatch.delenv("BENCH_TEST_KEY", raising=False)
+    channel = Channel.objects.create(team=team, name="env", base_url="http://127.0.0.1:9/v1", model_id="x",
+                                     credential_kind="env", credential_env="BENCH_TEST_KEY")
+    run = run_now(benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk, requests=2,
+                                   enqueue=False))
+    assert run.state == JobState.FAILED and run.failure_kind == "target_unavailable"
+    assert "BENCH_TEST_KEY is not set" in run.failure_reason
+
+
+def test_it_builds_synthetic_prompts_with_and_without_a_shared_prefix():
+    shared = workload.synthetic_prompts(count=3, input_tokens=40, shared_system_prompt=True)
+    assert len({prompt[0]["content"] for prompt in shared}) == 1 and shared[0][0]["role"] == "system"
+    assert len({prompt[1]["content"] for prompt in shared}) == 3
+    alone = workload.synthetic_prompts(count=3, input_tokens=40, shared_system_prompt=False)
+    assert all(len(prompt) == 1 for prompt in alone)
+    assert len({prompt[0]["content"][:12] for prompt in alone}) == 3  # no shared prefix
+    assert 30 <= len(alone[0][0]["content"].split()) <= 42
+
+
+def test_it_reads_prompt_files_and_says_which_line_is_wrong():
+    good = b'{"prompt": "hello"}\n\n{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}\n"plain"\n'
+    prompts = workload.parse_prompt_file(good, name="p.jsonl", max_bytes=10_000)
+    assert prompts == [[{"role": "user", "content": "hello"}],
+                       [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                       [{"role": "user", "content": "plain"}]]
+    assert workload.parse_prompt_file(b"one\n\ntwo\n", name="p.txt", max_bytes=100) == [
+        [{"role": "user", "content": "one"}], [{"role": "user", "content": "two"}]]
+    cases = {
+        (b'{"prompt": "a"}\n{"prompt": ', "p.jsonl"): "line 2 is not valid JSON",
+        (b'{"text": "a"}\n', "p.jsonl"): "line 1: needs a non-empty \"prompt\"",
+        (b'{"messages": [{"role": "robot", "content": "x"}]}', "p.jsonl"): "unknown role(s) robot",
+        (b"\n  \n", "p.txt"): "no prompts",
+        (b"caf\xe9\n", "p.txt"): "not UTF-8",
+        (b"a\x00b", "p.txt"): "NUL bytes",
+        (b"x" * 101, "p.txt"): "the limit is 100 bytes",
+    }
+    for (data, name), expected in cases.items():
+        with pytest.raises(Exception) as error:
+            workload.parse_prompt_file(data, name=name, max_bytes=100)
+        assert expected in " ".join(error.value.messages), (data, error.value.messages)
+
+
+def test_it_computes_percentiles_that_never_cross():
+    assert runner.percentile([], 50) is None
+    assert runner.percentile([5.0], 99) == 5.0
+    values = [0.1, 0.2, 0.3, 0.4, 10.0]
+    assert runner.percentile(values, 50) == 0.3
+    assert runner.percentile(values, 50) <= runner.percentile(values, 95) <= runner.percentile(values, 99) <= 10.0
+    summary = runner.summarize([runner.Sample(ok=True, ttft=0.1, e2e=0.5, gaps=[0.1] * 4, output_tokens=5),
+                                runner.Sample(ok=False, error="HTTP 429: slow down")], 2.0)
+    assert summary["request_throughput"] == 0.5 and summary["output_tokens_per_s"] == 2.5
+    assert summary["errors"] == 1 and summary["error_rate"] == 0.5 and summary["error_kinds"] == {"HTTP 429": 1}
+
+
+def post_run(client, channel, **changes):
+    data = {"target": f"channel:{channel.pk}", "workload": "builtin", "input_tokens": 32, "output_tokens": 8,
+            "requests": 5, "warmup_requests": 1, "concurrency": 2, "request_rate": "", "name": ""}
+    data.update(changes)
+    return client.post(reverse("benchmark_create"), data)
+
+
+def test_it_refuses_bad_input_with_a_clear_message_and_saves_nothing(client, team_setup, settings):
+    settings.BENCHMARK_MAX_UPLOAD_BYTES = 2048
+    team = team_setup["team_a"]
+    channel = Channel.objects.create(team=team, name="c", base_url="http://127.0.0.1:9/v1", model_id="m")
+    other = Channel.objects.create(team=team_setup["team_b"], name="theirs", base_url="http://127.0.0.1:9/v1",
+                                   model_id="m")
+    client.force_login(team_setup["alice"])
+    cases = [
+        ({"requests": 0}, "Ensure this value is greater than or equal to 1"),
+        ({"concurrency": 5000}, "less than or equal to 1024"),
+        ({"request_rate": "-1"}, "greater than or equal to 0.001"),
+        ({"workload": "file"}, "Upload a prompt file"),
+        ({"workload": "file", "prompts_file": SimpleUploadedFile("p.jsonl", b'{"prompt": "a"}\n{oops}\n')},
+         "line 2 is not valid JSON"),
+        ({"workload": "file", "prompts_file": SimpleUploadedFile("big.txt", b"a line\n" * 400)},
+         "the limit is 2,048 bytes"),
+        ({"workload": "file", "prompts_file": SimpleUploadedFile("bin.txt", b"\xff\xfe\x00\x01")}, "NUL bytes"),
+        ({"target": f"channel:{other.pk}"}, "Select a valid choice"),
+        ({"target": "nonsense"}, "Select a valid choice"),
+    ]
+    for changes, message in cases:
+        response = post_run(client, channel, **changes)
+        assert response.status_code == 400, changes
+        assert message in response.content.decode(), (changes, message)
+    assert BenchmarkRun.objects.count() == 0
+    assert not AuditEvent.objects.filter(action=AuditAction.BENCHMARK_LAUNCHED).exists()
+
+
+def test_it_launches_from_the_page_audits_it_and_compares_runs(client, team_setup, django_capture_on_commit_callbacks):
+    team = team_setup["team_a"]
+    client.force_login(team_setup["alice"])
+    with FakeUpstream(chunks=6) as fake:
+        channel = fake_channel(team, fake)
+        prompts = SimpleUploadedFile("p.jsonl", b'{"prompt": "first"}\n{"prompt": "second"}\n')
+        with django_capture_on_commit_callbacks(execute=False) as queued:
+            response = post_run(client, channel, workload="file", prompts_file=prompts, name="file run")
+        assert response.status_code == 302 and len(queued) == 1  # one task, sent on commit
+        first = BenchmarkRun.objects.get(name="file run")
+        assert response["Location"] == reverse("benchmark_run", args=[first.pk])
+        assert first.prompts == [[{"role": "user", "content": "first"}], [{"role": "user", "content": "second"}]]
+        assert first.queue == "default"
+        event = AuditEvent.objects.get(action=AuditAction.BENCHMARK_LAUNCHED)
+        assert event.actor == team_setup["alice"] and event.team == team and f"#{first.pk}" in event.target
+        run_now(first)
+        with django_capture_on_commit_callbacks(execute=False):
+            post_run(client, channel, workload="synthetic", input_tokens=64, shared_system_prompt="on",
+                     name="synthetic run")
+        second = run_now(BenchmarkRun.objects.get(name="synthetic run"))
+    assert first.state == second.state == JobState.SUCCEEDED
+    assert second.result["mean_prompt_tokens"] > first.result["mean_prompt_tokens"]
+
+    page = client.get(reverse("benchmark_run", args=[first.pk])).content.decode()
+    assert "Output tokens/s" in page and "Time to first token" in page and "data-live-done" in page
+    compare = client.get(reverse("benchmark_compare") + f"?run={first.pk}&run={second.pk}")
+    assert compare.status_code == 200
+    html = compare.content.decode()
+    assert "file run" in html and "synthetic run" in html and "End-to-end p99" in html
+    assert html.count("data-plotly") == 2 and "plotly/plotly.min.js" in html
+
+    for query, message in [("?run=abc", "run must be a run number"), (f"?run={first.pk}", "Pick 2 to 6"),
+                           (f"?run={first.pk}&run=999999", "No run 999999")]:
+        bad = client.get(reverse("benchmark_compare") + query)
+        assert bad.status_code == 400 and message in bad.content.decode()
+    client.force_login(team_setup["bob"])  # another team: its runs are not there
+    assert client.get(reverse("benchmark_run", args=[first.pk])).status_code == 404
+    assert client.get(reverse("benchmark_compare") + f"?run={first.pk}&run={second.pk}").status_code == 400
+
+
+def test_it_lets_a_viewer_read_but_not_launch(client, team_setup):
+    client.force_login(team_setup["vera"])
+    page = client.get(reverse("benchmarks"))
+    assert page.status_code == 200 and "New run" not in page.content.decode()
+    assert client.post(reverse("benchmark_create"), {}).status_code == 403
+
+
+@pytest.fixture
+def tiny_model(team_setup, tmp_path):
+    from panel.registry.models import RegisteredModel
+
+    facts = dict(architecture="Qwen2ForCausalLM", model_type="qwen2", parameter_count=5_000_000,
+                 linear_parameter_count=4_000_000, num_layers=4, num_attention_heads=4, num_kv_heads=2,
+                 hidden_size=256, head_dim=64, max_position_embeddings=4096, dtype="float16", size_bytes=10_000_000)
+    return RegisteredModel.objects.create(team=team_setup["team_a"], name="tiny", path=str(tmp_path), **facts)
+
+
+def cpu_host():
+    from django.utils import timezone
+
+    from panel.hosts.models import WorkerHost
+
+    host = WorkerHost.objects.create(name="gpu@cpu-box", host="cpu-box", kind="gpu", cpu_count=2,
+                                     memory_bytes=16 << 30, memory_available_bytes=12 << 30, last_seen=timezone.now())
+    return host
+
+
+def test_it_plans_the_ladder_and_skips_awq_with_the_reason(team_setup, tiny_model):
+    from panel.registry.models import RegisteredModel
+
+    host = cpu_host()
+    ladder = ladders.Ladder(team=team_setup["team_a"], model=tiny_model, small_max_num_seqs=2, large_max_num_seqs=16,
+                            max_model_len=1024, extra_args="--enforce-eager")
+    plan = ladders.ladder_profiles(ladder, host)
+    assert [step[0] for step in plan] == ["baseline", "awq", "prefix", "batching"]
+    baseline, awq, prefix, batching = (step[4] for step in plan)
+    assert awq is None and "tiny has no AWQ child: quantize it first" in plan[1][5]
+    assert (baseline["enable_prefix_caching"], baseline["max_num_seqs"], baseline["block_size"]) == (False, 2, 32)
+    assert prefix["enable_prefix_caching"] and prefix["model"] == tiny_model and prefix["max_num_seqs"] == 2
+    assert batching["max_num_seqs"] == 16 and batching["enable_chunked_prefill"] and batching["enable_prefix_caching"]
+
+    child = RegisteredModel.objects.create(team=team_setup["team_a"], name="tiny-awq", path="/x", parent=tiny_model,
+                                           quantization={"method": "awq", "bits": 4, "group_size": 128},
+                                           **{f: getattr(tiny_model, f) for f in (
+                                               "architecture", "model_type", "parameter_count", "num_layers",
+                                               "linear_parameter_count", "num_attention_heads", "num_kv_heads",
+                                               "hidden_size", "head_dim", "max_position_embeddings", "dtype",
+                                               "size_bytes")})
+    plan = ladders.ladder_profiles(ladder, host)
+    assert plan[1][4]["model"] == child and plan[1][4]["quantization"] == "awq" and plan[1][5] == ""
+    assert plan[2][4]["model"] == child  # prefix caching builds on the AWQ step
+    # A host whose engine check says it cannot serve AWQ: the rule's reason, in words.
+    from panel.hosts.models import EngineCheck
+
+    EngineCheck.objects.create(team=team_setup["team_a"], host=host, state="succeeded",
+                               result={"serves_awq": False})
+    plan = ladders.ladder_profiles(ladder, host)
+    assert plan[1][4] is None and "This host cannot serve it" in plan[1][5] and "AVX-512" in plan[1][5]
+    assert plan[2][4]["model"] == tiny_model
+
+
+def test_it_refuses_a_ladder_for_a_quantized_model_or_bad_sizes(team_setup, tiny_model):
+    from django.core.exceptions import ValidationError
+
+    tiny_model.quantization = {"method": "awq", "bits": 4}
+    with pytest.raises(ValidationError) as error:
+        ladders.ladder_launch(team=team_setup["team_a"], user=None, model=tiny_model, small_max_num_seqs=8,
+                              large_max_num_seqs=4, max_model_len=99999, enqueue=False)
+    problems = error.value.message_dict
+    assert "already quantized" in problems["model"][0] and "must be above" in problems["large_max_num_seqs"][0]
+    assert "4,096" in problems["max_model_len"][0]
+    assert not ladders.Ladder.objects.exists()
+
+
+def test_it_picks_the_best_sweep_value_within_the_latency_target():
+    points = [(4, {"output_tokens_per_s": 100, "e2e_p99_ms": 800}),
+              (16, {"output_tokens_per_s": 300, "e2e_p99_ms": 1900}),
+              (64, {"output_tokens_per_s": 420, "e2e_p99_ms": 5200})]
+    assert ladders.sweep_best(points, 2000)[0] == 16
+    assert ladders.sweep_best(points, 6000)[0] == 64
+    best, why = ladders.sweep_best(points, 500)
+    assert best is None and "lowest P99 was 800 ms at max_num_seqs=4" in why
+    assert ladders.sweep_values_parse("64, 4,16 4") == [4, 16, 64]
+    for bad in ("4", "a, b", "0, 4", ",".join(str(v) for v in range(1, 11))):
+        with pytest.raises(Exception):
+            ladders.sweep_values_parse(bad)
+
+
+def test_it_computes_the_cost_per_million_tokens():
+    # 2 per GPU hour, 1 GPU, 100 tokens/s = 0.36 M tokens/hour -> 5.56 per million
+    assert round(ladders.cost_per_million(2, 1, 100), 2) == 5.56
+    assert ladders.cost_per_million(0, 1, 100) is None
