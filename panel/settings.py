@@ -178,6 +178,11 @@ GATEWAY_BACKOFF_BASE_SECONDS = envint("TOKENWISE_GATEWAY_BACKOFF_BASE_MS", 200, 
 BUDGET_CACHE_SECONDS = envint("TOKENWISE_BUDGET_CACHE_SECONDS", 5, minimum=0)  # a budget change applies within this
 BUDGET_RECONCILE_SECONDS = envint("TOKENWISE_BUDGET_RECONCILE_SECONDS", 60, minimum=1)
 
+# --- Benchmarks: uploaded prompt files are read into the database, so they stay small.
+BENCHMARK_MAX_UPLOAD_BYTES = envint("TOKENWISE_BENCHMARK_MAX_UPLOAD_BYTES", 2 * 1024 * 1024, minimum=1024)
+BENCHMARK_REQUEST_TIMEOUT_SECONDS = envint("TOKENWISE_BENCHMARK_REQUEST_TIMEOUT_SECONDS", 300, minimum=1)
+BENCHMARK_DEPLOYMENT_READY_SECONDS = envint("TOKENWISE_BENCHMARK_DEPLOYMENT_READY_SECONDS", 900, minimum=10)
+
 # --- Dashboards: engine /metrics scrapes, usage rollups, the panel's own /metrics (empty token = open: put it on
 # a private network then)
 DASHBOARDS_SCRAPE_EVERY_SECONDS = envint("TOKENWISE_SCRAPE_EVERY_SECONDS", 10, minimum=1)

@@ -37,7 +37,7 @@ SECTIONS = [
             "Add two channels to compare", "channels"),
     Section("benchmarks", "Benchmarks", "◔", "Benchmark runs, the config ladder (FP16 → AWQ → prefix cache → "
             "batching) with this machine's real numbers, and the max_num_seqs sweep.",
-            "Start a deployment to benchmark", "serving"),
+            "Start a deployment to benchmark", "serving", built=True),
     Section("advisor", "Advisor", "✦", "Concrete recommendations read from your traffic, engine metrics and "
             "serving profiles, each with its evidence and the fix; canary rollouts of a candidate channel with "
             "automatic rollback.", "Send traffic through the gateway with a team key", "keys"),
