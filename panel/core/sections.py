@@ -34,7 +34,7 @@ SECTIONS = [
             "Send traffic through the gateway with a team key", "keys", built=True),
     Section("compare", "Compare", "◫", "The same prompt to the local model and to the cloud model, streamed side "
             "by side with TTFT, tokens/s, tokens and cost per column; JSON and prefix-cache checks.",
-            "Add two channels to compare", "channels"),
+            "Add two channels to compare", "channels", built=True),
     Section("benchmarks", "Benchmarks", "◔", "Benchmark runs, the config ladder (FP16 → AWQ → prefix cache → "
             "batching) with this machine's real numbers, and the max_num_seqs sweep.",
             "Start a deployment to benchmark", "serving", built=True),
