@@ -1,3 +1,7 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-urlpatterns = []
+from panel.advisor import views
+
+urlpatterns = [
+    path("advisor/", views.advisor, name="advisor"),
+]
