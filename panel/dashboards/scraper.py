@@ -84,9 +84,13 @@ def parse_metrics(text):
 
 
 def _first(families, names):
+    # prometheus_client writes `# TYPE x_total counter` and its parser names that family `x`; a hand-written
+    # exposition with `# TYPE x counter` leaves the samples in an untyped family `x_total`. Accept both.
     for name in names:
-        if name in families:
-            return families[name]
+        for candidate in (name, f"{name}_total"):
+            family = families.get(candidate)
+            if family is not None and family.samples:
+                return family
     return None
 
 
