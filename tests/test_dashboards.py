@@ -270,3 +270,25 @@ def test_it_exposes_the_gateways_own_metrics(client, settings):
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+
+
+def test_it_lets_admins_set_a_hosts_gpu_price_on_the_workers_page(client, team_setup):
+    host = WorkerHost.objects.create(name="gpu@box", host="box", kind="gpu")
+    client.force_login(team_setup["alice"])
+    assert 'id="gpu-prices"' in client.get(reverse("hosts")).content.decode()
+    response = client.post(reverse("host_price", args=[host.pk]), {"gpu_price_per_hour": "2.75", "gpu_count": "4"},
+                           follow=True)
+    assert "box: 2.75 per GPU-hour" in response.content.decode()
+    host.refresh_from_db()
+    assert (host.gpu_price_per_hour, host.gpu_count) == (Decimal("2.75"), 4)
+    response = client.post(reverse("host_price", args=[host.pk]), {"gpu_price_per_hour": "-1", "gpu_count": "0"},
+                           follow=True)
+    assert "was not changed" in response.content.decode()
+    host.refresh_from_db()
+    assert (host.gpu_price_per_hour, host.gpu_count) == (Decimal("2.75"), 4)  # nothing written
+    client.post(reverse("host_price", args=[host.pk]), {"gpu_price_per_hour": "", "gpu_count": ""})
+    host.refresh_from_db()
+    assert (host.gpu_price_per_hour, host.gpu_count) == (None, None)
+    client.force_login(team_setup["vera"])  # a viewer sees no form and may not post
+    assert 'id="gpu-prices"' not in client.get(reverse("hosts")).content.decode()
+    assert client.post(reverse("host_price", args=[host.pk]), {"gpu_price_per_hour": "1"}).status_code == 403

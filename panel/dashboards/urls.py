@@ -1,6 +1,7 @@
 from django.urls import path
 
 from panel.dashboards import views
+from panel.hosts import views as hosts
 
 urlpatterns = [
     path("dashboards/", views.overview, name="dashboards"),
@@ -10,4 +11,6 @@ urlpatterns = [
     path("dashboards/data/", views.data, name="dashboards_data"),
     path("dashboards/export.csv", views.export_csv, name="dashboards_csv"),
     path("metrics", views.metrics, name="metrics"),
+    # The Cost dashboard's GPU prices live on the Workers page (the hosts app has no urls module of its own).
+    path("workers/<int:host_id>/price/", hosts.host_price, name="host_price"),
 ]

@@ -24,6 +24,13 @@ def host_offline(*, name):
     WorkerHost.objects.filter(name=name).update(last_seen=None)
 
 
+def host_price_set(*, host, gpu_price_per_hour, gpu_count):
+    """Set (or clear, with None) the host's GPU price per hour and GPU count."""
+    WorkerHost.objects.filter(pk=host.pk).update(gpu_price_per_hour=gpu_price_per_hour, gpu_count=gpu_count)
+    host.gpu_price_per_hour, host.gpu_count = gpu_price_per_hour, gpu_count
+    return host
+
+
 def engine_check_launch(*, team, user, host):
     """Queue an engine check on `host`'s own queue. Returns the EngineCheck."""
     from workers import tasks

@@ -6,8 +6,9 @@ from panel.accounts.decorators import team_view
 from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
+from panel.hosts.forms import GpuPriceForm
 from panel.hosts.models import EngineCheck, WorkerHost
-from panel.hosts.services import engine_check_launch
+from panel.hosts.services import engine_check_launch, host_price_set
 from panel.jobs.services import job_events
 
 
@@ -38,6 +39,22 @@ def engine_check_create(request, host_id):
     check = engine_check_launch(team=request.team, user=request.user, host=host)
     audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"engine check #{check.pk} on {host.host}")
     return redirect("engine_check", check_id=check.pk)
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def host_price(request, host_id):
+    """The GPU price of a host (the Cost dashboard's local cost). Hosts are the installation's: admins set it."""
+    host = get_object_or_404(WorkerHost, pk=host_id)
+    form = GpuPriceForm(request.POST)
+    if not form.is_valid():
+        problems = "; ".join(f"{form.fields[name].label}: {' '.join(errors)}" for name, errors in form.errors.items())
+        messages.error(request, f"The price of {host.host} was not changed. {problems}")
+        return redirect("hosts")
+    host_price_set(host=host, **form.cleaned_data)
+    price = form.cleaned_data["gpu_price_per_hour"]
+    messages.success(request, f"{host.host}: {'no GPU price' if price is None else f'{price} per GPU-hour'}.")
+    return redirect("hosts")
 
 
 @team_view()
