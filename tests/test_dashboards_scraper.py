@@ -147,3 +147,39 @@ def test_a_deployment_that_is_down_does_not_stop_the_others(fake, team_setup, se
     assert {(sample.deployment_id, sample.ok) for sample in samples} == {(down.pk, False), (up.pk, True)}
     gap = EngineSample.objects.get(deployment=down)
     assert "unreachable" in gap.warning
+
+
+def test_it_compacts_old_samples_without_losing_counts(fake, team_setup):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from panel.dashboards.compaction import engine_samples_compact
+
+    deployment = make_deployment(team_setup["team_a"])
+    now = timezone.now()
+    rows = []
+    for i in range(3 * 360):  # three hours of scrapes every 10 s, one in 36 failed
+        at = now - timedelta(seconds=10 * i)
+        if i % 36 == 5:
+            rows.append(EngineSample(deployment=deployment, team=deployment.team, at=at, ok=False, gaps=1,
+                                     warning="/metrics answered HTTP 500"))
+        else:
+            rows.append(EngineSample(deployment=deployment, team=deployment.team, at=at, prefix_queries=10,
+                                     prefix_hits=4, kv_cache_usage=0.5, seconds=10,
+                                     ttft={"le": {"0.1": 1, "+Inf": 1}, "count": 1, "sum": 0.05},
+                                     cumulative={"counters": {"prefix_queries": 1e6 - i}}))
+    EngineSample.objects.bulk_create(rows)
+    query = DashboardQuery(team=team_setup["team_a"], range="24h", now=now.timestamp() + 1)
+    before = engine_by_deployment(query)[0]
+    removed = engine_samples_compact(now=now)
+    assert removed > 550 and EngineSample.objects.count() < 500  # two hours of 10 s rows became 120 minute rows
+    assert EngineSample.objects.filter(period=60).exists() and EngineSample.objects.filter(period=0).exists()
+    after = engine_by_deployment(query)[0]
+    for name in ("prefix_queries", "prefix_hits", "gaps"):
+        assert after[name] == before[name], name
+    assert after["ttft"]["count"] == before["ttft"]["count"] and after["kv"] == pytest.approx(0.5)
+    assert engine_samples_compact(now=now) == 0  # already compacted
+    # The newest good sample still carries the cumulative values the next scrape subtracts.
+    latest = EngineSample.objects.filter(ok=True).order_by("-at").first()
+    assert latest.cumulative["counters"]["prefix_queries"] == 1e6

@@ -63,7 +63,9 @@ class EngineSample(models.Model):
     deployment = models.ForeignKey("serving.Deployment", on_delete=models.CASCADE, related_name="engine_samples")
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
     at = models.DateTimeField(db_index=True)
-    ok = models.BooleanField(default=True)
+    ok = models.BooleanField(default=True)  # False: a gap (the scrape failed); a compacted row: any scrape worked
+    gaps = models.PositiveIntegerField(default=0)  # failed scrapes this row stands for
+    period = models.PositiveIntegerField(default=0)  # 0: one scrape; 60 or 3600: compacted (see compaction.py)
     warning = models.TextField(blank=True)
     restarted = models.BooleanField(default=False)  # a counter went down: the engine restarted
     seconds = models.FloatField(default=0)  # since the previous good scrape; 0 for the first
@@ -80,4 +82,5 @@ class EngineSample(models.Model):
 
     class Meta:
         ordering = ["at"]
-        indexes = [models.Index(fields=["team", "at"], name="engine_sample_team_at")]
+        indexes = [models.Index(fields=["team", "at"], name="engine_sample_team_at"),
+                   models.Index(fields=["period", "at"], name="engine_sample_period_at")]

@@ -147,7 +147,7 @@ def deployment_scrape(*, deployment, client=None, timeout=None):
     except ScrapeError as error:
         log.warning("scrape of deployment %s (%s) failed: %s", deployment.pk, metrics_url(deployment), error)
         return EngineSample.objects.create(deployment=deployment, team_id=deployment.team_id, at=timezone.now(),
-                                           ok=False, warning=str(error))
+                                           ok=False, gaps=1, warning=str(error))
     sample = sample_from(deployment=deployment, parsed=parsed, previous=previous, at=timezone.now())
     sample.save()
     return sample

@@ -186,10 +186,10 @@ def engine_by_step(query):
     """Per (step, deployment): prefix-cache queries and hits, tokens, mean KV cache usage and queue, merged TTFT and
     inter-token histograms, and gaps (failed scrapes)."""
     steps = {}
-    fields = ("deployment_id", "at", "ok", "prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens",
+    fields = ("deployment_id", "at", "ok", "gaps", "prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens",
               "kv_cache_usage", "running", "waiting", "ttft", "itl")
     for row in engine_samples(query).values_list(*fields).iterator(chunk_size=5000):
-        (deployment_id, at, ok, queries, hits, prompt, generation, kv, running, waiting, ttft, itl) = row
+        (deployment_id, at, ok, gaps, queries, hits, prompt, generation, kv, running, waiting, ttft, itl) = row
         t = int(at.timestamp() // query.step * query.step)
         step = steps.get((t, deployment_id))
         if step is None:
@@ -198,8 +198,8 @@ def engine_by_step(query):
                 "prompt_tokens": 0.0, "generation_tokens": 0.0, "kv": [], "running": [], "waiting": [],
                 "ttft": {}, "itl": {}, "gaps": 0, "samples": 0}
         step["samples"] += 1
+        step["gaps"] += gaps
         if not ok:
-            step["gaps"] += 1
             continue
         step["prefix_queries"] += queries
         step["prefix_hits"] += hits
@@ -271,7 +271,7 @@ def engine_by_deployment(query):
 
 
 def scrape_gaps(query, *, limit=20):
-    return list(engine_samples(query).filter(ok=False).order_by("-at").select_related("deployment__profile")[:limit])
+    return list(engine_samples(query).filter(gaps__gt=0).order_by("-at")[:limit])
 
 
 def _aware(seconds):
