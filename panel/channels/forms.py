@@ -145,3 +145,20 @@ class ImportForm(forms.Form):
         cleaned["payload"] = payload
         return cleaned
 
+
+
+class CanaryForm(forms.Form):
+    """Start a canary: a candidate channel the route does not use yet, its first share, and the schedule."""
+
+    channel = forms.ModelChoiceField(queryset=Channel.objects.none(), label="Candidate channel",
+                                     help_text="For example the AWQ deployment's local channel.")
+    percent = forms.TypedChoiceField(choices=[(5, "5%"), (25, "25%"), (50, "50%")], coerce=int, initial=5,
+                                     label="First share")
+    auto = forms.BooleanField(required=False, label="Promote automatically (5 → 25 → 50 → 100%) after each clean "
+                                                    "step")
+
+    def __init__(self, *args, route, **kwargs):
+        super().__init__(*args, **kwargs)
+        used = route.routechannel_set.values_list("channel_id", flat=True)
+        self.fields["channel"].queryset = Channel.objects.filter(team=route.team_id, enabled=True).exclude(
+            pk__in=list(used))

@@ -14,4 +14,8 @@ urlpatterns = [
     path("channels/routes/new/", views.route_create, name="route_create"),
     path("channels/routes/<int:route_id>/edit/", views.route_edit, name="route_edit"),
     path("channels/routes/<int:route_id>/delete/", views.route_delete_view, name="route_delete"),
+    path("channels/routes/<int:route_id>/", views.route_detail, name="route_detail"),
+    path("channels/routes/<int:route_id>/canary/start/", views.canary_start_view, name="canary_start"),
+    path("channels/routes/<int:route_id>/canary/promote/", views.canary_promote_view, name="canary_promote"),
+    path("channels/routes/<int:route_id>/canary/stop/", views.canary_stop_view, name="canary_stop"),
 ]

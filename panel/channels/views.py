@@ -9,10 +9,10 @@ from panel.accounts.decorators import team_view
 from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
-from panel.channels import settings_json
+from panel.channels import canary, settings_json
 from panel.channels.crypto import encryption_problem
-from panel.channels.forms import ChannelForm, ImportForm, RouteForm
-from panel.channels.models import Channel, Route
+from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm
+from panel.channels.models import CanaryState, Channel, Route
 from panel.channels.services import (PRESETS, channel_create, channel_delete, channel_test, channel_update,
                                      route_delete, route_save)
 
@@ -201,3 +201,75 @@ def settings_export_view(request):
     response = HttpResponse(body, content_type="application/json; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="settings.json"'
     return response
+
+
+# ------------------------------------------------------------------------------------------------- canary
+
+def _route(request, route_id):
+    return get_object_or_404(Route.objects.select_related("canary_channel"), pk=route_id, team=request.team)
+
+
+@team_view()
+def route_detail(request, route_id):
+    """A route's channels and its canary: share, guards, why it was rolled back, and the controls (admins)."""
+    route = _route(request, route_id)
+    return _render(request, "channels/route_detail.html", _route_context(route, CanaryForm(route=route)))
+
+
+def _route_context(route, form):
+    return {"route": route, "entries": route.entries(), "canary_form": form,
+            "stable_percent": 100 - route.canary_percent,
+            "guards": {"json": settings.CANARY_JSON_FAILURE_PERCENT, "errors": settings.CANARY_ERROR_PERCENT,
+                       "p99": settings.CANARY_P99_RATIO_PERCENT / 100, "minimum": settings.CANARY_MIN_REQUESTS,
+                       "step_minutes": settings.CANARY_STEP_SECONDS / 60}}
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def canary_start_view(request, route_id):
+    route = _route(request, route_id)
+    form = CanaryForm(request.POST, route=route)
+    if form.is_valid():
+        try:
+            canary.canary_start(route=route, channel=form.cleaned_data["channel"], request=request,
+                                percent=form.cleaned_data["percent"], auto=form.cleaned_data["auto"])
+        except ValidationError as error:
+            messages.error(request, " ".join(error.messages))
+        else:
+            messages.success(request, f"Canary started: {form.cleaned_data['percent']}% of {route.model_name} goes "
+                                      f"to {form.cleaned_data['channel'].name}.")
+            return redirect("route_detail", route_id=route.pk)
+    return _render(request, "channels/route_detail.html", _route_context(route, form), status=400)
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def canary_promote_view(request, route_id):
+    route = _route(request, route_id)
+    outcome = canary.canary_check(route=route) if route.canary_state == CanaryState.RUNNING else None
+    if outcome == "rolled_back":
+        messages.error(request, f"Not promoted: a guard tripped and the canary was rolled back. "
+                                f"{Route.objects.get(pk=route.pk).canary_reason}")
+        return redirect("route_detail", route_id=route.pk)
+    try:
+        if outcome != "promoted":  # the schedule may have promoted it in the same check
+            canary.canary_promote(route=route, request=request)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    else:
+        messages.success(request, f"Promoted: {route.canary_percent}% of {route.model_name} goes to "
+                                  f"{route.canary_channel.name}.")
+    return redirect("route_detail", route_id=route.pk)
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def canary_stop_view(request, route_id):
+    route = _route(request, route_id)
+    try:
+        canary.canary_stop(route=route, request=request)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    else:
+        messages.info(request, f"Canary stopped: {route.model_name} goes to its own channels only.")
+    return redirect("route_detail", route_id=route.pk)

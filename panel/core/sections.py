@@ -40,7 +40,7 @@ SECTIONS = [
             "Start a deployment to benchmark", "serving", built=True),
     Section("advisor", "Advisor", "✦", "Concrete recommendations read from your traffic, engine metrics and "
             "serving profiles, each with its evidence and the fix; canary rollouts of a candidate channel with "
-            "automatic rollback.", "Send traffic through the gateway with a team key", "keys"),
+            "automatic rollback.", "Send traffic through the gateway with a team key", "keys", built=True),
     Section("audit", "Audit", "☰", "An append-only record of sign-ins, key and credential changes, role changes, "
             "job launches and deployment starts and stops: who, when, from where.",
             "Back to the overview", "home", built=True),
