@@ -106,7 +106,8 @@ def test_it_builds_synthetic_prompts_with_and_without_a_shared_prefix():
 
 
 def test_it_reads_prompt_files_and_says_which_line_is_wrong():
-    good = b'{"prompt": "hello"}\n\n{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}\n"plain"\n'
+    good = (b'{"prompt": "hello"}\n\n'
+            b'{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}\n"plain"\n')
     prompts = workload.parse_prompt_file(good, name="p.jsonl", max_bytes=10_000)
     assert prompts == [[{"role": "user", "content": "hello"}],
                        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],

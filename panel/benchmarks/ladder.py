@@ -105,8 +105,7 @@ def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_m
     ladder = Ladder(team=team, created_by=user, model=model, small_max_num_seqs=small_max_num_seqs,
                     large_max_num_seqs=large_max_num_seqs, max_model_len=max_model_len, extra_args=extra_args,
                     gpu_price_per_hour=gpu_price_per_hour, queue="default", **values)
-    baseline = ladder_profiles(ladder, host)[0][4]
-    host = host or host_pick(ServingProfile(team=team, name="check", **baseline))
+    host = host or ladder_host(ladder)
     with transaction.atomic():
         ladder.host = host
         ladder.save()
@@ -114,6 +113,24 @@ def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_m
         if enqueue:
             transaction.on_commit(lambda: tasks.run_ladder.apply_async(args=[ladder.pk], queue="default"))
     return ladder
+
+
+def ladder_host(ladder):
+    """The online GPU worker host where the ladder's baseline fits (its block size depends on the host)."""
+    from panel.hosts.models import WorkerHost
+
+    reasons = []
+    for host in WorkerHost.objects.filter(kind="gpu"):
+        if not host.is_online:
+            continue
+        verdict = profile_check(ServingProfile(team=ladder.team, name="check", **ladder_profiles(ladder, host)[0][4]),
+                                host)
+        if verdict.ok:
+            return host
+        reasons.append(f"{host.host}: " + " ".join(m for messages in verdict.errors.values() for m in messages))
+    if not reasons:
+        raise ValidationError("No GPU worker is online: start one (make run, or python -m workers.start gpu).")
+    raise ValidationError("No online worker can run the ladder's baseline. " + " ".join(reasons))
 
 
 class StepRunner:
@@ -129,7 +146,10 @@ class StepRunner:
 
     def measure(self, *, profile, step, progress):
         """Deploy `profile`, benchmark it, stop it. Returns (run or None, reason when there is no run)."""
+        if self.job.host is None:
+            return None, "Not launched: the worker host was removed."
         try:
+            self.job.host.refresh_from_db()  # its last_seen: an old copy would look offline after a long step
             deployment = deployment_launch(team=self.job.team, user=self.job.created_by, profile=profile,
                                            host=self.job.host)
         except ValidationError as error:
@@ -186,7 +206,8 @@ class StepRunner:
             job_fail(run, kind="cancelled", reason="the ladder or sweep was cancelled")
             raise Cancelled()
         if summary["ok"] == 0:
-            job_fail(run, kind="all_requests_failed", reason=f"all requests failed; the first: {summary['first_error']}")
+            job_fail(run, kind="all_requests_failed",
+                     reason=f"all requests failed; the first: {summary['first_error']}")
             return
         job_succeed(run, result=summary)
 

@@ -37,7 +37,8 @@ class Workload(models.Model):
             if self.shared_system_prompt:
                 what += ", shared system prompt"
         elif self.workload == WorkloadKind.FILE:
-            what = f"{self.prompts_name or 'uploaded file'} ({len(self.prompts)} prompts), ≤ {self.output_tokens} tokens out"
+            what = (f"{self.prompts_name or 'uploaded file'} ({len(self.prompts)} prompts), "
+                    f"≤ {self.output_tokens} tokens out")
         else:
             what = f"built-in prompts, ≤ {self.output_tokens} tokens out"
         load = (f"{self.request_rate:g} req/s (≤ {self.concurrency} in flight)" if self.request_rate

@@ -27,7 +27,8 @@ def _home(request, *, form=None, status=200):
 
 
 def _form_errors(form, error):
-    for field, problems in error.message_dict.items():
+    by_field = error.message_dict if hasattr(error, "error_dict") else {None: error.messages}
+    for field, problems in by_field.items():
         form.add_error(field if field in form.fields else None, problems)
 
 

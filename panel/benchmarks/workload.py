@@ -60,7 +60,8 @@ def _messages_from_json(value, line_number):
     if isinstance(value, str):
         value = {"prompt": value}
     if not isinstance(value, dict):
-        raise ValidationError(f"{where}: expected an object with \"prompt\" or \"messages\", got {type(value).__name__}.")
+        raise ValidationError(f"{where}: expected an object with \"prompt\" or \"messages\", "
+                              f"got {type(value).__name__}.")
     if "messages" in value:
         messages = value["messages"]
         if (not isinstance(messages, list) or not messages
@@ -68,10 +69,10 @@ def _messages_from_json(value, line_number):
                            for m in messages)):
             raise ValidationError(f"{where}: \"messages\" must be a non-empty list of {{\"role\", \"content\"}} "
                                   "objects with string values.")
-        roles = {m["role"] for m in messages}
-        if not roles <= {"system", "user", "assistant"}:
-            raise ValidationError(f"{where}: unknown role(s) {', '.join(sorted(roles - {'system', 'user', 'assistant'}))}"
-                                  "; use system, user or assistant.")
+        unknown = {m["role"] for m in messages} - {"system", "user", "assistant"}
+        if unknown:
+            raise ValidationError(f"{where}: unknown role(s) {', '.join(sorted(unknown))}; use system, user or "
+                                  "assistant.")
         return [{"role": m["role"], "content": m["content"]} for m in messages]
     prompt = value.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
@@ -105,7 +106,8 @@ def parse_prompt_file(data, *, name, max_bytes):
             try:
                 value = json.loads(line)
             except ValueError as error:
-                raise ValidationError(f"line {number} is not valid JSON ({error.msg} at column {error.colno}).") from None
+                raise ValidationError(f"line {number} is not valid JSON ({error.msg} at column "
+                                      f"{error.colno}).") from None
             prompts.append(_messages_from_json(value, number))
         else:
             prompts.append([{"role": "user", "content": line}])

@@ -1,0 +1,76 @@
+"""The config ladder on this machine, for docs/benchmarks.md (not a test of the suite; it lives outside tests/).
+
+It uses the test fixtures (a private Redis, an SQLite file, real workers) to do what a user does on the pages:
+register the demo model, quantize it with AWQ (a real AutoAWQ job on the GPU worker, here the CPU), then run the
+ladder (FP16 baseline → + AWQ → + prefix caching → + larger max_num_seqs and chunked prefill) on one synthetic
+workload, and print the seeds' table as Markdown. Engine starts: four, so run it under the heavy-run lock:
+
+    [LADDER_REQUESTS=64 LADDER_PRICE=1.00 LADDER_BENCH_OUT=/tmp/ladder-bench.md] \
+    flock /tmp/tw-heavy.lock .venv/bin/python -m pytest bench/ladder_bench.py -p tests.conftest -s -q
+"""
+import json
+import os
+import platform
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from panel.benchmarks import ladder as ladders
+from panel.benchmarks.models import Ladder
+from panel.jobs.models import JobState
+from panel.registry.models import QuantizationJob
+from panel.registry.services import model_register, quantization_launch
+from tests.conftest import wait_until
+
+
+@pytest.mark.timeout(3600)
+def test_ladder_on_this_machine(start_worker, team_setup, tmp_path):
+    from panel.core.demo_model import build_demo_model
+    from panel.hosts.models import WorkerHost
+
+    team, alice = team_setup["team_a"], team_setup["alice"]
+    path = tmp_path / "tiny"
+    build_demo_model(path)
+    model = model_register(team=team, user=alice, source=str(path), name="tiny")
+    start_worker("gpu")
+    start_worker("default")
+    wait_until(lambda: WorkerHost.objects.filter(kind="gpu", last_seen__isnull=False).exists(), message="worker")
+
+    job = quantization_launch(team=team, user=alice, source=model)
+    wait_until(lambda: QuantizationJob.objects.get(pk=job.pk).is_final, seconds=900, interval=2, message="AWQ")
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED, job.failure_reason
+
+    requests = int(os.environ.get("LADDER_REQUESTS", "64"))
+    workload = dict(workload="synthetic", input_tokens=256, output_tokens=64, shared_system_prompt=True,
+                    requests=requests, warmup_requests=4, concurrency=16)
+    ladder = ladders.ladder_launch(team=team, user=alice, model=model, small_max_num_seqs=2, large_max_num_seqs=32,
+                                   max_model_len=1024, extra_args="--enforce-eager",
+                                   gpu_price_per_hour=Decimal(os.environ.get("LADDER_PRICE", "1.00")), **workload)
+    wait_until(lambda: Ladder.objects.get(pk=ladder.pk).is_final, seconds=3000, interval=2, message="the ladder")
+    ladder.refresh_from_db()
+    assert ladder.state == JobState.SUCCEEDED, ladder.failure_reason
+
+    lines = [f"Ladder #{ladder.pk}, {ladder.workload_summary}; host {platform.processor() or platform.machine()}, "
+             f"{os.cpu_count()} cores; price {ladder.gpu_price_per_hour} per hour", "",
+             "| configuration | weights | output tok/s | gain | TTFT p50 / p99 | end-to-end p99 | cost per M tokens |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ladders.ladder_table(ladder)
+    for row in rows:
+        if row.get("figures"):
+            f = row["figures"]
+            gain = row.get("gain_vs_previous", "baseline")
+            if row.get("gain_vs_baseline") and row["gain_vs_baseline"] != gain:
+                gain += f" ({row['gain_vs_baseline']} vs baseline)"
+            lines.append(f"| {row['label']} | {row['weights_bytes'] / 1e6:.1f} MB | {row['throughput']:.1f} | {gain} | "
+                         f"{f['ttft_p50_ms']:.0f} / {f['ttft_p99_ms']:.0f} ms | {f['e2e_p99_ms']:.0f} ms | "
+                         f"{row['cost_per_million']:.2f} |")
+        else:
+            lines.append(f"| {row['label']} | {row['status']}: {row['reason']} | | | | | |")
+    table = "\n".join(lines)
+    print("\n" + table)
+    out = Path(os.environ.get("LADDER_BENCH_OUT", "/tmp/ladder-bench.md"))
+    out.write_text(table + "\n\n" + json.dumps([{k: v for k, v in row.items() if k in ("key", "status", "reason")}
+                                                | ({"figures": row["figures"]} if row.get("figures") else {})
+                                                for row in rows], indent=1) + "\n")

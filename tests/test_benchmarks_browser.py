@@ -1,0 +1,52 @@
+"""A benchmark run launched from the page, run by a real default worker against a fake cloud channel, watched
+through the live region until its figures appear; then two runs compared with their charts. Run under
+`flock /tmp/tw-heavy.lock` (a worker and Chromium)."""
+from django.urls import reverse
+
+from panel.benchmarks.models import BenchmarkRun
+from panel.benchmarks.services import benchmark_execute, benchmark_launch
+from panel.channels.models import Channel
+from tests.browser import screenshot, sign_in
+from tests.fake_upstream import FakeUpstream
+
+
+def test_it_runs_a_benchmark_from_the_page_with_live_progress(start_worker, team_setup, live_server, page):
+    team = team_setup["team_a"]
+    start_worker("default")
+    with FakeUpstream(chunks=30, chunk_delay=0.01) as fake:
+        channel = Channel.objects.create(team=team, name="cloud-fake", kind="remote", base_url=fake.base_url,
+                                         model_id="fake-model", credential_kind="none", timeout_seconds=10)
+        sign_in(page, live_server.url, "alice", "pw-alice-123")
+        page.goto(f"{live_server.url}{reverse('benchmarks')}")
+        page.select_option("#id_target", f"channel:{channel.pk}")
+        page.fill("#id_name", "cloud, 4 in flight")
+        page.fill("#id_requests", "80")
+        page.fill("#id_concurrency", "4")
+        page.fill("#id_output_tokens", "30")
+        page.click("text=Start benchmark")
+        page.wait_for_url("**/benchmarks/runs/*/")
+        # The live region moves through the run: some requests done, not all.
+        page.wait_for_selector("text=/request [1-9][0-9]* of 80/", timeout=60000)
+        page.wait_for_selector("text=Output tokens/s", timeout=60000)
+        run = BenchmarkRun.objects.get(name="cloud, 4 in flight")
+        assert run.state == "succeeded" and run.result["errors"] == 0 and run.result["ok"] == 80
+        assert fake.request_count == 82  # two warm-up requests, not counted
+        text = page.inner_text("main")
+        assert "Time to first token" in text and "Inter-token" in text and "End-to-end" in text
+        assert page.get_attribute("[role=progressbar]", "aria-valuenow") == "100"
+        screenshot(page, "benchmarks-run")
+
+        fake.chunk_delay = 0.02
+        other = benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk,
+                                 name="cloud, slower", requests=40, concurrency=8, output_tokens=30, enqueue=False)
+        benchmark_execute(run_id=other.pk, worker="test")
+
+    page.goto(f"{live_server.url}{reverse('benchmarks')}")
+    page.check(f"input[name=run][value='{run.pk}']")
+    page.check(f"input[name=run][value='{other.pk}']")
+    page.click("text=Compare selected")
+    page.wait_for_selector("[data-plotly] .main-svg")
+    assert page.locator("[data-plotly] .main-svg").count() >= 2
+    table = page.inner_text("table.compare")
+    assert "cloud, 4 in flight" in table and "cloud, slower" in table and "TTFT p99" in table
+    screenshot(page, "benchmarks-compare")
