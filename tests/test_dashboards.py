@@ -8,6 +8,7 @@ import random
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
+import plotly.graph_objects as go
 import pytest
 from django.urls import reverse
 
@@ -234,6 +235,8 @@ def test_it_serves_every_tab_its_json_and_every_table_as_csv(client, traffic):
             assert "plotly/plotly.min.js" in page.content.decode()
         data = client.get(reverse("dashboards_data"), {"tab": tab, "range": "1h"}).json()
         assert data["figures"] and "Export CSV" in data["tables"]
+        for figure in data["figures"].values():
+            go.Figure(figure)  # plotly's own validation: an unknown key or a bad value raises
         tables = dashboard_page(tab=tab, query=DashboardQuery(team=traffic["team"], range="1h")).tables
         for table in tables:
             response = client.get(reverse("dashboards_csv"), {"tab": tab, "table": table.name, "range": "1h"})

@@ -140,7 +140,7 @@ def latency(query):
         "latency p99"], [[channels.get(row["channel_id"], "(no channel)"), row["requests"], row["ttft_count"]]
                          + [_ms(row["ttft"][q]) for q in QUANTILES] + [_ms(row["latency"][q]) for q in QUANTILES]
                          for row in rows]))
-    totals = engine_by_deployment(query)
+    totals = engine_by_deployment(query, steps=engine)
     page.tables.append(Table("engine_latency", "Engine latency by deployment (ms, from vLLM's histograms)", [
         "deployment", "requests (TTFT samples)", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95",
         "ITL p99"], [[deployments.get(row["deployment_id"], "?"), int(row["ttft"].get("count", 0))]
@@ -159,7 +159,7 @@ def latency(query):
 def cache(query):
     channels, _, deployments = _names(query)
     page = Page()
-    engine = engine_by_step(query)
+    engine = engine_by_step(query, histograms=False)
     series = {}
     kv = {}
     for row in engine:
@@ -184,7 +184,7 @@ def cache(query):
         fig.line("cached share", [row["t"] for row in steps],
                  [_rate(row["cached_tokens"], row["prompt_tokens"]) for row in steps], 1)],
         y_title="% of prompt tokens", y_percent=True)
-    totals = engine_by_deployment(query)
+    totals = engine_by_deployment(query, steps=engine)
     page.tables.append(Table("cache", "Prefix cache by deployment (engine)", [
         "deployment", "prefix queries (tokens)", "prefix hits (tokens)", "hit rate %", "mean KV usage %",
         "last KV usage %", "scrapes", "gaps"],

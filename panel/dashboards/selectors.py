@@ -182,14 +182,16 @@ def engine_samples(query):
     return samples.order_by("at")
 
 
-def engine_by_step(query):
-    """Per (step, deployment): prefix-cache queries and hits, tokens, mean KV cache usage and queue, merged TTFT and
-    inter-token histograms, and gaps (failed scrapes)."""
+def engine_by_step(query, *, histograms=True):
+    """Per (step, deployment): prefix-cache queries and hits, tokens, mean KV cache usage and queue, gaps (failed
+    scrapes) and, with `histograms`, the merged TTFT and inter-token histograms. Without them the JSON
+    histograms are not read (decoding their JSON is most of the cost)."""
     steps = {}
-    fields = ("deployment_id", "at", "ok", "gaps", "prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens",
-              "kv_cache_usage", "running", "waiting", "ttft", "itl")
+    fields = ("deployment_id", "at", "ok", "gaps", "prefix_queries", "prefix_hits", "prompt_tokens",
+              "generation_tokens", "kv_cache_usage", "running", "waiting") + (("ttft", "itl") if histograms else ())
     for row in engine_samples(query).values_list(*fields).iterator(chunk_size=5000):
-        (deployment_id, at, ok, gaps, queries, hits, prompt, generation, kv, running, waiting, ttft, itl) = row
+        (deployment_id, at, ok, gaps, queries, hits, prompt, generation, kv, running, waiting) = row[:11]
+        ttft, itl = row[11:] if histograms else (None, None)
         t = int(at.timestamp() // query.step * query.step)
         step = steps.get((t, deployment_id))
         if step is None:
@@ -250,10 +252,11 @@ def engine_percentile(histogram, quantile):
     return lower
 
 
-def engine_by_deployment(query):
-    """Totals per deployment over the range, with merged histograms."""
+def engine_by_deployment(query, *, steps=None):
+    """Totals per deployment over the range, with merged histograms (from `steps`, engine_by_step's answer, when
+    the caller has it already)."""
     totals = {}
-    for step in engine_by_step(query):
+    for step in engine_by_step(query) if steps is None else steps:
         total = totals.setdefault(step["deployment_id"], {
             "deployment_id": step["deployment_id"], "prefix_queries": 0.0, "prefix_hits": 0.0, "prompt_tokens": 0.0,
             "generation_tokens": 0.0, "ttft": {}, "itl": {}, "gaps": 0, "samples": 0, "kv": [], "last_kv": None})
