@@ -157,7 +157,8 @@ def test_it_flags_prefix_caching_off_only_where_requests_repeat_a_prefix(team_se
     varied = make_profile(team, model, "varied", enable_prefix_caching=False)
     for profile, same in ((off, True), (on, True), (varied, False)):
         _, channel = serve(team, profile)
-        log(team, 30, channel=channel, system_prompt_hash=lambda index, same=same: "a" * 16 if same else f"{index:016x}")
+        log(team, 30, channel=channel,
+            system_prompt_hash=lambda index, same=same: "a" * 16 if same else f"{index:016x}")
     [item] = fired(team, "prefix_caching_off")
     assert item.key == f"profile:{off.pk}" and "30 of 30 requests (100%)" in item.evidence[0]
 
@@ -210,6 +211,7 @@ def test_it_flags_weight_only_awq_only_on_a_gpu_with_memory_to_spare(team_setup)
     serve(team, make_profile(team, parent, "fp16-h200"), host=make_host("h200b", gpu_gib=141))
     [item] = fired(team, "awq_spare_memory")
     assert item.key == f"deployment:{roomy.pk}" and "141.0 GiB per GPU" in item.evidence[0]
+    assert "0.90 × 141.0 GiB = 126.9 GiB" in item.evidence[0] and "14.2 GiB" in item.evidence[1]
     assert "slower than FP16 or FP8" in item.fix
 
 
@@ -228,9 +230,10 @@ def test_it_stays_quiet_without_triggers_and_reports_a_rolled_back_canary(team_s
                                    price_input_per_million=Decimal("1"))
     route = Route.objects.create(team=team, model_name="chat")
     RouteChannel.objects.create(route=route, channel=channel, position=0)
-    canary_rollback(route=canary_start(route=route, channel=cloud), reason="Rolled back: JSON parse failures 8.0%.")
+    reason = "JSON parse failures 8.0% are above the 3% threshold."
+    canary_rollback(route=canary_start(route=route, channel=cloud), reason=reason)
     [item] = advice(team=team)
-    assert (item.rule, item.evidence) == ("canary_rolled_back", ["Rolled back: JSON parse failures 8.0%."])
+    assert (item.rule, item.evidence) == ("canary_rolled_back", [reason])
 
 
 @pytest.mark.django_db

@@ -246,3 +246,42 @@ def test_it_reloads_a_cached_route_within_half_a_second_of_a_routing_change(setu
     first, cached, waited = asyncio.run(scenario())
     assert first.strategy == cached.strategy == "priority"  # the 60 s cache held without a version change
     assert waited <= 0.6
+
+
+@pytest.mark.django_db
+def test_it_runs_the_canary_from_the_route_page(client, setup):
+    route, candidate = setup["route"], setup["candidate"]
+    client.force_login(setup["vera"])  # a viewer sees the route but cannot start a canary
+    page = client.get(f"/channels/routes/{route.pk}/")
+    assert page.status_code == 200 and "Canary rollout" in page.content.decode()
+    assert client.post(f"/channels/routes/{route.pk}/canary/start/", {"channel": candidate.pk, "percent": 5}
+                       ).status_code == 403
+
+    client.force_login(setup["alice"])
+    refused = client.post(f"/channels/routes/{route.pk}/canary/start/", {"channel": setup["stable"].pk, "percent": 5})
+    assert refused.status_code == 400  # the stable channel is not offered as a candidate; nothing changes
+    assert Route.objects.get(pk=route.pk).canary_state == CanaryState.NONE
+    response = client.post(f"/channels/routes/{route.pk}/canary/start/",
+                           {"channel": candidate.pk, "percent": 5, "auto": "on"})
+    assert response.status_code == 302
+    route.refresh_from_db()
+    assert (route.canary_state, route.canary_percent, route.canary_auto) == (CanaryState.RUNNING, 5, True)
+    assert "5%</strong> of the requests go to" in client.get(f"/channels/routes/{route.pk}/").content.decode()
+
+    client.post(f"/channels/routes/{route.pk}/canary/promote/")  # too few requests to judge: the user decides
+    route.refresh_from_db()
+    assert route.canary_percent == 25
+    RequestLog.objects.bulk_create([RequestLog(team=setup["team"], route=route, channel=candidate, canary=True,
+                                               endpoint="chat", model="chat", status_code=200, outcome="ok",
+                                               latency_ms=10, json_requested=True, json_valid=False)
+                                    for _ in range(25)])
+    client.post(f"/channels/routes/{route.pk}/canary/promote/")  # the guards run first: broken JSON rolls back
+    route.refresh_from_db()
+    assert (route.canary_state, route.canary_percent) == (CanaryState.ROLLED_BACK, 0)
+    page = client.get(f"/channels/routes/{route.pk}/").content.decode()
+    assert "Rolled back" in page and "JSON parse failures 100.0% (25 of 25" in page
+    assert "canary rolled back" in client.get("/channels/").content.decode()
+    events = AuditEvent.objects.filter(action__startswith="canary").order_by("at", "pk")
+    assert [(event.action, event.actor) for event in events] == [
+        (AuditAction.CANARY_STARTED, setup["alice"]), (AuditAction.CANARY_PROMOTED, setup["alice"]),
+        (AuditAction.CANARY_ROLLED_BACK, setup["alice"])]  # she pressed the button that ran the guards

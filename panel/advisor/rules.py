@@ -190,8 +190,8 @@ def awq_with_memory_to_spare(*, deployment, gpu_bytes, gpu_name):
     return Recommendation(
         rule="awq_spare_memory", severity="info", key=f"deployment:{deployment.pk}",
         title=f"{profile.name} serves 4-bit AWQ on a GPU with memory to spare",
-        evidence=[f"{gpu_name}: {_gib(gpu_bytes)} per GPU, budget {profile.gpu_memory_utilization:.2f} × = "
-                  f"{_gib(budget)}",
+        evidence=[f"{gpu_name}: {_gib(gpu_bytes)} per GPU; the engine's budget is "
+                  f"{profile.gpu_memory_utilization:.2f} × {_gib(gpu_bytes)} = {_gib(budget)}",
                   f"the FP16 weights would take {_gib(fp16)} per GPU ({_percent(fp16 / budget)} of the budget)"],
         fix="Benchmark the FP16 (or FP8) model against this deployment on the same workload (Benchmarks). "
             "Weight-only INT4 dequantizes weights inside every matrix multiply: on a GPU with memory to spare "

@@ -179,20 +179,22 @@ def canary_guards(*, route, now=None):
             "clean": not problems and candidate["requests"] >= minimum, "minimum": minimum}
 
 
-def canary_check(*, route, now=None):
+def canary_check(*, route, now=None, request=None):
     """Run the guards on a running canary: roll back when one trips; with the automatic schedule, promote after a
-    clean step of CANARY_STEP_SECONDS. Returns "rolled_back", "promoted", or "watching"."""
+    clean step of CANARY_STEP_SECONDS. Returns "rolled_back", "promoted", or "watching". `request`: the user who
+    asked for the check (the audit log names them), None for the schedule."""
     now = now or timezone.now()
     verdict = canary_guards(route=route, now=now)
     if verdict["problems"]:
-        reason = "Rolled back: " + "; ".join(verdict["problems"]) + "."
-        return "rolled_back" if canary_rollback(route=route, reason=reason, evidence=verdict) else "watching"
+        reason = "; ".join(verdict["problems"]) + "."
+        rolled_back = canary_rollback(route=route, reason=reason, evidence=verdict, request=request)
+        return "rolled_back" if rolled_back else "watching"
     Route.objects.filter(pk=route.pk).update(canary_evidence=verdict, canary_checked_at=now)
     route.canary_evidence, route.canary_checked_at = verdict, now
     step_done = route.canary_step_at and (now - route.canary_step_at).total_seconds() >= settings.CANARY_STEP_SECONDS
     if route.canary_auto and verdict["clean"] and step_done:
         try:
-            canary_promote(route=route, auto=True)
+            canary_promote(route=route, auto=True, request=request)
         except ValidationError:
             return "watching"
         return "promoted"

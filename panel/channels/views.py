@@ -246,7 +246,7 @@ def canary_start_view(request, route_id):
 @team_view(Role.ADMIN)
 def canary_promote_view(request, route_id):
     route = _route(request, route_id)
-    outcome = canary.canary_check(route=route) if route.canary_state == CanaryState.RUNNING else None
+    outcome = canary.canary_check(route=route, request=request) if route.canary_state == CanaryState.RUNNING else None
     if outcome == "rolled_back":
         messages.error(request, f"Not promoted: a guard tripped and the canary was rolled back. "
                                 f"{Route.objects.get(pk=route.pk).canary_reason}")
