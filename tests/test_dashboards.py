@@ -35,8 +35,8 @@ def make_deployment(team, *, price=None, gpu_count=None, ready_hours=10, gpu_ind
                                            num_layers=1, num_attention_heads=1, num_kv_heads=1, hidden_size=1,
                                            head_dim=1, max_position_embeddings=1, dtype="bf16", size_bytes=1)
     profile = ServingProfile.objects.create(team=team, name="p", model=model, served_model_name="tiny-chat")
-    return Deployment.objects.create(team=team, profile=profile, host=host, state="ready", served_model_name="tiny-chat",
-                                     base_url="http://127.0.0.1:9/v1", gpu_indices=list(gpu_indices),
+    return Deployment.objects.create(team=team, profile=profile, host=host, state="ready",
+                                     served_model_name="tiny-chat", base_url="http://127.0.0.1:9/v1", gpu_indices=list(gpu_indices),
                                      ready_at=NOW - timedelta(hours=ready_hours))
 
 

@@ -37,7 +37,8 @@ def vllm_text(*, queries, hits, prompt, generation, ttft_counts, kv=0.25, old=Fa
         lines.append(f'vllm:time_to_first_token_seconds_bucket{{{labels},le="{bound}"}} {count}')
     lines += [f"vllm:time_to_first_token_seconds_count{{{labels}}} {ttft_counts[-1]}",
               f"vllm:time_to_first_token_seconds_sum{{{labels}}} {0.05 * ttft_counts[-1]}",
-              f"# TYPE {itl} histogram", f'{itl}_bucket{{{labels},le="0.02"}} 5', f'{itl}_bucket{{{labels},le="+Inf"}} 6',
+              f"# TYPE {itl} histogram", f'{itl}_bucket{{{labels},le="0.02"}} 5',
+              f'{itl}_bucket{{{labels},le="+Inf"}} 6',
               f"{itl}_count{{{labels}}} 6", f"{itl}_sum{{{labels}}} 0.1"]
     return "\n".join(lines) + "\n"
 

@@ -86,7 +86,9 @@ class CostSummary:
 
     @property
     def monthly_savings(self):
-        return None if self.savings is None or not self.span_seconds else self.savings * MONTH_SECONDS / self.span_seconds
+        if self.savings is None or not self.span_seconds:
+            return None
+        return self.savings * MONTH_SECONDS / self.span_seconds
 
     @property
     def monthly_cost(self):
@@ -158,7 +160,8 @@ def _baseline_channel(team, rows, channels):
     carried = {}
     for row in rows:
         if not row["local"] and row["channel_id"] in channels:
-            carried[row["channel_id"]] = carried.get(row["channel_id"], 0) + row["prompt_tokens"] + row["completion_tokens"]
+            tokens = row["prompt_tokens"] + row["completion_tokens"]
+            carried[row["channel_id"]] = carried.get(row["channel_id"], 0) + tokens
     if carried:
         return channels[max(carried, key=carried.get)]
     remote = [channel for channel in channels.values() if channel.kind == "remote" and channel.enabled]

@@ -21,6 +21,21 @@ class Table:
     rows: list = field(default_factory=list)
     note: str = ""
 
+    @property
+    def display_rows(self):
+        """Rows as the page shows them: (text, is a number); the CSV keeps the plain values."""
+        return [[_display(value) for value in row] for row in self.rows]
+
+
+def _display(value):
+    if value is None or value == "":
+        return ("—" if value is None else "", False)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return (str(value), False)
+    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
+        return (f"{int(value):,}", True)
+    return (f"{value:,.6g}" if abs(value) < 1000 else f"{value:,.2f}", True)
+
 
 @dataclass
 class Page:
@@ -57,8 +72,10 @@ def _rate(part, whole):
     return round(100 * part / whole, 2) if whole else None
 
 
-def _per_minute(value, query):
-    return round(value * 60 / query.step, 2)
+def _per_minute(value, query, t):
+    # The last step is still running: divide by the part of it that has passed, or it would always dip.
+    elapsed = min(query.step, max(query.end - t, 1))
+    return round(value * 60 / elapsed, 2)
 
 
 def _ms(value):
@@ -74,12 +91,12 @@ def overview(query):
     page = Page()
     rows = usage_by_step(query, by="channel_id", columns=("requests", "prompt_tokens", "completion_tokens"))
     name = lambda pk: channels.get(pk, "(no channel)")  # noqa: E731
-    series = fig.by_series(rows, "channel_id", lambda row: _per_minute(row["requests"], query), name)
+    series = fig.by_series(rows, "channel_id", lambda row: _per_minute(row["requests"], query, row["t"]), name)
     page.figures["requests"] = fig.figure("Requests per minute by channel", [
         fig.line(label, xs, ys, i) for i, (label, (xs, ys)) in enumerate(sorted(series.items()))],
         y_title="requests / min")
-    series = fig.by_series(rows, "channel_id", lambda row: _per_minute(row["prompt_tokens"] + row["completion_tokens"],
-                                                                         query), name)
+    series = fig.by_series(rows, "channel_id", lambda row: _per_minute(
+        row["prompt_tokens"] + row["completion_tokens"], query, row["t"]), name)
     page.figures["tokens"] = fig.figure("Tokens per minute by channel", [
         fig.line(label, xs, ys, i) for i, (label, (xs, ys)) in enumerate(sorted(series.items()))],
         y_title="tokens / min")

@@ -57,8 +57,9 @@ def usage_seed_fixtures(*, team):
     for name in ("web-app", "batch-jobs", "agent", "support-bot", "analytics"):
         key = TeamKey.objects.filter(team=team, name=f"seed-{name}").first()
         if key is None:
-            key = TeamKey.objects.create(team=team, name=f"seed-{name}", key_hash=f"seed-{team.pk}-{name}".ljust(64, "0")[:64],
-                                         last4="seed", revoked_at=now)  # revoked: no usable key exists
+            # A hash no key has, and revoked: the seeded keys can never be used.
+            key = TeamKey.objects.create(team=team, name=f"seed-{name}", last4="seed", revoked_at=now,
+                                         key_hash=f"seed-{team.pk}-{name}".ljust(64, "0")[:64])
         keys.append(key)
     return local, clouds, keys
 
