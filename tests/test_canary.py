@@ -285,3 +285,12 @@ def test_it_runs_the_canary_from_the_route_page(client, setup):
     assert [(event.action, event.actor) for event in events] == [
         (AuditAction.CANARY_STARTED, setup["alice"]), (AuditAction.CANARY_PROMOTED, setup["alice"]),
         (AuditAction.CANARY_ROLLED_BACK, setup["alice"])]  # she pressed the button that ran the guards
+
+
+def test_it_schedules_the_canary_guard_on_beat(settings):
+    from workers.celery import app
+
+    entry = settings.CELERY_BEAT_SCHEDULE["check-canaries"]
+    assert entry == {"task": "panel.advisor.tasks.check_canaries", "schedule": settings.CANARY_CHECK_EVERY_SECONDS}
+    app.loader.import_default_modules()
+    assert "panel.advisor.tasks.check_canaries" in app.tasks
