@@ -308,3 +308,31 @@ def test_it_computes_the_cost_per_million_tokens():
     # 2 per GPU hour, 1 GPU, 100 tokens/s = 0.36 M tokens/hour -> 5.56 per million
     assert round(ladders.cost_per_million(2, 1, 100), 2) == 5.56
     assert ladders.cost_per_million(0, 1, 100) is None
+
+
+def test_it_cancels_a_running_benchmark_within_a_heartbeat(transactional_db, client, team_setup):
+    import threading
+
+    from panel.jobs.services import job_events
+
+    team = team_setup["team_a"]
+    with FakeUpstream(chunks=20, chunk_delay=0.05) as fake:  # one request takes about a second
+        channel = fake_channel(team, fake)
+        run = benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk, requests=200,
+                               warmup_requests=0, concurrency=2, enqueue=False)
+        worker = threading.Thread(target=benchmark_execute, kwargs={"run_id": run.pk, "worker": "test"})
+        worker.start()
+        from tests.conftest import wait_until
+
+        wait_until(lambda: BenchmarkRun.objects.get(pk=run.pk).state == JobState.RUNNING, message="running")
+        client.force_login(team_setup["alice"])
+        response = client.post(reverse("benchmark_cancel", args=["run", run.pk]))
+        assert response.status_code == 302
+        worker.join(timeout=20)
+        assert not worker.is_alive()
+        sent = fake.request_count
+    run.refresh_from_db()
+    assert run.state == JobState.CANCELLED and sent < 200
+    assert [event.to_state for event in job_events(run)] == ["pending", "running", "cancelling", "cancelled"]
+    assert AuditEvent.objects.filter(action=AuditAction.JOB_CANCELLED, target=f"run #{run.pk}").exists()
+    assert client.post(reverse("benchmark_cancel", args=["nonsense", run.pk])).status_code == 400

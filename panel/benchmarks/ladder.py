@@ -3,6 +3,7 @@ profile, launch its deployment (the GPU worker runs it), benchmark it with the j
 
 Only one deployment of a ladder or sweep is up at a time, so every step gets the whole host."""
 import json
+import logging
 import time
 from decimal import Decimal
 
@@ -13,9 +14,11 @@ from django.db import close_old_connections, transaction
 from panel.benchmarks import services
 from panel.benchmarks.models import BenchmarkRun, Ladder, Sweep, TargetKind
 from panel.jobs.models import JobState
-from panel.jobs.services import job_cancelled, job_claim, job_created, job_fail, job_heartbeat, job_succeed
+from panel.jobs.services import job_cancel, job_cancelled, job_claim, job_created, job_fail, job_heartbeat, job_succeed
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
 from panel.serving.services import deployment_launch, deployment_stop, host_pick, profile_check
+
+log = logging.getLogger(__name__)
 
 MAX_SWEEP_VALUES = 8
 
@@ -203,7 +206,8 @@ class StepRunner:
             job_fail(run, kind="target_unavailable", reason=str(error))
             return
         if cancelled:
-            job_fail(run, kind="cancelled", reason="the ladder or sweep was cancelled")
+            job_cancel(run, actor=None)
+            job_cancelled(run)
             raise Cancelled()
         if summary["ok"] == 0:
             job_fail(run, kind="all_requests_failed",
@@ -250,6 +254,10 @@ def _run_steps(job, *, worker, plan, record):
     except Cancelled:
         job_cancelled(job)
         return False
+    except Exception as error:  # the job must not stay "running" until the reaper finds it
+        log.exception("%s failed", job)
+        job_fail(job, kind="internal_error", reason=f"{type(error).__name__}: {error}")
+        raise
     job.result = record(outcomes)
     return job_succeed(job, result=job.result)
 
@@ -286,7 +294,7 @@ def ladder_table(ladder):
             row["cost_per_million"] = cost_per_million(price, devices, throughput)
             if previous:
                 row["gain_vs_previous"] = f"{throughput / previous - 1:+.0%}"
-            if baseline:
+            if baseline and previous != baseline:
                 row["gain_vs_baseline"] = f"{throughput / baseline - 1:+.0%}"
             previous = throughput
             baseline = baseline or throughput

@@ -213,6 +213,9 @@ def benchmark_perform(run):
     except TargetError as error:
         job_fail(run, kind="target_unavailable", reason=str(error))
         return False
+    except Exception as error:  # the run must not stay "running" until the reaper finds it
+        job_fail(run, kind="internal_error", reason=f"{type(error).__name__}: {error}")
+        raise
     if progress.stop:
         job_cancelled(run)
         return False
