@@ -336,3 +336,41 @@ def test_it_cancels_a_running_benchmark_within_a_heartbeat(transactional_db, cli
     assert [event.to_state for event in job_events(run)] == ["pending", "running", "cancelling", "cancelled"]
     assert AuditEvent.objects.filter(action=AuditAction.JOB_CANCELLED, target=f"run #{run.pk}").exists()
     assert client.post(reverse("benchmark_cancel", args=["nonsense", run.pk])).status_code == 400
+
+
+def test_it_paces_requests_at_a_request_rate(team_setup):
+    team = team_setup["team_a"]
+    with FakeUpstream(chunks=4) as fake:
+        channel = fake_channel(team, fake)
+        paced = run_now(benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk,
+                                         requests=20, warmup_requests=0, concurrency=20, request_rate=10,
+                                         enqueue=False))
+        closed = run_now(benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk,
+                                          requests=20, warmup_requests=0, concurrency=20, enqueue=False))
+    assert paced.result["ok"] == closed.result["ok"] == 20
+    # 20 Poisson arrivals at 10/s take about 2 s; the closed loop sends all 20 at once.
+    assert paced.result["seconds"] > 0.8 > closed.result["seconds"]
+    assert "10 req/s" in paced.workload_summary
+
+
+def test_it_refuses_bad_ladder_and_sweep_forms(client, team_setup, tiny_model):
+    from panel.serving.models import ServingProfile
+
+    client.force_login(team_setup["alice"])
+    assert client.get(reverse("benchmark_ladder_create")).status_code == 200
+    assert client.get(reverse("benchmark_sweep_create")).status_code == 200
+    base = {"workload": "builtin", "input_tokens": 32, "output_tokens": 8, "requests": 5, "warmup_requests": 1,
+            "concurrency": 2}
+    response = client.post(reverse("benchmark_ladder_create"), dict(
+        base, model=tiny_model.pk, small_max_num_seqs=8, large_max_num_seqs=4, max_model_len=512))
+    assert response.status_code == 400 and "must be above the small one" in response.content.decode()
+    profile = ServingProfile.objects.create(team=team_setup["team_a"], name="p", model=tiny_model, block_size=32)
+    for values, message in [("4", "Give 2 to 8"), ("a, b", "whole numbers")]:
+        response = client.post(reverse("benchmark_sweep_create"), dict(base, profile=profile.pk, values=values,
+                                                                       p99_target_ms=1000))
+        assert response.status_code == 400 and message in response.content.decode()
+    # No GPU worker online: said in words, nothing queued.
+    response = client.post(reverse("benchmark_sweep_create"), dict(base, profile=profile.pk, values="2, 4",
+                                                                   p99_target_ms=1000))
+    assert response.status_code == 400 and "No GPU worker is online" in response.content.decode()
+    assert not ladders.Ladder.objects.exists() and not ladders.Sweep.objects.exists()

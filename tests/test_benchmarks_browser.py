@@ -13,7 +13,7 @@ from tests.fake_upstream import FakeUpstream
 def test_it_runs_a_benchmark_from_the_page_with_live_progress(start_worker, team_setup, live_server, page):
     team = team_setup["team_a"]
     start_worker("default")
-    with FakeUpstream(chunks=30, chunk_delay=0.01) as fake:
+    with FakeUpstream(chunks=30, chunk_delay=0.04) as fake:  # 80 requests, 4 at a time: about 25 s
         channel = Channel.objects.create(team=team, name="cloud-fake", kind="remote", base_url=fake.base_url,
                                          model_id="fake-model", credential_kind="none", timeout_seconds=10)
         sign_in(page, live_server.url, "alice", "pw-alice-123")
@@ -27,6 +27,7 @@ def test_it_runs_a_benchmark_from_the_page_with_live_progress(start_worker, team
         page.wait_for_url("**/benchmarks/runs/*/")
         # The live region moves through the run: some requests done, not all.
         page.wait_for_selector("text=/request [1-9][0-9]* of 80/", timeout=60000)
+        screenshot(page, "benchmarks-run-progress")
         page.wait_for_selector("text=Output tokens/s", timeout=60000)
         run = BenchmarkRun.objects.get(name="cloud, 4 in flight")
         assert run.state == "succeeded" and run.result["errors"] == 0 and run.result["ok"] == 80
@@ -36,7 +37,7 @@ def test_it_runs_a_benchmark_from_the_page_with_live_progress(start_worker, team
         assert page.get_attribute("[role=progressbar]", "aria-valuenow") == "100"
         screenshot(page, "benchmarks-run")
 
-        fake.chunk_delay = 0.02
+        fake.chunk_delay = 0.01
         other = benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk,
                                  name="cloud, slower", requests=40, concurrency=8, output_tokens=30, enqueue=False)
         benchmark_execute(run_id=other.pk, worker="test")
@@ -44,6 +45,7 @@ def test_it_runs_a_benchmark_from_the_page_with_live_progress(start_worker, team
     page.goto(f"{live_server.url}{reverse('benchmarks')}")
     page.check(f"input[name=run][value='{run.pk}']")
     page.check(f"input[name=run][value='{other.pk}']")
+    screenshot(page, "benchmarks-home")
     page.click("text=Compare selected")
     page.wait_for_selector("[data-plotly] .main-svg")
     assert page.locator("[data-plotly] .main-svg").count() >= 2

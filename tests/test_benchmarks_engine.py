@@ -40,7 +40,7 @@ def wait_final(model, pk, seconds):
     return model.objects.get(pk=pk)
 
 
-def test_it_sweeps_max_num_seqs_with_a_real_benchmark_at_each_value(engine_setup, team_setup):
+def test_it_sweeps_max_num_seqs_with_a_real_benchmark_at_each_value(engine_setup, team_setup, live_server, page):
     team = team_setup["team_a"]
     profile = ServingProfile.objects.create(team=team, name="tiny-cpu", model=engine_setup, max_model_len=512,
                                             block_size=32, max_num_seqs=8, max_num_batched_tokens=2048,
@@ -68,6 +68,10 @@ def test_it_sweeps_max_num_seqs_with_a_real_benchmark_at_each_value(engine_setup
     client.force_login(team_setup["alice"])
     html = client.get(reverse("benchmark_sweep", args=[sweep.pk])).content.decode()
     assert "Best: max_num_seqs = 4" in html and "data-plotly" in html and "Throughput against P99" in html
+    sign_in(page, live_server.url, "alice", "pw-alice-123")
+    page.goto(f"{live_server.url}{reverse('benchmark_sweep', args=[sweep.pk])}")
+    page.wait_for_selector("[data-plotly] .main-svg")
+    screenshot(page, "benchmarks-sweep")
 
 
 def test_it_climbs_the_ladder_on_the_cpu_engine(engine_setup, team_setup, live_server, page):
