@@ -295,3 +295,19 @@ def test_it_lets_admins_set_a_hosts_gpu_price_on_the_workers_page(client, team_s
     client.force_login(team_setup["vera"])  # a viewer sees no form and may not post
     assert 'id="gpu-prices"' not in client.get(reverse("hosts")).content.decode()
     assert client.post(reverse("host_price", args=[host.pk]), {"gpu_price_per_hour": "1"}).status_code == 403
+
+
+def test_it_seeds_usage_both_ways_and_the_rollup_still_matches(team_setup):
+    from panel.dashboards.seed import usage_seed, usage_seed_sql
+
+    team = team_setup["team_a"]
+    usage_seed(team=team, count=300, days=1)
+    usage_seed_sql(team=team, count=700, days=1, chunk=500)
+    records = RequestLog.objects.filter(team=team)
+    assert records.count() == 1000
+    assert set(records.values_list("model", flat=True)) == {"qwen2.5-14b-awq", "qwen2.5-14b-instruct", "deepseek-v3"}
+    assert not records.filter(model="qwen2.5-14b-awq", cost__gt=0).exists()  # local tokens cost no channel price
+    cloud = records.exclude(model="qwen2.5-14b-awq").filter(outcome="ok").first()
+    assert cloud.cost == cloud.channel.cost(cloud.prompt_tokens, cloud.completion_tokens, cloud.cached_tokens)
+    usage_rollup_run()
+    assert_rollups_match(team)
