@@ -68,8 +68,11 @@ def test_it_masks_timestamps_ids_and_names_but_keeps_the_words():
     masked = mask("You help ACME. Now: 2026-11-30T05:44:37Z. The user is Alice Smith, session "
                   "3f2a9c1e-1111-2222-3333-444455556666, order 12345, trace a3f9c2e1b7, request req_8f3k2j9x.")
     assert masked == ("You help ACME. Now: <datetime>. The user is <name>, session <uuid>, order <number>, "
-                      "trace <hex_id>, request <token_id>.")
-    assert mask("当前时间：2026年11月30日 13:45。用户：张三。") == "当前时间：<cjk_date>。用户：<name>。"
+                      "trace <hex_id>, request <id>.")
+    assert mask("Today is Monday, November 30 at 5:44 PM. Hello, Dear Customer.") == \
+        "Today is <date>, <date> <number> at <time>. Hello, <name>."
+    assert mask("当前时间：2026年11月30日 13:45。用户：张三。") == "当前时间：<id> <time>。用户：<name>。"
+    assert mask("Answer briefly. Use Markdown.") == "Answer briefly. Use Markdown."  # nothing dynamic
     one = system_prompt_hashes({"messages": [{"role": "system", "content": "Time: 10:15. User: Bob."},
                                              {"role": "user", "content": "hi"}]})
     two = system_prompt_hashes({"messages": [{"role": "system", "content": "Time: 11:42. User: Carol."}]})
