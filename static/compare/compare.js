@@ -248,6 +248,7 @@
       layoutColumns(keys, data.columns.map((c) => c.label));
       document.querySelectorAll("#column-pickers select").forEach((s) => { s.disabled = true; });
       $("system-prompt").readOnly = true;
+      if ($("share-toggle")) $("share-toggle").hidden = false;
     }
     $("message").value = "";
     data.columns.forEach((c) => {
@@ -303,14 +304,16 @@
           line.textContent = event.number + " of " + repeats + " sent · " + failed + " did not parse" +
             (event.ok ? "" : " · error: " + event.diagnosis);
         } else if (event.type === "summary") {
-          box.classList.add(event.alarm ? "alarm" : "fine");
+          const failed = event.alarm || event.answered === 0;
+          box.classList.add(failed ? "alarm" : "fine");
           line.textContent = "";
-          const rate = event.failure_rate === null ? "–" : (event.failure_rate * 100).toFixed(1) + " %";
-          box.appendChild(el("div", "rate", rate + " failed to parse"));
+          box.appendChild(el("div", "rate", event.answered === 0 ? "no answer to check" :
+            (event.failure_rate * 100).toFixed(1) + " % failed to parse"));
           box.appendChild(el("div", "", event.failures + " of " + event.answered + " answers are not JSON" +
             (event.errors ? "; " + event.errors + " requests failed" : "") + " · alarm line " +
             config.jsonAlarmPercent + " %" + (event.alarm ? ": above it" : "")));
-          setStatus(column, event.alarm ? "JSON alarm" : "JSON ok", event.alarm ? "failed" : "done");
+          setStatus(column, event.answered === 0 ? "failed" : event.alarm ? "JSON alarm" : "JSON ok",
+            failed ? "failed" : "done");
         }
       });
     });
