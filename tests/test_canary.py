@@ -294,3 +294,17 @@ def test_it_schedules_the_canary_guard_on_beat(settings):
     assert entry == {"task": "panel.advisor.tasks.check_canaries", "schedule": settings.CANARY_CHECK_EVERY_SECONDS}
     app.loader.import_default_modules()
     assert "panel.advisor.tasks.check_canaries" in app.tasks
+
+
+def test_it_rolls_back_on_its_own_with_beat_and_a_worker(gateway, setup, candidate_fake, start_worker):
+    fast = {"TOKENWISE_CANARY_CHECK_EVERY_SECONDS": "1", "TOKENWISE_CANARY_MIN_REQUESTS": "10"}
+    start_worker("default", **fast)
+    start_worker("beat", **fast)
+    candidate_fake.behave("broken_json_content")
+    route = canary_start(route=setup["route"], channel=setup["candidate"], percent=25)
+    with httpx.Client(timeout=30) as client:
+        send(client, gateway, setup["raw"], 100)
+    wait_until(lambda: Route.objects.get(pk=route.pk).canary_state == CanaryState.ROLLED_BACK, seconds=30,
+               message="the beat's check to roll the canary back")
+    [rolled] = audit(AuditAction.CANARY_ROLLED_BACK)
+    assert rolled.actor is None and "JSON parse failures 100.0%" in rolled.detail["reason"]
