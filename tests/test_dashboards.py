@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from panel.channels.models import Channel
 from panel.dashboards.cost import cost_summary
-from panel.dashboards.models import HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COLUMNS, UsageRollup
+from panel.dashboards.models import DAY, HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COLUMNS, UsageRollup
 from panel.dashboards.pages import TABS, dashboard_page
 from panel.dashboards.rollup import bucket_of, usage_rollup_run
 from panel.dashboards.selectors import DashboardQuery, percentile_from_buckets
@@ -36,7 +36,8 @@ def make_deployment(team, *, price=None, gpu_count=None, ready_hours=10, gpu_ind
                                            head_dim=1, max_position_embeddings=1, dtype="bf16", size_bytes=1)
     profile = ServingProfile.objects.create(team=team, name="p", model=model, served_model_name="tiny-chat")
     return Deployment.objects.create(team=team, profile=profile, host=host, state="ready",
-                                     served_model_name="tiny-chat", base_url="http://127.0.0.1:9/v1", gpu_indices=list(gpu_indices),
+                                     served_model_name="tiny-chat", base_url="http://127.0.0.1:9/v1",
+                                     gpu_indices=list(gpu_indices),
                                      ready_at=NOW - timedelta(hours=ready_hours))
 
 
@@ -107,7 +108,7 @@ def stored_rollups(team, period):
 
 
 def assert_rollups_match(team):
-    for period in (MINUTE, HOUR):
+    for period in (MINUTE, HOUR, DAY):
         want, got = expected_rollups(team, period), stored_rollups(team, period)
         assert set(got) == set(want), period
         for key, values in want.items():

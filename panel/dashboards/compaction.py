@@ -1,18 +1,18 @@
-"""Engine samples are kept at scrape resolution (10 s) for an hour, per minute for six hours, per hour after that,
-so a 30-day page reads about 1,400 rows a deployment instead of 260,000. A compacted row sums the deltas of the rows it
-replaces, merges their histograms, averages their gauges, keeps the newest cumulative values (the next scrape's
-delta is taken against them) and counts their gaps."""
+"""Engine samples are kept at scrape resolution (10 s) for an hour, per minute for six hours, per hour for a
+week, per day after that, so a 30-day page reads about 850 rows a deployment instead of 260,000. A compacted row
+sums the deltas of the rows it replaces, merges their histograms, averages their gauges, keeps the newest
+cumulative values (the next scrape's delta is taken against them) and counts their gaps."""
 from collections import defaultdict
 from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
-from panel.dashboards.models import HOUR, MINUTE, EngineSample
+from panel.dashboards.models import DAY, HOUR, MINUTE, EngineSample
 from panel.dashboards.selectors import merge_histogram
 
 # (rows older than this, are merged into rows of this period)
-TIERS = ((timedelta(hours=1), MINUTE), (timedelta(hours=6), HOUR))
+TIERS = ((timedelta(hours=1), MINUTE), (timedelta(hours=6), HOUR), (timedelta(days=7), DAY))
 COUNTERS = ("prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens", "seconds")
 GAUGES = ("kv_cache_usage", "running", "waiting")
 

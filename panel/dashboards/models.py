@@ -9,14 +9,16 @@ BUCKETS = len(BUCKET_BOUNDS_MS) + 1
 
 MINUTE = 60
 HOUR = 3600
+DAY = 86400  # UTC days
 
 
 class UsageRollup(models.Model):
-    """The usage records of one period (a minute or an hour) for one team / channel / key / model. `start` is the
-    period's start in epoch seconds, so pages group by any coarser step with integer division on both databases."""
+    """The usage records of one period (a minute, an hour or a UTC day) for one team / channel / key / model.
+    `start` is the period's start in epoch seconds, so pages group by any coarser step with integer division on
+    both databases."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
-    period = models.PositiveIntegerField()  # MINUTE or HOUR
+    period = models.PositiveIntegerField()  # MINUTE, HOUR or DAY
     start = models.BigIntegerField()
     channel = models.ForeignKey("channels.Channel", null=True, blank=True, on_delete=models.SET_NULL,
                                 related_name="+", db_constraint=False)
@@ -65,7 +67,7 @@ class EngineSample(models.Model):
     at = models.DateTimeField(db_index=True)
     ok = models.BooleanField(default=True)  # False: a gap (the scrape failed); a compacted row: any scrape worked
     gaps = models.PositiveIntegerField(default=0)  # failed scrapes this row stands for
-    period = models.PositiveIntegerField(default=0)  # 0: one scrape; 60 or 3600: compacted (see compaction.py)
+    period = models.PositiveIntegerField(default=0)  # 0: one scrape; a minute, hour or day: compacted (compaction.py)
     warning = models.TextField(blank=True)
     restarted = models.BooleanField(default=False)  # a counter went down: the engine restarted
     seconds = models.FloatField(default=0)  # since the previous good scrape; 0 for the first

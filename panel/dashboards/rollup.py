@@ -10,8 +10,8 @@ from collections import defaultdict
 from django.db import transaction
 from django.db.models import F, Sum
 
-from panel.dashboards.models import (BUCKET_BOUNDS_MS, HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COLUMNS, RollupWatermark,
-                                     UsageRollup)
+from panel.dashboards.models import (BUCKET_BOUNDS_MS, DAY, HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COLUMNS,
+                                     RollupWatermark, UsageRollup)
 
 # Ids are re-read this far behind the watermark: on PostgreSQL two writers can commit ids out of order, so a row
 # with a smaller id may become visible after a larger one. Re-reading is cheap because the work is idempotent.
@@ -67,14 +67,16 @@ def _run(batch_ids):
 
 
 def usage_rollup_minutes(*, team_id, minutes, channels=None):
-    """Recompute the given minutes (epoch seconds) of one team from the raw records, and the hours that hold them."""
+    """Recompute the given minutes (epoch seconds) of one team from the raw records, and the hours and days that
+    hold them."""
     channels = _channel_facts() if channels is None else channels
     for first, last in _runs(sorted(minutes)):
         with transaction.atomic():
             rows = _aggregate_minutes(team_id, first, last, channels)
             UsageRollup.objects.filter(team_id=team_id, period=MINUTE, start__gte=first, start__lte=last).delete()
             _insert(rows)
-            _rebuild_hours(team_id, _floor(first, HOUR), _floor(last, HOUR))
+            _rebuild(team_id, MINUTE, HOUR, _floor(first, HOUR), _floor(last, HOUR))
+            _rebuild(team_id, HOUR, DAY, _floor(first, DAY), _floor(last, DAY))
 
 
 def _aggregate_minutes(team_id, first, last, channels):
@@ -132,15 +134,15 @@ AGGREGATES = _aggregates()
 FLOATS = {"cost", "ttft_sum_ms", "latency_sum_ms"}
 
 
-def _rebuild_hours(team_id, first_hour, last_hour):
-    minutes = UsageRollup.objects.filter(team_id=team_id, period=MINUTE, start__gte=first_hour,
-                                         start__lt=last_hour + HOUR)
+def _rebuild(team_id, source, target, first, last):
+    """Recompute the `target`-period rows from first to last (their starts) by summing the `source`-period rows."""
+    finer = UsageRollup.objects.filter(team_id=team_id, period=source, start__gte=first, start__lt=last + target)
     dimensions = ("channel_id", "deployment_id", "key_id", "model", "local")
-    hours = (minutes.annotate(hour=F("start") / HOUR * HOUR).order_by().values("hour", *dimensions)
-             .annotate(**{f"total_{name}": Sum(name) for name in SUMMED}))
-    rows = [{"team_id": team_id, "period": HOUR, "start": row["hour"], **{name: row[name] for name in dimensions},
-             **{name: row[f"total_{name}"] or 0 for name in SUMMED}} for row in hours]
-    UsageRollup.objects.filter(team_id=team_id, period=HOUR, start__gte=first_hour, start__lte=last_hour).delete()
+    coarse = (finer.annotate(bucket=F("start") / target * target).order_by().values("bucket", *dimensions)
+              .annotate(**{f"total_{name}": Sum(name) for name in SUMMED}))
+    rows = [{"team_id": team_id, "period": target, "start": row["bucket"], **{name: row[name] for name in dimensions},
+             **{name: row[f"total_{name}"] or 0 for name in SUMMED}} for row in coarse]
+    UsageRollup.objects.filter(team_id=team_id, period=target, start__gte=first, start__lte=last).delete()
     _insert(rows)
 
 

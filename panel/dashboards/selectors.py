@@ -5,16 +5,16 @@ from dataclasses import dataclass
 
 from django.db.models import F, Sum
 
-from panel.dashboards.models import (BUCKET_BOUNDS_MS, HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COLUMNS, EngineSample,
-                                     UsageRollup)
+from panel.dashboards.models import (BUCKET_BOUNDS_MS, DAY, HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COLUMNS,
+                                     EngineSample, UsageRollup)
 
-# range → (span seconds, chart step seconds, rollup period read). A day is read from hour rows: 24 points, and
-# 24 times fewer rows than minutes (a busy team has one row per minute per channel, key and model).
+# range → (span seconds, chart step seconds, rollup period read). A day is read from hour rows (24 points, 24 times
+# fewer rows than minutes: a busy team has a row per minute per channel, key and model), 30 days from day rows.
 RANGES = {
     "1h": (HOUR, MINUTE, MINUTE),
     "24h": (24 * HOUR, HOUR, HOUR),
     "7d": (7 * 24 * HOUR, HOUR, HOUR),
-    "30d": (30 * 24 * HOUR, 6 * HOUR, HOUR),
+    "30d": (30 * 24 * HOUR, DAY, DAY),
 }
 QUANTILES = (0.5, 0.95, 0.99)
 COUNTS = ("requests", "errors", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens", "cost",
