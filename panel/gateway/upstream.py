@@ -105,7 +105,9 @@ def headers_for(target):
             "authorization": f"Bearer {target.api_key}"}
 
 
-def error_from_response(status, body_bytes, headers):
+def error_from_response(status, body_bytes, headers, *, secret=""):
+    if secret and len(secret) >= 4:  # some providers echo the key they refused; never pass it on to the client
+        body_bytes = body_bytes.replace(secret.encode(), b"****")
     retry_after = None
     if status == 429:
         try:
@@ -143,7 +145,7 @@ async def post_json(target, path, payload):
     except TRANSPORT_ERRORS as error:
         raise UpstreamError("connection", f"cannot reach the channel ({type(error).__name__})") from None
     if status != 200:
-        raise error_from_response(status, body, headers)
+        raise error_from_response(status, body, headers, secret=target.api_key)
     try:
         return json.loads(body)
     except ValueError:
@@ -178,7 +180,7 @@ async def open_stream(target, path, payload):
         except (asyncio.TimeoutError, *TRANSPORT_ERRORS):
             body = b""
         response.close()
-        raise error_from_response(response.status, body, response.headers)
+        raise error_from_response(response.status, body, response.headers, secret=target.api_key)
     lines = stream_lines(response)
     first = []
     try:
