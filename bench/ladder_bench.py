@@ -6,7 +6,7 @@ ladder (FP16 baseline → + AWQ → + prefix caching → + larger max_num_seqs a
 workload, and print the seeds' table as Markdown. Engine starts: four, so run it under the heavy-run lock:
 
     [LADDER_REQUESTS=64 LADDER_PRICE=1.00 LADDER_BENCH_OUT=/tmp/ladder-bench.md] \
-    flock /tmp/tw-heavy.lock .venv/bin/python -m pytest bench/ladder_bench.py -p tests.conftest -s -q
+    flock /tmp/tw-heavy.lock .venv/bin/python -m pytest bench/ladder_bench.py -p tests.settings -p tests.conftest -s -q
 """
 import json
 import os

@@ -3,6 +3,8 @@ ladder or sweep task lives as long as its steps (it waits for the GPU worker's d
 from celery import shared_task
 from django.conf import settings
 
+import workers  # noqa: F401  (loads the Celery app, so a task sent from the web process uses its broker)
+
 JOB_LIMITS = {"soft_time_limit": settings.JOB_SOFT_TIME_LIMIT, "time_limit": settings.JOB_HARD_TIME_LIMIT}
 
 
