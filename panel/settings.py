@@ -140,6 +140,13 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
+# Request size: a form's text (Django's own limit, stated here) and a whole upload (panel.core.limits).
+DATA_UPLOAD_MAX_MEMORY_SIZE = envint("TOKENWISE_MAX_FORM_BYTES", 2_621_440, minimum=1024)
+MAX_UPLOAD_BYTES = envint("TOKENWISE_MAX_UPLOAD_BYTES", 25 * 1024 * 1024, minimum=1024)  # calibration files: 20 MB
+FILE_UPLOAD_HANDLERS = ["panel.core.limits.UploadSizeLimit",
+                        "django.core.files.uploadhandler.MemoryFileUploadHandler",
+                        "django.core.files.uploadhandler.TemporaryFileUploadHandler"]
+
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(envstr("TOKENWISE_STATIC_ROOT", str(DATA_DIR / "static")))

@@ -43,3 +43,5 @@ urlpatterns += [
     for section in SECTIONS
     if not section.built
 ]
+
+handler400 = "panel.core.limits.bad_request"  # too-large forms and uploads: 413 with the limit in words
