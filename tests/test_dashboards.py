@@ -179,6 +179,8 @@ def test_it_computes_the_cost_page_as_by_hand(traffic):
     span = query.end - query.start
     assert summary.monthly_savings == pytest.approx(66 * 30 * 86400 / span)
     assert summary.per_million("remote") == pytest.approx(5 / 2)
+    # Break-even: 5.00 an hour / (116 / 130 M tokens) = 5,603,448 tokens an hour.
+    assert summary.break_even_tokens_per_hour == pytest.approx(5 / (116 / 130e6))
     # A key filter splits a deployment's GPU cost by that key's share of its tokens (here: no tokens → 0).
     key_query = DashboardQuery(team=team, range="24h", now=NOW.timestamp(), key_id=traffic["keys"][0].pk)
     assert [line for line in cost_summary(key_query).lines if line.kind == "local"] == []

@@ -94,6 +94,17 @@ class CostSummary:
     def monthly_cost(self):
         return self.actual * MONTH_SECONDS / self.span_seconds if self.span_seconds else None
 
+    @property
+    def break_even_tokens_per_hour(self):
+        """The local load at which a GPU hour costs what its tokens would at the cloud baseline: below it the
+        local deployment is the dearer one. None without local traffic, a price or a baseline."""
+        priced = [line for line in self.lines if line.kind == "local" and line.hourly and line.baseline and line.tokens]
+        if not priced:
+            return None
+        hourly = sum(line.hourly for line in priced) / len(priced)
+        baseline_per_token = sum(line.baseline for line in priced) / sum(line.tokens for line in priced)
+        return hourly / baseline_per_token
+
     def per_million(self, kind):
         tokens = self._tokens(kind)
         return self._total(kind) / tokens * 1_000_000 if tokens else None

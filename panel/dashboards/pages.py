@@ -263,6 +263,9 @@ def cost(query):
         ["monthly projection: cost", _money(summary.monthly_cost)],
         ["monthly projection: savings", _money(summary.monthly_savings)],
         ["local cost / 1M tokens", _money(summary.per_million("local"))],
+        ["break-even local load (tokens / hour)", _whole(summary.break_even_tokens_per_hour)],
+        ["local load now (tokens / hour)", _whole(summary.local_tokens / (summary.span_seconds / 3600))
+         if summary.span_seconds else None],
         ["cloud cost / 1M tokens", _money(summary.per_million("remote"))]],
         note="Monthly projection: this range's numbers scaled to 30 days."))
     page.cards = [("Local / 1M tokens", _fmt_money(summary.per_million("local")), "GPU hours ÷ tokens served"),
@@ -283,6 +286,10 @@ def _engine_series(steps, name, quantile, deployments):
         xs.append(row["t"])
         ys.append(_seconds_ms(value))
     return series
+
+
+def _whole(value):
+    return None if value is None else int(round(value))
 
 
 def _seconds_ms(value):
