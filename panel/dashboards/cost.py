@@ -8,7 +8,6 @@
   (the remote channel that carried the most tokens in the range, else the first enabled one).
 - Monthly projection: the range's savings scaled to 30 days."""
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 
 from panel.dashboards.selectors import DashboardQuery, usage_grouped
 
@@ -187,6 +186,3 @@ def _deployment_tokens(query):
             for row in usage_grouped(whole, by=("deployment_id",), columns=("prompt_tokens", "completion_tokens"))
             if row["deployment_id"] is not None}
 
-
-def utc(seconds):
-    return datetime.fromtimestamp(seconds, tz=timezone.utc)
