@@ -161,3 +161,17 @@ def test_it_refuses_every_member_action_below_admin(client, people, role):
         assert client.post(url, data).status_code == 403
     assert m(team, "adam").role == Role.ADMIN and Membership.objects.filter(team=team).count() == 4
     assert len(audits(AuditAction.REFUSED)) == 3
+
+
+def test_it_hands_out_a_new_link_only_for_a_pending_account_of_this_team(client, people):
+    client.force_login(people["adam"])
+    client.post(reverse("member_invite"), {"who": "dana@example.com", "role": "member"})
+    again = client.post(reverse("member_link", args=[m(people["team_a"], "dana").pk]))
+    assert again.status_code == 200 and "/welcome/" in again.content.decode()
+    active = client.post(reverse("member_link", args=[m(people["team_a"], "mia").pk]), follow=True)
+    assert "/welcome/" not in active.content.decode() and "already set a password" in active.content.decode()
+    # bob (team B's owner) cannot pull the pending account into his team and set its password
+    client.force_login(people["bob"])
+    refused = client.post(reverse("member_invite"), {"who": "dana@example.com", "role": "member"})
+    assert refused.status_code == 400 and "invited to another team" in refused.content.decode()
+    assert not Membership.objects.filter(team=people["team_b"], user__username="dana").exists()

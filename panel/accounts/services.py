@@ -138,6 +138,11 @@ def member_invite(*, team, actor, who, role):
         raise ValidationError(f"No account is named {who!r}. Invite by email to create one.")
     if Membership.objects.filter(team=team, user=user).exists():
         raise ValidationError(f"{user.get_username()} is already a member of {team}.")
+    if not created and not user.is_active and not user.has_usable_password():
+        # A pending account stays in the one team that invited it: that team's admins can hand out its set-password
+        # link, and no other team's admin may (they would pick the password and so enter the first team).
+        raise ValidationError(f"{user.get_username()} was invited to another team and has not set a password yet; "
+                              "invite them again once they have.")
     return Membership.objects.create(team=team, user=user, role=role), created
 
 
