@@ -186,7 +186,7 @@ def test_it_streams_columns_side_by_side_and_diagnoses_the_failing_ones(team_set
             assert (metrics["prompt_tokens"], metrics["completion_tokens"]) == (3, 12)
             assert Decimal(metrics["cost"]) == Decimal(3 * 1 + 12 * 2) / 1_000_000
             # The working column did not wait for the hanging one (2 s timeout).
-            assert finished[0] < 1.5 < finished[3], finished
+            assert finished[3] >= 2 and finished[0] + 0.5 < finished[3], finished
             assert "401 Unauthorized" in results[1][-1]["diagnosis"] and results[1][-1]["ok"] is False
             assert "Connection refused" in results[2][-1]["diagnosis"]
             assert "within 2 s" in results[3][-1]["diagnosis"]
@@ -273,13 +273,15 @@ def test_it_counts_json_failures_and_says_what_to_check_without_a_cache_drop(tea
             wait_until(lambda: RequestLog.objects.filter(json_requested=True).count() == 5, message="rows")
             assert RequestLog.objects.filter(json_valid=False, route=route).count() == 2
 
-            cloud.behave("ok")
+            # The same 0.3 s before each answer: the fake has no cache, so TTFT must not drop (without the delay,
+            # a first request that opens a connection is a few ms slower than the second, which is noise).
+            cloud.behave("hang_before_headers", delay=0.3)
             events = panel.events("/compare/checks/prefix-cache/", {"column": f"channel:{priced.pk}"})
             first, second = (r.json["messages"][0]["content"] for r in cloud.requests[-2:])
             assert first == second and len(first) > 2000 and first.startswith("Check run ")
             assert cloud.requests[-2].json["messages"][1] != cloud.requests[-1].json["messages"][1]
             summary = events[-1]
-            assert summary["ok"] is True and summary["first_ttft_ms"] > 0 and summary["second_ttft_ms"] > 0
+            assert summary["ok"] is True and summary["first_ttft_ms"] >= 300 and summary["second_ttft_ms"] >= 300
             assert summary["dropped"] is False and any("minimum length" in line for line in summary["advice"])
             assert any("Dynamic content" in line for line in summary["advice"])
         finally:

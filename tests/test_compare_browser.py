@@ -46,6 +46,7 @@ def test_it_streams_columns_side_by_side_in_the_browser(page, team_setup, transa
             page.fill("#system-prompt", "You are a concise assistant.")
             page.click("#send")
             expect(page.locator("#compare-error")).to_be_hidden()
+            expect(page.locator(".conversations li.current")).to_contain_text("Explain prefix caching")
 
             columns = page.locator(".compare-column")
             expect(columns).to_have_count(3)

@@ -249,6 +249,7 @@
       document.querySelectorAll("#column-pickers select").forEach((s) => { s.disabled = true; });
       $("system-prompt").readOnly = true;
       if ($("share-toggle")) $("share-toggle").hidden = false;
+      listConversation(data);
     }
     $("message").value = "";
     data.columns.forEach((c) => {
@@ -258,6 +259,24 @@
       streamReply(column, c.stream_url);
     });
     updateBusy();
+  }
+
+  function listConversation(data) {
+    // The new conversation joins the list at once (the server lists it on every later visit).
+    const side = document.querySelector(".compare-side");
+    let list = side.querySelector(".conversations");
+    if (!list) {
+      side.querySelectorAll("p").forEach((p) => p.remove());
+      list = el("ul", "conversations");
+      side.appendChild(list);
+    }
+    list.querySelectorAll("li.current").forEach((li) => li.classList.remove("current"));
+    const item = el("li", "current");
+    const link = el("a", "", data.title);
+    link.href = data.url;
+    item.appendChild(link);
+    item.appendChild(el("span", "muted small", "just now"));
+    list.prepend(item);
   }
 
   // --- checks ------------------------------------------------------------------------------------------------
