@@ -3,6 +3,7 @@ per-column history, and the word diff of two answers. The streaming itself is in
 import difflib
 import math
 import re
+from dataclasses import replace
 
 from django.conf import settings
 from django.db import transaction
@@ -65,22 +66,24 @@ def columns_parse(*, team, keys):
         raise CompareError(f"pick {MIN_COLUMNS} to {MAX_COLUMNS} columns (you picked {len(keys)})", field="columns")
     if len(set(keys)) != len(keys):
         raise CompareError("the same channel or route is picked twice", field="columns")
-    specs = []
-    for key in keys:
-        match = KEY.match(key)
-        if not match:
-            raise CompareError(f"{key!r} is not a column: use channel:<id> or route:<id>", field="columns")
-        kind, pk = match.group(1), int(match.group(2))
-        model = Channel if kind == "channel" else Route
-        row = model.objects.filter(team=team, pk=pk).first()
-        if row is None:
-            raise CompareError(f"{kind} #{pk} does not exist in team {team.name}", status=404, field="columns")
-        if not row.enabled:
-            raise CompareError(f"{kind} {row} is disabled: enable it on the Channels page, or pick another",
-                               field="columns")
-        label = f"{row.name} · {row.model_id}" if kind == "channel" else f"route {row.model_name}"
-        specs.append({"kind": kind, "id": pk, "label": label})
-    return specs
+    return [column_spec(team=team, key=key) for key in keys]
+
+
+def column_spec(*, team, key, field="columns"):
+    """"channel:3" -> {"kind", "id", "label"} for an enabled channel or route of the team (else CompareError)."""
+    match = KEY.match(key) if isinstance(key, str) else None
+    if not match:
+        raise CompareError(f"{key!r} is not a column: use channel:<id> or route:<id>", field=field)
+    kind, pk = match.group(1), int(match.group(2))
+    model = Channel if kind == "channel" else Route
+    row = model.objects.filter(team=team, pk=pk).first()
+    if row is None:
+        raise CompareError(f"{kind} #{pk} does not exist in team {team.name}", status=404, field=field)
+    if not row.enabled:
+        raise CompareError(f"{kind} {row} is disabled: enable it on the Channels page, or pick another",
+                           field=field)
+    label = f"{row.name} · {row.model_id}" if kind == "channel" else f"route {row.model_name}"
+    return {"kind": kind, "id": pk, "label": label}
 
 
 def column_resolve(*, team, spec, index):
@@ -88,8 +91,6 @@ def column_resolve(*, team, spec, index):
 
     A channel column is tried once, without retries: Compare measures that channel, and a retry would hide its
     TTFT. A route column behaves as the gateway does for that route (order, retries, fallback)."""
-    from dataclasses import replace
-
     if spec["kind"] == "channel":
         channel = Channel.objects.filter(team=team, pk=spec["id"]).first()
         if channel is None or not channel.enabled:

@@ -137,22 +137,8 @@ async def _reply_events(conversation_id, column, payload, team_id):
 
 
 def _check_column(request, data):
-    key = data.get("column")
-    if not isinstance(key, str):
-        raise CompareError("column is required, like \"channel:3\"", field="column")
-    match = services.KEY.match(key)
-    if not match:
-        raise CompareError(f"{key!r} is not a column: use channel:<id> or route:<id>", field="column")
-    spec = _spec_for(request.team, match.group(1), int(match.group(2)))
-    return services.column_resolve(team=request.team, spec=spec, index=int(data.get("index") or 0))
-
-
-def _spec_for(team, kind, pk):
-    for choice in services.column_choices(team=team):
-        if choice["kind"] == kind and choice["id"] == pk:
-            return {"kind": kind, "id": pk, "label": choice["label"]}
-    raise CompareError(f"{kind} #{pk} does not exist in team {team.name} (or is disabled)", status=404,
-                       field="column")
+    spec = services.column_spec(team=request.team, key=data.get("column"), field="column")
+    return services.column_resolve(team=request.team, spec=spec, index=0)
 
 
 @team_view(Role.MEMBER)
