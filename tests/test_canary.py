@@ -267,10 +267,18 @@ def test_it_runs_the_canary_from_the_route_page(client, setup):
     route.refresh_from_db()
     assert (route.canary_state, route.canary_percent, route.canary_auto) == (CanaryState.RUNNING, 5, True)
     assert "5%</strong> of the requests go to" in client.get(f"/channels/routes/{route.pk}/").content.decode()
+    RequestLog.objects.bulk_create([RequestLog(team=setup["team"], route=route, channel=candidate, canary=True,
+                                               endpoint="chat", model="chat", status_code=200, outcome="ok",
+                                               latency_ms=42, json_requested=True, json_valid=True)
+                                    for _ in range(3)])
+    assert canary_check(route=route) == "watching"
+    page = client.get(f"/channels/routes/{route.pk}/").content.decode()
+    assert "awq (candidate)</th><td>3</td><td>0</td><td>0 of 3</td><td>42 ms</td>" in page
+    assert "Fewer than 20 candidate requests so far" in page
 
     client.post(f"/channels/routes/{route.pk}/canary/promote/")  # too few requests to judge: the user decides
     route.refresh_from_db()
-    assert route.canary_percent == 25
+    assert (route.canary_percent, route.canary_evidence) == (25, {})  # a new step, a new window
     RequestLog.objects.bulk_create([RequestLog(team=setup["team"], route=route, channel=candidate, canary=True,
                                                endpoint="chat", model="chat", status_code=200, outcome="ok",
                                                latency_ms=10, json_requested=True, json_valid=False)

@@ -81,7 +81,7 @@ def canary_promote(*, route, request=None, actor=None, auto=False):
     after = next_step(before)
     state = CanaryState.COMPLETED if after >= 100 else CanaryState.RUNNING
     if not _step(route, expect_percent=before, canary_percent=after, canary_state=state,
-                 canary_step_at=timezone.now()):
+                 canary_step_at=timezone.now(), canary_evidence={}, canary_checked_at=None):  # a new window
         raise ValidationError("The canary changed meanwhile; reload the page.")
     _audit(AuditAction.CANARY_PROMOTED, route, request=request, actor=actor, percent_from=before, percent=after,
            auto=auto)
