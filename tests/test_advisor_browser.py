@@ -44,12 +44,21 @@ def test_it_shows_advice_and_a_canary_that_rolls_back(page, live_server, team_se
     page.check("#id_auto")
     page.click("button:has-text('Start canary')")
     expect(page.locator(".card").first).to_contain_text("5% of the requests go to")
+
+    def answered(channel, count, *, canary, latency, valid=True):
+        RequestLog.objects.bulk_create([RequestLog(team=team, route=route, channel=channel, canary=canary,
+                                                   endpoint="chat", model="support", status_code=200, outcome="ok",
+                                                   latency_ms=latency, json_requested=True, json_valid=valid)
+                                        for _ in range(count)])
+
+    answered(local, 36, canary=True, latency=180)
+    answered(cloud, 600, canary=False, latency=240)
+    assert canary_check(route=Route.objects.get(pk=route.pk)) == "watching"  # clean; the step lasts 10 min
+    page.reload()
+    expect(page.locator("table.guards")).to_contain_text("0 of 36")
     screenshot(page, "route-canary-running")
 
-    RequestLog.objects.bulk_create([RequestLog(team=team, route=route, channel=local, canary=True, endpoint="chat",
-                                               model="support", status_code=200, outcome="ok", latency_ms=50,
-                                               json_requested=True, json_valid=index % 10 != 0)
-                                    for index in range(40)])
+    answered(local, 4, canary=True, latency=180, valid=False)
     assert canary_check(route=Route.objects.get(pk=route.pk)) == "rolled_back"
     page.reload()
     expect(page.locator(".message.error")).to_contain_text("JSON parse failures 10.0% (4 of 40")
