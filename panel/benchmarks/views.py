@@ -96,7 +96,7 @@ def compare(request):
     missing = [str(pk) for pk in ids if pk not in found]
     if missing:
         return HttpResponseBadRequest(f"No run {', '.join(missing)} in this team.")
-    runs = [found[pk] for pk in dict.fromkeys(ids)]
+    runs = sorted(found.values(), key=lambda run: run.pk)  # oldest first, whatever order they were ticked in
     unfinished = [f"#{run.pk}" for run in runs if run.state != "succeeded"]
     return render(request, "benchmarks/compare.html", {
         "runs": runs, "rows": services.runs_compare(runs), "unfinished": unfinished,
