@@ -193,9 +193,9 @@ class StepRunner:
 
         def beat(load):
             job_heartbeat(run, progress=99 * (load.done + load.warmup_done) // max(load.total + load.warmup, 1),
-                          phase=services._phase(load))
+                          phase=services.progress_phase(load))
             try:
-                self.beat(f"{step}: {services._phase(load)}", progress)
+                self.beat(f"{step}: {services.progress_phase(load)}", progress)
             except Cancelled:
                 load.stop = True
                 cancelled.append(True)

@@ -167,7 +167,7 @@ def run_load_in_thread(*, pick, run, progress, on_beat, beat_seconds):
     return outcome["value"]
 
 
-def _phase(progress):
+def progress_phase(progress):
     if progress.warmup_done < progress.warmup:
         return f"warm-up {progress.warmup_done} of {progress.warmup}"
     errors = f", {progress.errors} errors" if progress.errors else ""
@@ -204,7 +204,7 @@ def benchmark_perform(run):
     def beat(progress):
         total = progress.total + progress.warmup
         done = progress.done + progress.warmup_done
-        state = job_heartbeat(run, progress=99 * done // max(total, 1), phase=_phase(progress))
+        state = job_heartbeat(run, progress=99 * done // max(total, 1), phase=progress_phase(progress))
         if state == JobState.CANCELLING:
             progress.stop = True
 
