@@ -126,6 +126,36 @@ def start_worker(transactional_db):
         worker.stop()
 
 
+@pytest.fixture
+def launch_tiny(start_worker, tmp_path):
+    """Start the tiny demo model on the real CPU engine for a team, through a real gpu worker, and wait until the
+    deployment is ready (~40 s). Profile fields can be overridden: launch_tiny(team, enable_prefix_caching=True)."""
+    from panel.core.demo_model import build_demo_model
+    from panel.hosts.models import WorkerHost
+    from panel.registry.services import model_register
+    from panel.serving.models import Deployment, DeploymentState, ServingProfile
+    from panel.serving.services import deployment_launch
+
+    def launch(team, **profile_fields):
+        path = tmp_path / "tiny"
+        build_demo_model(path)
+        model = model_register(team=team, user=None, source=str(path), name="tiny")
+        fields = dict(name="tiny-cpu", served_model_name="tiny-chat", max_model_len=2048, block_size=32,
+                      max_num_seqs=8, max_num_batched_tokens=2048, extra_args="--enforce-eager")
+        profile = ServingProfile.objects.create(team=team, model=model, **{**fields, **profile_fields})
+        start_worker("gpu")
+        wait_until(lambda: WorkerHost.objects.filter(kind="gpu", last_seen__isnull=False).exists(), message="worker")
+        launched = deployment_launch(team=team, user=None, profile=profile)
+        wait_until(lambda: Deployment.objects.get(pk=launched.pk).state in (DeploymentState.READY,
+                                                                            DeploymentState.FAILED),
+                   seconds=240, interval=0.5, message="the deployment")
+        launched.refresh_from_db()
+        assert launched.state == DeploymentState.READY, launched.failure_reason
+        return launched
+
+    return launch
+
+
 def wait_until(predicate, *, seconds=30, interval=0.2, message="condition"):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

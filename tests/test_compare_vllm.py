@@ -8,34 +8,15 @@ import pytest
 
 from panel.channels.models import Channel
 from panel.gateway.models import RequestLog
-from panel.registry.services import model_register
-from panel.serving.models import Deployment, DeploymentState, ServingProfile
-from panel.serving.services import deployment_launch
 from tests.conftest import wait_until
 from tests.fake_upstream import FakeUpstream, content_text
 from tests.test_compare import Panel, channel
 
 
 @pytest.fixture
-def deployment(start_worker, team_setup, tmp_path):
-    from panel.core.demo_model import build_demo_model
-    from panel.hosts.models import WorkerHost
-
-    path = tmp_path / "tiny"
-    build_demo_model(path)
-    model = model_register(team=team_setup["team_a"], user=None, source=str(path), name="tiny")
-    profile = ServingProfile.objects.create(team=team_setup["team_a"], name="tiny-cpu", model=model,
-                                            served_model_name="tiny-chat", max_model_len=4096, block_size=32,
-                                            max_num_seqs=8, max_num_batched_tokens=4096, extra_args="--enforce-eager",
-                                            enable_prefix_caching=True)
-    start_worker("gpu")
-    wait_until(lambda: WorkerHost.objects.filter(kind="gpu", last_seen__isnull=False).exists(), message="worker")
-    launched = deployment_launch(team=team_setup["team_a"], user=None, profile=profile)
-    wait_until(lambda: Deployment.objects.get(pk=launched.pk).state in (DeploymentState.READY, DeploymentState.FAILED),
-               seconds=240, interval=0.5, message="the deployment")
-    launched.refresh_from_db()
-    assert launched.state == DeploymentState.READY, launched.failure_reason
-    return launched
+def deployment(launch_tiny, team_setup):
+    return launch_tiny(team_setup["team_a"], max_model_len=4096, max_num_batched_tokens=4096,
+                       enable_prefix_caching=True)
 
 
 def test_it_compares_the_local_engine_with_a_cloud_channel(deployment, team_setup):

@@ -3,6 +3,7 @@ check through the gateway (the same long system prompt, different user messages)
 /metrics; the Cache tab shows a non-zero hit rate, the Latency tab has the requests in its TTFT panel, and the
 gateway process's own /metrics counted them. Run under the heavy lock: flock /tmp/tw-heavy.lock ..."""
 import httpx
+import pytest
 import openai
 from django.urls import reverse
 
@@ -14,7 +15,6 @@ from panel.gateway.keys import key_issue
 from panel.gateway.models import RequestLog
 from tests.conftest import wait_until
 from tests.gateway_server import GatewayServer
-from tests.test_gateway_vllm import deployment  # noqa: F401  (the real engine fixture)
 
 SYSTEM = ("You are a careful code reviewer for a Python team. Read the code the user sends, find bugs first, then "
           "unclear names, missing tests and slow paths. Quote the exact line you mean, say why it is a problem and "
@@ -23,7 +23,12 @@ USERS = ["def add(a, b): return a + b", "def sub(a, b): return a - b", "def mul(
          "def div(a, b): return a / b", "def neg(a): return -a", "def sq(a): return a * a"]
 
 
-def test_it_shows_the_engines_prefix_cache_hits_and_the_ttft_of_gateway_requests(deployment, team_setup,  # noqa: F811
+@pytest.fixture
+def deployment(launch_tiny, team_setup):
+    return launch_tiny(team_setup["team_a"])
+
+
+def test_it_shows_the_engines_prefix_cache_hits_and_the_ttft_of_gateway_requests(deployment, team_setup,
                                                                                    client):
     from django.db import connection
 

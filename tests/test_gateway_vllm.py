@@ -8,33 +8,16 @@ import pytest
 from panel.channels.models import Channel, Route, RouteChannel
 from panel.gateway.keys import key_issue
 from panel.gateway.models import RequestLog
-from panel.registry.services import model_register
-from panel.serving.models import Deployment, DeploymentState, ServingProfile
-from panel.serving.services import deployment_launch, deployment_stop
+from panel.serving.models import Deployment, DeploymentState
+from panel.serving.services import deployment_stop
 from tests.conftest import wait_until
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_server import GatewayServer
 
 
 @pytest.fixture
-def deployment(start_worker, team_setup, tmp_path):
-    from panel.core.demo_model import build_demo_model
-    from panel.hosts.models import WorkerHost
-
-    path = tmp_path / "tiny"
-    build_demo_model(path)
-    model = model_register(team=team_setup["team_a"], user=None, source=str(path), name="tiny")
-    profile = ServingProfile.objects.create(team=team_setup["team_a"], name="tiny-cpu", model=model,
-                                            served_model_name="tiny-chat", max_model_len=2048, block_size=32,
-                                            max_num_seqs=8, max_num_batched_tokens=2048, extra_args="--enforce-eager")
-    start_worker("gpu")
-    wait_until(lambda: WorkerHost.objects.filter(kind="gpu", last_seen__isnull=False).exists(), message="worker")
-    launched = deployment_launch(team=team_setup["team_a"], user=None, profile=profile)
-    wait_until(lambda: Deployment.objects.get(pk=launched.pk).state in (DeploymentState.READY, DeploymentState.FAILED),
-               seconds=240, interval=0.5, message="the deployment")
-    launched.refresh_from_db()
-    assert launched.state == DeploymentState.READY, launched.failure_reason
-    return launched
+def deployment(launch_tiny, team_setup):
+    return launch_tiny(team_setup["team_a"])
 
 
 def test_it_routes_to_the_local_deployment_then_falls_back_when_it_stops(deployment, team_setup):
