@@ -47,3 +47,20 @@ def test_it_never_crashes_on_arbitrary_authorization_headers(value):
         bearer({"headers": [(b"authorization", value)]})
     except ClientError as error:
         assert error.status == 401
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(min_value=20_000, max_value=200_000), st.sampled_from(["[", '{"a":', '{"model": "m", "messages": [']))
+def test_it_refuses_hostile_nesting_with_a_400(depth, opener):
+    try:
+        parse_request((opener * depth).encode(), "chat")
+    except ClientError as error:
+        assert (error.status, str(error)) == (400, "the body is nested too deeply")
+    else:
+        raise AssertionError("a body nested past the parser's stack was accepted")
+
+
+def test_it_counts_an_answer_nested_past_the_parser_as_not_json():
+    from panel.gateway.app import is_json
+
+    assert is_json("[" * 100_000 + "]" * 100_000) is False and is_json('{"ok": [1, 2]}') is True

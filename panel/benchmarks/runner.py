@@ -83,7 +83,7 @@ async def one_request(session, endpoint, messages, max_tokens, timeout):
                     break
                 try:
                     event = json.loads(data)
-                except ValueError:
+                except (ValueError, RecursionError):
                     sample.error = "malformed stream event"
                     return sample
                 if "error" in event:

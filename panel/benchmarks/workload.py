@@ -108,6 +108,8 @@ def parse_prompt_file(data, *, name, max_bytes):
             except ValueError as error:
                 raise ValidationError(f"line {number} is not valid JSON ({error.msg} at column "
                                       f"{error.colno}).") from None
+            except RecursionError:  # hostile nesting ([[[[...) exhausts the parser's stack
+                raise ValidationError(f"line {number} is nested too deeply to be a prompt.") from None
             prompts.append(_messages_from_json(value, number))
         else:
             prompts.append([{"role": "user", "content": line}])

@@ -157,7 +157,7 @@ def server_said(body, *, secret=""):
         return ""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     if isinstance(data, dict):
         error = data.get("error")

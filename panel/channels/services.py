@@ -390,7 +390,7 @@ def _call(client, method, url, **kwargs):
 def _json(body):
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
 
 

@@ -24,7 +24,7 @@ def _error(error):
 def _body(request):
     try:
         data = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise CompareError("the request body is not valid JSON") from None
     if not isinstance(data, dict):
         raise CompareError("the request body must be a JSON object")

@@ -86,6 +86,8 @@ def parse_request(raw, endpoint):
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise ClientError(400, "the body is not valid JSON", code="invalid_json") from None
+    except RecursionError:  # hostile nesting ([[[[...) exhausts the parser's stack
+        raise ClientError(400, "the body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ClientError(400, "the body must be a JSON object", code="invalid_json")
     model = body.get("model")
@@ -257,7 +259,7 @@ def content_of(data):
 def is_json(text):
     try:
         json.loads(text)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # nested past the parser's stack: no client could parse it
         return False
     return True
 

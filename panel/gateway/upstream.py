@@ -116,7 +116,7 @@ def error_from_response(status, body_bytes, headers, *, secret=""):
             retry_after = 1.0
     try:
         message = json.loads(body_bytes).get("error", {}).get("message", "")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         message = body_bytes[:200].decode("utf-8", "replace")
     if status in (400, 413, 422):
         return UpstreamError("bad_request", message or f"upstream refused the request ({status})", status=status,
@@ -148,7 +148,7 @@ async def post_json(target, path, payload):
         raise error_from_response(status, body, headers, secret=target.api_key)
     try:
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise UpstreamError("malformed", "the channel answered 200 with a body that is not JSON") from None
 
 
@@ -215,7 +215,7 @@ async def open_stream(target, path, payload):
 def parse_event(data):
     try:
         event = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return event if isinstance(event, dict) else None
 
