@@ -4,7 +4,6 @@ from django.urls import include, path
 
 from panel.accounts import views as accounts
 from panel.core import views as core
-from panel.core.sections import SECTIONS
 from panel.hosts import views as hosts
 
 urlpatterns = [
@@ -37,11 +36,3 @@ urlpatterns = [
     path("", include("panel.advisor.urls")),
 ]
 
-# Sections whose features have not landed yet: a page that says what will appear and the first step.
-urlpatterns += [
-    path(f"{section.slug}/", core.section, {"slug": section.slug}, name=section.slug)
-    for section in SECTIONS
-    if not section.built
-]
-
-handler400 = "panel.core.limits.bad_request"  # too-large forms and uploads: 413 with the limit in words

@@ -1,7 +1,7 @@
 from django.shortcuts import render
 
 from panel.accounts.decorators import team_view
-from panel.core.sections import BY_SLUG, SECTIONS
+from panel.core.sections import SECTIONS
 from panel.hosts.models import WorkerHost
 
 
@@ -15,7 +15,3 @@ def home(request):
     }
     return render(request, "core/home.html", context)
 
-
-@team_view()
-def section(request, slug):
-    return render(request, "core/section.html", {"section": BY_SLUG[slug]})
