@@ -244,18 +244,31 @@ def cpu_host():
 
 
 def test_it_plans_the_ladder_and_skips_awq_with_the_reason(team_setup, tiny_model):
+    from panel.hosts.models import EngineCheck
     from panel.registry.models import RegisteredModel
+
+    def engine_check(serves_awq):
+        from django.utils import timezone
+
+        EngineCheck.objects.create(team=team_setup["team_a"], host=host, state="succeeded", finished_at=timezone.now(),
+                                   result={"serves_awq": serves_awq})
 
     host = cpu_host()
     ladder = ladders.Ladder(team=team_setup["team_a"], model=tiny_model, small_max_num_seqs=2, large_max_num_seqs=16,
                             max_model_len=1024, extra_args="--enforce-eager")
+    # A CPU host whose engine was never checked: whether it has the AWQ kernel is unknown, and unknown is not yes.
     plan = ladders.ladder_profiles(ladder, host)
     assert [step[0] for step in plan] == ["baseline", "awq", "prefix", "batching"]
     baseline, awq, prefix, batching = (step[4] for step in plan)
-    assert awq is None and "tiny has no AWQ child: quantize it first" in plan[1][5]
+    assert awq is None and "can serve AWQ is not known yet: run its engine check" in plan[1][5]
     assert (baseline["enable_prefix_caching"], baseline["max_num_seqs"], baseline["block_size"]) == (False, 2, 32)
     assert prefix["enable_prefix_caching"] and prefix["model"] == tiny_model and prefix["max_num_seqs"] == 2
     assert batching["max_num_seqs"] == 16 and batching["enable_chunked_prefill"] and batching["enable_prefix_caching"]
+
+    # A host that serves AWQ, and a model with no AWQ child yet: quantize it first.
+    engine_check(True)
+    plan = ladders.ladder_profiles(ladder, host)
+    assert plan[1][4] is None and "tiny is not quantized" in plan[1][5] and "Quantize it first" in plan[1][5]
 
     child = RegisteredModel.objects.create(team=team_setup["team_a"], name="tiny-awq", path="/x", parent=tiny_model,
                                            quantization={"method": "awq", "bits": 4, "group_size": 128},
@@ -267,13 +280,10 @@ def test_it_plans_the_ladder_and_skips_awq_with_the_reason(team_setup, tiny_mode
     plan = ladders.ladder_profiles(ladder, host)
     assert plan[1][4]["model"] == child and plan[1][4]["quantization"] == "awq" and plan[1][5] == ""
     assert plan[2][4]["model"] == child  # prefix caching builds on the AWQ step
-    # A host whose engine check says it cannot serve AWQ: the rule's reason, in words.
-    from panel.hosts.models import EngineCheck
-
-    EngineCheck.objects.create(team=team_setup["team_a"], host=host, state="succeeded",
-                               result={"serves_awq": False})
+    # The host's latest engine check says it cannot serve AWQ (no AVX-512 build): the rule's reason, in words.
+    engine_check(False)
     plan = ladders.ladder_profiles(ladder, host)
-    assert plan[1][4] is None and "This host cannot serve it" in plan[1][5] and "AVX-512" in plan[1][5]
+    assert plan[1][4] is None and "cannot serve AWQ" in plan[1][5] and "AVX-512" in plan[1][5]
     assert plan[2][4]["model"] == tiny_model
 
 

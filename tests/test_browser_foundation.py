@@ -6,7 +6,7 @@ from panel.accounts.services import membership_add
 from tests.browser import screenshot, sign_in
 
 NAVIGATION = ["Overview", "Models", "Quantization", "Serving", "Channels", "Gateway keys", "Dashboards", "Compare",
-              "Benchmarks", "Audit", "Workers"]
+              "Benchmarks", "Advisor", "Audit", "Workers"]
 
 
 def test_it_signs_in_and_shows_the_navigation(page, live_server, team_setup):
@@ -22,7 +22,7 @@ def test_it_signs_in_and_shows_the_navigation(page, live_server, team_setup):
     expect(page.locator("h1")).to_have_text("Team A")
     screenshot(page, "home")
     page.click("nav.sidebar >> text=Compare")
-    expect(page.locator(".empty h2")).to_have_text("Nothing here yet")
+    expect(page.locator("h1")).to_have_text("Compare")
     expect(page.locator("nav.sidebar a.active .label")).to_have_text("Compare")
 
 

@@ -16,7 +16,7 @@ from panel.benchmarks.models import BenchmarkRun, Ladder, Sweep, TargetKind
 from panel.jobs.models import JobState
 from panel.jobs.services import job_cancel, job_cancelled, job_claim, job_created, job_fail, job_heartbeat, job_succeed
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
-from panel.serving.services import deployment_launch, deployment_stop, host_pick, profile_check
+from panel.serving.services import deployment_launch, deployment_stop, host_facts, host_pick, profile_check
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,23 @@ def _block_size(host):
     return 32 if host is not None and not host.gpus else 16
 
 
+def awq_skip_reason(ladder, host, fields):
+    """Why the AWQ step cannot run on `host` ("" when it can; then `fields` is updated to serve the AWQ child).
+    What the hardware can do is asked first: a CPU engine without the W4A16 kernel dies at the first request, and
+    an unknown answer is not a yes."""
+    facts = host_facts(host) or {}
+    if facts.get("kind") == "cpu" and facts.get("serves_awq") is None:
+        return (f"Whether {host.host}'s CPU engine can serve AWQ is not known yet: run its engine check (Workers → "
+                "Check engine), then start the ladder again. The next steps keep the FP16 weights.")
+    child = awq_child(ladder.model)
+    fields.update(model=child or ladder.model, quantization="awq", quantization_bits=4)
+    verdict = profile_check(ServingProfile(team=ladder.team, name="check", **fields), host)
+    if verdict.ok:
+        return ""
+    reasons = [message for messages in verdict.errors.values() for message in messages]
+    return " ".join(reasons) + " The next steps keep the FP16 weights."
+
+
 def ladder_profiles(ladder, host):
     """The ladder's steps: (key, label, what, use, profile fields or None, skip reason)."""
     base = dict(dtype="auto", quantization="none", quantization_bits=None, max_model_len=ladder.max_model_len,
@@ -60,16 +77,7 @@ def ladder_profiles(ladder, host):
     for key, label, what, use in STEPS:
         fields, skip = dict(current), ""
         if key == "awq":
-            child = awq_child(ladder.model)
-            if child is None:
-                skip = (f"{ladder.model.name} has no AWQ child: quantize it first (Models → {ladder.model.name} → "
-                        "Quantize with AWQ). The next steps keep the FP16 weights.")
-            else:
-                fields.update(model=child, quantization="awq", quantization_bits=4)
-                verdict = profile_check(ServingProfile(team=ladder.team, name="check", **fields), host)
-                if not verdict.ok:
-                    skip = "This host cannot serve it: " + " ".join(
-                        message for messages in verdict.errors.values() for message in messages)
+            skip = awq_skip_reason(ladder, host, fields)
         elif key == "prefix":
             fields.update(enable_prefix_caching=True)
         elif key == "batching":
