@@ -8,6 +8,10 @@ from celery.signals import worker_ready, worker_shutdown
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "panel.settings")
 
 app = Celery("tokenwise")
+# Shared tasks resolve "the current app" per thread, and a thread that did not create this app (a web server's
+# request threads, Django's live server) would get Celery's fallback app and its default broker
+# (amqp://localhost): as the default app, this one is found from every thread.
+app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.include = ["workers.tasks", "panel.dashboards.tasks", "panel.benchmarks.tasks", "panel.advisor.tasks",
                     "panel.budgets.tasks", "panel.compare.tasks"]
