@@ -36,3 +36,5 @@ urlpatterns = [
     path("", include("panel.advisor.urls")),
 ]
 
+
+handler400 = "panel.core.limits.bad_request"  # too-large forms and uploads: 413 with the limit in words
