@@ -89,6 +89,9 @@ def stop(worker):
     from panel.hosts.services import host_offline
 
     _stop.set()
+    if _thread is not None:
+        # A beat in flight would write last_seen again after the farewell below and leave the host online.
+        _thread.join(timeout=settings.HOST_HEARTBEAT_SECONDS + 10)
     try:
         close_old_connections()
         host_offline(name=worker.hostname)
