@@ -5,13 +5,13 @@ content byte gives TTFT and the gaps between content chunks give the inter-token
 closed-loop (`concurrency` requests in flight) or open-loop (`request_rate` new requests per second, Poisson
 arrivals, at most `concurrency` in flight). `summarize` turns the samples into the figures a run records."""
 import asyncio
-import json
 import random
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from panel.core import safejson
 PERCENTILES = (50, 95, 99)
 
 
@@ -82,8 +82,8 @@ async def one_request(session, endpoint, messages, max_tokens, timeout):
                 if data == "[DONE]":
                     break
                 try:
-                    event = json.loads(data)
-                except (ValueError, RecursionError):
+                    event = safejson.loads(data)
+                except ValueError:
                     sample.error = "malformed stream event"
                     return sample
                 if "error" in event:

@@ -1,9 +1,9 @@
 """What a benchmark sends: the built-in prompt set, prompts read from an uploaded file, or synthetic prompts of a
 given length. Each prompt is a list of chat messages."""
-import json
 
 from django.core.exceptions import ValidationError
 
+from panel.core import safejson
 MAX_FILE_PROMPTS = 10_000
 MAX_PROMPT_CHARS = 100_000
 
@@ -104,12 +104,12 @@ def parse_prompt_file(data, *, name, max_bytes):
                                   f"{MAX_PROMPT_CHARS:,}.")
         if jsonl:
             try:
-                value = json.loads(line)
+                value = safejson.loads(line)
+            except safejson.NestedTooDeep:
+                raise ValidationError(f"line {number} is nested too deeply to be a prompt.") from None
             except ValueError as error:
                 raise ValidationError(f"line {number} is not valid JSON ({error.msg} at column "
                                       f"{error.colno}).") from None
-            except RecursionError:  # hostile nesting ([[[[...) exhausts the parser's stack
-                raise ValidationError(f"line {number} is nested too deeply to be a prompt.") from None
             prompts.append(_messages_from_json(value, number))
         else:
             prompts.append([{"role": "user", "content": line}])

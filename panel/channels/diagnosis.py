@@ -4,7 +4,6 @@ table the Test button and the gateway share.
 `describe_upstream_error(status=None, exception=None, body=None)` is the one entry point; the keyword-only extras
 (which step, the model id, the ids /models listed, the timeout, the key) sharpen the message when the caller
 knows them. Messages never contain the key: a body that echoes it is redacted."""
-import json
 import re
 import socket
 import ssl
@@ -13,6 +12,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from panel.core import safejson
 MESSAGES = {
     "unauthorized": "401 Unauthorized: the server refused the key. It is missing, wrong or revoked: copy it again "
                     "from the provider's API Keys page, and check that the environment variable the channel reads is "
@@ -156,8 +156,8 @@ def server_said(body, *, secret=""):
     if not text:
         return ""
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
+        data = safejson.loads(text)
+    except ValueError:
         data = None
     if isinstance(data, dict):
         error = data.get("error")

@@ -1,6 +1,5 @@
 """Channels and routes: validation (the seeds' §5 troubleshooting as rules), create/update in one transaction, the
 Test button, local channels for deployments, key rotation."""
-import json
 import logging
 import math
 import os
@@ -18,6 +17,7 @@ from django.utils import timezone
 from panel.channels import crypto, diagnosis
 from panel.channels.models import (EMPTY_KEY, Channel, ChannelKind, CredentialError, CredentialKind, Route,
                                    RouteChannel, RouteStrategy)
+from panel.core import safejson
 from panel.env import EnvError
 
 log = logging.getLogger(__name__)
@@ -389,8 +389,8 @@ def _call(client, method, url, **kwargs):
 
 def _json(body):
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        return safejson.loads(body)
+    except ValueError:  # UnicodeDecodeError included
         return None
 
 

@@ -25,6 +25,7 @@ from panel.channels.models import EMPTY_KEY, Channel, ChannelKind, CredentialKin
 from panel.channels.services import (LIMITS, NAME_RE, api_key_errors, base_url_check, channel_create,
                                      channel_update, env_name_errors, is_loopback, model_id_errors, name_errors,
                                      route_save)
+from panel.core import safejson
 
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 8
@@ -166,14 +167,14 @@ def load(text):
         raise ValidationError(f"settings.json is nested more than {MAX_DEPTH} levels deep: that is not a settings "
                               "file.")
     try:
-        return json.loads(text, object_pairs_hook=_pairs, parse_int=_int, parse_float=_float,
+        return safejson.loads(text, object_pairs_hook=_pairs, parse_int=_int, parse_float=_float,
                           parse_constant=_constant)
     except _Refused as error:
         raise ValidationError(f"settings.json is refused: {error}.") from None
     except json.JSONDecodeError as error:
         raise ValidationError(f"settings.json is not valid JSON: {error.msg} at line {error.lineno}, column "
                               f"{error.colno}.") from None
-    except (ValueError, RecursionError) as error:
+    except ValueError as error:  # NestedTooDeep included
         raise ValidationError(f"settings.json is not valid JSON: {str(error)[:200]}.") from None
 
 

@@ -15,6 +15,7 @@ from panel.accounts.models import Role
 from panel.compare import checks, services
 from panel.compare.relay import stream_chat
 from panel.compare.services import CompareError
+from panel.core import safejson
 
 
 def _error(error):
@@ -23,8 +24,8 @@ def _error(error):
 
 def _body(request):
     try:
-        data = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        data = safejson.loads(request.body or b"{}")
+    except ValueError:  # UnicodeDecodeError included
         raise CompareError("the request body is not valid JSON") from None
     if not isinstance(data, dict):
         raise CompareError("the request body must be a JSON object")

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from panel.gateway import fingerprint, limits, metrics, usage
 from panel.budgets import gateway as budgets
+from panel.core import safejson
 from panel.gateway.keys import key_lookup
 from panel.gateway.routes import model_names, route_for
 from panel.gateway.upstream import (TRANSPORT_ERRORS, UpstreamError, first_success, open_stream, post_json,
@@ -83,11 +84,11 @@ async def authenticate(scope):
 
 def parse_request(raw, endpoint):
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ClientError(400, "the body is not valid JSON", code="invalid_json") from None
-    except RecursionError:  # hostile nesting ([[[[...) exhausts the parser's stack
+        body = safejson.loads(raw)
+    except safejson.NestedTooDeep:
         raise ClientError(400, "the body is nested too deeply", code="invalid_json") from None
+    except ValueError:  # UnicodeDecodeError included
+        raise ClientError(400, "the body is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ClientError(400, "the body must be a JSON object", code="invalid_json")
     model = body.get("model")
@@ -258,8 +259,8 @@ def content_of(data):
 
 def is_json(text):
     try:
-        json.loads(text)
-    except (ValueError, TypeError, RecursionError):  # nested past the parser's stack: no client could parse it
+        safejson.loads(text)
+    except (ValueError, TypeError):
         return False
     return True
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from django.conf import settings
 
+from panel.core import safejson
 RETRY_AFTER_CAP_SECONDS = 5.0
 COOLDOWN_AFTER_FAILURES = 3
 COOLDOWN_SECONDS = 30.0
@@ -115,8 +116,8 @@ def error_from_response(status, body_bytes, headers, *, secret=""):
         except ValueError:
             retry_after = 1.0
     try:
-        message = json.loads(body_bytes).get("error", {}).get("message", "")
-    except (ValueError, AttributeError, RecursionError):
+        message = safejson.loads(body_bytes).get("error", {}).get("message", "")
+    except (ValueError, AttributeError):
         message = body_bytes[:200].decode("utf-8", "replace")
     if status in (400, 413, 422):
         return UpstreamError("bad_request", message or f"upstream refused the request ({status})", status=status,
@@ -147,8 +148,8 @@ async def post_json(target, path, payload):
     if status != 200:
         raise error_from_response(status, body, headers, secret=target.api_key)
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
+        return safejson.loads(body)
+    except ValueError:
         raise UpstreamError("malformed", "the channel answered 200 with a body that is not JSON") from None
 
 
@@ -214,8 +215,8 @@ async def open_stream(target, path, payload):
 
 def parse_event(data):
     try:
-        event = json.loads(data)
-    except (ValueError, RecursionError):
+        event = safejson.loads(data)
+    except ValueError:
         return None
     return event if isinstance(event, dict) else None
 
