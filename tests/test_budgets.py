@@ -186,3 +186,57 @@ def test_it_warns_on_every_page_from_80_percent(client, team_setup):
     assert "85% of the monthly money budget spent" in page
     client.force_login(team_setup["bob"])  # another team sees nothing
     assert "monthly money budget" not in client.get(reverse("keys")).content.decode()
+
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_is_counted_before_its_last_byte_reaches_the_client(priced, monkeypatch, stream):
+    """The gateway's own steps, in order: the key's next request is judged with this one counted, so the count
+    must land before the answer ends (before [DONE] for a stream). Run in-process to see the order."""
+    import asyncio
+    import concurrent.futures
+    import json
+
+    from panel.gateway import app, limits, routes, upstream, usage
+
+    steps = []
+
+    async def count(key, cost, tokens):
+        steps.append(("counted", cost, tokens))
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            steps.append(("body", message["body"], message.get("more_body", False)))
+
+    async def receive():
+        if not steps or steps[-1] != ("sent request",):
+            steps.append(("sent request",))
+            return {"type": "http.request", "body": json.dumps({**CHAT, "stream": stream}).encode(),
+                    "more_body": False}
+        await asyncio.sleep(3600)  # the client never leaves
+
+    monkeypatch.setattr(app.budgets, "count", count)
+    monkeypatch.setattr(usage, "record", lambda **fields: steps.append(("recorded",)))
+    for module, name in ((limits, "_client"), (limits, "_script"), (upstream, "_session")):
+        monkeypatch.setattr(module, name, None)  # clients of this test's event loop
+    routes._cache.clear()
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+             "headers": [(b"authorization", f"Bearer {priced['raw_app']}".encode())]}
+
+    async def scenario():
+        try:
+            await app.application(scope, receive, send)
+        finally:
+            await upstream.session().close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright may hold this thread's event loop
+        pool.submit(asyncio.run, scenario()).result()
+    counted = [index for index, step in enumerate(steps) if step[0] == "counted"]
+    assert [steps[index][1:] for index in counted] == [(COST, 24)]
+    bodies = [index for index, step in enumerate(steps) if step[0] == "body"]
+    last = bodies[-1]
+    assert steps[last][2] is False and counted[0] < last and steps[-1] == ("recorded",)
+    if stream:
+        done = next(index for index in bodies if steps[index][1] == b"data: [DONE]\n\n")
+        assert counted[0] < done

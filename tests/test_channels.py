@@ -417,6 +417,37 @@ def test_the_serving_code_keeps_the_local_channel_in_step(team_setup):
     set_state(second, "ready", heartbeat_at=timezone.now() - timedelta(hours=1))
     assert [d.pk for d in deployments_reap(stale_after_seconds=60)] == [second.pk]
     assert Channel.objects.get(pk=channel.pk).enabled is False
+    # A worker that restarts fails what its previous process left live, and the channel goes with it.
+    from workers.sweep import sweep
+
+    third = make_deployment(team, alice, "tiny-latency", state="starting", port=8201)
+    DeploymentHooks(third).ready({"problems": []})
+    set_state(third, "ready", worker="gpu@node-1")
+    assert Channel.objects.get(pk=channel.pk).enabled is True
+    sweep("gpu@node-1")
+    third.refresh_from_db()
+    assert third.state == "failed" and Channel.objects.get(pk=channel.pk).enabled is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deployment_and_its_local_channel_move_in_one_transaction(team_setup, monkeypatch):
+    """A reader never sees a ready deployment without its channel (CI once did, between two commits)."""
+    from panel.serving import services
+
+    team, alice = team_setup["team_a"], team_setup["alice"]
+    seen, real_sync = [], services.local_channel_sync
+
+    def sync_inside_the_move(deployment):
+        state = services.Deployment.objects.get(pk=deployment.pk).state
+        seen.append((state, connection.in_atomic_block))
+        return real_sync(deployment)
+
+    monkeypatch.setattr(services, "local_channel_sync", sync_inside_the_move)
+    deployment = make_deployment(team, alice, "tiny-latency", state="starting")
+    services.DeploymentHooks(deployment).ready({"problems": []})
+    services.deployment_stop(deployment=deployment, user=alice)
+    assert seen == [("ready", True), ("stopping", True)]
+    assert connection.in_atomic_block is False and Channel.objects.get(team=team).enabled is False
 
 
 def test_local_channel_sync_never_raises(team_setup, caplog):

@@ -294,3 +294,40 @@ def test_it_answers_get_and_post_only_where_it_should(team_setup, path):
     client.force_login(team_setup["alice"])
     response = client.get(path)
     assert response.status_code == (200 if path == "/compare/" else 405)
+
+
+def test_a_reply_is_saved_before_its_done_event_goes_out(monkeypatch):
+    """The page asks for the diff as soon as both columns say done: by then both replies must be saved. A page
+    that goes away mid-answer still saves what had arrived, marked cancelled."""
+    import asyncio
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from panel.compare import services, views
+
+    steps = []
+
+    async def stream_chat(column, payload, team_id):
+        yield {"type": "delta", "text": "Hel"}
+        yield {"type": "delta", "text": "lo"}
+        yield {"type": "done", "ok": True, "text": "Hello", "metrics": {"ttft_ms": 5}, "diagnosis": ""}
+
+    monkeypatch.setattr(views, "stream_chat", stream_chat)
+    monkeypatch.setattr(services, "reply_record", lambda **saved: steps.append(("saved", saved["text"],
+                                                                               saved["metrics"])))
+
+    async def read(limit):
+        events = views._reply_events(7, SimpleNamespace(index=1), {}, team_id=1)
+        async for event in events:
+            steps.append(("sent", event["type"]))
+            if len([step for step in steps if step[0] == "sent"]) == limit:
+                await events.aclose()  # the page went away
+                return
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright may hold this thread's event loop
+        pool.submit(asyncio.run, read(limit=99)).result()
+        assert steps == [("sent", "delta"), ("sent", "delta"), ("saved", "Hello", {"ttft_ms": 5}), ("sent", "done")]
+        steps.clear()
+        pool.submit(asyncio.run, read(limit=1)).result()
+    assert steps == [("sent", "delta"), ("saved", "Hel", {
+        "error": "cancelled: the page was closed before the answer ended"})]

@@ -90,3 +90,18 @@ def test_it_ends_a_stale_cancelling_job_as_cancelled(job):
     jobs_reap(stale_after_seconds=60)
     job.refresh_from_db()
     assert job.state == JobState.CANCELLED
+
+
+def test_a_failed_jobs_cleanup_is_done_before_anyone_sees_it_failed(job):
+    """The runner's cleanup (a half-written output removed) runs while the row still says running."""
+    import sys
+
+    from workers.jobrunner import run_job
+
+    seen = []
+    argv = [sys.executable, "-c", "print('half way'); raise SystemExit(3)"]
+    assert run_job(job, argv, worker="gpu@h1", classify=lambda tail, code: ("crashed", f"exit {code}"),
+                   on_end=lambda ended: seen.append(EngineCheck.objects.get(pk=ended.pk).state))
+    job.refresh_from_db()
+    assert seen == [JobState.RUNNING]
+    assert (job.state, job.failure_kind, job.failure_reason) == (JobState.FAILED, "crashed", "exit 3")

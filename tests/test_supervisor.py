@@ -55,3 +55,51 @@ def test_it_classifies_engine_crashes_in_words():
     assert classify_engine(["INFO ready"], -9)[0] == "killed"
     # A configuration complaint explains a start-up, not the death of an engine that was serving.
     assert classify_engine(["ValueError: something late"], 1, became_ready=True)[0] == "failed"
+
+
+FAKE_ENGINE = """
+import http.server, json, sys, time
+print(sys.argv[2], flush=True)
+time.sleep(0.05)  # answers well within the first tick: the config line and readiness are seen by the same tick
+
+class Models(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "tiny-chat"}]}).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Models).serve_forever()
+"""
+
+
+def test_whoever_sees_ready_sees_the_start_up_log_that_led_to_it(tmp_path):
+    import sys
+
+    from workers.supervisor import Hooks, free_port, run_server
+
+    steps = []
+
+    class Recorder(Hooks):
+        def beat(self, log_lines):
+            steps.extend(("log", line) for line in log_lines)
+            return bool(steps) and steps[-1] == ("ready",)  # stop once ready has been told
+
+        def ready(self, verification):
+            steps.append(("ready",))
+
+        def stop_requested(self):
+            return ("ready",) in steps
+
+    port = free_port()
+    config = CONFIG_LINE.format(q="None", p="True")
+    outcome = run_server([sys.executable, "-c", FAKE_ENGINE, str(port), config], env=None, port=port,
+                         served_model_name="tiny-chat", hooks=Recorder(), log_path=tmp_path / "engine.log",
+                         wanted_quantization="none", wanted_prefix_caching=True, check_every=1.0, beat_every=60,
+                         grace_seconds=2)
+    assert outcome.became_ready and outcome.stopped
+    assert steps.index(("log", config)) < steps.index(("ready",))

@@ -86,21 +86,21 @@ def run_job(job, argv, *, worker, classify, env=None, time_limit=None, log_path=
             env=env, log_path=log_path, on_start=lambda pid: job_heartbeat(job, pid=pid), grace_seconds=3,
         )
     except OSError as error:
-        job_fail(job, kind="engine_missing", reason=f"could not start the runner: {error}")
         _end(job, on_end)
+        job_fail(job, kind="engine_missing", reason=f"could not start the runner: {error}")
         return True
     except BaseException as error:
         # The Celery soft time limit or a worker shutdown lands here: the process group is already gone.
-        job_fail(job, kind="interrupted", reason=f"the worker interrupted the job ({type(error).__name__})")
         _end(job, on_end)
+        job_fail(job, kind="interrupted", reason=f"the worker interrupted the job ({type(error).__name__})")
         raise
     flush_state = job_heartbeat(job, progress=report.progress, phase=report.phase, log_lines=report.pending_log)
     if outcome.stopped or flush_state == JobState.CANCELLING:
+        _end(job, on_end)
         job_cancelled(job)
-        _end(job, on_end)
     elif outcome.timed_out:
-        job_fail(job, kind="time_limit", reason=f"the job ran longer than its limit of {limit} s and was stopped")
         _end(job, on_end)
+        job_fail(job, kind="time_limit", reason=f"the job ran longer than its limit of {limit} s and was stopped")
     elif outcome.returncode == 0 and report.result is not None:
         result = report.result
         if on_success is not None:
@@ -108,8 +108,8 @@ def run_job(job, argv, *, worker, classify, env=None, time_limit=None, log_path=
                 result = on_success(job, result) or result
             except Exception as error:  # the result could not be recorded: the job did not succeed
                 log.exception("recording the result of %s #%s failed", job._meta.label, job.pk)
-                job_fail(job, kind="result_invalid", reason=f"the runner's result could not be recorded: {error}")
                 _end(job, on_end)
+                job_fail(job, kind="result_invalid", reason=f"the runner's result could not be recorded: {error}")
                 return True
         job_succeed(job, result=result)
     else:
@@ -117,11 +117,13 @@ def run_job(job, argv, *, worker, classify, env=None, time_limit=None, log_path=
             kind, reason = report.error.get("kind", "failed"), report.error.get("reason", "")
         else:
             kind, reason = classify(outcome.tail, outcome.returncode)
-        job_fail(job, kind=kind, reason=reason)
         _end(job, on_end)
+        job_fail(job, kind=kind, reason=reason)
     return True
 
 
 def _end(job, on_end):
+    """Clean up after a job that did not succeed, before its final state is written: whoever sees the state
+    sees the cleanup done."""
     if on_end is not None:
         on_end(job)

@@ -128,6 +128,7 @@ def run_server(argv, *, env, port, served_model_name, hooks, log_path, wanted_qu
         now = time.monotonic()
         if not state["ready"] and is_ready(port, served_model_name):
             state["ready"] = True
+            hooks.beat(engine_log.drain())  # whoever sees "ready" sees the start-up log that led to it
             hooks.ready(verify_startup(engine_log.applied, wanted_quantization=wanted_quantization,
                                        wanted_prefix_caching=wanted_prefix_caching))
         if now - state["last_beat"] >= beat_every or engine_log.lines:

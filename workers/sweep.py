@@ -9,8 +9,9 @@ log = logging.getLogger(__name__)
 
 def sweep(node_name):
     from panel.jobs.models import LIVE_STATES
-    from panel.jobs.services import job_fail, job_models, job_transition
+    from panel.jobs.services import job_fail, job_models
     from panel.serving.models import LIVE_DEPLOYMENT_STATES, Deployment, DeploymentState
+    from panel.serving.services import deployment_transition
 
     reason = f"the worker {node_name} restarted while this ran"
     for model in job_models():
@@ -19,8 +20,8 @@ def sweep(node_name):
             job_fail(job, kind="worker_lost", reason=reason)
     for deployment in Deployment.objects.filter(worker=node_name, state__in=list(LIVE_DEPLOYMENT_STATES)):
         _kill(deployment.pid)
-        job_transition(deployment, to=DeploymentState.FAILED, allowed_from=list(LIVE_DEPLOYMENT_STATES),
-                       reason=reason, failure_kind="worker_lost", failure_reason=reason, pid=None)
+        deployment_transition(deployment, to=DeploymentState.FAILED, allowed_from=list(LIVE_DEPLOYMENT_STATES),
+                              reason=reason, failure_kind="worker_lost", failure_reason=reason, pid=None)
 
 
 def _kill(pgid):

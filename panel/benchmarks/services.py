@@ -221,9 +221,10 @@ def benchmark_perform(run):
         return False
     summary["wall_seconds"] = round(time.monotonic() - started, 1)
     if summary["ok"] == 0:
-        job_fail(run, kind="all_requests_failed",
-                 reason=f"all {summary['requests']} requests failed; the first: {summary['first_error']}")
-        BenchmarkRun.objects.filter(pk=run.pk).update(result=summary)
+        with transaction.atomic():  # the page never shows the failure without the errors that explain it
+            job_fail(run, kind="all_requests_failed",
+                     reason=f"all {summary['requests']} requests failed; the first: {summary['first_error']}")
+            BenchmarkRun.objects.filter(pk=run.pk).update(result=summary)
         return False
     return job_succeed(run, result=summary)
 

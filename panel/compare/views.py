@@ -117,24 +117,32 @@ def compare_stream(request, conversation_id, column):
 
 
 async def _reply_events(conversation_id, column, payload, team_id):
-    pieces, done = [], None
+    """Relay the column's events; the reply is saved before the done event goes out (a page that sees "done" can
+    ask for the diff at once), or, when the page goes away first, with what had arrived."""
+    pieces, recorded = [], False
     try:
         async with aclosing(stream_chat(column, payload, team_id=team_id)) as events:
             async for event in events:
                 if event["type"] == "delta":
                     pieces.append(event["text"])
                 else:
-                    done = event
+                    await _reply_record(conversation_id, column, event, pieces)
+                    recorded = True
                 yield event
     finally:
-        metrics = dict(done["metrics"]) if done else {}
-        if done is None:
-            metrics["error"] = "cancelled: the page was closed before the answer ended"
-        elif not done["ok"]:
-            metrics["error"] = done["diagnosis"]
-        text = done["text"] if done else "".join(pieces)
-        await sync_to_async(services.reply_record)(conversation_id=conversation_id, column=column.index,
-                                                   text=text, metrics=metrics)
+        if not recorded:
+            await _reply_record(conversation_id, column, None, pieces)
+
+
+async def _reply_record(conversation_id, column, done, pieces):
+    metrics = dict(done["metrics"]) if done else {}
+    if done is None:
+        metrics["error"] = "cancelled: the page was closed before the answer ended"
+    elif not done["ok"]:
+        metrics["error"] = done["diagnosis"]
+    text = done["text"] if done else "".join(pieces)
+    await sync_to_async(services.reply_record)(conversation_id=conversation_id, column=column.index, text=text,
+                                               metrics=metrics)
 
 
 def _check_column(request, data):

@@ -133,6 +133,7 @@ class Exchange:
         self.route_id = None
         self.target = None
         self.responded = False  # the whole response has been sent
+        self.settled = False
 
     def usage_from(self, data):
         usage_data = data.get("usage") if isinstance(data, dict) else None
@@ -146,18 +147,27 @@ class Exchange:
     def fail(self, status, kind, outcome="error"):
         self.fields.update(status_code=status, outcome=outcome, error_kind=kind[:40])
 
-    async def finish(self):
-        fields = dict(self.fields)
-        fields["latency_ms"] = (time.perf_counter() - self.started) * 1000
+    async def settle(self):
+        """Price the request and count it against its key's token rate and budgets, once. Called before the last
+        byte goes out, so the client's next request is judged with this one counted."""
+        if self.settled:
+            return
+        self.settled = True
+        fields = self.fields
         fields["cost"] = cost_of(self.target, fields["prompt_tokens"], fields["completion_tokens"],
                                  fields["cached_tokens"])
+        if self.key is not None:
+            await limits.count_tokens(self.key, fields["prompt_tokens"] + fields["completion_tokens"])
+            await budgets.count(self.key, fields["cost"], fields["prompt_tokens"] + fields["completion_tokens"])
+
+    async def finish(self):
+        await self.settle()  # a request that ended without an answer (an error, a client that left)
+        fields = dict(self.fields)
+        fields["latency_ms"] = (time.perf_counter() - self.started) * 1000
         usage.record(team_id=self.key.team_id if self.key else self.team_id, key_id=self.key.id if self.key else None,
                      route_id=self.route_id, channel_id=self.target.id if self.target else None,
                      attempts=self.log["attempts"], fell_back=self.log["fell_back"], **fields)
         metrics.gateway_request_observe(fields=fields, fell_back=self.log["fell_back"])
-        if self.key is not None:
-            await limits.count_tokens(self.key, fields["prompt_tokens"] + fields["completion_tokens"])
-            await budgets.count(self.key, fields["cost"], fields["prompt_tokens"] + fields["completion_tokens"])
 
 
 async def application(scope, receive, send):
@@ -246,6 +256,7 @@ async def plain_response(exchange, route, body, path, send):
     if exchange.fields["json_requested"]:
         exchange.fields["json_valid"] = is_json(content_of(data))
     data["model"] = body["model"]
+    await exchange.settle()
     await send_json(send, 200, data)
 
 
@@ -316,6 +327,13 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send):
     content = []
     finished = False
 
+    async def settle():
+        if not exchange.fields["completion_tokens"]:
+            exchange.fields["completion_tokens"] = len(content)
+        if exchange.fields["json_requested"]:
+            exchange.fields["json_valid"] = is_json("".join(content))
+        await exchange.settle()
+
     async def forward(line):
         nonlocal finished
         if not line.startswith("data:"):
@@ -323,6 +341,7 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send):
         data = line[5:].strip()
         if data == "[DONE]":
             finished = True
+            await settle()  # a client may stop reading at [DONE]
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
             return
         event = json.loads(data) if data else {}
@@ -363,10 +382,7 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send):
         event = {"error": {"message": str(error), "type": "upstream_error", "code": error.kind}}
         await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
                     "more_body": True})
-    if not exchange.fields["completion_tokens"]:
-        exchange.fields["completion_tokens"] = len(content)
-    if exchange.fields["json_requested"]:
-        exchange.fields["json_valid"] = is_json("".join(content))
+    await settle()
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     exchange.responded = True
     if finished:

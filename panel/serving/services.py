@@ -24,6 +24,17 @@ log = logging.getLogger(__name__)
 S = DeploymentState
 
 
+def deployment_transition(deployment, **transition):
+    """Move a deployment (job_transition's arguments) and bring its local channel in step, in one transaction:
+    no reader sees a ready deployment without its channel, or a stopped one still routed. A move that lost a
+    race changes nothing; its winner moved through here and synced."""
+    with transaction.atomic():
+        moved = job_transition(deployment, **transition)
+        if moved:
+            local_channel_sync(deployment)
+    return moved
+
+
 def profile_values(profile):
     """The profile as the plain dict that configfile and rules work on."""
     values = {field.name: getattr(profile, field.name) for field in FIELDS if hasattr(profile, field.name)}
@@ -102,12 +113,10 @@ def deployment_launch(*, team, user, profile, host=None, restart_on_crash=False,
 def deployment_stop(*, deployment, user=None, reason="stop requested"):
     """Ask for a deployment to stop. A pending one stops at once; a live one moves to stopping and its
     supervisor ends the engine's process group (SIGTERM, then SIGKILL) within a second."""
-    if job_transition(deployment, to=S.STOPPED, allowed_from=[S.PENDING], actor=user, reason=reason):
-        local_channel_sync(deployment)
+    if deployment_transition(deployment, to=S.STOPPED, allowed_from=[S.PENDING], actor=user, reason=reason):
         return True
-    stopping = job_transition(deployment, to=S.STOPPING, allowed_from=[S.STARTING, S.READY], actor=user, reason=reason)
-    local_channel_sync(deployment)
-    return stopping
+    return deployment_transition(deployment, to=S.STOPPING, allowed_from=[S.STARTING, S.READY], actor=user,
+                                 reason=reason)
 
 
 class DeploymentHooks:
@@ -124,10 +133,9 @@ class DeploymentHooks:
 
     def ready(self, verification):
         now = timezone.now()
-        job_transition(self.deployment, to=S.READY, allowed_from=[S.STARTING],
-                       reason="GET /v1/models lists " + self.deployment.served_model_name, ready_at=now,
-                       heartbeat_at=now, verification=verification)
-        local_channel_sync(self.deployment)
+        deployment_transition(self.deployment, to=S.READY, allowed_from=[S.STARTING],
+                              reason="GET /v1/models lists " + self.deployment.served_model_name, ready_at=now,
+                              heartbeat_at=now, verification=verification)
 
     def beat(self, log_lines):
         fields = {"heartbeat_at": timezone.now()}
@@ -198,24 +206,23 @@ def deployment_execute(*, deployment_id, worker):
             grace_seconds=settings.DEPLOYMENT_STOP_GRACE_SECONDS)
         close_old_connections()
         if outcome.stopped or Deployment.objects.filter(pk=deployment.pk, state=S.STOPPING).exists():
-            job_transition(deployment, to=S.STOPPED, allowed_from=[S.STOPPING], reason="engine stopped", pid=None)
-            local_channel_sync(deployment)
+            deployment_transition(deployment, to=S.STOPPED, allowed_from=[S.STOPPING], reason="engine stopped",
+                                  pid=None)
             return True
         kind, reason = supervisor.classify_crash(outcome)
         if deployment.restart_on_crash and deployment.restarts < deployment.max_restarts and outcome.became_ready:
             deployment.restarts += 1
             backoff = min(60, 2 ** deployment.restarts)
-            if not job_transition(deployment, to=S.PENDING, allowed_from=[S.STARTING, S.READY],
-                                  reason=f"crashed ({kind}); restarting in {backoff} s", restarts=deployment.restarts,
-                                  pid=None, failure_kind=kind, failure_reason=reason):
+            if not deployment_transition(deployment, to=S.PENDING, allowed_from=[S.STARTING, S.READY],
+                                         reason=f"crashed ({kind}); restarting in {backoff} s",
+                                         restarts=deployment.restarts, pid=None, failure_kind=kind,
+                                         failure_reason=reason):
                 return True
-            local_channel_sync(deployment)
             if _sleep_unless_stopped(deployment, backoff):
                 return True
             continue
-        job_transition(deployment, to=S.FAILED, allowed_from=[S.STARTING, S.READY, S.STOPPING],
-                       reason=f"engine exited: {kind}", failure_kind=kind, failure_reason=reason, pid=None)
-        local_channel_sync(deployment)
+        deployment_transition(deployment, to=S.FAILED, allowed_from=[S.STARTING, S.READY, S.STOPPING],
+                              reason=f"engine exited: {kind}", failure_kind=kind, failure_reason=reason, pid=None)
         return True
 
 
@@ -237,14 +244,13 @@ def deployments_reap(*, stale_after_seconds):
         reason = (f"the worker {deployment.worker or '?'} stopped sending heartbeats for over {stale_after_seconds} s "
                   "(killed, crashed or lost its host)")
         if deployment.state == S.STOPPING:
-            moved = job_transition(deployment, to=S.STOPPED, allowed_from=[S.STOPPING], reason="reaper: " + reason,
-                                   pid=None)
+            moved = deployment_transition(deployment, to=S.STOPPED, allowed_from=[S.STOPPING],
+                                          reason="reaper: " + reason, pid=None)
         else:
-            moved = job_transition(deployment, to=S.FAILED, allowed_from=[S.STARTING, S.READY],
-                                   reason="reaper: " + reason, failure_kind="worker_lost", failure_reason=reason,
-                                   pid=None)
+            moved = deployment_transition(deployment, to=S.FAILED, allowed_from=[S.STARTING, S.READY],
+                                          reason="reaper: " + reason, failure_kind="worker_lost",
+                                          failure_reason=reason, pid=None)
         if moved:
-            local_channel_sync(deployment)
             reaped.append(deployment)
     return reaped
 
