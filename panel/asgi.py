@@ -16,10 +16,12 @@ except EnvError as error:
 
 from django.conf import settings  # noqa: E402
 
+from panel.core.body_limit import BodyLimit  # noqa: E402
 from panel.gateway.app import application as gateway_application  # noqa: E402
 from panel.static_files import StaticFiles  # noqa: E402
 
-panel_application = StaticFiles(django_application, url_prefix=settings.STATIC_URL, root=settings.STATIC_ROOT)
+panel_application = BodyLimit(StaticFiles(django_application, url_prefix=settings.STATIC_URL,
+                                          root=settings.STATIC_ROOT))
 
 
 async def application(scope, receive, send):

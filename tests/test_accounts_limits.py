@@ -38,3 +38,41 @@ def test_it_leaves_other_bad_requests_to_django(client, team_setup):
 
     response = bad_request(RequestFactory().get("/"), SuspiciousOperation("odd"))
     assert response.status_code == 400 and b"Bad Request" in response.content
+
+
+def test_the_server_refuses_a_body_over_every_limit_before_django_reads_it(transactional_db):
+    """Django's ASGI handler spools a whole body to disk before any check: the server's front (panel/asgi.py)
+    refuses one larger than anything a page takes on its Content-Length, without waiting for it, and a chunked
+    one as soon as it passes the limit."""
+    import socket
+
+    import httpx
+    from django.db import connection
+
+    from tests.gateway_server import GatewayServer
+
+    server = GatewayServer(connection.settings_dict["NAME"], TOKENWISE_MAX_UPLOAD_BYTES="65536",
+                           TOKENWISE_MAX_FORM_BYTES="32768")
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:  # 10 GB promised, none sent
+            raw.sendall(b"POST /settings/import/ HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
+                        b"boundary=b\r\nContent-Length: 10737418240\r\n\r\n")
+            answer = b""
+            while b"</html>" not in answer:
+                chunk = raw.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 413 ")
+        assert b"The request is larger than 0.0625 MB. Nothing was saved." in answer
+
+        def chunks():
+            for _ in range(100):
+                yield b"x" * 4096
+
+        chunked = httpx.post(f"{server.url}/login/", content=chunks(), timeout=10)
+        assert chunked.status_code == 413 and "larger than 0.0625 MB" in chunked.text
+        small = httpx.post(f"{server.url}/login/", data={"username": "nobody", "password": "x"}, timeout=10)
+        assert small.status_code == 403  # under the limit: Django decides (here: no CSRF token)
+    finally:
+        server.stop()

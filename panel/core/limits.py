@@ -42,7 +42,9 @@ def bad_request(request, exception=None):
             words = f"The form is larger than {_mb(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)}."
         else:
             words = "The form has too many fields or files."
-        return render(request, "core/too_large.html", {
-            "words": words, "form_limit": _mb(settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
-            "upload_limit": _mb(settings.MAX_UPLOAD_BYTES)}, status=413)
+        return render(request, "core/too_large.html", {**too_large_context(), "words": words}, status=413)
     return defaults.bad_request(request, exception)
+
+
+def too_large_context():
+    return {"form_limit": _mb(settings.DATA_UPLOAD_MAX_MEMORY_SIZE), "upload_limit": _mb(settings.MAX_UPLOAD_BYTES)}
