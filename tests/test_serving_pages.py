@@ -113,3 +113,40 @@ def test_it_exports_config_toml_the_deploy_script_and_yaml(client, team_setup, m
     assert config["max-model-len"] == 2048 and config["model"] == model.path
     assert client.get(reverse("profile_export", args=[profile.pk, "exe"])).status_code == 404
     assert profile_values(profile)["model_name"] == model.path
+
+
+def test_launching_awq_on_a_cpu_host_nobody_checked_warns_and_says_how_to_find_out(client, team_setup):
+    """Allowed (the host may have AVX-512), but the page, the command and the deployment's history say to run
+    the engine check first: on a CPU without AVX-512 the engine dies at its first request."""
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from panel.hosts.models import WorkerHost
+    from panel.jobs.models import JobEvent
+    from panel.registry.models import RegisteredModel
+    from panel.serving.models import Deployment
+
+    team = team_setup["team_a"]
+    awq = RegisteredModel.objects.create(
+        team=team, name="tiny-awq", path="/models/tiny-awq", architecture="Qwen2ForCausalLM", model_type="qwen2",
+        parameter_count=1_000_000, linear_parameter_count=900_000, num_layers=2, num_attention_heads=4,
+        num_kv_heads=2, hidden_size=256, head_dim=64, max_position_embeddings=4096, dtype="float16",
+        size_bytes=1_000_000, quantization={"method": "awq", "bits": 4, "group_size": 128})
+    profile = ServingProfile.objects.create(team=team, model=awq, name="tiny-awq-cpu", quantization="awq",
+                                            quantization_bits=4, max_model_len=2048, block_size=32,
+                                            max_num_seqs=8, max_num_batched_tokens=2048)
+    WorkerHost.objects.create(name="gpu@cpu-box", host="cpu-box", kind="gpu", queues=["gpu", "gpu.cpu-box"],
+                              gpus=[], memory_available_bytes=16 * 1024 ** 3, last_seen=timezone.now())
+    client.force_login(team_setup["alice"])
+    page = client.post(reverse("deployment_create", args=[profile.pk]), {"host": ""}, follow=True)
+    assert page.status_code == 200 and Deployment.objects.count() == 1
+    text = page.content.decode()
+    assert "Nobody has checked this host&#x27;s engine yet" in text and "Run Check engine on the Workers page" in text
+    deployment = Deployment.objects.get()
+    event = JobEvent.objects.get(job_id=deployment.pk, job_type=deployment.job_type())
+    assert event.reason.startswith("launch on cpu-box requested. Warning: Nobody has checked")
+    out = StringIO()
+    call_command("deploy", str(profile.pk), stdout=out)
+    assert "warning: Nobody has checked this host's engine yet" in out.getvalue()

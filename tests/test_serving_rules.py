@@ -130,7 +130,9 @@ def test_it_refuses_awq_on_a_cpu_engine_without_the_kernel():
     assert "cpu_gemm_wna16" in text and "AVX-512" in text and "dies at the first request" in text
     assert "FP16/BF16 parent" in text
     assert check(values, model=model, host=cpu_host(serves_awq=True)).ok
-    assert check(values, model=model, host=cpu_host(serves_awq=None)).ok  # unknown: never checked
+    assert check(values, model=model, host=cpu_host(serves_awq=True)).warnings == []
+    unknown = check(values, model=model, host=cpu_host(serves_awq=None))  # never checked: allowed, with a warning
+    assert unknown.ok and len(unknown.warnings) == 1 and "Run Check engine on the Workers page" in unknown.warnings[0]
     assert check(values, model=model, host=gpu_host(count=1)).ok
 
 

@@ -189,6 +189,11 @@ def _check_host(verdict, profile, model, host, cpu_kv_cache_bytes):
                 "This host's CPU engine cannot serve AWQ: its W4A16 kernel (cpu_gemm_wna16) needs vLLM's AVX-512 "
                 "build, and without it the engine dies at the first request. Serve the FP16/BF16 parent model "
                 "here instead, or use a GPU host."))
+        elif uses_awq and host.get("serves_awq") is None:
+            verdict.warnings.append(
+                "Nobody has checked this host's engine yet, so it is not known whether it can serve AWQ: the CPU "
+                "engine's W4A16 kernel (cpu_gemm_wna16) needs vLLM's AVX-512 build, and without it the engine dies "
+                "at the first request. Run Check engine on the Workers page first.")
         if profile["quantization"] == "fp8":
             verdict.error("quantization", (
                 "The CPU engine cannot serve FP8: vLLM 0.32's CPU build has no FP8 quantization kernel "

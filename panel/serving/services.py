@@ -62,6 +62,11 @@ def profile_check(profile, host=None):
                                cpu_kv_cache_bytes=settings.CPU_KVCACHE_GIB * memory.GIB)
 
 
+def deployment_warnings(deployment):
+    """What the rules warned about when this deployment was launched on its host (shown after the launch)."""
+    return profile_check(deployment.profile, deployment.host).warnings
+
+
 def launch_argv(profile, *, port):
     return configfile.launch_argv(profile_values(profile), model_path=profile.model.path, port=port,
                                   engine_python=settings.ENGINE_PYTHON,
@@ -103,7 +108,8 @@ def deployment_launch(*, team, user, profile, host=None, restart_on_crash=False,
         deployment = Deployment.objects.create(team=team, created_by=user, profile=profile, host=host,
                                                queue=f"gpu.{host.host}", served_model_name=profile.served_name,
                                                restart_on_crash=restart_on_crash)
-        job_created(deployment, actor=user, reason=f"launch on {host.host} requested")
+        job_created(deployment, actor=user, reason=f"launch on {host.host} requested"
+                    + "".join(f". Warning: {warning}" for warning in verdict.warnings))
         if enqueue:
             transaction.on_commit(lambda: tasks.run_deployment.apply_async(args=[deployment.pk],
                                                                            queue=deployment.queue))

@@ -13,8 +13,8 @@ from panel.serving import configfile
 from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
 from panel.serving.models import Deployment, ServingProfile
 from panel.serving.profile_fields import PRESETS
-from panel.serving.services import (deployment_launch, deployment_stop, launch_argv, profile_check,
-                                    profile_import, profile_values)
+from panel.serving.services import (deployment_launch, deployment_stop, deployment_warnings, launch_argv,
+                                    profile_check, profile_import, profile_values)
 
 EXPORTS = {
     "toml": ("config.toml", "application/toml"),
@@ -136,6 +136,8 @@ def deployment_create(request, profile_id):
         return redirect("profile_detail", profile_id=profile.pk)
     audit_record(action=AuditAction.DEPLOYMENT_STARTED, request=request,
                  target=f"{profile.name} #{deployment.pk} on {deployment.host.host}")
+    for warning in deployment_warnings(deployment):
+        messages.warning(request, warning)
     return redirect("deployment_detail", deployment_id=deployment.pk)
 
 

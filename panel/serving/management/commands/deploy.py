@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from panel.hosts.models import WorkerHost
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
-from panel.serving.services import deployment_launch
+from panel.serving.services import deployment_launch, deployment_warnings
 
 
 class Command(BaseCommand):
@@ -34,6 +34,8 @@ class Command(BaseCommand):
         except ValidationError as error:
             raise CommandError(" ".join(error.messages)) from None
         self.stdout.write(f"deployment #{deployment.pk} of {profile.name} queued on {deployment.host.host}")
+        for warning in deployment_warnings(deployment):
+            self.stdout.write(self.style.WARNING(f"warning: {warning}"))
         if options["wait"]:
             deployment = wait_for(deployment, {DeploymentState.READY, DeploymentState.FAILED,
                                                DeploymentState.STOPPED}, options["wait"])
