@@ -20,13 +20,10 @@ The order is chosen so that a mistake costs seconds, not the minutes of loading 
 the folders, config.json (already quantized? an architecture AutoAWQ knows?) and the calibration text (read,
 tokenized with the model's own tokenizer, chunked, counted) are all checked before a single weight is loaded.
 
-Calibration (no hub: AutoAWQ's default "pileval" set is a download): `builtin` is a corpus built deterministically
-from the docstrings of a fixed list of stdlib modules (the same text for one Python minor version); a file is the
-user's own domain text. Either is split into paragraphs (blank lines), then lines, then token windows, and
-paragraphs are packed greedily into chunks of fewer than max_calib_seq_len tokens (measured with the model's
-tokenizer, as AutoAWQ measures them: it silently drops longer samples). At most max_calib_samples chunks are used,
-from the start of the text; AutoAWQ concatenates them and cuts blocks of max_calib_seq_len tokens, so fewer than
-max_calib_seq_len tokens in all would leave it nothing (bad_calibration).
+Calibration (no hub: AutoAWQ's default "pileval" set is a download): the builtin corpus or the user's file, made
+into samples by workers/awq_calibration.py. At most max_calib_samples chunks are used, from the start of the text;
+AutoAWQ concatenates them and cuts blocks of max_calib_seq_len tokens, so fewer than max_calib_seq_len tokens in all
+would leave it nothing (bad_calibration).
 
 Output: written into OUT_DIR + ".partial" and renamed to OUT_DIR only when complete; the partial folder is removed
 on any failure, including SIGTERM/SIGINT (their handler raises SystemExit so the finally-blocks run). An OUT_DIR
@@ -41,14 +38,16 @@ import argparse
 import errno
 import json
 import os
-import re
 import resource
 import shutil
 import signal
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
+
+import awq_calibration  # beside this script (its folder is sys.path[0] when it runs)
 
 # No model hub is reachable from any machine here: fail fast instead of hanging on a network that is not there.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -68,19 +67,6 @@ TOKENIZER_FILES = (
     "merges.txt", "tokenizer.model", "vocab.txt", "spiece.model", "chat_template.jinja", "chat_template.json",
 )
 GENERATION_CONFIG = "generation_config.json"
-
-# The builtin calibration corpus: prose-rich, pure-Python stdlib modules present from Python 3.9 to 3.13 that
-# import without side effects. A module missing from some Python is skipped (the list is the same on one
-# Python minor version, so the corpus is too).
-BUILTIN_CORPUS_MODULES = sorted([
-    "_pydecimal", "argparse", "calendar", "collections", "concurrent.futures", "configparser", "contextlib",
-    "csv", "dataclasses", "difflib", "email.message", "enum", "fractions", "ftplib", "functools", "gettext",
-    "heapq", "http.client", "http.cookiejar", "imaplib", "inspect", "ipaddress", "json", "logging", "mailbox",
-    "optparse", "pathlib", "pickle", "pickletools", "platform", "poplib", "pprint", "random", "shlex", "shutil",
-    "smtplib", "socket", "statistics", "string", "subprocess", "tarfile", "tempfile", "textwrap", "threading",
-    "tokenize", "traceback", "typing", "unittest.case", "urllib.parse", "urllib.request", "uuid", "warnings",
-    "weakref", "zipfile",
-])
 
 PROGRESS_LAYERS_FROM, PROGRESS_LAYERS_TO = 10, 90
 PID_FILE = ".quantize_runner.pid"  # inside the partial folder while a run writes it; removed before the rename
@@ -220,145 +206,26 @@ def _process_running(pid):
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-# --- calibration text ---------------------------------------------------------------------------------------
+# --- calibration text (workers/awq_calibration.py) ---------------------------------------------------
 
-def builtin_paragraphs():
-    """Paragraphs of the docstrings of BUILTIN_CORPUS_MODULES: each module's docstring, then its own classes and
-    functions (and the classes' own methods) in name order. The same text on every run of one Python."""
-    import importlib
-    import inspect
-
-    seen = set()
-    for module_name in BUILTIN_CORPUS_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        docs = [module.__doc__]
-        for name, value in sorted(vars(module).items()):
-            if not (inspect.isclass(value) or inspect.isfunction(value)):
-                continue
-            if getattr(value, "__module__", None) != module.__name__:
-                continue  # imported from elsewhere: its own module lists it (or not)
-            docs.append(value.__doc__)
-            if inspect.isclass(value):
-                for _, member in sorted(vars(value).items()):
-                    if inspect.isfunction(member):
-                        docs.append(member.__doc__)
-        for doc in docs:
-            if not isinstance(doc, str):
-                continue
-            for paragraph in split_paragraphs(inspect.cleandoc(doc)):
-                if paragraph not in seen and len(paragraph.split()) >= 3:
-                    seen.add(paragraph)
-                    yield paragraph
-
-
-def split_paragraphs(text):
-    for paragraph in re.split(r"\n[ \t\r\f\v]*\n", text):
-        paragraph = paragraph.strip()
-        if paragraph:
-            yield paragraph
-
-
-def read_calibration_file(path):
-    """The text of a user's calibration file, or bad_calibration saying what is wrong with it."""
-    path = Path(path)
-    if not path.exists():
-        raise RunnerError("bad_calibration", f"the calibration file {path} does not exist")
-    if not path.is_file():
-        raise RunnerError("bad_calibration", f"the calibration file {path} is not a regular file")
+@contextmanager
+def calibration_errors():
+    """What awq_calibration refuses is this script's bad_calibration."""
     try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise RunnerError("bad_calibration", f"the calibration file {path} cannot be read: {error.strerror}") from None
-    if not data.strip():
-        raise RunnerError("bad_calibration", f"the calibration file {path} is empty: give it some text of the kind "
-                                             f"the model will see (a few thousand words)")
-    nul = data.find(b"\0")
-    if nul >= 0:
-        raise RunnerError("bad_calibration", f"the calibration file {path} holds NUL bytes (the first at offset "
-                                             f"{nul}): it looks binary, not text; give a UTF-8 text file (plain "
-                                             f"text, markdown, code)")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise RunnerError("bad_calibration", f"the calibration file {path} is not UTF-8 text (invalid byte at "
-                                             f"offset {error.start}); convert it to UTF-8") from None
-
-
-def count_tokens(tokenizer, text):
-    # As AutoAWQ measures a sample: tokenizer.encode(text.strip()), special tokens included.
-    return len(tokenizer.encode(text.strip()))
-
-
-def pieces_under(tokenizer, text, limit):
-    """`text` as pieces of fewer than `limit` tokens each: whole if it fits, else by lines, else by token
-    windows (decoded back to text and measured again). Yields (piece, tokens)."""
-    text = text.strip()
-    if not text:
-        return
-    tokens = count_tokens(tokenizer, text)
-    if tokens < limit:
-        yield text, tokens
-        return
-    lines = [line for line in text.split("\n") if line.strip()]
-    if len(lines) > 1:
-        for line in lines:
-            yield from pieces_under(tokenizer, line, limit)
-        return
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    window = max(8, limit // 2)
-    for start in range(0, len(ids), window):
-        piece = tokenizer.decode(ids[start:start + window]).strip()
-        if piece:
-            piece_tokens = count_tokens(tokenizer, piece)
-            if 0 < piece_tokens < limit:
-                yield piece, piece_tokens
-
-
-def make_samples(paragraphs, tokenizer, *, max_samples, max_seq_len):
-    """Pack paragraphs greedily into at most `max_samples` chunks of fewer than `max_seq_len` tokens each.
-    Returns (samples, total tokens)."""
-    samples, counts = [], []
-    current, current_tokens = [], 0
-
-    def close():
-        nonlocal current, current_tokens
-        if not current:
-            return
-        chunk = "\n\n".join(current)
-        tokens = count_tokens(tokenizer, chunk)
-        if tokens < max_seq_len:
-            samples.append(chunk)
-            counts.append(tokens)
-        else:  # joining changed the tokenization past the limit: keep the pieces apart
-            for piece in current:
-                if len(samples) < max_samples:
-                    samples.append(piece)
-                    counts.append(count_tokens(tokenizer, piece))
-        current, current_tokens = [], 0
-
-    for paragraph in paragraphs:
-        for piece, tokens in pieces_under(tokenizer, paragraph, max_seq_len):
-            # Two tokens of slack a join: the "\n\n" between pieces, and a merge across it.
-            if current and current_tokens + tokens + 2 >= max_seq_len:
-                close()
-                if len(samples) >= max_samples:
-                    return samples[:max_samples], sum(counts[:max_samples])
-            current.append(piece)
-            current_tokens += tokens + (2 if len(current) > 1 else 0)
-    close()
-    return samples[:max_samples], sum(counts[:max_samples])
+        yield
+    except awq_calibration.CalibrationError as error:
+        raise RunnerError("bad_calibration", str(error)) from None
 
 
 def prepare_calibration(args, tokenizer):
-    if args.calib == "builtin":
-        source, paragraphs = "builtin", builtin_paragraphs()
-    else:
-        source, paragraphs = "file", split_paragraphs(read_calibration_file(args.calib))
-    samples, tokens = make_samples(paragraphs, tokenizer, max_samples=args.max_calib_samples,
-                                   max_seq_len=args.max_calib_seq_len)
+    with calibration_errors():
+        if args.calib == "builtin":
+            source, paragraphs = "builtin", awq_calibration.builtin_paragraphs()
+        else:
+            source, paragraphs = "file", awq_calibration.split_paragraphs(
+                awq_calibration.read_calibration_file(args.calib))
+        samples, tokens = awq_calibration.make_samples(paragraphs, tokenizer, max_samples=args.max_calib_samples,
+                                                       max_seq_len=args.max_calib_seq_len)
     if tokens < args.max_calib_seq_len:
         where = "the builtin corpus" if source == "builtin" else f"the calibration file {args.calib}"
         raise RunnerError("bad_calibration",
@@ -511,7 +378,8 @@ def quantize(args):
     check_not_quantized(model_dir, config)
     check_output(out_dir, partial)
     if args.calib != "builtin":
-        read_calibration_file(args.calib)  # a missing, empty or binary file fails before the engine loads
+        with calibration_errors():  # a missing, empty or binary file fails before the engine loads
+            awq_calibration.read_calibration_file(args.calib)
     # The partial folder claims the output name for this run (its pid inside) from here to the rename.
     try:
         partial.mkdir()
