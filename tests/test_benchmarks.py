@@ -70,6 +70,7 @@ def test_it_counts_failed_requests_as_errors(team_setup):
                                           requests=3, warmup_requests=0, enqueue=False))
     assert failed.state == JobState.FAILED and failed.failure_kind == "all_requests_failed"
     assert "all 3 requests failed" in failed.failure_reason
+    assert failed.result["errors"] == 3 and failed.result["ok"] == 0  # the errors that explain it, with it
 
 
 def test_it_spreads_a_route_over_its_channels_by_weight(team_setup):

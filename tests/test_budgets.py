@@ -189,11 +189,9 @@ def test_it_warns_on_every_page_from_80_percent(client, team_setup):
 
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_request_is_counted_before_its_last_byte_reaches_the_client(priced, monkeypatch, stream):
-    """The gateway's own steps, in order: the key's next request is judged with this one counted, so the count
-    must land before the answer ends (before [DONE] for a stream). Run in-process to see the order."""
+def in_process(priced, monkeypatch, *, stream, count):
+    """One request through the gateway's ASGI application in this process, with budgets.count replaced by `count`
+    and the usage writer by a list: the steps in the order they happened."""
     import asyncio
     import concurrent.futures
     import json
@@ -202,11 +200,10 @@ def test_a_request_is_counted_before_its_last_byte_reaches_the_client(priced, mo
 
     steps = []
 
-    async def count(key, cost, tokens):
-        steps.append(("counted", cost, tokens))
-
     async def send(message):
-        if message["type"] == "http.response.body":
+        if message["type"] == "http.response.start":
+            steps.append(("status", message["status"]))
+        elif message["type"] == "http.response.body":
             steps.append(("body", message["body"], message.get("more_body", False)))
 
     async def receive():
@@ -216,8 +213,12 @@ def test_a_request_is_counted_before_its_last_byte_reaches_the_client(priced, mo
                     "more_body": False}
         await asyncio.sleep(3600)  # the client never leaves
 
-    monkeypatch.setattr(app.budgets, "count", count)
-    monkeypatch.setattr(usage, "record", lambda **fields: steps.append(("recorded",)))
+    async def counted(key, cost, tokens):
+        steps.append(("counted", cost, tokens))
+        await count()
+
+    monkeypatch.setattr(app.budgets, "count", counted)
+    monkeypatch.setattr(usage, "record", lambda **fields: steps.append(("recorded", fields["status_code"])))
     for module, name in ((limits, "_client"), (limits, "_script"), (upstream, "_session")):
         monkeypatch.setattr(module, name, None)  # clients of this test's event loop
     routes._cache.clear()
@@ -232,11 +233,37 @@ def test_a_request_is_counted_before_its_last_byte_reaches_the_client(priced, mo
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright may hold this thread's event loop
         pool.submit(asyncio.run, scenario()).result()
+    return steps
+
+
+async def nothing():
+    return None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_is_counted_before_its_last_byte_reaches_the_client(priced, monkeypatch, stream):
+    """The gateway's own steps, in order: the key's next request is judged with this one counted, so the count
+    must land before the answer ends (before [DONE] for a stream). Run in-process to see the order."""
+    steps = in_process(priced, monkeypatch, stream=stream, count=nothing)
     counted = [index for index, step in enumerate(steps) if step[0] == "counted"]
     assert [steps[index][1:] for index in counted] == [(COST, 24)]
     bodies = [index for index, step in enumerate(steps) if step[0] == "body"]
     last = bodies[-1]
-    assert steps[last][2] is False and counted[0] < last and steps[-1] == ("recorded",)
+    assert steps[last][2] is False and counted[0] < last and steps[-1] == ("recorded", 200)
     if stream:
         done = next(index for index in bodies if steps[index][1] == b"data: [DONE]\n\n")
         assert counted[0] < done
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_counter_outage_neither_breaks_the_answer_nor_loses_its_usage_row(priced, monkeypatch, caplog, stream):
+    async def redis_down():
+        raise redis.exceptions.ConnectionError("Connection refused")
+
+    steps = in_process(priced, monkeypatch, stream=stream, count=redis_down)
+    assert ("status", 200) in steps and steps[-1] == ("recorded", 200)
+    text = b"".join(step[1] for step in steps if step[0] == "body")
+    assert b"error" not in text and (b"data: [DONE]" in text) is stream
+    assert "request not counted against key" in caplog.text and "ConnectionError" in caplog.text

@@ -427,6 +427,10 @@ def test_the_serving_code_keeps_the_local_channel_in_step(team_setup):
     sweep("gpu@node-1")
     third.refresh_from_db()
     assert third.state == "failed" and Channel.objects.get(pk=channel.pk).enabled is False
+    # A channel an earlier sync failed to disable goes when someone presses Stop on the ended deployment.
+    Channel.objects.filter(pk=channel.pk).update(enabled=True)
+    assert deployment_stop(deployment=third, user=alice) is False
+    assert Channel.objects.get(pk=channel.pk).enabled is False
 
 
 @pytest.mark.django_db(transaction=True)

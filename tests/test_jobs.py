@@ -105,3 +105,18 @@ def test_a_failed_jobs_cleanup_is_done_before_anyone_sees_it_failed(job):
     job.refresh_from_db()
     assert seen == [JobState.RUNNING]
     assert (job.state, job.failure_kind, job.failure_reason) == (JobState.FAILED, "crashed", "exit 3")
+
+
+def test_a_cleanup_that_fails_still_leaves_the_job_in_its_final_state(job, caplog):
+    import sys
+
+    from workers.jobrunner import run_job
+
+    def broken_cleanup(ended):
+        raise PermissionError("read-only file system")
+
+    assert run_job(job, [sys.executable, "-c", "raise SystemExit(3)"], worker="gpu@h1",
+                   classify=lambda tail, code: ("crashed", f"exit {code}"), on_end=broken_cleanup)
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.failure_kind == "crashed"
+    assert "cleaning up after" in caplog.text and "read-only file system" in caplog.text

@@ -125,5 +125,9 @@ def run_job(job, argv, *, worker, classify, env=None, time_limit=None, log_path=
 def _end(job, on_end):
     """Clean up after a job that did not succeed, before its final state is written: whoever sees the state
     sees the cleanup done."""
-    if on_end is not None:
+    if on_end is None:
+        return
+    try:
         on_end(job)
+    except Exception:  # the job still gets its final state (and an interrupted one its original error)
+        log.exception("cleaning up after %s #%s failed", job._meta.label, job.pk)

@@ -218,8 +218,7 @@ class StepRunner:
             job_cancelled(run)
             raise Cancelled()
         if summary["ok"] == 0:
-            job_fail(run, kind="all_requests_failed",
-                     reason=f"all requests failed; the first: {summary['first_error']}")
+            services.benchmark_fail_all_requests(run, summary)
             return
         job_succeed(run, result=summary)
 

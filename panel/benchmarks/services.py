@@ -221,12 +221,18 @@ def benchmark_perform(run):
         return False
     summary["wall_seconds"] = round(time.monotonic() - started, 1)
     if summary["ok"] == 0:
-        with transaction.atomic():  # the page never shows the failure without the errors that explain it
-            job_fail(run, kind="all_requests_failed",
-                     reason=f"all {summary['requests']} requests failed; the first: {summary['first_error']}")
-            BenchmarkRun.objects.filter(pk=run.pk).update(result=summary)
+        benchmark_fail_all_requests(run, summary)
         return False
     return job_succeed(run, result=summary)
+
+
+def benchmark_fail_all_requests(run, summary):
+    """Fail a run none of whose requests succeeded, with the summary of its errors in the same transaction: the
+    page never shows the failure without the errors that explain it."""
+    with transaction.atomic():
+        job_fail(run, kind="all_requests_failed",
+                 reason=f"all {summary['requests']} requests failed; the first: {summary['first_error']}")
+        BenchmarkRun.objects.filter(pk=run.pk).update(result=summary)
 
 
 def benchmark_cancel(*, run, user):

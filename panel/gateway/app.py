@@ -4,6 +4,7 @@ A plain ASGI application mounted in front of Django (panel/asgi.py): no middlewa
 can answer, usage written by a background thread. One team key, one base URL, every model."""
 import asyncio
 import json
+import logging
 import time
 from decimal import Decimal
 
@@ -17,6 +18,8 @@ from panel.gateway.keys import key_lookup
 from panel.gateway.routes import model_names, route_for
 from panel.gateway.upstream import (TRANSPORT_ERRORS, UpstreamError, first_success, open_stream, post_json,
                                     upstream_body)
+
+log = logging.getLogger(__name__)
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 STATUS_FOR_KIND = {"timeout": 504, "rate_limited": 429, "misconfigured": 502, "no_channel": 503}
@@ -157,17 +160,33 @@ class Exchange:
         fields["cost"] = cost_of(self.target, fields["prompt_tokens"], fields["completion_tokens"],
                                  fields["cached_tokens"])
         if self.key is not None:
-            await limits.count_tokens(self.key, fields["prompt_tokens"] + fields["completion_tokens"])
-            await budgets.count(self.key, fields["cost"], fields["prompt_tokens"] + fields["completion_tokens"])
+            # Shielded: a client that leaves mid-count does not undo it (the relay is cancelled, the count is not).
+            await asyncio.shield(count_against_limits(self.key, fields["cost"],
+                                                      fields["prompt_tokens"] + fields["completion_tokens"]))
 
     async def finish(self):
-        await self.settle()  # a request that ended without an answer (an error, a client that left)
+        try:
+            await self.settle()  # a request that ended without an answer (an error, a client that left)
+        finally:
+            self.record()
+
+    def record(self):
         fields = dict(self.fields)
         fields["latency_ms"] = (time.perf_counter() - self.started) * 1000
         usage.record(team_id=self.key.team_id if self.key else self.team_id, key_id=self.key.id if self.key else None,
                      route_id=self.route_id, channel_id=self.target.id if self.target else None,
                      attempts=self.log["attempts"], fell_back=self.log["fell_back"], **fields)
         metrics.gateway_request_observe(fields=fields, fell_back=self.log["fell_back"])
+
+
+async def count_against_limits(key, cost, tokens):
+    """Add a request's tokens to its key's per-minute window and its cost and tokens to the budget counters."""
+    try:
+        await limits.count_tokens(key, tokens)
+        await budgets.count(key, cost, tokens)
+    except Exception as error:  # a Redis outage must not turn a good answer into an error
+        log.warning("request not counted against key %s's limits (%s); the budget reconciliation catches up",
+                    key.id, type(error).__name__)
 
 
 async def application(scope, receive, send):

@@ -121,8 +121,11 @@ def deployment_stop(*, deployment, user=None, reason="stop requested"):
     supervisor ends the engine's process group (SIGTERM, then SIGKILL) within a second."""
     if deployment_transition(deployment, to=S.STOPPED, allowed_from=[S.PENDING], actor=user, reason=reason):
         return True
-    return deployment_transition(deployment, to=S.STOPPING, allowed_from=[S.STARTING, S.READY], actor=user,
-                                 reason=reason)
+    if deployment_transition(deployment, to=S.STOPPING, allowed_from=[S.STARTING, S.READY], actor=user,
+                             reason=reason):
+        return True
+    local_channel_sync(deployment)  # already ending: a channel an earlier failed sync left enabled goes now
+    return False
 
 
 class DeploymentHooks:
