@@ -94,13 +94,13 @@ def gateway(transactional_db):
 def test_it_finds_dynamic_system_prompts_and_cloud_429s_in_real_gateway_traffic(gateway, team_setup):
     team = team_setup["team_a"]
     with FakeUpstream(models=("m",)) as dynamic_fake, FakeUpstream(models=("m",), cached_tokens=90) as static_fake, \
-            FakeUpstream(models=("m",)) as limited_fake:
+            FakeUpstream(models=("m",)) as limited_fake, FakeUpstream(models=("m",)) as retried_fake:
         limited_fake.behave("status_429")
-        for name, fake, strategy in (("dynamic", dynamic_fake, "priority"), ("static", static_fake, "priority"),
-                                     ("limited", limited_fake, "priority")):
+        for name, fake, retries in (("dynamic", dynamic_fake, 0), ("static", static_fake, 0),
+                                    ("limited", limited_fake, 0), ("retried", retried_fake, 2)):
             channel = Channel.objects.create(team=team, name=name, kind="remote", base_url=fake.base_url,
-                                             model_id="m", max_retries=0, retry_backoff=1.0)
-            route = Route.objects.create(team=team, model_name=name, strategy=strategy)
+                                             model_id="m", max_retries=retries, retry_backoff=1.0)
+            route = Route.objects.create(team=team, model_name=name, strategy="priority")
             RouteChannel.objects.create(route=route, channel=channel, position=0)
         _, raw = key_issue(team=team, user=team_setup["alice"], name="app")
         with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {raw}"}) as client:
@@ -116,7 +116,15 @@ def test_it_finds_dynamic_system_prompts_and_cloud_429s_in_real_gateway_traffic(
                 response = client.post(f"{gateway.url}/v1/chat/completions",
                                        json={"model": "limited", "messages": [{"role": "user", "content": "x"}]})
                 assert response.status_code == 429
-    wait_until(lambda: RequestLog.objects.count() >= 54, seconds=15, message="54 usage records")
+            for _ in range(4):  # a 429, then the retry gets through: the client never sees it
+                retried_fake.behave("status_429", times=1, retry_after=0)
+                response = client.post(f"{gateway.url}/v1/chat/completions",
+                                       json={"model": "retried", "messages": [{"role": "user", "content": "x"}]})
+                assert response.status_code == 200
+    wait_until(lambda: RequestLog.objects.count() >= 58, seconds=15, message="58 usage records")
+    assert set(RequestLog.objects.filter(model="retried").values_list("attempts", "rate_limited_attempts",
+                                                                      "status_code")) == {(2, 1, 200)}
+    assert set(RequestLog.objects.filter(model="limited").values_list("rate_limited_attempts", flat=True)) == {1}
     dynamic = RequestLog.objects.filter(model="dynamic")
     assert dynamic.values("system_prompt_hash").distinct().count() == 25
     assert dynamic.values("system_prompt_shape_hash").distinct().count() == 1
@@ -128,10 +136,14 @@ def test_it_finds_dynamic_system_prompts_and_cloud_429s_in_real_gateway_traffic(
     assert "cached tokens were 0%" in item.evidence[1] and "user message" in item.fix
     assert item.link == f"/channels/routes/{Route.objects.get(model_name='dynamic').pk}/"
 
-    [limited] = fired(team, "cloud_429")
+    limited, retried = sorted(fired(team, "cloud_429"), key=lambda item: item.key)
     assert limited.key == f"route:{Route.objects.get(model_name='limited').pk}"
     assert "4 of 4 requests ended in 429 from limited" in limited.evidence[0]
     assert "max_retries to 3" in limited.fix and "local_first" in limited.fix
+    # 429s the retries absorbed still count: the cloud is near its quota and the answers came late.
+    assert retried.key == f"route:{Route.objects.get(model_name='retried').pk}"
+    assert "4 of 4 requests met a 429 from retried; 0 ended in one" in retried.evidence[0]
+    assert "max_retries to 3" in retried.fix and "retried: 2 retries" in retried.evidence[1]
 
 
 # ------------------------------------------------------------------------------------------------- rules on data

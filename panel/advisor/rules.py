@@ -84,8 +84,8 @@ def p99_rising_with_large_batch(*, profile, earlier_p99, recent_p99, samples):
         link=reverse("profile_detail", args=[profile.pk]), link_label=f"profile {profile.name}")
 
 
-def cloud_rate_limited(*, route, cloud_channels, limited, requests):
-    """Rule 3: a route's requests end in 429 from a cloud channel."""
+def cloud_rate_limited(*, route, cloud_channels, limited, ended, requests):
+    """Rule 3: a route's requests meet 429s from a cloud channel (`limited`, of which `ended` ended in one)."""
     if limited < RATE_LIMITED_MIN or not cloud_channels:
         return None
     fixes = [f"raise max_retries to {GOOD_RETRIES} and retry_backoff to {GOOD_BACKOFF:g} s on {channel.name} "
@@ -102,7 +102,9 @@ def cloud_rate_limited(*, route, cloud_channels, limited, requests):
     return Recommendation(
         rule="cloud_429", severity="problem", key=f"route:{route.pk}",
         title=f"{route.model_name}: the cloud channel answers 429 (rate limited)",
-        evidence=[f"{limited} of {requests} requests ended in 429 from {names}",
+        evidence=[f"{limited} of {requests} requests ended in 429 from {names}" if ended == limited else
+                  f"{limited} of {requests} requests met a 429 from {names}; {ended} ended in one (retries absorbed "
+                  "the rest, at the cost of latency)",
                   f"strategy {route.strategy}; " + "; ".join(
                       f"{channel.name}: {channel.max_retries} retries, backoff {channel.retry_backoff:g} s"
                       for channel in cloud_channels)],

@@ -4,7 +4,7 @@ from collections import Counter
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
 from panel.advisor import rules
@@ -68,18 +68,14 @@ def _cloud_429(team, since, route):
     cloud = [entry.channel for entry in route.routechannel_set.all() if entry.channel.kind == ChannelKind.REMOTE]
     if route.canary_channel and route.canary_channel.kind == ChannelKind.REMOTE:
         cloud.append(route.canary_channel)
+    ended = Q(error_kind="rate_limited", status_code=429)
     counts = _traffic(team, since).filter(route=route).aggregate(
-        requests=Count("id"), limited=Count("id", filter=_rate_limited()))
-    # The usage record keeps the final outcome: a request that ended in 429 after every channel was tried was
-    # refused last by the route's cloud channel (cloud channels come last in local_first, or are the only ones).
+        requests=Count("id"), limited=Count("id", filter=ended | Q(rate_limited_attempts__gt=0)),
+        ended=Count("id", filter=ended))
+    # A request that met a 429 met it from the route's cloud channels (a local vLLM does not answer 429); one that
+    # ended in 429 was refused last by them (cloud channels come last in local_first, or are the only ones).
     return rules.cloud_rate_limited(route=route, cloud_channels=cloud, limited=counts["limited"],
-                                    requests=counts["requests"])
-
-
-def _rate_limited():
-    from django.db.models import Q
-
-    return Q(error_kind="rate_limited", status_code=429)
+                                    ended=counts["ended"], requests=counts["requests"])
 
 
 def _awq_spare(deployment):

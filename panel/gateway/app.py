@@ -130,7 +130,7 @@ class Exchange:
         self.fields = {"endpoint": endpoint, "model": "", "stream": False, "status_code": 200, "outcome": "ok",
                        "error_kind": "", "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
                        "ttft_ms": None, "json_requested": False, "json_valid": None}
-        self.log = {"attempts": 0, "fell_back": False}
+        self.log = {"attempts": 0, "fell_back": False, "rate_limited": 0}
         self.key = None
         self.team_id = None  # for a request made inside the panel (Compare), which has no key
         self.route_id = None
@@ -175,7 +175,8 @@ class Exchange:
         fields["latency_ms"] = (time.perf_counter() - self.started) * 1000
         usage.record(team_id=self.key.team_id if self.key else self.team_id, key_id=self.key.id if self.key else None,
                      route_id=self.route_id, channel_id=self.target.id if self.target else None,
-                     attempts=self.log["attempts"], fell_back=self.log["fell_back"], **fields)
+                     attempts=self.log["attempts"], rate_limited_attempts=self.log["rate_limited"],
+                     fell_back=self.log["fell_back"], **fields)
         metrics.gateway_request_observe(fields=fields, fell_back=self.log["fell_back"])
 
 

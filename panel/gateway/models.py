@@ -56,6 +56,9 @@ class RequestLog(models.Model):
     outcome = models.CharField(max_length=20)  # ok, error, client_closed
     error_kind = models.CharField(max_length=40, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
+    # Upstream 429 answers met on the way, retried ones included (the advisor's evidence). Nullable so that adding
+    # it to a large table is an ALTER TABLE on SQLite too, not a copy; rows from before it was added have None.
+    rate_limited_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
     fell_back = models.BooleanField(default=False)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)

@@ -245,6 +245,8 @@ async def first_success(targets, attempt_call, *, fallback_on_error, log):
                 value = await attempt_call(target)
             except UpstreamError as error:
                 last = error
+                if error.kind == "rate_limited":
+                    log["rate_limited"] = log.get("rate_limited", 0) + 1
                 if error.client_fault:
                     raise
                 if not error.retryable or attempt == target.max_retries:
