@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from panel.core import safejson
+
 PERCENTILES = (50, 95, 99)
 
 

@@ -1,9 +1,9 @@
 """What a benchmark sends: the built-in prompt set, prompts read from an uploaded file, or synthetic prompts of a
 given length. Each prompt is a list of chat messages."""
-
 from django.core.exceptions import ValidationError
 
 from panel.core import safejson
+
 MAX_FILE_PROMPTS = 10_000
 MAX_PROMPT_CHARS = 100_000
 

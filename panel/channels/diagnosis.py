@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from panel.core import safejson
+
 MESSAGES = {
     "unauthorized": "401 Unauthorized: the server refused the key. It is missing, wrong or revoked: copy it again "
                     "from the provider's API Keys page, and check that the environment variable the channel reads is "

@@ -9,6 +9,7 @@ import aiohttp
 from django.conf import settings
 
 from panel.core import safejson
+
 RETRY_AFTER_CAP_SECONDS = 5.0
 COOLDOWN_AFTER_FAILURES = 3
 COOLDOWN_SECONDS = 30.0
