@@ -1,4 +1,4 @@
-"""Benchmark: AWQ quantization of a Qwen2.5-1.5B-shaped model with workers/quantize_runner.py on a GPU host.
+"""Benchmark: AWQ quantization of a Qwen2.5-1.5B-shaped model with engine/quantize_runner.py on a GPU host.
 
 No machine here reaches a model hub, so the model is made on the spot: Qwen2.5-1.5B's shape (hidden 1536,
 intermediate 8960, 28 layers, 12 heads, 2 KV heads, vocab 151936, tied embeddings, bf16) with random weights from a
@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNNER = ROOT / "workers" / "quantize_runner.py"
 DEQUANT_CHECK = ROOT / "tests" / "engine" / "awq_dequant_check.py"
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
@@ -112,8 +111,8 @@ def machine():
 
 
 def run_runner(args, model_dir, out_model, lines_path):
-    argv = [sys.executable, str(RUNNER), "--model", str(model_dir), "--out", str(out_model), "--w-bit", "4",
-            "--group-size", "128", "--version", "GEMM", "--calib", "builtin",
+    argv = [sys.executable, "-m", "engine.quantize_runner", "--model", str(model_dir), "--out", str(out_model),
+            "--w-bit", "4", "--group-size", "128", "--version", "GEMM", "--calib", "builtin",
             "--max-calib-samples", str(args.max_calib_samples), "--max-calib-seq-len", "512"]
     print("runner:", " ".join(argv), flush=True)
     started = time.monotonic()

@@ -26,7 +26,7 @@ from tests.conftest import wait_until
 
 @pytest.mark.timeout(3600)
 def test_ladder_on_this_machine(start_worker, team_setup, tmp_path):
-    from panel.core.demo_model import build_demo_model
+    from panel.registry.demo_model import build_demo_model
     from panel.hosts.models import WorkerHost
 
     team, alice = team_setup["team_a"], team_setup["alice"]

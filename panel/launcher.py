@@ -189,7 +189,7 @@ def run():
     from django.conf import settings
     from django.core.management import call_command
 
-    from panel.core.bootstrap import bootstrap
+    from panel.bootstrap import bootstrap
 
     bind = os.environ.get("TOKENWISE_BIND", "127.0.0.1")
     port = envint("TOKENWISE_PORT", 8000, minimum=1, maximum=65535)
@@ -259,7 +259,7 @@ def main():
     except EnvError as error:
         sys.exit(f"tokenwise: configuration error: {error}")
     except Exception as error:
-        from panel.core.demo_model import DemoModelError
+        from panel.registry.demo_model import DemoModelError
 
         if isinstance(error, DemoModelError):
             sys.exit(f"tokenwise: {error}")

@@ -219,7 +219,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_MAX_TASKS_PER_CHILD = envint("TOKENWISE_WORKER_MAX_TASKS_PER_CHILD", 50, minimum=1)
-# Time limits are set per task (workers/tasks.py): a deployment's task lives as long as its engine.
+# Time limits are set per task (each app's tasks.py): a deployment's task lives as long as its engine.
 # Redis redelivers an unacked message after the visibility timeout: it must outlast the longest job,
 # or a long quantization would be delivered a second time while it still runs.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": JOB_HARD_TIME_LIMIT + 3600}
@@ -227,10 +227,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
-    "reap-stale-jobs": {"task": "workers.tasks.reap_stale_jobs", "schedule": REAPER_EVERY_SECONDS},
+    "reap-stale-jobs": {"task": "panel.jobs.tasks.reap_stale_jobs", "schedule": REAPER_EVERY_SECONDS},
     "scrape-engines": {"task": "panel.dashboards.tasks.scrape_engines", "schedule": DASHBOARDS_SCRAPE_EVERY_SECONDS},
     "roll-up-usage": {"task": "panel.dashboards.tasks.roll_up_usage", "schedule": DASHBOARDS_ROLLUP_EVERY_SECONDS},
-    "check-canaries": {"task": "panel.advisor.tasks.check_canaries", "schedule": CANARY_CHECK_EVERY_SECONDS},
+    "check-canaries": {"task": "panel.channels.tasks.check_canaries", "schedule": CANARY_CHECK_EVERY_SECONDS},
     "reconcile-budgets": {"task": "panel.budgets.tasks.reconcile_budgets", "schedule": BUDGET_RECONCILE_SECONDS},
 }
 

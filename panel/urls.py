@@ -3,11 +3,11 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from panel.accounts import views as accounts
-from panel.core import views as core
 from panel.hosts import views as hosts
+from panel.views import home
 
 urlpatterns = [
-    path("", core.home, name="home"),
+    path("", home, name="home"),
     path("login/", accounts.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("teams/switch/", accounts.switch_team, name="switch_team"),

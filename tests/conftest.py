@@ -130,7 +130,7 @@ def start_worker(transactional_db):
 def launch_tiny(start_worker, tmp_path):
     """Start the tiny demo model on the real CPU engine for a team, through a real gpu worker, and wait until the
     deployment is ready (~40 s). Profile fields can be overridden: launch_tiny(team, enable_prefix_caching=True)."""
-    from panel.core.demo_model import build_demo_model
+    from panel.registry.demo_model import build_demo_model
     from panel.hosts.models import WorkerHost
     from panel.registry.services import model_register
     from panel.serving.models import Deployment, DeploymentState, ServingProfile

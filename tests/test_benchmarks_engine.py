@@ -23,7 +23,7 @@ WORKLOAD = dict(workload="synthetic", input_tokens=48, output_tokens=16, request
 @pytest.fixture
 def engine_setup(start_worker, team_setup, tmp_path):
     """The tiny demo model registered for team A, a real GPU worker (the CPU engine) and a default worker."""
-    from panel.core.demo_model import build_demo_model
+    from panel.registry.demo_model import build_demo_model
     from panel.hosts.models import WorkerHost
 
     path = tmp_path / "tiny"

@@ -6,7 +6,7 @@ from tests.browser import screenshot, sign_in
 
 def test_it_launches_a_job_from_the_form_and_follows_it_to_done(page, live_server, team_setup, start_worker,
                                                                  tmp_path):
-    from panel.core.demo_model import build_demo_model
+    from panel.registry.demo_model import build_demo_model
 
     model_path = tmp_path / "tiny"
     build_demo_model(model_path)

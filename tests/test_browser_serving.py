@@ -6,7 +6,7 @@ from tests.browser import screenshot, sign_in
 
 
 def test_it_creates_launches_watches_and_stops_a_deployment(page, live_server, team_setup, start_worker, tmp_path):
-    from panel.core.demo_model import build_demo_model
+    from panel.registry.demo_model import build_demo_model
 
     path = tmp_path / "tiny"
     build_demo_model(path)

@@ -129,7 +129,7 @@ def test_it_rolls_back_at_once_on_broken_json_and_the_gateway_stops_within_a_sec
 
 @override_settings(CANARY_MIN_REQUESTS=10, CANARY_STEP_SECONDS=0)
 def test_it_promotes_a_clean_candidate_step_by_step_on_the_schedule(gateway, setup, candidate_fake, stable_fake):
-    from panel.advisor.tasks import check_canaries
+    from panel.channels.tasks import check_canaries
 
     candidate_fake.behave("json_content")
     route = canary_start(route=setup["route"], channel=setup["candidate"], auto=True, actor=setup["alice"])
@@ -302,9 +302,9 @@ def test_it_schedules_the_canary_guard_on_beat(settings):
     from workers.celery import app
 
     entry = settings.CELERY_BEAT_SCHEDULE["check-canaries"]
-    assert entry == {"task": "panel.advisor.tasks.check_canaries", "schedule": settings.CANARY_CHECK_EVERY_SECONDS}
+    assert entry == {"task": "panel.channels.tasks.check_canaries", "schedule": settings.CANARY_CHECK_EVERY_SECONDS}
     app.loader.import_default_modules()
-    assert "panel.advisor.tasks.check_canaries" in app.tasks
+    assert "panel.channels.tasks.check_canaries" in app.tasks
 
 
 def test_it_rolls_back_on_its_own_with_beat_and_a_worker(gateway, setup, candidate_fake, start_worker):

@@ -15,7 +15,7 @@ import django
 celery.current_app.conf  # something asks for the current app before the panel's app exists
 django.setup()
 from panel.benchmarks import tasks as benchmark_tasks
-from workers import tasks
+from panel.hosts import tasks
 from workers.celery import app
 
 seen = {}

@@ -418,7 +418,7 @@ def test_the_serving_code_keeps_the_local_channel_in_step(team_setup):
     assert [d.pk for d in deployments_reap(stale_after_seconds=60)] == [second.pk]
     assert Channel.objects.get(pk=channel.pk).enabled is False
     # A worker that restarts fails what its previous process left live, and the channel goes with it.
-    from workers.sweep import sweep
+    from panel.jobs.sweep import sweep
 
     third = make_deployment(team, alice, "tiny-latency", state="starting", port=8201)
     DeploymentHooks(third).ready({"problems": []})

@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
-from panel.core.demo_model import DEMO_MODEL_DIRNAME, build_demo_model
+from panel.registry.demo_model import DEMO_MODEL_DIRNAME, build_demo_model
 
 LOAD_AND_GENERATE = textwrap.dedent("""
     import json, sys

@@ -96,7 +96,7 @@ def test_a_failed_jobs_cleanup_is_done_before_anyone_sees_it_failed(job):
     """The runner's cleanup (a half-written output removed) runs while the row still says running."""
     import sys
 
-    from workers.jobrunner import run_job
+    from panel.jobs.runner import run_job
 
     seen = []
     argv = [sys.executable, "-c", "print('half way'); raise SystemExit(3)"]
@@ -110,7 +110,7 @@ def test_a_failed_jobs_cleanup_is_done_before_anyone_sees_it_failed(job):
 def test_a_cleanup_that_fails_still_leaves_the_job_in_its_final_state(job, caplog):
     import sys
 
-    from workers.jobrunner import run_job
+    from panel.jobs.runner import run_job
 
     def broken_cleanup(ended):
         raise PermissionError("read-only file system")

@@ -9,7 +9,7 @@ import time
 import psutil
 
 from tests.conftest import ROOT, panel_env, wait_until
-from workers.processes import group_alive, run_streaming
+from panel.jobs.processes import group_alive, run_streaming
 
 CHILD_AND_GRANDCHILD = textwrap.dedent("""
     import subprocess, sys, time
@@ -52,7 +52,7 @@ def test_it_dies_with_the_process_that_started_it(tmp_path):
     parent = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        from workers.processes import start
+        from panel.jobs.processes import start
         process = start([sys.executable, "-c", "import time; time.sleep(600)"])
         open({str(pid_file)!r}, "w").write(str(process.pid))
         import time; time.sleep(600)

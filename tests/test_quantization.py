@@ -14,14 +14,15 @@ from panel.jobs.models import JobEvent, JobState
 from panel.registry.models import QuantizationJob, RegisteredModel
 from panel.registry.services import model_register, quantization_launch
 from tests.conftest import ROOT, panel_env, wait_until
-from workers import processes, tasks
+from panel.jobs import processes
+from panel.registry import tasks
 
 FAST = {"max_calib_samples": 32, "max_calib_seq_len": 256}
 
 
 @pytest.fixture(scope="module")
 def demo_model_path(tmp_path_factory):
-    from panel.core.demo_model import build_demo_model
+    from panel.registry.demo_model import build_demo_model
 
     path = tmp_path_factory.mktemp("quantization") / "tiny"
     build_demo_model(path)

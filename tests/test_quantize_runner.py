@@ -1,4 +1,4 @@
-"""workers/quantize_runner.py, run as the workers run it: a subprocess of the engine venv's Python speaking JSON
+"""engine/quantize_runner.py, run as the workers run it: a subprocess of the engine venv's Python speaking JSON
 lines. The demo model (Qwen2, 4 layers, hidden 256) is quantized to 4-bit AWQ on the CPU once per module; the
 checkpoint is then read back tensor by tensor and dequantized by an independent script (tests/engine/), and the
 failures a user can cause are each classified, with nothing left on disk."""
@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from panel.core.demo_model import build_demo_model
+from panel.registry.demo_model import build_demo_model
 
 pytestmark = pytest.mark.engine
 
 ROOT = Path(settings.BASE_DIR)
-RUNNER = ROOT / "workers" / "quantize_runner.py"
 DEQUANT_CHECK = ROOT / "tests" / "engine" / "awq_dequant_check.py"
 LAYERS = 4  # the demo model's decoder layers
 GROUP = 128
@@ -41,7 +40,7 @@ MAX_NORM_FOLD_DEVIATION = 0.10  # fitted s against the RMSNorm weights it was fo
 
 
 def runner_argv(model, out, *extra, calib="builtin", samples=4):
-    return [str(settings.ENGINE_PYTHON), str(RUNNER), "--model", str(model), "--out", str(out),
+    return [str(settings.ENGINE_PYTHON), "-m", "engine.quantize_runner", "--model", str(model), "--out", str(out),
             "--w-bit", "4", "--group-size", str(GROUP), "--version", "GEMM", "--calib", str(calib),
             "--max-calib-samples", str(samples), "--max-calib-seq-len", "512", *extra]
 

@@ -17,7 +17,7 @@ from panel.registry.services import model_register
 
 @pytest.fixture(scope="module")
 def demo_model(tmp_path_factory):
-    from panel.core.demo_model import build_demo_model
+    from panel.registry.demo_model import build_demo_model
 
     path = tmp_path_factory.mktemp("registry") / "tiny"
     build_demo_model(path)

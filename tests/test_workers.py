@@ -9,7 +9,7 @@ from panel.hosts.models import EngineCheck, WorkerHost
 from panel.hosts.services import engine_check_launch
 from panel.jobs.models import JobEvent, JobState
 from tests.conftest import wait_until
-from workers import tasks
+from panel.hosts import tasks
 
 
 def online_gpu_host():

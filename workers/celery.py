@@ -1,5 +1,6 @@
 """The Celery app. Workers start through `python -m workers.start {default,gpu,beat}`; Celery's Django fixup
-sets Django up in each worker process."""
+sets Django up in each worker process. Every app's tasks live in its own `tasks.py` (found by autodiscovery);
+services send them by name (`panel.jobs.services.job_enqueue`)."""
 import os
 
 from celery import Celery
@@ -13,15 +14,15 @@ app = Celery("tokenwise")
 # (amqp://localhost): as the default app, this one is found from every thread.
 app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.include = ["workers.tasks", "panel.dashboards.tasks", "panel.benchmarks.tasks", "panel.advisor.tasks",
-                    "panel.budgets.tasks", "panel.compare.tasks"]
+app.autodiscover_tasks()
 
 
 @worker_ready.connect
 def _announce(sender, **_):
     from django.db import close_old_connections
 
-    from workers import heartbeat, sweep
+    from panel.hosts import heartbeat
+    from panel.jobs import sweep
 
     sweep.sweep(sender.hostname)
     close_old_connections()
@@ -30,6 +31,6 @@ def _announce(sender, **_):
 
 @worker_shutdown.connect
 def _farewell(sender, **_):
-    from workers import heartbeat
+    from panel.hosts import heartbeat
 
     heartbeat.stop(sender)

@@ -14,7 +14,8 @@ from django.db import close_old_connections, transaction
 from panel.benchmarks import services
 from panel.benchmarks.models import BenchmarkRun, Ladder, Sweep, TargetKind
 from panel.jobs.models import JobState
-from panel.jobs.services import job_cancel, job_cancelled, job_claim, job_created, job_fail, job_heartbeat, job_succeed
+from panel.jobs.services import (job_cancel, job_cancelled, job_claim, job_created, job_enqueue, job_fail,
+                                 job_heartbeat, job_succeed)
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
 from panel.serving.services import deployment_launch, deployment_stop, host_facts, host_pick, profile_check
 
@@ -92,7 +93,6 @@ def ladder_profiles(ladder, host):
 def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_max_num_seqs=64, max_model_len=2048,
                   extra_args="", gpu_price_per_hour=Decimal(0), enqueue=True, **workload_given):
     """Validate and queue a ladder for `model` (an unquantized model of the team)."""
-    from panel.benchmarks import tasks
 
     problems = {}
     if model.is_quantized:
@@ -122,7 +122,7 @@ def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_m
         ladder.save()
         job_created(ladder, actor=user, reason=f"config ladder of {model.name} on {host.host} requested")
         if enqueue:
-            transaction.on_commit(lambda: tasks.run_ladder.apply_async(args=[ladder.pk], queue="default"))
+            job_enqueue(ladder, "panel.benchmarks.tasks.run_ladder")
     return ladder
 
 
@@ -348,7 +348,6 @@ def sweep_values_parse(text):
 
 def sweep_launch(*, team, user, profile, values, p99_target_ms, host=None, enqueue=True, **workload_given):
     """Validate and queue a sweep of `profile` over max_num_seqs `values` (a list or "4, 16, 64")."""
-    from panel.benchmarks import tasks
 
     values = values if isinstance(values, list) else sweep_values_parse(values)
     if not 1 <= len(values) <= MAX_SWEEP_VALUES:
@@ -364,7 +363,7 @@ def sweep_launch(*, team, user, profile, values, p99_target_ms, host=None, enque
                                      p99_target_ms=p99_target_ms, queue="default", **values_checked)
         job_created(sweep, actor=user, reason=f"max_num_seqs sweep of {profile.name} over {values} requested")
         if enqueue:
-            transaction.on_commit(lambda: tasks.run_sweep.apply_async(args=[sweep.pk], queue="default"))
+            job_enqueue(sweep, "panel.benchmarks.tasks.run_sweep")
     return sweep
 
 

@@ -13,7 +13,8 @@ from panel.benchmarks import runner, workload
 from panel.benchmarks.models import WORKLOAD_FIELDS, BenchmarkRun, TargetKind, WorkloadKind
 from panel.channels.models import Channel, CredentialError, Route, order_channels
 from panel.jobs.models import JobState
-from panel.jobs.services import job_cancel, job_cancelled, job_claim, job_created, job_fail, job_heartbeat, job_succeed
+from panel.jobs.services import (job_cancel, job_cancelled, job_claim, job_created, job_enqueue, job_fail,
+                                 job_heartbeat, job_succeed)
 from panel.serving.models import Deployment, DeploymentState
 
 LIMITS = {"requests": (1, 10_000), "warmup_requests": (0, 100), "concurrency": (1, 1024),
@@ -72,7 +73,6 @@ def target_of(*, team, target_kind, target_id):
 def benchmark_launch(*, team, user, target_kind, target_id, name="", ladder=None, sweep=None, step="", enqueue=True,
                      **workload_given):
     """Validate the target and the workload, insert a pending run and (on commit) queue it on the default queue."""
-    from panel.benchmarks import tasks
 
     field, target, label = target_of(team=team, target_kind=target_kind, target_id=target_id)
     values = workload_values(**workload_given)
@@ -83,7 +83,7 @@ def benchmark_launch(*, team, user, target_kind, target_id, name="", ladder=None
                                           step=step, **{field: target}, **values)
         job_created(run, actor=user, reason=f"benchmark of {label} requested")
         if enqueue:
-            transaction.on_commit(lambda: tasks.run_benchmark.apply_async(args=[run.pk], queue="default"))
+            job_enqueue(run, "panel.benchmarks.tasks.run_benchmark")
     return run
 
 

@@ -4,6 +4,6 @@ from celery import shared_task
 from panel.budgets.services import budgets_reconcile
 
 
-@shared_task(name="panel.budgets.tasks.reconcile_budgets", ignore_result=True)
+@shared_task(ignore_result=True)
 def reconcile_budgets():
     return len(budgets_reconcile())

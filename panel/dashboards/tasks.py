@@ -1,19 +1,18 @@
 """Celery tasks of panel.dashboards: thin wrappers over its service functions (on beat, queue default)."""
 from celery import shared_task
 
+from panel.dashboards.compaction import engine_samples_compact
+from panel.dashboards.rollup import usage_rollup_run
+from panel.dashboards.scraper import deployments_scrape
 
-@shared_task(name="panel.dashboards.tasks.scrape_engines", soft_time_limit=60, time_limit=90, ignore_result=True)
+
+@shared_task(soft_time_limit=60, time_limit=90, ignore_result=True)
 def scrape_engines():
-    from panel.dashboards.compaction import engine_samples_compact
-    from panel.dashboards.scraper import deployments_scrape
-
     scraped = len(deployments_scrape())
     engine_samples_compact()  # an indexed look-up that finds nothing most of the time
     return scraped
 
 
-@shared_task(name="panel.dashboards.tasks.roll_up_usage", soft_time_limit=300, time_limit=360, ignore_result=True)
+@shared_task(soft_time_limit=300, time_limit=360, ignore_result=True)
 def roll_up_usage():
-    from panel.dashboards.rollup import usage_rollup_run
-
     return usage_rollup_run()

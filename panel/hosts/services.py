@@ -4,7 +4,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from panel.hosts.models import EngineCheck, WorkerHost
-from panel.jobs.services import job_created
+from panel.jobs import diagnosis, processes
+from panel.jobs.runner import run_job
+from panel.jobs.services import job_created, job_enqueue
 
 
 def host_heartbeat(*, name, host, kind, queues, cpu_count, memory_bytes, memory_available_bytes, gpus, pid,
@@ -33,19 +35,15 @@ def host_price_set(*, host, gpu_price_per_hour, gpu_count):
 
 def engine_check_launch(*, team, user, host):
     """Queue an engine check on `host`'s own queue. Returns the EngineCheck."""
-    from workers import tasks
-
     with transaction.atomic():
         check = EngineCheck.objects.create(team=team, created_by=user, host=host, queue=host.host_queue)
         job_created(check, actor=user, reason=f"engine check on {host.host} requested")
-        transaction.on_commit(lambda: tasks.run_engine_check.apply_async(args=[check.pk], queue=check.queue))
+        job_enqueue(check, "panel.hosts.tasks.run_engine_check")
     return check
 
 
 def engine_check_execute(*, check_id, worker):
-    """Body of the engine-check task: run workers/engine_probe.py in the engine venv."""
-    from workers import diagnosis, jobrunner
-
+    """Body of the engine-check task: run engine/engine_probe.py in the engine venv."""
     check = EngineCheck.objects.select_related("host").get(pk=check_id)
-    argv = [settings.ENGINE_PYTHON, str(settings.BASE_DIR / "workers" / "engine_probe.py")]
-    return jobrunner.run_job(check, argv, worker=worker, classify=diagnosis.classify, time_limit=300)
+    argv = processes.engine_argv(settings.ENGINE_PYTHON, "engine_probe")
+    return run_job(check, argv, worker=worker, classify=diagnosis.classify, time_limit=300)

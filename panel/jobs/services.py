@@ -2,6 +2,7 @@
 import logging
 from datetime import timedelta
 
+from celery import current_app
 from django.apps import apps
 from django.db import transaction
 from django.utils import timezone
@@ -39,6 +40,13 @@ def job_created(job, *, actor=None, reason="created"):
     """Record who asked for a job (or deployment) that was just inserted."""
     JobEvent.objects.create(job_type=job.job_type(), job_id=job.pk, from_state="", to_state=job.state,
                             actor=actor, reason=reason[:2000])
+
+
+def job_enqueue(job, task):
+    """Send the task named `task` (e.g. "panel.serving.tasks.run_deployment") for `job` to the job's queue once the
+    current transaction commits, so the worker finds the row. By name: a service never imports its app's tasks
+    module (the tasks import the services)."""
+    transaction.on_commit(lambda: current_app.send_task(task, args=[job.pk], queue=job.queue or "default"))
 
 
 def job_claim(job, *, worker):

@@ -9,7 +9,9 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils.text import slugify
 
-from panel.jobs.services import job_cancel, job_created
+from panel.jobs import diagnosis, processes
+from panel.jobs.runner import run_job
+from panel.jobs.services import job_cancel, job_created, job_enqueue
 from panel.registry.hub import NotInCache, looks_like_hub_id, resolve_hub_id
 from panel.registry.inspection import CheckpointError, inspect_checkpoint
 from panel.registry.models import CalibrationSource, QuantizationJob, RegisteredModel
@@ -99,8 +101,6 @@ def quantization_launch(*, team, user, source, host=None, q_group_size=128, zero
     refusal = quantization_refusal(source)
     if refusal:
         raise ValidationError(refusal)
-    from workers import tasks
-
     with transaction.atomic():
         job = QuantizationJob.objects.create(
             team=team, created_by=user, source=source, host=host, w_bit=w_bit, q_group_size=q_group_size,
@@ -113,16 +113,16 @@ def quantization_launch(*, team, user, source, host=None, q_group_size=128, zero
         job.save(update_fields=["output_dir"])
         job_created(job, actor=user, reason=f"quantization of {source.name} requested")
         if enqueue:
-            transaction.on_commit(lambda: tasks.run_quantization.apply_async(args=[job.pk], queue=job.queue))
+            job_enqueue(job, "panel.registry.tasks.run_quantization")
     return job
 
 
 def quantization_argv(job):
     calibration = job.calibration_file if job.calibration == CalibrationSource.FILE else "builtin"
-    argv = [settings.ENGINE_PYTHON, str(Path(settings.BASE_DIR) / "workers" / "quantize_runner.py"),
-            "--model", job.source.path, "--out", job.output_dir, "--w-bit", str(job.w_bit),
-            "--group-size", str(job.q_group_size), "--version", job.version, "--calib", calibration,
-            "--max-calib-samples", str(job.max_calib_samples), "--max-calib-seq-len", str(job.max_calib_seq_len)]
+    argv = processes.engine_argv(
+        settings.ENGINE_PYTHON, "quantize_runner", "--model", job.source.path, "--out", job.output_dir,
+        "--w-bit", job.w_bit, "--group-size", job.q_group_size, "--version", job.version, "--calib", calibration,
+        "--max-calib-samples", job.max_calib_samples, "--max-calib-seq-len", job.max_calib_seq_len)
     if not job.zero_point:
         argv.append("--no-zero-point")
     return argv
@@ -130,12 +130,10 @@ def quantization_argv(job):
 
 def quantization_execute(*, job_id, worker):
     """Body of the quantization task: run the AWQ runner in the engine venv for job `job_id`."""
-    from workers import diagnosis, jobrunner
-
     job = QuantizationJob.objects.select_related("source", "team").get(pk=job_id)
     log_path = Path(settings.JOBS_DIR) / f"quantization-{job.pk}.log"
-    return jobrunner.run_job(job, quantization_argv(job), worker=worker, classify=diagnosis.classify,
-                             log_path=log_path, on_success=quantized_model_record, on_end=quantization_cleanup)
+    return run_job(job, quantization_argv(job), worker=worker, classify=diagnosis.classify,
+                   log_path=log_path, on_success=quantized_model_record, on_end=quantization_cleanup)
 
 
 def quantized_model_record(job, result):

@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from panel.channels.services import local_channel_sync
 from panel.hosts.models import WorkerHost
-from panel.jobs.services import append_log, job_created, job_transition
+from panel.jobs.services import append_log, job_created, job_enqueue, job_transition
 from panel.registry import memory
-from panel.serving import configfile, rules
+from panel.serving import configfile, rules, supervisor
 from panel.serving.models import (ACTIVE_DEPLOYMENT_STATES, LIVE_DEPLOYMENT_STATES, Deployment, DeploymentState,
                                   ServingProfile)
 from panel.serving.profile_fields import FIELDS
@@ -95,8 +95,6 @@ def host_pick(profile):
 
 def deployment_launch(*, team, user, profile, host=None, restart_on_crash=False, enqueue=True):
     """Check the profile against the host (picked when not given) and queue its deployment there."""
-    from workers import tasks
-
     if host is None:
         host = host_pick(profile)
     elif not host.is_online:
@@ -111,8 +109,7 @@ def deployment_launch(*, team, user, profile, host=None, restart_on_crash=False,
         job_created(deployment, actor=user, reason=f"launch on {host.host} requested"
                     + "".join(f". Warning: {warning}" for warning in verdict.warnings))
         if enqueue:
-            transaction.on_commit(lambda: tasks.run_deployment.apply_async(args=[deployment.pk],
-                                                                           queue=deployment.queue))
+            job_enqueue(deployment, "panel.serving.tasks.run_deployment")
     return deployment
 
 
@@ -181,8 +178,6 @@ def gpus_for(deployment):
 
 def deployment_execute(*, deployment_id, worker):
     """Body of the deployment task: own the engine until it is stopped or dies for good."""
-    from workers import supervisor
-
     deployment = Deployment.objects.select_related("profile__model", "host").get(pk=deployment_id)
     host_is_gpu = bool(deployment.host and deployment.host.gpus)
     if host_is_gpu:

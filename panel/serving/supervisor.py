@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from workers import diagnosis, processes
+from panel.jobs import diagnosis, processes
 
 log = logging.getLogger(__name__)
 
@@ -146,4 +146,48 @@ def run_server(argv, *, env, port, served_model_name, hooks, log_path, wanted_qu
 
 def classify_crash(outcome):
     """(kind, reason) for an engine that died."""
-    return diagnosis.classify_engine(outcome.tail, outcome.returncode, became_ready=outcome.became_ready)
+    return classify_engine(outcome.tail, outcome.returncode, became_ready=outcome.became_ready)
+
+
+# What kills a vLLM server, from its log (the seeds' troubleshooting list and what was measured here).
+ENGINE_RULES = [
+    ("unsupported_quantization", re.compile(r"cpu_gemm_wna16|Unknown quantization method|quantization method .* "
+                                            r"is not supported|not supported for quantization|Cannot find the "
+                                            r"config file for (awq|gptq)", re.I),
+     "the engine cannot run this quantization here (the CPU engine's AWQ kernel needs vLLM's AVX-512 build): "
+     "serve the FP16/BF16 model on this host, or the AWQ model on a GPU host"),
+    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|No available memory for the cache blocks|"
+                       r"insufficient memory|Cannot allocate memory|MemoryError|KV cache .* larger than the "
+                       r"available", re.I),
+     "out of memory: lower max_model_len or max_num_seqs, raise gpu_memory_utilization carefully, quantize the "
+     "model, or use a larger GPU (on a CPU host: lower VLLM_CPU_KVCACHE_SPACE)"),
+    ("port_in_use", re.compile(r"Address already in use|\[Errno 98\]", re.I),
+     "the port was taken by another process: leave the port empty so the panel picks a free one"),
+    ("model_not_found", re.compile(r"does not appear to have a file named config\.json|No such file or "
+                                   r"directory: .*config\.json|Repository Not Found|is not a local folder and "
+                                   r"is not a valid model identifier|Can't load the configuration", re.I),
+     "the engine cannot find the model: check that the model's folder exists on this host"),
+    ("bad_block_size", re.compile(r"No common block size for (\d+)", re.I),
+     "this engine does not support the profile's block_size (the CPU engine needs a multiple of 32)"),
+    ("engine_missing", re.compile(r"No module named '?vllm|ModuleNotFoundError|ImportError", re.I),
+     "the engine venv cannot import vLLM: rebuild it (`make engine`) or fix ENGINE_PYTHON"),
+    ("bad_config", re.compile(r"(ValueError|TypeError|argument|error): .{0,300}", re.I), None),
+]
+
+
+def classify_engine(tail, returncode, *, became_ready=False):
+    """(kind, reason) for a vLLM server that exited with `returncode` after printing `tail`. A signal wins over
+    the log (the log of a killed engine is a healthy one); a refused configuration only explains a start-up."""
+    if returncode is not None and returncode < 0:
+        return "killed", (f"the engine was killed by signal {-returncode} (by someone, or by the kernel's "
+                          "out-of-memory killer: check the host's memory)")
+    text = "\n".join(tail)
+    for kind, pattern, reason in ENGINE_RULES:
+        if kind == "bad_config" and became_ready:
+            continue
+        match = pattern.search(text)
+        if match:
+            if reason is None:
+                return kind, f"the engine refused its configuration: {match.group(0)[:300]}"
+            return kind, reason
+    return diagnosis.classify(tail, returncode)

@@ -1,10 +1,10 @@
 """Runs inside the engine venv: quantize a Hugging Face checkpoint to 4-bit AWQ with AutoAWQ.
 
-    ENGINE_PYTHON workers/quantize_runner.py --model SRC_DIR --out OUT_DIR [--w-bit 4] [--group-size 128]
+    ENGINE_PYTHON -m engine.quantize_runner --model SRC_DIR --out OUT_DIR [--w-bit 4] [--group-size 128]
         [--no-zero-point] [--version GEMM|GEMV] [--calib builtin|PATH_TO_TEXT_FILE]
         [--max-calib-samples 128] [--max-calib-seq-len 512]
 
-Talks back as JSON lines on stdout (see jobrunner.py), one object a line, flushed:
+Talks back as JSON lines on stdout (see panel/jobs/runner.py), one object a line, flushed:
     {"phase": "checking the model", "progress": 1}
     {"phase": "preparing calibration data", "progress": 2}
     {"phase": "loading model", "progress": 5}
@@ -21,7 +21,7 @@ the folders, config.json (already quantized? an architecture AutoAWQ knows?) and
 tokenized with the model's own tokenizer, chunked, counted) are all checked before a single weight is loaded.
 
 Calibration (no hub: AutoAWQ's default "pileval" set is a download): the builtin corpus or the user's file, made
-into samples by workers/awq_calibration.py. At most max_calib_samples chunks are used, from the start of the text;
+into samples by engine/awq_calibration.py. At most max_calib_samples chunks are used, from the start of the text;
 AutoAWQ concatenates them and cuts blocks of max_calib_seq_len tokens, so fewer than max_calib_seq_len tokens in all
 would leave it nothing (bad_calibration).
 
@@ -47,7 +47,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-import awq_calibration  # beside this script (its folder is sys.path[0] when it runs)
+from engine import awq_calibration
 
 # No model hub is reachable from any machine here: fail fast instead of hanging on a network that is not there.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -206,7 +206,7 @@ def _process_running(pid):
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-# --- calibration text (workers/awq_calibration.py) ---------------------------------------------------
+# --- calibration text (engine/awq_calibration.py) ---------------------------------------------------
 
 @contextmanager
 def calibration_errors():

@@ -8,8 +8,16 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+# Engine scripts are modules of the top-level `engine` package, found from here with `python -m` (cwd = the root).
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def engine_argv(python, module, *args):
+    """The command that runs `engine/<module>.py` with the engine venv's `python`; run it through this module."""
+    return [str(python), "-m", f"engine.{module}", *(str(arg) for arg in args)]
 
 
 def _die_with_parent():
@@ -35,7 +43,7 @@ def start(argv, *, env=None, cwd=None, log_file=None):
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         env=env,
-        cwd=cwd,
+        cwd=cwd or PROJECT_ROOT,
         start_new_session=True,
         preexec_fn=_die_with_parent,
         text=True,

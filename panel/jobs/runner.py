@@ -14,7 +14,7 @@ from django.conf import settings
 
 from panel.jobs.models import JobState
 from panel.jobs.services import job_cancelled, job_claim, job_fail, job_heartbeat, job_succeed
-from workers import processes
+from panel.jobs import processes
 
 log = logging.getLogger(__name__)
 

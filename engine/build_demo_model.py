@@ -1,6 +1,6 @@
 """Runs inside the engine venv: build Tokenwise's tiny demo model, a real Hugging Face checkpoint.
 
-    python workers/build_demo_model.py OUT_DIR [--seed 0] [--force]
+    python -m engine.build_demo_model OUT_DIR [--seed 0] [--force]
 
 A Qwen2ForCausalLM with a few layers and random weights, and a byte-level BPE tokenizer trained on Python
 stdlib sources, with a ChatML chat template. vLLM serves it and AutoAWQ quantizes it; its outputs are noise.

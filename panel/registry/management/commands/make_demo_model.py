@@ -1,7 +1,7 @@
-"""manage.py make_demo_model [PATH] [--force]: build the tiny demo model (see panel/core/demo_model.py)."""
+"""manage.py make_demo_model [PATH] [--force]: build the tiny demo model (see panel/registry/demo_model.py)."""
 from django.core.management.base import BaseCommand, CommandError
 
-from panel.core.demo_model import DemoModelError, build_demo_model, default_demo_model_path
+from panel.registry.demo_model import DemoModelError, build_demo_model, default_demo_model_path
 
 
 class Command(BaseCommand):

@@ -1,3 +1,4 @@
+"""The overview page: what the panel is made of, and whether its workers are up."""
 from django.shortcuts import render
 
 from panel.accounts.decorators import team_view

@@ -1,4 +1,4 @@
-"""Calibration text for AWQ, for workers/quantize_runner.py (it runs inside the engine venv: standard library
+"""Calibration text for AWQ, for engine/quantize_runner.py (it runs inside the engine venv: standard library
 only here; the model's tokenizer is passed in).
 
 `builtin` is a corpus built deterministically from the docstrings of a fixed list of stdlib modules (the same text

@@ -3,6 +3,9 @@ import os
 import secrets
 
 from panel.accounts.services import admin_ensure, demo_team_ensure
+from panel.registry.demo_model import DEMO_MODEL_DIRNAME, build_demo_model, default_demo_model_path
+from panel.registry.models import RegisteredModel
+from panel.registry.services import model_register
 
 ADMIN_USERNAME = "admin"
 
@@ -13,10 +16,6 @@ def bootstrap(*, on_progress=print):
     password = os.environ.get("TOKENWISE_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
     user, created = admin_ensure(username=ADMIN_USERNAME, password=password)
     team = demo_team_ensure(owner=user)
-    from panel.core.demo_model import DEMO_MODEL_DIRNAME, build_demo_model, default_demo_model_path
-    from panel.registry.models import RegisteredModel
-    from panel.registry.services import model_register
-
     on_progress("checking the demo model (built once, then reused)")
     build_demo_model(None, on_progress=on_progress)
     if not RegisteredModel.objects.filter(team=team, name=DEMO_MODEL_DIRNAME).exists():

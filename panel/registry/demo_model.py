@@ -1,5 +1,5 @@
 """The tiny demo model: a Qwen2 checkpoint with random weights that the project builds itself, because no
-machine here reaches a model hub (DESIGN.md, "No downloads at run time"). workers/build_demo_model.py builds it
+machine here reaches a model hub (DESIGN.md, "No downloads at run time"). engine/build_demo_model.py builds it
 inside the engine venv; this module runs that script and reads its JSON lines. Built once, then reused."""
 import os
 import shutil
@@ -7,8 +7,10 @@ from pathlib import Path
 
 from django.conf import settings
 
+from panel.jobs import processes
+from panel.jobs.runner import parse_line
+
 DEMO_MODEL_DIRNAME = "tokenwise-tiny-qwen2"
-BUILDER_SCRIPT = "build_demo_model.py"
 # A build takes seconds; minutes means the engine venv is wedged (importing torch from a stalled disk).
 BUILD_TIME_LIMIT_SECONDS = 600
 
@@ -36,7 +38,7 @@ def engine_python():
 
 
 def builder_argv(path, *, force):
-    argv = [engine_python(), str(Path(settings.BASE_DIR) / "workers" / BUILDER_SCRIPT), str(path)]
+    argv = processes.engine_argv(engine_python(), "build_demo_model", path)
     if force:
         argv.append("--force")
     return argv
@@ -52,9 +54,6 @@ def build_demo_model(path=None, *, force=False, on_progress=None):
     """Build the demo model at `path` (default: default_demo_model_path()) unless a complete one is there, or
     always with `force`. `on_progress(text)` gets one readable line per phase. Returns the builder's result:
     {"path", "parameters", "size_bytes", "seconds", "reused", ...}. Raises DemoModelError on any failure."""
-    from workers.jobrunner import parse_line
-    from workers.processes import run_streaming
-
     path = Path(path) if path else default_demo_model_path()
     argv = builder_argv(path.absolute(), force=force)
     said = {}
@@ -69,8 +68,8 @@ def build_demo_model(path=None, *, force=False, on_progress=None):
         if "phase" in message and on_progress is not None:
             on_progress(describe_progress(message))
 
-    outcome = run_streaming(argv, on_line=on_line, tick=lambda: False, time_limit=BUILD_TIME_LIMIT_SECONDS,
-                            cwd=str(settings.BASE_DIR))
+    outcome = processes.run_streaming(argv, on_line=on_line, tick=lambda: False,
+                                      time_limit=BUILD_TIME_LIMIT_SECONDS)
     return result_or_raise(outcome, said)
 
 

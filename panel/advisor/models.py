@@ -1,1 +1,0 @@
-from django.db import models  # noqa: F401

@@ -1,1 +1,0 @@
-"""Celery tasks of panel.compare: thin wrappers over its service functions."""

@@ -1,0 +1,9 @@
+"""Celery tasks of panel.hosts: an id in, a service call, the row holds the state."""
+from celery import shared_task
+
+from panel.hosts.services import engine_check_execute
+
+
+@shared_task(bind=True, soft_time_limit=600, time_limit=660)
+def run_engine_check(self, check_id):
+    engine_check_execute(check_id=check_id, worker=self.request.hostname or "unknown")
