@@ -37,4 +37,4 @@ urlpatterns = [
 ]
 
 
-handler400 = "panel.core.limits.bad_request"  # too-large forms and uploads: 413 with the limit in words
+handler400 = "panel.core.request_size.bad_request"  # too-large forms and uploads: 413 with the limit in words

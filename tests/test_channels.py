@@ -13,8 +13,8 @@ from django.db import connection
 from panel.channels import crypto
 from panel.channels.models import (Channel, ChannelKind, CredentialError, CredentialKind, Route, RouteChannel,
                                    RouteStrategy, order_channels)
-from panel.channels.services import (channel_create, channel_update, credentials_rotate, local_channel_sync,
-                                     route_save, routing_version)
+from panel.channels.routing import routing_version
+from panel.channels.services import channel_create, channel_update, credentials_rotate, local_channel_sync, route_save
 from panel.env import EnvError
 
 KEY = "sk-live-0123456789abcdefWXYZ"

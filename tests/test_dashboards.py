@@ -18,8 +18,8 @@ from panel.dashboards.models import DAY, HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COL
 from panel.dashboards.pages import TABS, dashboard_page
 from panel.dashboards.rollup import bucket_of, usage_rollup_run
 from panel.dashboards.selectors import DashboardQuery, percentile_from_buckets
-from panel.gateway.keys import key_issue
-from panel.gateway.models import RequestLog
+from panel.accounts.keys import key_issue
+from panel.usage.models import RequestLog
 from panel.hosts.models import WorkerHost
 from panel.registry.models import RegisteredModel
 from panel.serving.models import Deployment, ServingProfile

@@ -47,7 +47,7 @@ def budget_set(*, team, key=None, money_per_month=None, tokens_per_month=None, u
 
 def budget_spend_recorded(*, team_id, month):
     """The month's spend in the usage records: {("team", id) or ("key", id): (money, tokens)}."""
-    from panel.gateway.models import RequestLog
+    from panel.usage.models import RequestLog
 
     start, end = month_bounds(month)
     rows = (RequestLog.objects.filter(team_id=team_id, created_at__gte=start, created_at__lt=end)
@@ -117,7 +117,7 @@ def budget_usage(*, team, recorded=True, month=None):
     """The month's use of the team and of each of its keys against their budgets. The use is the larger of the
     Redis counters and (when `recorded`) the usage records, so neither a flush nor the writer's lag hides spend.
     The banner passes recorded=False: it must stay cheap on every page."""
-    from panel.gateway.models import TeamKey
+    from panel.accounts.models import TeamKey
 
     month = month or month_of()
     budgets = {b.key_id: b for b in Budget.objects.filter(team=team).select_related("key")}

@@ -9,7 +9,7 @@ from panel.audit.services import audit_record
 from panel.budgets.counters import month_bounds, month_of
 from panel.budgets.forms import BudgetForm
 from panel.budgets.services import budget_set, budget_usage
-from panel.gateway.models import TeamKey
+from panel.accounts.models import TeamKey
 
 
 def _keys(team):

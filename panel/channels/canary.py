@@ -148,7 +148,7 @@ def canary_guards(*, route, now=None):
     """The numbers of the current window for both arms and the guards that trip, in words.
     {"window_start", "candidate": {...}, "stable": {...}, "problems": [...], "clean": bool}: `clean` means enough
     candidate requests and no problem."""
-    from panel.gateway.models import RequestLog
+    from panel.usage.models import RequestLog
 
     now = now or timezone.now()
     start = max(route.canary_step_at or now, now - timedelta(seconds=settings.CANARY_WINDOW_SECONDS))

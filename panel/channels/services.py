@@ -9,7 +9,6 @@ from decimal import Decimal, InvalidOperation
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -17,6 +16,7 @@ from django.utils import timezone
 from panel.channels import crypto, diagnosis
 from panel.channels.models import (EMPTY_KEY, Channel, ChannelKind, CredentialError, CredentialKind, Route,
                                    RouteChannel, RouteStrategy)
+from panel.channels.routing import routing_changed
 from panel.core import safejson
 from panel.env import EnvError
 
@@ -287,32 +287,6 @@ def credentials_rotate():
         Channel.objects.filter(pk=channel.pk).update(credential_ciphertext=token, misconfigured="")
         rotated += 1
     return rotated, problems
-
-
-# ------------------------------------------------------------------------------------------------- routing version
-
-def _version_key(team_id):
-    return f"channels:routing-version:{team_id}"
-
-
-def routing_changed(team_id):
-    """Tell the gateway (after commit) that this team's channels or routes changed: it drops its cached copy."""
-    def bump():
-        try:
-            cache.add(_version_key(team_id), 0, timeout=None)
-            cache.incr(_version_key(team_id))
-        except Exception:  # a cache outage must not undo a saved change; the gateway's TTL still applies
-            log.warning("could not bump the routing version of team %s", team_id, exc_info=True)
-
-    transaction.on_commit(bump)
-
-
-def routing_version(team_id):
-    """A number that changes whenever the team's channels or routes change (0 when unknown)."""
-    try:
-        return int(cache.get(_version_key(team_id)) or 0)
-    except Exception:
-        return 0
 
 
 # ------------------------------------------------------------------------------------------------- routes

@@ -58,7 +58,7 @@ def dashboard_page(*, tab, query):
 
 def _names(query):
     from panel.channels.models import Channel
-    from panel.gateway.models import TeamKey
+    from panel.accounts.models import TeamKey
     from panel.serving.models import Deployment
 
     channels = dict(Channel.objects.filter(team=query.team).values_list("pk", "name"))

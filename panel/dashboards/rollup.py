@@ -45,7 +45,7 @@ def usage_rollup_run(*, batch_ids=BATCH_IDS, lock=True):
 
 
 def _run(batch_ids):
-    from panel.gateway.models import RequestLog
+    from panel.usage.models import RequestLog
 
     watermark = RollupWatermark.objects.order_by("pk").first() or RollupWatermark.objects.create(last_id=0)
     top = RequestLog.objects.order_by("-id").values_list("id", flat=True).first() or 0
@@ -87,7 +87,7 @@ def _aggregate_minutes(team_id, first, last, channels):
 
     from django.db.models.functions import TruncMinute
 
-    from panel.gateway.models import RequestLog
+    from panel.usage.models import RequestLog
 
     since = datetime.fromtimestamp(first, tz=timezone.utc)
     until = datetime.fromtimestamp(last + MINUTE, tz=timezone.utc)

@@ -68,7 +68,7 @@ def dashboard_query_parse(*, team, params):
     """The query a page asked for, checked: the range is one of RANGES, and channel/deployment/key are ids of this
     team's objects. Raises BadQuery with the reason."""
     from panel.channels.models import Channel
-    from panel.gateway.models import TeamKey
+    from panel.accounts.models import TeamKey
     from panel.serving.models import Deployment
 
     allowed = {"range", "channel", "deployment", "key", "tab", "table"}

@@ -20,7 +20,7 @@ REFRESH_MS = 5000
 
 def _filters(team):
     from panel.channels.models import Channel
-    from panel.gateway.models import TeamKey
+    from panel.accounts.models import TeamKey
     from panel.serving.models import Deployment
 
     return {"channels": Channel.objects.filter(team=team).order_by("name"),

@@ -7,8 +7,8 @@ from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.gateway.forms import KeyIssueForm
-from panel.gateway.keys import key_issue, key_revoke
-from panel.gateway.models import TeamKey
+from panel.accounts.keys import key_issue, key_revoke
+from panel.accounts.models import TeamKey
 
 
 def _route_names(team):

@@ -45,7 +45,7 @@ def _take(timeout):
 
 
 def _write(rows):
-    from panel.gateway.models import RequestLog
+    from panel.usage.models import RequestLog
 
     if not rows:
         return
