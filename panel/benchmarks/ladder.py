@@ -13,17 +13,33 @@ from django.db import close_old_connections, transaction
 
 from panel.benchmarks import services
 from panel.benchmarks.models import BenchmarkRun, Ladder, Sweep, TargetKind
+from panel.hosts.models import WorkerHost
 from panel.jobs.models import JobState
-from panel.jobs.services import (job_cancel, job_cancelled, job_claim, job_created, job_enqueue, job_fail,
-                                 job_heartbeat, job_succeed)
+from panel.jobs.services import (
+    job_cancel,
+    job_cancelled,
+    job_claim,
+    job_created,
+    job_enqueue,
+    job_fail,
+    job_heartbeat,
+    job_succeed,
+)
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
-from panel.serving.services import deployment_launch, deployment_stop, host_facts, host_pick, profile_check
+from panel.serving.services import (
+    deployment_launch,
+    deployment_stop,
+    host_facts,
+    host_pick,
+    profile_check,
+    profile_values,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_SWEEP_VALUES = 8
 
-# The seeds' ladder (§3-§4, 5.3), each step adding one thing to the one before it.
+# The usual order of tuning work, each step adding one thing to the one before it.
 STEPS = (
     ("baseline", "FP16 baseline", "no prefix caching, small max_num_seqs", "precision-sensitive traffic"),
     ("awq", "+ AWQ INT4", "4-bit weights (the model's AWQ child)", "large models, many users per card"),
@@ -45,7 +61,7 @@ def awq_child(model):
 
 
 def _block_size(host):
-    # vLLM 0.32's CPU attention needs a multiple of 32 (panel.serving.rules); 16 is the seeds' GPU value.
+    # vLLM 0.32's CPU attention needs a multiple of 32 (panel.serving.rules); 16 is a GPU value.
     return 32 if host is not None and not host.gpus else 16
 
 
@@ -128,8 +144,6 @@ def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_m
 
 def ladder_host(ladder):
     """The online GPU worker host where the ladder's baseline fits (its block size depends on the host)."""
-    from panel.hosts.models import WorkerHost
-
     reasons = []
     for host in WorkerHost.objects.filter(kind="gpu"):
         if not host.is_online:
@@ -278,7 +292,7 @@ def ladder_execute(*, ladder_id, worker):
 
 
 def ladder_table(ladder):
-    """The seeds' table (§4.3) for this ladder: one row per step with its real figures, the gain over the step
+    """The comparison table for this ladder: one row per step with its real figures, the gain over the step
     before and the cost per million output tokens at the host's price."""
     outcomes = {outcome["step"]: outcome for outcome in (ladder.result or {}).get("steps", [])}
     runs = {run.pk: run for run in ladder.runs.all()}
@@ -369,8 +383,6 @@ def sweep_launch(*, team, user, profile, values, p99_target_ms, host=None, enque
 
 def sweep_plan(sweep):
     """(step, profile name, fields or None, skip reason) per value."""
-    from panel.serving.services import profile_values
-
     source = sweep.profile
     plan = []
     for value in sweep.values:

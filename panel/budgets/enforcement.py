@@ -11,8 +11,7 @@ from decimal import Decimal
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from panel.budgets.counters import (TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds,
-                                    month_of)
+from panel.budgets.counters import TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds, month_of
 from panel.budgets.models import Budget
 from panel.core.redis_client import async_redis
 

@@ -1,4 +1,4 @@
-"""Channels and routes: validation (the seeds' §5 troubleshooting as rules), create/update in one transaction, the
+"""Channels and routes: validation (the usual mistakes with an OpenAI-compatible base URL as rules), create/update in one transaction, the
 Test button, local channels for deployments, key rotation."""
 import logging
 import math
@@ -14,8 +14,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from panel.channels import crypto, diagnosis
-from panel.channels.models import (EMPTY_KEY, Channel, ChannelKind, CredentialError, CredentialKind, Route,
-                                   RouteChannel, RouteStrategy)
+from panel.channels.models import (
+    EMPTY_KEY,
+    Channel,
+    ChannelKind,
+    CredentialError,
+    CredentialKind,
+    Route,
+    RouteChannel,
+    RouteStrategy,
+)
 from panel.channels.routing import routing_changed
 from panel.core import safejson
 from panel.env import EnvError
@@ -53,7 +61,7 @@ MAX_TEST_BODY = 2 * 1024 * 1024
 # ------------------------------------------------------------------------------------------------- rules
 
 def base_url_check(url):
-    """(cleaned url, errors, warnings) for a channel's base URL, with the seeds' §5 mistakes explained."""
+    """(cleaned url, errors, warnings) for a channel's base URL, with the usual mistakes explained."""
     if not isinstance(url, str) or not url.strip():
         return "", ["Enter the server's base URL, for example http://127.0.0.1:8000/v1."], []
     url = url.strip()
@@ -483,12 +491,10 @@ def local_channel_sync(deployment):
 
 @transaction.atomic
 def _local_channel_sync(deployment):
-    from panel.serving.models import Deployment, DeploymentState
-
-    row = Deployment.objects.select_related("profile", "team").filter(pk=deployment.pk).first()
+    row = type(deployment).objects.select_related("profile", "team").filter(pk=deployment.pk).first()
     if row is None:
         return None
-    if row.state != DeploymentState.READY:
+    if not row.routable:
         linked = Channel.objects.filter(team=row.team, deployment=row, kind=ChannelKind.LOCAL, enabled=True)
         if linked.update(enabled=False):
             routing_changed(row.team_id)

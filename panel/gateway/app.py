@@ -12,12 +12,12 @@ from django.conf import settings
 from django.utils import timezone
 
 from panel.budgets import enforcement as budgets
+from panel.channels.diagnosis import describe_upstream_error
 from panel.channels.routing import model_names, route_for
 from panel.core import safejson
 from panel.gateway import fingerprint, metrics, rate_limits
 from panel.gateway.keys import key_lookup
-from panel.gateway.upstream import (TRANSPORT_ERRORS, UpstreamError, first_success, open_stream, post_json,
-                                    upstream_body)
+from panel.gateway.upstream import TRANSPORT_ERRORS, UpstreamError, first_success, open_stream, post_json, upstream_body
 from panel.usage import writer as usage_writer
 
 log = logging.getLogger(__name__)
@@ -248,8 +248,6 @@ async def application(scope, receive, send):
 
 def upstream_failure(exchange, error):
     """The client-facing error after every channel failed."""
-    from panel.channels.diagnosis import describe_upstream_error
-
     status = error.status if error.client_fault and error.status else STATUS_FOR_KIND.get(error.kind, 502)
     exchange.fail(status, error.kind)
     words = describe_upstream_error(status=error.status, body=error.body) if error.status else str(error)

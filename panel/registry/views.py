@@ -11,8 +11,13 @@ from panel.jobs.services import job_events
 from panel.registry import memory
 from panel.registry.forms import ModelRegisterForm, QuantizationForm
 from panel.registry.models import CalibrationSource, QuantizationJob, RegisteredModel
-from panel.registry.services import (calibration_store, model_register, quantization_cancel, quantization_launch,
-                                     quantization_refusal)
+from panel.registry.services import (
+    calibration_store,
+    model_register,
+    quantization_cancel,
+    quantization_launch,
+    quantization_refusal,
+)
 
 
 @team_view()

@@ -7,8 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from panel.jobs.services import job_cancel
 from panel.registry.models import CalibrationSource, QuantizationJob, RegisteredModel
-from panel.registry.services import (calibration_store, calibration_text_check, quantization_execute,
-                                     quantization_launch)
+from panel.registry.services import calibration_store, calibration_text_check, quantization_execute, quantization_launch
 
 BAR_WIDTH = 40
 
