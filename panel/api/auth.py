@@ -28,6 +28,11 @@ class AccessTokenAuth(HttpBearer):
 class BrowserSession(SessionAuth):
     openapi_description = "The panel's session cookie; unsafe methods need the X-CSRFToken header."
 
+    def authenticate(self, request, key):
+        if request.headers.get("Authorization"):
+            return None  # a request that names a token is judged by that token alone, never by a cookie beside it
+        return super().authenticate(request, key)
+
 
 AUTH = [AccessTokenAuth(), BrowserSession()]
 

@@ -3,7 +3,7 @@ it, and read its results (throughput, TTFT, inter-token and end-to-end percentil
 from typing import Any
 
 from django.shortcuts import get_object_or_404
-from ninja import Field, Router
+from ninja import Field, Router, Status
 
 from panel.api.auth import allowed
 from panel.api.errors import errors
@@ -73,7 +73,7 @@ def benchmarks_start(request, body: BenchmarkStart):
                                     name=form.cleaned_data["name"], **form.workload_values())
     audit_record(action=AuditAction.BENCHMARK_LAUNCHED, request=request, target=f"benchmark #{run.pk}",
                  of=run.target_label)
-    return 201, run_out(run)
+    return Status(201, run_out(run))
 
 
 @router.post("/benchmarks/{run_id}/cancel", response=errors({200: BenchmarkOut}))

@@ -6,7 +6,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from django.shortcuts import get_object_or_404
-from ninja import Field, Query, Router, Schema
+from ninja import Field, Query, Router, Schema, Status
 
 from panel.api.auth import allowed
 from panel.api.errors import Invalid, errors
@@ -104,7 +104,7 @@ def channels_create(request, body: ChannelCreate):
     channel = channel_create(team=request.team, user=request.user, api_key=form.cleaned_data["api_key"],
                              **form.channel_fields())
     _credential_audit(request, channel, None, form.cleaned_data["api_key"], created=True)
-    return 201, channel_out(channel)
+    return Status(201, channel_out(channel))
 
 
 @router.patch("/channels/{channel_id}", response=errors({200: ChannelOut}),
@@ -142,7 +142,7 @@ def channels_test(request, channel_id: int):
 @allowed(like=pages.channel_delete_view)
 def channels_delete(request, channel_id: int):
     channel_delete(channel=_channel(request, channel_id))
-    return 204, None
+    return Status(204, None)
 
 
 class ExportQuery(Schema):
@@ -171,7 +171,7 @@ def settings_import(request, body: SettingsImport):
     form = validated(ImportForm, {"text": body.text, "replace": body.replace})
     result = settings_json.settings_import(team=request.team, user=request.user, text=form.cleaned_data["payload"],
                                            replace=form.cleaned_data["replace"])
-    return 201, {"format": result.format, "channels": [channel.name for channel in result.channels],
-                 "route": result.route.model_name, "warnings": list(result.warnings)}
+    return Status(201, {"format": result.format, "channels": [channel.name for channel in result.channels],
+                 "route": result.route.model_name, "warnings": list(result.warnings)})
 
 

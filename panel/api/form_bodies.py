@@ -51,16 +51,30 @@ def _annotation(field):
     return str, {}
 
 
+def _has_default(form_class, name, field):
+    """The page fills this field in for you: an initial value, or the model field's default."""
+    if field.initial is not None:
+        return True
+    model = getattr(getattr(form_class, "_meta", None), "model", None)
+    if model is None:
+        return False
+    try:
+        return model._meta.get_field(name).has_default()
+    except Exception:  # a form field that is no model field
+        return False
+
+
 def schema_from_form(form_class, name, *, exclude=(), partial=False, extra=None):
     """A request body schema with one property per field of `form_class` (file fields left out: the API takes their
-    text). `partial`: every property optional (PATCH). `extra`: more {name: (type, default)}."""
+    text). A field is required when the page requires it and gives it no default. `partial`: every property
+    optional (PATCH). `extra`: more {name: (type, default)}."""
     fields = {}
     for field_name, field in form_class.base_fields.items():
         if field_name in exclude or isinstance(field, forms.FileField):
             continue
         annotation, limits = _annotation(field)
         description = str(field.help_text or field.label or "")
-        if field.required and not partial:
+        if field.required and not partial and not _has_default(form_class, field_name, field):
             fields[field_name] = (annotation, Field(..., description=description, **limits))
         else:
             fields[field_name] = (Optional[annotation], Field(None, description=description, **limits))

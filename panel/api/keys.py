@@ -2,7 +2,7 @@
 import datetime
 
 from django.shortcuts import get_object_or_404
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 
 from panel.accounts.keys import key_issue, key_revoke
 from panel.accounts.models import TeamKey
@@ -70,7 +70,7 @@ def keys_issue(request, body: KeyIssue):
     key, raw = key_issue(team=request.team, user=request.user, name=data["name"], allowed_models=data["allowed_models"],
                          rpm_limit=data["rpm_limit"], tpm_limit=data["tpm_limit"], expires_at=data["expires_at"])
     audit_record(action=AuditAction.KEY_ISSUED, request=request, target=f"{key.name} ({key.masked})")
-    return 201, {**key_out(key), "key": raw}
+    return Status(201, {**key_out(key), "key": raw})
 
 
 @router.post("/keys/{key_id}/revoke", response=errors({200: KeyOut}))

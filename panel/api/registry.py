@@ -4,7 +4,7 @@ import datetime
 from typing import Any
 
 from django.shortcuts import get_object_or_404
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 
 from panel.api.auth import allowed
 from panel.api.errors import Invalid, errors
@@ -114,8 +114,8 @@ def models_get(request, model_id: int):
 @allowed(like=pages.model_create)
 def models_register(request, body: ModelRegister):
     data = validated(ModelRegisterForm, body).cleaned_data
-    return 201, model_out(model_register(team=request.team, user=request.user, source=data["source"],
-                                         name=data["name"]))
+    return Status(201, model_out(model_register(team=request.team, user=request.user, source=data["source"],
+                                         name=data["name"])))
 
 
 @router.get("/quantization-jobs", response=errors({200: list[QuantizationJobOut]}))
@@ -152,7 +152,7 @@ def quantization_launch_op(request, model_id: int, body: QuantizationLaunch):
         calibration_file=calibration_path, calibration_name="calibration.txt" if calibration_path else "",
         max_calib_samples=data["max_calib_samples"], max_calib_seq_len=data["max_calib_seq_len"])
     audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"quantization #{job.pk} of {model.name}")
-    return 201, job_out(job)
+    return Status(201, job_out(job))
 
 
 @router.post("/quantization-jobs/{job_id}/cancel", response=errors({200: QuantizationJobOut}))

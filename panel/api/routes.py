@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 
 from panel.api.auth import allowed
 from panel.api.errors import Invalid, errors
@@ -122,7 +122,7 @@ def routes_get(request, route_id: int):
 @router.post("/routes", response=errors({201: RouteOut}))
 @allowed(like=pages.route_create)
 def routes_create(request, body: RouteIn):
-    return 201, route_out(_fresh(_save(request, None, body)))
+    return Status(201, route_out(_fresh(_save(request, None, body))))
 
 
 @router.put("/routes/{route_id}", response=errors({200: RouteOut}), summary="Replace a route and its channels")
@@ -135,7 +135,7 @@ def routes_replace(request, route_id: int, body: RouteIn):
 @allowed(like=pages.route_delete_view)
 def routes_delete(request, route_id: int):
     route_delete(route=_route(request, route_id))
-    return 204, None
+    return Status(204, None)
 
 
 @router.post("/routes/{route_id}/canary", response=errors({200: RouteOut}),

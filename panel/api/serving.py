@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 
 from panel.api.auth import allowed
 from panel.api.errors import errors
@@ -124,7 +124,7 @@ def profiles_create(request, body: ProfileCreate):
     profile = form.save(commit=False)
     profile.team, profile.created_by = request.team, request.user
     profile.save()
-    return 201, profile_out(profile, detail=True)
+    return Status(201, profile_out(profile, detail=True))
 
 
 @router.patch("/profiles/{profile_id}", response=errors({200: ProfileDetail}),
@@ -143,7 +143,7 @@ def profiles_import(request, body: ProfileImport):
     form = validated(ImportForm, {"name": body.name, "config": body.config})
     profile = profile_import(team=request.team, user=request.user, text=form.cleaned_data["text"],
                              name=form.cleaned_data["name"])
-    return 201, profile_out(profile, detail=True)
+    return Status(201, profile_out(profile, detail=True))
 
 
 EXPORT_TYPES = {kind: content_type for kind, (_, content_type) in EXPORTS.items()}
@@ -194,7 +194,7 @@ def deployments_launch(request, profile_id: int, body: DeploymentLaunch):
                                    restart_on_crash=data["restart_on_crash"])
     audit_record(action=AuditAction.DEPLOYMENT_STARTED, request=request,
                  target=f"{profile.name} #{deployment.pk} on {deployment.host.host}")
-    return 201, deployment_out(deployment)
+    return Status(201, deployment_out(deployment))
 
 
 @router.post("/deployments/{deployment_id}/stop", response=errors({200: DeploymentOut}))

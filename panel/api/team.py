@@ -3,7 +3,7 @@ import datetime
 
 from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404
-from ninja import Router, Schema
+from ninja import Router, Schema, Status
 
 from panel.accounts import views as pages
 from panel.accounts.forms import InviteForm, RoleForm
@@ -88,7 +88,7 @@ def members_invite(request, body: MemberInvite):
     audit_record(action=AuditAction.MEMBER_ADDED, request=request, target=membership.user.get_username(),
                  role=membership.role, new_account=created)
     link = request.build_absolute_uri(member_setup_link(user=membership.user)) if created else None
-    return 201, {**member_out(membership), "setup_link": link}
+    return Status(201, {**member_out(membership), "setup_link": link})
 
 
 @router.patch("/members/{membership_id}", response=errors({200: MemberOut}))
@@ -117,4 +117,4 @@ def members_remove(request, membership_id: int):
         _refused(request, membership, error)
     audit_record(action=AuditAction.MEMBER_REMOVED, request=request, target=membership.user.get_username(),
                  role=membership.role)
-    return 204, None
+    return Status(204, None)

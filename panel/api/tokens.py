@@ -3,7 +3,7 @@ import datetime
 from typing import Literal
 
 from django.shortcuts import get_object_or_404
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 
 from panel.accounts import account_views as pages
 from panel.accounts.tokens import token_issue, token_revoke, tokens_of
@@ -55,7 +55,7 @@ def tokens_issue(request, body: TokenIssue):
                              expires_at=body.expires_at)
     audit_record(action=AuditAction.TOKEN_ISSUED, request=request, target=f"{token.name} ({token.masked})",
                  role=token.role)
-    return 201, {**token_out(token), "token": raw}
+    return Status(201, {**token_out(token), "token": raw})
 
 
 @router.post("/tokens/{token_id}/revoke", response=errors({200: TokenOut}))

@@ -3,7 +3,7 @@ import datetime
 from typing import Literal
 
 from django.shortcuts import get_object_or_404
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 
 from panel.api.auth import allowed
 from panel.api.errors import errors
@@ -101,7 +101,7 @@ def webhooks_create(request, body: WebhookIn):
     data = validated(WebhookForm, body).cleaned_data
     hook, secret = webhook_create(team=request.team, user=request.user, **data)
     audit_record(action=AuditAction.WEBHOOK_CHANGED, request=request, target=hook.name, created=True)
-    return 201, {**webhook_out(hook), "signing_secret": secret}
+    return Status(201, {**webhook_out(hook), "signing_secret": secret})
 
 
 @router.patch("/webhooks/{webhook_id}", response=errors({200: WebhookOut}))
@@ -130,7 +130,7 @@ def webhooks_secret(request, webhook_id: int):
              summary="Send a test message (a real, logged delivery)")
 @allowed(like=pages.webhook_test_view)
 def webhooks_test(request, webhook_id: int):
-    return 202, delivery_out(webhook_test(webhook=_hook(request, webhook_id), user=request.user))
+    return Status(202, delivery_out(webhook_test(webhook=_hook(request, webhook_id), user=request.user)))
 
 
 @router.delete("/webhooks/{webhook_id}", response=errors({204: None}))
@@ -139,7 +139,7 @@ def webhooks_delete(request, webhook_id: int):
     hook = _hook(request, webhook_id)
     webhook_delete(webhook=hook)
     audit_record(action=AuditAction.WEBHOOK_CHANGED, request=request, target=hook.name, deleted=True)
-    return 204, None
+    return Status(204, None)
 
 
 @router.get("/webhooks/{webhook_id}/deliveries", response=errors({200: list[DeliveryOut]}),
