@@ -110,6 +110,16 @@ def profiles_list(request):
     return [profile_out(profile) for profile in _profiles(request).order_by("name")]
 
 
+@router.post("/profiles/import", response=errors({201: ProfileDetail}),
+             summary="Create a profile from a config.toml (everything checked; nothing saved on error)")
+@allowed(like=pages.profile_import_view)
+def profiles_import(request, body: ProfileImport):
+    form = validated(ImportForm, {"name": body.name, "config": body.config})
+    profile = profile_import(team=request.team, user=request.user, text=form.cleaned_data["text"],
+                             name=form.cleaned_data["name"])
+    return Status(201, profile_out(profile, detail=True))
+
+
 @router.get("/profiles/{profile_id}", response=errors({200: ProfileDetail}),
             summary="A profile with its vLLM command and the rules' verdict")
 @allowed(like=pages.profile_detail)
@@ -134,16 +144,6 @@ def profiles_change(request, profile_id: int, body: ProfileChange):
     profile = get_object_or_404(_profiles(request), pk=profile_id)
     form = validated(ServingProfileForm, body, team=request.team, instance=profile)
     return profile_out(form.save(), detail=True)
-
-
-@router.post("/profiles/import", response=errors({201: ProfileDetail}),
-             summary="Create a profile from a config.toml (everything checked; nothing saved on error)")
-@allowed(like=pages.profile_import_view)
-def profiles_import(request, body: ProfileImport):
-    form = validated(ImportForm, {"name": body.name, "config": body.config})
-    profile = profile_import(team=request.team, user=request.user, text=form.cleaned_data["text"],
-                             name=form.cleaned_data["name"])
-    return Status(201, profile_out(profile, detail=True))
 
 
 EXPORT_TYPES = {kind: content_type for kind, (_, content_type) in EXPORTS.items()}

@@ -19,7 +19,7 @@ from panel.api import (
     usage,
     webhooks,
 )
-from panel.api.auth import AUTH
+from panel.api.auth import AUTH, gate_operations
 
 api = NinjaAPI(title="Tokenwise management API", version="1", auth=AUTH, urls_namespace="api-v1",
                description="Everything the pages do, for scripts: authenticate with a personal access token from "
@@ -30,5 +30,6 @@ api = NinjaAPI(title="Tokenwise management API", version="1", auth=AUTH, urls_na
 errors.install(api)
 for module in (team, tokens, keys, channels, routes, registry, serving, benchmarks, budgets, usage, audit, webhooks):
     api.add_router("", module.router)
+gate_operations(api)
 
 urlpatterns = [path("", api.urls)]
