@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 QUEUE_LIMIT = 1000  # a burst beyond this is dropped: the same channels are announced by the first ones
 
 _queue = queue.Queue(maxsize=QUEUE_LIMIT)
+dropped = 0
 _thread = None
 _lock = threading.Lock()
 
@@ -25,11 +26,14 @@ _lock = threading.Lock()
 def channel_cooled_down(*, team_id, channel_id, channel_name, failures, seconds):
     """Announce that the gateway stopped trying `channel_id` for `seconds` after `failures` failures in a row.
     Never blocks and never raises."""
+    global dropped
     try:
         _ensure_thread()
         _queue.put_nowait((team_id, channel_id, channel_name, failures, seconds))
     except Exception:  # a full queue or a thread that cannot start: the gateway goes on regardless
-        log.warning("cooldown of channel %s not announced (queue full)", channel_id)
+        dropped += 1
+        if dropped % 1000 == 1:  # say so, without a log line per request in a storm
+            log.warning("cooldown notices dropped (queue full): %d so far", dropped)
 
 
 def _ensure_thread():
