@@ -110,6 +110,7 @@ def test_a_browser_session_works_and_needs_csrf_for_changes(team_setup):
     token = browser.cookies["csrftoken"].value
     made = call(browser, "post", "/keys", body={"name": "with csrf"}, HTTP_X_CSRFTOKEN=token)
     assert made.status_code == 201 and TeamKey.objects.filter(name="with csrf").exists()
+    assert made["Cache-Control"] == "no-store"
 
 
 def test_keys_are_issued_listed_and_revoked_like_on_the_page(client, team_setup, owner_token):

@@ -1,6 +1,7 @@
 """Gateway keys (as on Gateway keys): list, one key, issue (the key is in this answer only), revoke."""
 import datetime
 
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
@@ -62,7 +63,8 @@ def keys_get(request, key_id: int):
 
 @router.post("/keys", response=errors({201: KeyIssued}))
 @allowed(like=pages.key_create)
-def keys_issue(request, body: KeyIssue):
+def keys_issue(request, body: KeyIssue, response: HttpResponse):
+    response["Cache-Control"] = "no-store"  # the key is in this answer only
     routes = Route.objects.filter(team=request.team).values_list("model_name", flat=True)
     given = body.dict(exclude_unset=True)
     given["allowed_models"] = ",".join(given.get("allowed_models", []))

@@ -2,6 +2,7 @@
 import datetime
 
 from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema, Status
 
@@ -76,7 +77,8 @@ def members_list(request):
 @router.post("/members", response=errors({201: InvitedOut}),
              summary="Add a member by username, or invite an email (its one-time set-password link is returned)")
 @allowed(like=pages.member_invite_view)
-def members_invite(request, body: MemberInvite):
+def members_invite(request, body: MemberInvite, response: HttpResponse):
+    response["Cache-Control"] = "no-store"  # a set-password link is in this answer only
     form = validated(InviteForm, body, actor_role=request.membership.role)
     try:
         membership, created = member_invite(team=request.team, actor=request.membership,

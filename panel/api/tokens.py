@@ -2,6 +2,7 @@
 import datetime
 from typing import Literal
 
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
@@ -50,7 +51,8 @@ def tokens_list(request):
 
 @router.post("/tokens", response=errors({201: TokenIssued}))
 @allowed(like=pages.token_create)
-def tokens_issue(request, body: TokenIssue):
+def tokens_issue(request, body: TokenIssue, response: HttpResponse):
+    response["Cache-Control"] = "no-store"  # the token is in this answer only
     token, raw = token_issue(membership=request.membership, name=body.name, role=body.role,
                              expires_at=body.expires_at)
     audit_record(action=AuditAction.TOKEN_ISSUED, request=request, target=f"{token.name} ({token.masked})",

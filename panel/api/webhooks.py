@@ -2,6 +2,7 @@
 import datetime
 from typing import Literal
 
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
@@ -97,7 +98,8 @@ def webhooks_list(request):
 
 @router.post("/webhooks", response=errors({201: WebhookWithSecret}))
 @allowed(like=pages.webhook_create_view)
-def webhooks_create(request, body: WebhookIn):
+def webhooks_create(request, body: WebhookIn, response: HttpResponse):
+    response["Cache-Control"] = "no-store"  # the secret is in this answer only
     data = validated(WebhookForm, body).cleaned_data
     hook, secret = webhook_create(team=request.team, user=request.user, **data)
     audit_record(action=AuditAction.WEBHOOK_CHANGED, request=request, target=hook.name, created=True)
@@ -119,7 +121,8 @@ def webhooks_change(request, webhook_id: int, body: WebhookChange):
 @router.post("/webhooks/{webhook_id}/secret", response=errors({200: WebhookWithSecret}),
              summary="A new signing secret (the old one stops at once)")
 @allowed(like=pages.webhook_secret_view)
-def webhooks_secret(request, webhook_id: int):
+def webhooks_secret(request, webhook_id: int, response: HttpResponse):
+    response["Cache-Control"] = "no-store"
     hook = _hook(request, webhook_id)
     secret = webhook_secret_rotate(webhook=hook)
     audit_record(action=AuditAction.WEBHOOK_CHANGED, request=request, target=hook.name, secret_rotated=True)
