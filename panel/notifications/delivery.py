@@ -119,7 +119,7 @@ def delivery_attempt(delivery_id):
         Delivery.objects.filter(pk=delivery.pk, state=DeliveryState.SENDING).update(**fields)
     if fields["state"] == DeliveryState.PENDING:
         wait = (fields["next_attempt_at"] - timezone.now()).total_seconds()
-        transaction.on_commit(lambda: delivery_send(delivery.pk, countdown=max(wait, 0.1)))
+        transaction.on_commit(lambda: delivery_send(delivery.pk, countdown=max(wait, 0.1)), robust=True)
         log.info("webhook %s: delivery %s attempt %s failed (%s); next in %.0f s", delivery.webhook_id, delivery.pk,
                  attempts, error, wait)
     elif fields["state"] == DeliveryState.FAILED:

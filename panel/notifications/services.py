@@ -38,7 +38,8 @@ def notify(*, team, kind, title, **facts):
                   for hook in Webhook.objects.filter(team_id=team_id, enabled=True) if hook.wants(kind)]
     if deliveries:
         ids = [delivery.pk for delivery in Delivery.objects.bulk_create(deliveries)]
-        transaction.on_commit(lambda: [delivery_send(delivery_id) for delivery_id in ids])
+        # robust: a broker hiccup must not fail the caller whose state already committed; beat sends it later
+        transaction.on_commit(lambda: [delivery_send(delivery_id) for delivery_id in ids], robust=True)
     return note
 
 
@@ -143,7 +144,7 @@ def webhook_test(*, webhook, user=None):
                                        title=f"Test message for {webhook.name}",
                                        facts={"requested_by": user.get_username() if user else ""})
     delivery = Delivery.objects.create(webhook=webhook, notification=note, next_attempt_at=timezone.now())
-    transaction.on_commit(lambda: delivery_send(delivery.pk))
+    transaction.on_commit(lambda: delivery_send(delivery.pk), robust=True)
     return delivery
 
 
