@@ -239,3 +239,10 @@ def test_another_teams_objects_are_404_and_nothing_changes(client, team_setup, o
     assert call(client, "delete", f"/channels/{channel_id}", bob).status_code == 404
     assert Channel.objects.get(pk=channel_id).enabled
     assert [c["id"] for c in call(client, "get", "/channels", bob).json()] == []
+
+
+def test_a_body_over_the_form_limit_is_a_413_in_words(client, team_setup, owner_token, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2048
+    answer = call(client, "post", "/keys", owner_token, {"name": "x" * 5000})
+    assert answer.status_code == 413 and "larger than 2,048 bytes" in answer.json()["detail"]
+    assert not TeamKey.objects.exists()

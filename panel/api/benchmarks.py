@@ -22,7 +22,8 @@ router = Router(tags=["benchmarks"])
 BenchmarkStart = schema_from_form(BenchmarkForm, "BenchmarkStart", extra={
     "target": (str, Field(..., pattern=r"^(deployment|channel|route):[0-9]{1,15}$", max_length=40,
                           description="deployment:<id> (ready), channel:<id> (enabled) or route:<id> of this team.")),
-    "prompts_text": (str | None, Field(None, description="For workload \"file\": the JSONL or text file's content."))})
+    "prompts_text": (str | None, Field(None, max_length=2_000_000,
+                                       description="For workload \"file\": the JSONL or text file's content."))})
 
 
 class BenchmarkOut(JobOut):

@@ -1,6 +1,7 @@
 """Every refusal of the API in one shape: {"detail": words, "errors": {field: [words]}} with 400 (nothing was
 saved), 401, 403 or 404; the OpenAPI schema lists them on every operation."""
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
 from django.http import Http404
 from ninja import Schema
 from ninja.errors import AuthenticationError, HttpError
@@ -52,6 +53,10 @@ def install(api):
     api.exception_handler(AuthenticationError)(
         lambda request, exc: answer(request, 401, "Sign in, or send a personal access token: "
                                                   "Authorization: Bearer twp-…"))
+    api.exception_handler(RequestDataTooBig)(
+        lambda request, exc: answer(request, 413, f"The request body is larger than "
+                                                  f"{settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes "
+                                                  "(TOKENWISE_MAX_FORM_BYTES)."))
     api.exception_handler(HttpError)(lambda request, exc: answer(request, exc.status_code, str(exc)))
 
     def schema_error(request, exc):

@@ -55,8 +55,9 @@ class ModelDetail(ModelOut):
 
 ModelRegister = schema_from_form(ModelRegisterForm, "ModelRegister")
 QuantizationLaunch = schema_from_form(QuantizationForm, "QuantizationLaunch", extra={
-    "calibration_text": (str | None, Field(None, max_length=25 * 1024 * 1024,
-                                           description="For calibration \"file\": the calibration text itself."))})
+    "calibration_text": (str | None, Field(None, max_length=2_000_000, description=(
+        "For calibration \"file\": the calibration text itself (a request body is at most TOKENWISE_MAX_FORM_BYTES, "
+        "2.5 MB; upload a larger file on the page).")))})
 
 
 class QuantizationJobOut(JobOut):
