@@ -176,3 +176,29 @@ def test_announcing_a_cooldown_costs_the_gateway_no_waiting(team_setup, transact
                message="the background thread to record it")
     time.sleep(0.5)
     assert Notification.objects.filter(kind="channel.cooled_down").count() == 1  # announced once, not 1000 times
+
+
+def test_beat_finds_what_is_due_and_what_a_lost_worker_held(team_setup):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from panel.notifications.delivery import delivery_attempt
+    from panel.notifications.services import deliveries_due
+
+    team = team_setup["team_a"]
+    hook, _ = webhook_create(team=team, name="ops", url="http://127.0.0.1:9/hook")
+    note = Notification.objects.create(team=team, kind="job.failed", title="x")
+    now = timezone.now()
+    due = Delivery.objects.create(webhook=hook, notification=note, next_attempt_at=now - timedelta(seconds=1))
+    later = Delivery.objects.create(webhook=hook, notification=note, next_attempt_at=now + timedelta(minutes=5))
+    held = Delivery.objects.create(webhook=hook, notification=note, next_attempt_at=now, state=DeliveryState.SENDING,
+                                   claimed_until=now + timedelta(minutes=1))
+    lost = Delivery.objects.create(webhook=hook, notification=note, next_attempt_at=now, state=DeliveryState.SENDING,
+                                   claimed_until=now - timedelta(seconds=1))
+    done = Delivery.objects.create(webhook=hook, notification=note, next_attempt_at=now,
+                                   state=DeliveryState.DELIVERED)
+    assert sorted(deliveries_due()) == sorted([due.pk, lost.pk])
+    assert delivery_attempt(later.pk) is None and delivery_attempt(held.pk) is None  # not theirs to send now
+    assert delivery_attempt(done.pk) is None
+    assert Delivery.objects.get(pk=later.pk).attempts == 0
