@@ -246,3 +246,48 @@ def test_a_body_over_the_form_limit_is_a_413_in_words(client, team_setup, owner_
     answer = call(client, "post", "/keys", owner_token, {"name": "x" * 5000})
     assert answer.status_code == 413 and "larger than 2,048 bytes" in answer.json()["detail"]
     assert not TeamKey.objects.exists()
+
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory):
+    from panel.registry.demo_model import build_demo_model
+
+    path = tmp_path_factory.mktemp("api-registry") / "tiny"
+    build_demo_model(path)
+    return path
+
+
+def test_models_profiles_and_config_toml_by_api(client, team_setup, owner_token, demo_model):
+    bad = call(client, "post", "/models", owner_token, {"source": "/no/such/folder"})
+    assert bad.status_code == 400 and "source" in bad.json()["errors"]
+    made = call(client, "post", "/models", owner_token, {"source": str(demo_model), "name": "tiny"})
+    assert made.status_code == 201, made.content
+    model_id = made.json()["id"]
+    detail = call(client, "get", f"/models/{model_id}", owner_token).json()
+    assert detail["memory"]["kv_bytes_per_token"] > 0 and detail["memory"]["rows"][0]["weights_bytes"] > 0
+    refused = call(client, "post", "/profiles", owner_token, {"name": "p", "model": model_id,
+                                                              "gpu_memory_utilization": 1.5})
+    assert refused.status_code == 400 and "gpu_memory_utilization" in refused.json()["errors"]
+    from panel.serving.models import ServingProfile
+
+    assert not ServingProfile.objects.exists()
+    profile = call(client, "post", "/profiles", owner_token, {"name": "p", "model": model_id, "block_size": 32,
+                                                               "max_model_len": 2048})
+    assert profile.status_code == 201, profile.content
+    body = profile.json()
+    assert body["values"]["block_size"] == 32 and body["command"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    toml = call(client, "get", f"/profiles/{body['id']}/export/toml", owner_token)
+    assert toml.status_code == 200 and toml["Content-Type"].startswith("application/toml")
+    assert "[kv_cache]" in toml.content.decode()
+    text = toml.content.decode().replace(f'name = "{demo_model}"', 'name = "tiny"')
+    copy = call(client, "post", "/profiles/import", owner_token, {"name": "copy", "config": text})
+    assert copy.status_code == 201, copy.content
+    assert {k: v for k, v in copy.json()["values"].items() if k != "name"} == {
+        k: v for k, v in body["values"].items() if k != "name"}
+    changed = call(client, "patch", f"/profiles/{body['id']}", owner_token, {"max_num_seqs": 8})
+    assert changed.status_code == 200 and changed.json()["values"]["max_num_seqs"] == 8
+    launch = call(client, "post", f"/profiles/{body['id']}/deployments", owner_token, {})
+    assert launch.status_code == 400  # no GPU worker online: refused in words, nothing saved
+    from panel.serving.models import Deployment
+
+    assert not Deployment.objects.exists() and launch.json()["detail"]

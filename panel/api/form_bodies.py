@@ -29,11 +29,13 @@ def _annotation(field):
         return bool, {}
     if isinstance(field, forms.ModelChoiceField):
         return int, {"ge": 1, "le": 2**53}
-    if isinstance(field, forms.TypedChoiceField) and field.coerce is int:
-        values = [int(value) for value in _choice_values(field)]
-        return (Literal[tuple(values)] if values else int), {}
     if isinstance(field, forms.ChoiceField):
-        values = [str(value) for value in _choice_values(field)]
+        values = _choice_values(field)
+        if values and all(isinstance(value, int) and not isinstance(value, bool) for value in values):
+            return Literal[tuple(values)], {}  # a number field with a fixed set (block_size: 8, 16, 32 …)
+        if not values and isinstance(field, forms.TypedChoiceField) and field.coerce is int:
+            return int, {}
+        values = [str(value) for value in values]
         return (Literal[tuple(values)] if values else str), {}
     limits = {}
     if getattr(field, "min_value", None) is not None:

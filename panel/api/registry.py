@@ -3,6 +3,7 @@ progress, cancel, and read its result (the quantized child model)."""
 import datetime
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
@@ -115,8 +116,11 @@ def models_get(request, model_id: int):
 @allowed(like=pages.model_create)
 def models_register(request, body: ModelRegister):
     data = validated(ModelRegisterForm, body).cleaned_data
-    return Status(201, model_out(model_register(team=request.team, user=request.user, source=data["source"],
-                                         name=data["name"])))
+    try:
+        model = model_register(team=request.team, user=request.user, source=data["source"], name=data["name"])
+    except ValidationError as error:
+        raise Invalid({"source": error.messages}) from None  # where the page shows it
+    return Status(201, model_out(model))
 
 
 @router.get("/quantization-jobs", response=errors({200: list[QuantizationJobOut]}))
