@@ -27,7 +27,7 @@ def test_a_viewer_makes_a_token_and_the_api_answers_to_it(page, live_server, tea
     screenshot(page, "account-token-created")
     answer = httpx.get(f"{live_server.url}/api/v1/team", headers={"Authorization": f"Bearer {raw}"}, timeout=10)
     assert answer.json()["role"] == "viewer"
-    page.reload()
+    page.goto(f"{live_server.url}/account/")
     expect(page.locator("#new-token")).to_have_count(0)  # shown once
     page.click("button:has-text('Revoke')")
     expect(page.locator("table")).to_contain_text("revoked")
@@ -87,7 +87,7 @@ def test_my_usage_and_a_keys_page(page, live_server, team_setup):
     expect(page.locator("#figure-requests .main-svg").first).to_be_visible()
     screenshot(page, "my-usage")
     page.goto(f"{live_server.url}/keys/")
-    page.click("text=support bot")
+    page.click("a:has-text('support bot')")
     expect(page.locator("h1")).to_contain_text("Key support bot")
     expect(page.locator("#figure-tokens .main-svg").first).to_be_visible()
     screenshot(page, "key-detail")

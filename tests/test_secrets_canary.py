@@ -309,9 +309,30 @@ def api_responses(world, seen):
 
 
 @surface
+def celery_messages_and_worker(world, seen, start_worker):
+    """Every task message sent during the test (captured as it is published, and what is still queued in Redis),
+    then a real worker that runs them, and its log."""
+    import workers  # noqa: F401  (the web process's Celery app, with the broker settings)
+    from panel.budgets.tasks import reconcile_budgets
+
+    reconcile_budgets.delay()
+    queued = redis.Redis.from_url(settings.REDIS_URL)
+    for name in queued.keys("*"):
+        if queued.type(name) == b"list":
+            seen.add(f"Redis queue {name.decode()}", b"\n".join(queued.lrange(name, 0, -1)))
+    for task, message in world["published"]:
+        seen.add(f"task message {task}", message)
+    assert any(task == reconcile_budgets.name for task, _ in world["published"])
+    worker = start_worker("default")
+    wait_until(lambda: "reconcile_budgets" in worker.log() and "succeeded" in worker.log(), seconds=60,
+               message="the worker to run the budget task")
+    seen.add("worker log", worker.log_path.read_bytes())
+
+
+@surface
 def webhook_payloads(world, seen, start_worker):
-    """Every event the test caused, delivered by a real worker to a receiver in both formats: the bodies and headers
-    it got."""
+    """Events about the canary channel and its route, delivered by a real worker to a receiver in both formats: the
+    bodies and headers it got. (After the Celery surface, whose worker must be the one that runs its task.)"""
     from panel.notifications.models import Delivery, DeliveryState
     from panel.notifications.services import notify, webhook_create
     from tests.webhook_receiver import Receiver
@@ -334,27 +355,6 @@ def webhook_payloads(world, seen, start_worker):
         for name, receiver in (("json", plain), ("slack", slack)):
             for item in receiver.received:
                 seen.add(f"webhook {name} payload", f"{item['headers']}\n\n{item['body'].decode()}")
-
-
-@surface
-def celery_messages_and_worker(world, seen, start_worker):
-    """Every task message sent during the test (captured as it is published, and what is still queued in Redis),
-    then a real worker that runs them, and its log."""
-    import workers  # noqa: F401  (the web process's Celery app, with the broker settings)
-    from panel.budgets.tasks import reconcile_budgets
-
-    reconcile_budgets.delay()
-    queued = redis.Redis.from_url(settings.REDIS_URL)
-    for name in queued.keys("*"):
-        if queued.type(name) == b"list":
-            seen.add(f"Redis queue {name.decode()}", b"\n".join(queued.lrange(name, 0, -1)))
-    for task, message in world["published"]:
-        seen.add(f"task message {task}", message)
-    assert any(task == reconcile_budgets.name for task, _ in world["published"])
-    worker = start_worker("default")
-    wait_until(lambda: "reconcile_budgets" in worker.log() and "succeeded" in worker.log(), seconds=60,
-               message="the worker to run the budget task")
-    seen.add("worker log", worker.log_path.read_bytes())
 
 
 @surface

@@ -150,7 +150,7 @@ EXPORT_TYPES = {kind: content_type for kind, (_, content_type) in EXPORTS.items(
 
 
 @router.get("/profiles/{profile_id}/export/{kind}", response=errors({200: str}),
-            openapi_extra={"responses": {"200": {"description": "The file", "content": {
+            openapi_extra={"responses": {200: {"description": "The file", "content": {
                 content_type: {"schema": {"type": "string"}} for content_type in EXPORT_TYPES.values()}}}},
             summary="config.toml (toml), vllm_deploy.sh (sh) or vLLM's --config YAML (yaml)")
 @allowed(like=pages.profile_export)
