@@ -33,6 +33,8 @@ def test_it_serves_the_schema_and_a_local_docs_page(client, team_setup):
     assert schema["openapi"].startswith("3.")
     assert {"/api/v1/keys", "/api/v1/usage", "/api/v1/webhooks", "/api/v1/routes/{route_id}/canary/promote"} <= set(
         schema["paths"])
+    ids = [op["operationId"] for path in schema["paths"].values() for op in path.values()]
+    assert len(ids) == len(set(ids)) > 40 and "keys_issue" in ids
     client.force_login(team_setup["alice"])
     docs = client.get(f"{API}/docs")
     assert docs.status_code == 200

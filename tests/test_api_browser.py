@@ -62,14 +62,17 @@ def test_an_admin_adds_a_webhook_and_reads_the_delivery_log(page, live_server, t
                                           title="Whole team (Team A): budget spent in 2026-11")
     Delivery.objects.create(webhook=hook, notification=waiting, attempts=1, last_error="the receiver answered HTTP 503",
                             last_status=503, next_attempt_at=timezone.now() + timedelta(seconds=30))
-    page.reload()
+    page.goto(f"{live_server.url}/webhooks/")
     expect(page.locator(f'tr[data-delivery="{delivery.pk}"]')).to_contain_text("Delivered")
     expect(page.locator("#deliveries")).to_contain_text("HTTP 503")
     screenshot(page, "webhooks")
 
 
 def test_my_usage_and_a_keys_page(page, live_server, team_setup):
+    from panel.channels.models import Route
+
     team = team_setup["team_a"]
+    Route.objects.create(team=team, model_name="tiny-chat")
     mine, _ = key_issue(team=team, user=team_setup["alice"], name="support bot")
     other, _ = key_issue(team=team, user=team_setup["bob"], name="batch jobs")
     now = timezone.now()
@@ -101,5 +104,8 @@ def test_the_api_reference_renders_from_local_files(page, live_server, team_setu
     page.goto(f"{live_server.url}/api/v1/docs")
     expect(page.locator(".swagger-ui .title").first).to_contain_text("Tokenwise management API")
     expect(page.locator(".opblock-tag-section").first).to_be_visible()
-    screenshot(page, "api-docs")
+    page.click("#operations-gateway_keys-keys_issue .opblock-summary")
+    expect(page.locator(".opblock.is-open")).to_contain_text("KeyIssue")
+    page.locator(".opblock.is-open").scroll_into_view_if_needed()
+    page.screenshot(path=screenshot(page, "api-docs"), full_page=False)
     assert outside == []
