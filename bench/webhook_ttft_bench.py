@@ -1,6 +1,6 @@
 """The gateway's TTFT while webhooks fail (not a test; results in docs/benchmarks.md).
 
-  .venv/bin/python bench/webhook_ttft_bench.py [--requests 300]
+  .venv/bin/python bench/webhook_ttft_bench.py [--requests 2000]
 
 The route `chat` has two channels: `flaky` first (a closed port: every try fails at once) and `fake` (the fake
 streaming upstream). So the gateway keeps cooling `flaky` down (every 30 s, once it has rested) and announces it,
@@ -8,7 +8,8 @@ and with TOKENWISE_WEBHOOK_COOLDOWN_REPEAT_SECONDS=1 every cooldown is an event.
 after 20 warm-up requests) is measured twice against the same gateway process:
 1. no webhook;
 2. three webhooks that want every event, one receiver down (a closed port), one that answers after 10 s, one that
-   answers 500, with a real worker delivering (and retrying) meanwhile.
+   answers 500, with a real worker delivering (and retrying, 1 s backoff) meanwhile; after `flaky`'s first cooldown
+   ran out, so a new cooldown and its event fall inside the measurement.
 Then the cost of `channel_cooled_down` itself, the one call the gateway makes (per call, in this process)."""
 import json
 import os
@@ -33,7 +34,7 @@ def shell(env, code):
 
 
 def main():
-    requests = int(sys.argv[sys.argv.index("--requests") + 1]) if "--requests" in sys.argv else 300
+    requests = int(sys.argv[sys.argv.index("--requests") + 1]) if "--requests" in sys.argv else 2000
     results = {}
     up_port, gw_port, redis_port = free_port(), free_port(), free_port()
     from panel.launcher import start_redis
@@ -75,7 +76,9 @@ for name, url in (("down", "http://127.0.0.1:{closed_port()}/hook"), ("slow", {s
 print("ok")""")
             worker = start([sys.executable, "-m", "workers.start", "default"], env=dict(
                 env, TOKENWISE_WEBHOOK_BACKOFF_SECONDS="1"))
-            time.sleep(8)
+            # Let the cooldown that began in part 1 run out, so the first requests of part 2 fail on `flaky` again,
+            # cool it down again and raise an event whose deliveries (and their retries) run during the measurement.
+            time.sleep(32)
             results["failing_webhooks"] = ttft(url, auth, requests)
             counts = shell(env, """
 from panel.notifications.models import Delivery, DeliveryAttempt, Notification
