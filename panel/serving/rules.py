@@ -118,7 +118,7 @@ def _check_quantization(verdict, profile, model):
     elif not method and wanted in NEEDS_QUANTIZED_CHECKPOINT:
         verdict.error("quantization", (
             f"{model.name} is not quantized, and vLLM cannot quantize to {wanted.upper()} while loading: it needs a "
-            f"{wanted.upper()} checkpoint. Quantize it first: Models → {model.name} → Quantize with AWQ, then serve "
+            f"{wanted.upper()} checkpoint. Quantize it first: Models → {model.name} → Quantize, then serve "
             "the quantized model."))
     if method and checkpoint.get("bits") and profile["quantization_bits"] not in (None, checkpoint["bits"]):
         verdict.error("quantization_bits", (
@@ -127,7 +127,7 @@ def _check_quantization(verdict, profile, model):
     if wanted == "bitsandbytes":
         verdict.error("quantization", (
             "vLLM 0.32 no longer has bitsandbytes quantization: it stops at start-up with \"Unknown quantization "
-            "method: bitsandbytes\". Use AWQ for 4-bit (Quantize with AWQ) or fp8 for 8-bit."))
+            "method: bitsandbytes\". Use AWQ for 4-bit (Models → Quantize) or fp8 for 8-bit."))
 
 
 def _check_bits(verdict, profile):
