@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from panel.registry import memory
+from panel.registry.schemes import SCHEMES, host_serves
 from panel.serving.configfile import ENGINE_HAS_SWAP_SPACE
 from panel.serving.profile_fields import BLOCK_SIZES, defaults
 
@@ -194,6 +195,13 @@ def _check_host(verdict, profile, model, host, cpu_kv_cache_bytes):
                 "Nobody has checked this host's engine yet, so it is not known whether it can serve AWQ: the CPU "
                 "engine's W4A16 kernel (cpu_gemm_wna16) needs vLLM's AVX-512 build, and without it the engine dies "
                 "at the first request. Run Check engine on the Workers page first.")
+        scheme = (model.quantization or {}).get("scheme")
+        if scheme and host.get("engine"):
+            serves = host_serves(scheme, host["engine"], keep_as=(model.quantization or {}).get("keep_as") or "bf16")
+            if serves.answer is False:
+                verdict.error("quantization", (
+                    f"This host's CPU engine cannot serve {SCHEMES[scheme].label}: {serves.reason}. Serve the "
+                    "FP16/BF16 parent here instead, or use another host."))
         if profile["quantization"] == "fp8":
             verdict.error("quantization", (
                 "The CPU engine cannot serve FP8: vLLM 0.32's CPU build has no FP8 quantization kernel "
