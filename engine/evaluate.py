@@ -2,8 +2,8 @@
 
     ENGINE_PYTHON -m engine.evaluate --model DIR [--model DIR ...] [--file PROMPTS.jsonl] [--max-tokens 4096]
 
-For each model, in a process of its own (one vLLM engine at a time, all of its memory back between models),
-vLLM's offline engine loads the checkpoint exactly as a deployment would (its quantization from config.json) and:
+For each model, in a process of its own (one engine at a time, all of its memory back between models), vLLM's
+offline engine loads the checkpoint exactly as a deployment would (its quantization from config.json) and:
 - perplexity on the held-out text (engine/evaluation_text.py: stdlib sources that neither training nor the
   builtin calibration corpus uses), from the prompt log-probabilities, and the most likely token at each position
   (the panel compares these between two models: next-token agreement);
@@ -12,6 +12,9 @@ vLLM's offline engine loads the checkpoint exactly as a deployment would (its qu
 - a user's evaluation file (JSONL: {"prompt": ...} or {"messages": [...]}, optionally "expected" and "json":
   true), answered greedily; an expected answer counts when the output starts with it;
 - the size on disk and the weights' size in memory as loaded.
+
+A checkpoint vLLM cannot load at all (2- or 3-bit weights, kept for comparison) is measured the same way with
+transformers instead (compressed-tensors decompresses it), and its result says so ("engine": "transformers").
 
 JSON lines on stdout as every runner (phase/progress/log, then {"result": {"models": [...]}}), or an error with a
 kind: engine_missing, unsupported_quantization, bad_file, oom, failed."""
@@ -130,17 +133,32 @@ def weights_in_memory(llm):
         return None
 
 
+def vllm_can_load(config):
+    """vLLM loads unquantized, AWQ/GPTQ and compressed-tensors checkpoints with 4- or 8-bit weights."""
+    quantization = config.get("quantization_config") or {}
+    if quantization.get("quant_method") != "compressed-tensors":
+        return True
+    bits = {((group or {}).get("weights") or {}).get("num_bits")
+            for group in (quantization.get("config_groups") or {}).values()}
+    return bits <= {4, 8, None}
+
+
 def evaluate_one(model_dir, *, file_items, max_tokens):
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    if not vllm_can_load(config):
+        from engine import evaluate_transformers
+
+        return evaluate_transformers.evaluate_one(model_dir, config=config, file_items=file_items,
+                                                  max_tokens=max_tokens)
     started = time.monotonic()
     say(phase=f"loading {model_dir.name} in vLLM", progress=5)
     from vllm import LLM, SamplingParams
 
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     max_positions = int(config.get("max_position_embeddings") or 2048)
     llm = LLM(model=str(model_dir), enforce_eager=True, max_model_len=min(2048, max_positions), seed=0,
               max_num_seqs=16, trust_remote_code=False, gpu_memory_utilization=0.5)
     tokenizer = llm.get_tokenizer()
-    result = {"path": str(model_dir), "size_bytes": folder_size(model_dir),
+    result = {"path": str(model_dir), "size_bytes": folder_size(model_dir), "engine": "vllm",
               "quantization": (config.get("quantization_config") or {}).get("quant_method") or "none"}
     result["memory_bytes"] = weights_in_memory(llm)
 

@@ -7,8 +7,8 @@ from panel.hosts.models import WorkerHost
 from panel.hosts.services import gpu_hosts_online
 from panel.registry.models import CalibrationSource
 from panel.registry.quality import engine_of
-from panel.registry.schemes import (AUTOAWQ, DEFAULT_SCHEME, LLMC, SCHEMES, calibration_default, host_serves,
-                                    linear_layers)
+from panel.registry.schemes import (AUTOAWQ, COMPARISON_ONLY, DEFAULT_SCHEME, LLMC, SCHEMES, calibration_default,
+                                    host_serves, linear_layers)
 from panel.registry.services import calibration_text_check
 
 
@@ -35,6 +35,10 @@ class QuantizationForm(forms.Form):
         label="Group size (4-bit schemes)", coerce=int, initial=128, choices=GROUP_SIZES,
         help_text="Weights share one scale per group. 128 is the usual balance; larger groups save a little "
                   "memory and measurably cost accuracy.")
+    w_bit = forms.TypedChoiceField(
+        label="Weight bits (round-to-nearest)", coerce=int, initial=4,
+        choices=[(4, "4"), (3, "3 (for comparison: vLLM cannot serve it)"), (2, "2 (for comparison: vLLM cannot serve it)")],
+        help_text="2 and 3 bits show what quantization can cost; the quality report measures them with transformers.")
     smoothquant = forms.FloatField(required=False, min_value=0.05, max_value=0.95, label="SmoothQuant strength",
                                    help_text="W8A8 only: move activation outliers into the weights first (0.5-0.8 "
                                              "is usual; needs calibration text). Empty: none.")
@@ -82,6 +86,8 @@ class QuantizationForm(forms.Form):
             self._check_backend(scheme, backend, cleaned.get("q_group_size"))
             self._check_serving(scheme, cleaned)
             self._check_patterns(scheme, cleaned)
+            if cleaned.get("w_bit", 4) != 4 and scheme != "w4a16-rtn":
+                self.add_error("w_bit", "Only round-to-nearest takes 2 or 3 bits; the other schemes set their own.")
             if cleaned.get("smoothquant") is not None and scheme != "w8a8-int8":
                 self.add_error("smoothquant", "SmoothQuant goes with W8A8 only; leave it empty for this scheme.")
         upload = cleaned.get("calibration_file")
@@ -107,6 +113,9 @@ class QuantizationForm(forms.Form):
 
     def _check_serving(self, scheme, cleaned):
         """Refuse, in words, a result the chosen host (or every online GPU host) cannot serve."""
+        if cleaned.get("w_bit", 4) != 4:
+            self.notes.append(f"{cleaned['w_bit']}-bit weights are for comparison only: {COMPARISON_ONLY}.")
+            return
         host = cleaned.get("host")
         hosts = [host] if host is not None else gpu_hosts_online()
         verdicts = [(candidate, host_serves(scheme, engine_of(candidate), keep_as=cleaned.get("keep_as")))

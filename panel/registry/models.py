@@ -54,6 +54,8 @@ class RegisteredModel(models.Model):
             label = SCHEMES[scheme].label if scheme in SCHEMES else scheme
             group = self.quantization.get("group_size")
             bits = self.quantization.get("bits")
+            if scheme == "w4a16-rtn" and bits and bits != 4:
+                label = label.replace("W4A16", f"W{bits}A16")
             return " ".join(part for part in [label, f"g{group}" if group and bits == 4 else ""] if part)
         method = self.quantization.get("method", "?").upper()
         bits = self.quantization.get("bits")
@@ -109,6 +111,8 @@ class QuantizationJob(Job):
 
         scheme = SCHEMES.get(self.scheme)
         label = scheme.label if scheme else self.scheme
+        if self.scheme == "w4a16-rtn" and self.w_bit != 4:
+            label = label.replace("W4A16", f"W{self.w_bit}A16")
         if scheme and scheme.weight_bits == 4:
             label += f" g{self.q_group_size}" if self.q_group_size else " per channel"
         return label

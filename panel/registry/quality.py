@@ -89,6 +89,8 @@ def serving_refusal(model, host):
         scheme = "w4a16-awq"
     if not scheme or host is None:
         return None
+    if (model.quantization or {}).get("bits") in (2, 3):
+        return None  # vLLM cannot load it anywhere: engine/evaluate.py measures it with transformers
     verdict = host_serves(scheme, engine_of(host), keep_as=(model.quantization or {}).get("keep_as", "bf16"))
     if verdict.answer is False:
         return f"{host.host} cannot serve {model.name}: {verdict.reason}."
@@ -180,7 +182,8 @@ def evaluation_record(job, result):
                 tokens_scored=measured["tokens_scored"], json_valid=json_result.get("valid", 0),
                 json_total=json_result.get("total", 0), size_bytes=measured["size_bytes"],
                 memory_bytes=measured.get("memory_bytes"),
-                details={key: measured.get(key) for key in ("argmax", "greedy", "file", "seconds", "quantization")}
+                details={key: measured.get(key)
+                         for key in ("argmax", "greedy", "file", "seconds", "quantization", "engine")}
                 | {"json_examples": json_result.get("examples", [])})
     return {"models": [{key: value for key, value in measured.items() if key not in ("argmax", "greedy")}
                        for measured in result.get("models") or []]}
@@ -270,3 +273,13 @@ def evaluation_from_form(*, team, user, model, form):
     return evaluation_launch(team=team, user=user, model=model, baseline=data["baseline"], host=data["host"],
                              prompt_file=prompt_file, inputs_key=inputs_key,
                              prompt_file_name=data["prompt_file"].name if data["prompt_file"] else "")
+
+
+def served_model_quality(channel):
+    """For the canary's JSON guard: the model a local channel's deployment serves and its report against its
+    parent ({"model", "evaluation", "flags"}), or None for a remote channel."""
+    deployment = getattr(channel, "deployment", None) if channel is not None else None
+    if deployment is None:
+        return None
+    model = deployment.profile.model
+    return {"model": model, "evaluation": latest_evaluation(model), "flags": quality_flags(model)}

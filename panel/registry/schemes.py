@@ -58,9 +58,16 @@ class Servable:
     reason: str
 
 
-def host_serves(scheme_key, engine, *, group_size=128, keep_as="bf16"):
+SERVABLE_BITS = (4, 8)  # vLLM's integer weight kernels
+COMPARISON_ONLY = ("vLLM serves 4- and 8-bit integer weights only: a 2- or 3-bit model is kept for comparison, and "
+                   "its quality report measures it with transformers")
+
+
+def host_serves(scheme_key, engine, *, group_size=128, keep_as="bf16", bits=None):
     """Whether an engine (the engine check's result, {} when never checked) serves `scheme_key`, with why."""
     scheme = SCHEMES[scheme_key]
+    if bits is not None and bits not in SERVABLE_BITS:
+        return Servable(False, COMPARISON_ONLY)
     if not engine:
         return Servable(None, "not known yet: run Check engine on the Workers page")
     gpus = engine.get("cuda_devices") or []
@@ -126,7 +133,7 @@ def quantized_bytes(out_features, in_features, *, bits, group_size, zero_point, 
     return int(weights + scales + zeros)
 
 
-def expected_size(model, scheme_key, *, group_size=128, backend=LLMC, kept=()):
+def expected_size(model, scheme_key, *, group_size=128, backend=LLMC, kept=(), bits=None):
     """{"bytes", "quantized_bytes_before", "other_bytes", "share"} for `model` quantized with `scheme_key`:
     every decoder linear at the scheme's bits plus its scales; everything else (embeddings, lm_head, norms) as
     it is now. `kept` names layers that stay as they are (mixed precision). None when the checkpoint cannot be
@@ -148,7 +155,7 @@ def expected_size(model, scheme_key, *, group_size=128, backend=LLMC, kept=()):
         if scheme.weight_bits == 8:
             total += out_features * in_features + out_features * 4
         else:
-            total += quantized_bytes(out_features, in_features, bits=4, group_size=group_size,
+            total += quantized_bytes(out_features, in_features, bits=bits or 4, group_size=group_size,
                                      zero_point=zero_point, backend=backend)
     before = quantized_before + other
     return {"bytes": total, "before_bytes": before, "quantized_bytes_before": quantized_before,

@@ -114,6 +114,8 @@ def quantization_launch(*, team, user, source, host=None, scheme=DEFAULT_SCHEME,
                               f"{' or '.join(SCHEMES[scheme].backends)}.")
     if scheme == "mixed" and not keep_patterns:
         raise ValidationError("Mixed precision needs at least one layer pattern to keep.")
+    if w_bit != 4 and not (scheme == "w4a16-rtn" and w_bit in (2, 3)):
+        raise ValidationError("Only round-to-nearest takes other weight bits (2 or 3, for comparison).")
     with transaction.atomic():
         job = QuantizationJob.objects.create(
             team=team, created_by=user, source=source, host=host, backend=backend, scheme=scheme, w_bit=w_bit,
@@ -138,7 +140,8 @@ def output_suffix(job):
     if job.backend == AUTOAWQ:
         return f"awq-w{job.w_bit}-g{job.q_group_size}"
     if SCHEMES[job.scheme].weight_bits == 4:
-        return f"{job.scheme}-{'g' + str(job.q_group_size) if job.q_group_size else 'channel'}"
+        scheme = job.scheme.replace("w4a16", f"w{job.w_bit}a16") if job.scheme == "w4a16-rtn" else job.scheme
+        return f"{scheme}-{'g' + str(job.q_group_size) if job.q_group_size else 'channel'}"
     return job.scheme + ("-sq" if job.smoothquant is not None else "")
 
 
@@ -212,6 +215,7 @@ def quantization_from_form(*, team, user, model, form):
     return quantization_launch(
         team=team, user=user, source=model, host=data["host"], scheme=data["scheme"],
         backend=data["backend"] or None, q_group_size=data["q_group_size"], zero_point=data["zero_point"],
+        w_bit=data["w_bit"],
         version=data["version"], smoothquant=data["smoothquant"], keep_patterns=data["keep_patterns"],
         keep_as=data["keep_as"], calibration=data["calibration"], calibration_file=calibration_path,
         calibration_name=data["calibration_file"].name if data["calibration_file"] else "",

@@ -125,6 +125,10 @@ def _check_quantization(verdict, profile, model):
         verdict.error("quantization_bits", (
             f"{model.name} holds {checkpoint['bits']}-bit weights; quantization bits "
             f"{profile['quantization_bits']} does not match the checkpoint."))
+    if method == "compressed-tensors" and checkpoint.get("bits") in (2, 3):
+        verdict.error("quantization", (
+            f"{model.name} holds {checkpoint['bits']}-bit weights, which vLLM cannot load (its integer kernels take "
+            "4 or 8 bits): it was quantized for comparison. Serve a 4- or 8-bit sibling."))
     if wanted == "bitsandbytes":
         verdict.error("quantization", (
             "vLLM 0.32 no longer has bitsandbytes quantization: it stops at start-up with \"Unknown quantization "

@@ -28,6 +28,8 @@ class Command(BaseCommand):
         parser.add_argument("--backend", choices=[LLMC, AUTOAWQ], help="default: the scheme's (llm-compressor)")
         parser.add_argument("--group-size", type=int, default=128, choices=[0, 32, 64, 128, 256],
                             help="4-bit schemes; 0: one scale per output channel")
+        parser.add_argument("--bits", type=int, default=4, choices=[2, 3, 4],
+                            help="round-to-nearest only: 2 or 3 bits for comparison (vLLM cannot serve them)")
         parser.add_argument("--smoothquant", type=float, help="W8A8: SmoothQuant strength (0.05-0.95) first")
         parser.add_argument("--keep", action="append", default=[], help="mixed: a layer name pattern to keep")
         parser.add_argument("--keep-as", choices=["bf16", "fp8"], default="bf16")
@@ -60,7 +62,7 @@ class Command(BaseCommand):
             job = quantization_launch(
                 team=model.team, user=None, source=model, scheme=options["scheme"], backend=options["backend"],
                 smoothquant=options["smoothquant"], keep_patterns=options["keep"], keep_as=options["keep_as"],
-                q_group_size=options["group_size"],
+                q_group_size=options["group_size"], w_bit=options["bits"],
                 zero_point=not options["no_zero_point"], version=options["kernel"], calibration=calibration,
                 calibration_file=calibration_file, calibration_name=calibration_name,
                 max_calib_samples=options["max_calib_samples"], max_calib_seq_len=options["max_calib_seq_len"],
