@@ -199,7 +199,9 @@ class CalibrationProgress:
             return
         self.last_report = now
         total = total or 1
-        fraction = min(1.0, ((layer - 1) + done / total) / layers)
+        # Each layer is calibrated over every sample, then (GPTQ, AWQ) its outputs are propagated: half each.
+        within = done / total / 2 + (0.5 if action == "propagating" else 0.0)
+        fraction = min(1.0, ((layer - 1) + within) / layers)
         elapsed = now - self.started
         eta = ""
         if fraction > 0.02 and elapsed > 1:
@@ -333,7 +335,8 @@ def quantize_into(args, model_dir, partial, out_dir):
         "size_before_bytes": quantize_runner.folder_size(model_dir),
         "size_after_bytes": quantize_runner.folder_size(out_dir), "seconds": None,
         "peak_memory_bytes": quantize_runner.peak_memory(torch, memory_kind), "peak_memory_kind": memory_kind,
-        "device": device, "layers": len(names), "kept_modules": kept,
+        "device": device, "layers": int(json.loads((model_dir / "config.json").read_text()).get(
+            "num_hidden_layers") or 0), "linear_layers": len(names), "kept_modules": kept,
         "quant_config": saved["quantization_config"], "calibration": calibration, "timings": timings,
         "model_type": saved.get("model_type"), "progress_inside_layers": reporter is not None,
     }
