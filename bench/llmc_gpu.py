@@ -84,11 +84,7 @@ def held_out_ids(tokenizer_dir):
 
     from engine import evaluation_text
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    ids = []
-    for text in evaluation_text.held_out_texts():
-        ids.extend(tokenizer.encode(text, add_special_tokens=False))
-    return ids[:QUALITY_TOKENS]
+    return evaluation_text.held_out_ids(AutoTokenizer.from_pretrained(str(tokenizer_dir)), QUALITY_TOKENS)
 
 
 def measure(model_dir, ids):

@@ -90,12 +90,7 @@ def held_out_perplexity(model, tokenizer, *, max_tokens=4096, window=512):
     """Perplexity of `model` on the held-out text (the first `max_tokens` tokens, in windows of `window`)."""
     import torch
 
-    ids = []
-    for text in evaluation_text.held_out_texts():
-        ids.extend(tokenizer.encode(text, add_special_tokens=False))
-        if len(ids) >= max_tokens:
-            break
-    ids = ids[:max_tokens]
+    ids = evaluation_text.held_out_ids(tokenizer, max_tokens)
     total, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(ids) - 1, window):

@@ -53,6 +53,16 @@ def cpu_kernels():
         return {kernel: False for kernel in CPU_KERNEL_OPS}
 
 
+def speculative_ngram():
+    """(True, "") when this vLLM has the n-gram proposer (prompt-lookup speculative decoding, no draft model),
+    else (False, why). vLLM 0.32's CPU runner runs it too ("supported on CPU with C++ native impls")."""
+    try:
+        importlib.import_module("vllm.v1.spec_decode.ngram_proposer")
+    except Exception as error:
+        return False, f"vLLM has no n-gram proposer here ({type(error).__name__}: {error})"[:300]
+    return True, ""
+
+
 def main():
     result = {"python": platform.python_version(), "packages": {}, "errors": {}}
     names = ["torch", "transformers", "vllm", "awq", "llmcompressor", "compressed_tensors"]
@@ -89,6 +99,10 @@ def main():
     # W4A16 GEMM (on an AVX2-only processor the engine dies at the first request without it).
     result["serves_awq"] = bool(gpus) or result["awq_cpu_kernel"]
     result["serves"] = {"w8a8-int8": kernels["int8_scaled_mm"], "w4a16": kernels["w4a16"], "fp8": kernels["fp8"]}
+    if result["packages"].get("vllm"):
+        result["speculative_ngram"], result["speculative_ngram_reason"] = speculative_ngram()
+    else:
+        result["speculative_ngram"], result["speculative_ngram_reason"] = False, "vLLM is not installed"
     say(phase="done", progress=100)
     say(result=result)
     return 0

@@ -94,12 +94,7 @@ def folder_size(path):
 
 
 def held_out_windows(tokenizer, max_tokens):
-    ids = []
-    for text in evaluation_text.held_out_texts():
-        ids.extend(tokenizer.encode(text, add_special_tokens=False))
-        if len(ids) >= max_tokens:
-            break
-    ids = ids[:max_tokens]
+    ids = evaluation_text.held_out_ids(tokenizer, max_tokens)
     return [ids[start:start + WINDOW_TOKENS] for start in range(0, len(ids), WINDOW_TOKENS)
             if len(ids[start:start + WINDOW_TOKENS]) > 1]
 

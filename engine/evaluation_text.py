@@ -39,6 +39,16 @@ def held_out_texts():
             if (stdlib / f"{name}.py").is_file()]
 
 
+def held_out_ids(tokenizer, max_tokens):
+    """The first `max_tokens` token ids of the held-out text, as `tokenizer` reads it."""
+    ids = []
+    for text in held_out_texts():
+        ids.extend(tokenizer.encode(text, add_special_tokens=False))
+        if len(ids) >= max_tokens:
+            break
+    return ids[:max_tokens]
+
+
 def json_record(index, split):
     names = TRAIN_NAMES if split == "train" else EVAL_NAMES
     name = names[index % len(names)]

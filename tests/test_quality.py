@@ -212,7 +212,7 @@ def test_the_form_refuses_a_scheme_no_online_host_serves(client, team_setup, mod
     host_with(CPU_AVX2)
     client.force_login(team_setup["alice"])
     form = client.get(reverse("quantization_create", args=[model.pk])).content.decode()
-    assert 'value="w8a8-int8"' in form and "the CPU engine's W4A16 kernel" in form
+    assert 'value="w8a8-int8"' in form and "W4A16 kernel (cpu_gemm_wna16)" in form
     assert 'name="max_calib_samples" value="32"' in form and 'name="max_calib_seq_len" value="256"' in form
     data = {"scheme": "w4a16-gptq", "q_group_size": 128, "calibration": "builtin", "max_calib_samples": 32,
             "max_calib_seq_len": 256, "keep_as": "bf16", "version": "GEMM"}

@@ -134,8 +134,9 @@ def evaluation_after_quantization(*, job, model):
     Returns what to add to the quantization's result: the report's job id, or why none was queued."""
     host = WorkerHost.objects.filter(name=job.worker).first()
     try:
+        # From the terminal (manage.py quantize) the command runs the report itself: no broker needed.
         report = evaluation_launch(team=job.team, user=job.created_by, model=model, baseline=job.source,
-                                   host=host)
+                                   host=host, enqueue=job.worker != "terminal")
     except ValidationError as error:
         return {"quality_report": None, "quality_report_refused": " ".join(error.messages)}
     return {"quality_report": report.pk}

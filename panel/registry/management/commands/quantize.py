@@ -79,6 +79,9 @@ class Command(BaseCommand):
         report_id = result.get("quality_report")
         if result.get("quality_report_refused"):
             self.stdout.write(f"no quality report: {result['quality_report_refused']}")
+        if report_id and options["no_report"]:
+            job_cancel(EvaluationJob.objects.get(pk=report_id))  # still pending: nobody else would run it
+            self.stdout.write(f"quality report #{report_id} skipped (--no-report)")
         if report_id and not options["no_report"]:
             self.stdout.write(f"quality report #{report_id}: measuring it and {model.name} as vLLM serves them")
             report = self.follow(EvaluationJob.objects.get(pk=report_id), evaluation_execute)
