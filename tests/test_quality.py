@@ -263,3 +263,18 @@ def test_the_evaluation_inputs_were_never_trained_on_nor_calibrated_on():
     evaluate = {evaluation_text.json_turn(i, split="eval")[1]["content"] for i in range(24)}
     assert not train & evaluate and all(json.loads(answer) for answer in evaluate)
     assert not set(evaluation_text.TRAIN_NAMES) & set(evaluation_text.EVAL_NAMES)
+
+
+def test_serving_refuses_a_quantized_child_the_host_cannot_serve(model):
+    from panel.serving.rules import check_profile
+
+    host = {"kind": "cpu", "gpus": [], "memory_available_bytes": 8 << 30, "serves_awq": False, "engine": CPU_AVX2}
+    profile = {"quantization": "compressed-tensors", "block_size": 32, "max_model_len": 1024,
+               "max_num_batched_tokens": 1024}
+    w8a8, gptq = child_of(model, "w8"), child_of(model, "g4", "w4a16-gptq")
+    assert check_profile(profile, model=w8a8, host=host).ok
+    refused = check_profile(profile, model=gptq, host=host).errors["quantization"][0]
+    assert "cannot serve W4A16 GPTQ" in refused and "cpu_gemm_wna16" in refused
+    crude = child_of(model, "two", "w4a16-rtn")
+    crude.quantization["bits"] = 2
+    assert "2-bit weights, which vLLM cannot load" in check_profile(profile, model=crude).errors["quantization"][0]
