@@ -112,7 +112,7 @@ def run(args):
     from panel.dashboards.pages import TABS
     from panel.dashboards.rollup import usage_rollup_run
     from panel.dashboards.seed import usage_seed, usage_seed_fixtures, usage_seed_sql
-    from panel.gateway.models import RequestLog
+    from panel.usage.models import RequestLog
 
     result = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
                          f"Python {platform.python_version()}", "database": connection.vendor,

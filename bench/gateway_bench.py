@@ -97,7 +97,7 @@ def prepare_panel(data_dir, upstream_url):
     code = f"""
 from panel.accounts.models import Team
 from panel.channels.models import Channel, Route, RouteChannel
-from panel.gateway.keys import key_issue
+from panel.accounts.keys import key_issue
 team = Team.objects.create(name="bench")
 channel = Channel.objects.create(team=team, name="fake", kind="remote", base_url={upstream_url!r},
                                  model_id="fake-model", credential_kind="none", timeout_seconds=30, max_retries=0)

@@ -16,7 +16,7 @@ except EnvError as error:
 
 from django.conf import settings  # noqa: E402
 
-from panel.core.body_limit import BodyLimit  # noqa: E402
+from panel.core.request_size import BodyLimit  # noqa: E402
 from panel.gateway.app import application as gateway_application  # noqa: E402
 from panel.static_files import StaticFiles  # noqa: E402
 

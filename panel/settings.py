@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "panel.registry",
     "panel.serving",
     "panel.channels",
+    "panel.usage",
     "panel.gateway",
     "panel.audit",
     "panel.budgets",
@@ -140,10 +141,10 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
-# Request size: a form's text (Django's own limit, stated here) and a whole upload (panel.core.limits).
+# Request size: a form's text (Django's own limit, stated here) and a whole upload (panel.core.request_size).
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("TOKENWISE_MAX_FORM_BYTES", 2_621_440, minimum=1024)
 MAX_UPLOAD_BYTES = envint("TOKENWISE_MAX_UPLOAD_BYTES", 25 * 1024 * 1024, minimum=1024)  # calibration files: 20 MB
-FILE_UPLOAD_HANDLERS = ["panel.core.limits.UploadSizeLimit",
+FILE_UPLOAD_HANDLERS = ["panel.core.request_size.UploadSizeLimit",
                         "django.core.files.uploadhandler.MemoryFileUploadHandler",
                         "django.core.files.uploadhandler.TemporaryFileUploadHandler"]
 

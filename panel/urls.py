@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from panel.accounts import audit_views
 from panel.accounts import views as accounts
 from panel.hosts import views as hosts
 from panel.views import home
@@ -18,6 +19,8 @@ urlpatterns = [
     path("members/<int:membership_id>/remove/", accounts.member_remove_view, name="member_remove"),
     path("members/<int:membership_id>/link/", accounts.member_link_view, name="member_link"),
     path("welcome/<str:uidb64>/<str:token>/", accounts.account_setup, name="account_setup"),
+    path("audit/", audit_views.audit_list, name="audit"),
+    path("audit/export.csv", audit_views.audit_csv, name="audit_csv"),
     path("workers/", hosts.host_list, name="hosts"),
     path("workers/live/", hosts.host_list_live, name="hosts_live"),
     path("workers/<int:host_id>/check/", hosts.engine_check_create, name="engine_check_create"),
@@ -28,7 +31,6 @@ urlpatterns = [
     path("", include("panel.serving.urls")),
     path("", include("panel.channels.urls")),
     path("", include("panel.gateway.urls")),
-    path("", include("panel.audit.urls")),
     path("", include("panel.budgets.urls")),
     path("", include("panel.dashboards.urls")),
     path("", include("panel.compare.urls")),
@@ -37,4 +39,4 @@ urlpatterns = [
 ]
 
 
-handler400 = "panel.core.limits.bad_request"  # too-large forms and uploads: 413 with the limit in words
+handler400 = "panel.core.request_size.bad_request"  # too-large forms and uploads: 413 with the limit in words

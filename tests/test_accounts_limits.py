@@ -34,7 +34,7 @@ def test_it_leaves_other_bad_requests_to_django(client, team_setup):
     from django.core.exceptions import SuspiciousOperation
     from django.test import RequestFactory
 
-    from panel.core.limits import bad_request
+    from panel.core.request_size import bad_request
 
     response = bad_request(RequestFactory().get("/"), SuspiciousOperation("odd"))
     assert response.status_code == 400 and b"Bad Request" in response.content

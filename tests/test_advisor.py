@@ -11,8 +11,8 @@ from panel.advisor.services import advice
 from panel.channels.canary import canary_rollback, canary_start
 from panel.channels.models import Channel, Route, RouteChannel
 from panel.gateway.fingerprint import mask, system_prompt_hashes
-from panel.gateway.keys import key_issue
-from panel.gateway.models import RequestLog
+from panel.accounts.keys import key_issue
+from panel.usage.models import RequestLog
 from panel.hosts.models import WorkerHost
 from panel.registry.models import RegisteredModel
 from panel.serving.models import Deployment, ServingProfile

@@ -4,7 +4,7 @@ from playwright.sync_api import expect
 
 from panel.channels.canary import canary_check
 from panel.channels.models import Channel, Route, RouteChannel
-from panel.gateway.models import RequestLog
+from panel.usage.models import RequestLog
 from tests.browser import screenshot, sign_in
 from tests.test_advisor import log, make_host, make_model, make_profile, serve
 

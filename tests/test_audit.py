@@ -29,7 +29,7 @@ def test_it_records_key_issue_and_revoke_without_the_key(client, team_setup):
     client.force_login(team_setup["alice"])
     page = client.post(reverse("key_create"), {"name": "bot"}).content.decode()
     raw = page.split('id="new-key">')[1].split("<")[0]
-    from panel.gateway.models import TeamKey
+    from panel.accounts.models import TeamKey
 
     client.post(reverse("key_revoke", args=[TeamKey.objects.get().pk]))
     assert actions(without_signins=True) == [AuditAction.KEY_ISSUED, AuditAction.KEY_REVOKED]

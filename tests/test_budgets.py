@@ -17,8 +17,8 @@ from panel.budgets.models import Budget, BudgetNotice
 from panel.budgets.services import budget_set, budget_usage, budgets_reconcile
 from panel.budgets.tasks import reconcile_budgets
 from panel.channels.models import Channel, Route, RouteChannel
-from panel.gateway.keys import key_issue
-from panel.gateway.models import RequestLog
+from panel.accounts.keys import key_issue
+from panel.usage.models import RequestLog
 from tests.conftest import wait_until
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_server import GatewayServer
@@ -196,7 +196,10 @@ def in_process(priced, monkeypatch, *, stream, count):
     import concurrent.futures
     import json
 
-    from panel.gateway import app, limits, routes, upstream, usage
+    from panel.channels import routing as routes
+    from panel.core import redis_client
+    from panel.gateway import app, upstream
+    from panel.usage import writer as usage
 
     steps = []
 
@@ -219,7 +222,7 @@ def in_process(priced, monkeypatch, *, stream, count):
 
     monkeypatch.setattr(app.budgets, "count", counted)
     monkeypatch.setattr(usage, "record", lambda **fields: steps.append(("recorded", fields["status_code"])))
-    for module, name in ((limits, "_client"), (limits, "_script"), (upstream, "_session")):
+    for module, name in ((redis_client, "_client"), (upstream, "_session")):
         monkeypatch.setattr(module, name, None)  # clients of this test's event loop
     routes._cache.clear()
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",

@@ -5,8 +5,8 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from panel.budgets.services import budgets_reconcile
-from panel.gateway.keys import key_issue
-from panel.gateway.models import RequestLog
+from panel.accounts.keys import key_issue
+from panel.usage.models import RequestLog
 from tests.browser import screenshot, sign_in
 
 

@@ -15,8 +15,8 @@ from django.utils import timezone
 from panel.audit.models import AuditAction, AuditEvent
 from panel.channels.canary import canary_check, canary_guards, canary_promote, canary_start, canary_stop, p99
 from panel.channels.models import CanaryState, Channel, Route, RouteChannel
-from panel.gateway.keys import key_issue
-from panel.gateway.models import RequestLog
+from panel.accounts.keys import key_issue
+from panel.usage.models import RequestLog
 from tests import gateway_server
 from tests.conftest import panel_env, wait_until
 from tests.fake_upstream import FakeUpstream
@@ -224,14 +224,15 @@ def test_it_computes_p99_by_nearest_rank():
 
 @pytest.mark.django_db(transaction=True)
 def test_it_reloads_a_cached_route_within_half_a_second_of_a_routing_change(setup, settings):
-    from panel.channels.services import routing_changed
-    from panel.gateway import limits, routes
+    from panel.channels import routing as routes
+    from panel.channels.routing import routing_changed
+    from panel.core import redis_client
 
     settings.ROUTE_CACHE_SECONDS = 60
     team_id = setup["team"].pk
 
     async def scenario():
-        limits._client = None  # a client of this event loop
+        redis_client._client = None  # a client of this event loop
         routes._cache.clear()
         routes._versions.clear()
         first = await routes.route_for(team_id, "chat")

@@ -13,8 +13,8 @@ from django.db import connection
 from panel.channels import crypto
 from panel.channels.models import (Channel, ChannelKind, CredentialError, CredentialKind, Route, RouteChannel,
                                    RouteStrategy, order_channels)
-from panel.channels.services import (channel_create, channel_update, credentials_rotate, local_channel_sync,
-                                     route_save, routing_version)
+from panel.channels.routing import routing_version
+from panel.channels.services import channel_create, channel_update, credentials_rotate, local_channel_sync, route_save
 from panel.env import EnvError
 
 KEY = "sk-live-0123456789abcdefWXYZ"
@@ -399,7 +399,8 @@ def test_local_channel_sync_joins_an_existing_route_and_avoids_a_taken_name(team
 
 
 def test_the_serving_code_keeps_the_local_channel_in_step(team_setup):
-    from panel.serving.services import DeploymentHooks, deployment_stop, deployments_reap
+    from panel.jobs.services import jobs_reap
+    from panel.serving.services import DeploymentHooks, deployment_stop
 
     team, alice = team_setup["team_a"], team_setup["alice"]
     deployment = make_deployment(team, alice, "tiny-latency", state="starting")
@@ -415,7 +416,7 @@ def test_the_serving_code_keeps_the_local_channel_in_step(team_setup):
     from datetime import timedelta
 
     set_state(second, "ready", heartbeat_at=timezone.now() - timedelta(hours=1))
-    assert [d.pk for d in deployments_reap(stale_after_seconds=60)] == [second.pk]
+    assert [d.pk for d in jobs_reap(stale_after_seconds=60)] == [second.pk]
     assert Channel.objects.get(pk=channel.pk).enabled is False
     # A worker that restarts fails what its previous process left live, and the channel goes with it.
     from panel.jobs.sweep import sweep
@@ -436,17 +437,17 @@ def test_the_serving_code_keeps_the_local_channel_in_step(team_setup):
 @pytest.mark.django_db(transaction=True)
 def test_a_deployment_and_its_local_channel_move_in_one_transaction(team_setup, monkeypatch):
     """A reader never sees a ready deployment without its channel (CI once did, between two commits)."""
-    from panel.serving import services
+    from panel.serving import models, services
 
     team, alice = team_setup["team_a"], team_setup["alice"]
-    seen, real_sync = [], services.local_channel_sync
+    seen, real_sync = [], models.local_channel_sync
 
     def sync_inside_the_move(deployment):
-        state = services.Deployment.objects.get(pk=deployment.pk).state
+        state = models.Deployment.objects.get(pk=deployment.pk).state
         seen.append((state, connection.in_atomic_block))
         return real_sync(deployment)
 
-    monkeypatch.setattr(services, "local_channel_sync", sync_inside_the_move)
+    monkeypatch.setattr(models, "local_channel_sync", sync_inside_the_move)
     deployment = make_deployment(team, alice, "tiny-latency", state="starting")
     services.DeploymentHooks(deployment).ready({"problems": []})
     services.deployment_stop(deployment=deployment, user=alice)

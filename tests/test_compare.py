@@ -16,7 +16,7 @@ from panel.accounts.services import membership_add
 from panel.channels.models import Channel, Route, RouteChannel
 from panel.compare.models import Conversation, Message
 from panel.compare.services import conversation_send, texts_diff
-from panel.gateway.models import RequestLog
+from panel.usage.models import RequestLog
 from tests.conftest import wait_until
 from tests.fake_upstream import FakeUpstream, closed_port, content_text
 from tests.gateway_server import GatewayServer

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from panel.channels.models import Channel
-from panel.gateway.models import RequestLog
+from panel.usage.models import RequestLog
 from tests.conftest import wait_until
 from tests.fake_upstream import FakeUpstream, content_text
 from tests.test_compare import Panel, channel

@@ -18,8 +18,8 @@ from panel.dashboards.models import DAY, HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COL
 from panel.dashboards.pages import TABS, dashboard_page
 from panel.dashboards.rollup import bucket_of, usage_rollup_run
 from panel.dashboards.selectors import DashboardQuery, percentile_from_buckets
-from panel.gateway.keys import key_issue
-from panel.gateway.models import RequestLog
+from panel.accounts.keys import key_issue
+from panel.usage.models import RequestLog
 from panel.hosts.models import WorkerHost
 from panel.registry.models import RegisteredModel
 from panel.serving.models import Deployment, ServingProfile
@@ -192,6 +192,30 @@ def test_it_computes_the_cost_page_as_by_hand(traffic):
     page = dashboard_page(tab="cost", query=query)
     assert "No GPU price on: h" in page.table("cost").note
     assert cost_summary(query).lines[0].cost is None
+
+
+def test_a_stopped_deployments_gpu_hours_stop_at_its_stop_time(traffic):
+    """Stopping ends a deployment's job like any job's: its finished_at is its stop time, and the Cost tab charges
+    GPU hours up to it, not to the end of the range."""
+    from panel.jobs.services import job_cancelled
+    from panel.serving.services import deployment_stop
+
+    team, local, deployment = traffic["team"], traffic["local"], traffic["deployment"]  # ready for 10 h
+    RequestLog.objects.create(team=team, channel=local, created_at=NOW - timedelta(hours=1), endpoint="chat",
+                              model="tiny-chat", status_code=200, outcome="ok", prompt_tokens=1000,
+                              completion_tokens=100, latency_ms=100)
+    usage_rollup_run()
+    assert deployment_stop(deployment=deployment, user=traffic["alice"])
+    assert job_cancelled(deployment, reason="engine stopped")  # what the supervisor says once the engine is gone
+    deployment.refresh_from_db()
+    assert deployment.state == "stopped" and deployment.finished_at is not None
+    assert abs((datetime.now(timezone.utc) - deployment.finished_at).total_seconds()) < 60  # stopped just now
+    up_hours = (deployment.finished_at - deployment.ready_at).total_seconds() / 3600
+    assert 10 <= up_hours < 10.5  # it became ready 10 h before the suite's NOW
+    later = DashboardQuery(team=team, range="24h", now=(NOW + timedelta(hours=6)).timestamp())  # 6 h after the stop
+    (line,) = [line for line in cost_summary(later).lines if line.kind == "local"]  # the Cost tab's numbers
+    assert line.gpu_hours == pytest.approx(up_hours, abs=1e-6)
+    assert line.cost == pytest.approx(up_hours * 5.0)
 
 
 def test_it_uses_the_deployments_gpus_before_the_hosts_count(team_setup):

@@ -11,8 +11,8 @@ from panel.channels.models import Channel
 from panel.dashboards.models import EngineSample
 from panel.dashboards.rollup import usage_rollup_run
 from panel.dashboards.scraper import COUNTERS, GAUGES, HISTOGRAMS, deployment_scrape, metrics_url, parse_metrics
-from panel.gateway.keys import key_issue
-from panel.gateway.models import RequestLog
+from panel.accounts.keys import key_issue
+from panel.usage.models import RequestLog
 from tests.conftest import wait_until
 from tests.gateway_server import GatewayServer
 

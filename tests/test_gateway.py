@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from panel.channels import crypto
 from panel.channels.models import Channel, Route, RouteChannel
-from panel.gateway.keys import key_issue, key_revoke
-from panel.gateway.models import RequestLog
+from panel.accounts.keys import key_issue, key_revoke
+from panel.usage.models import RequestLog
 from tests.conftest import wait_until
 from tests.fake_upstream import FakeUpstream, closed_port
 from tests.gateway_server import GatewayServer

@@ -6,8 +6,8 @@ import openai
 import pytest
 
 from panel.channels.models import Channel, Route, RouteChannel
-from panel.gateway.keys import key_issue
-from panel.gateway.models import RequestLog
+from panel.accounts.keys import key_issue
+from panel.usage.models import RequestLog
 from panel.serving.models import Deployment, DeploymentState
 from panel.serving.services import deployment_stop
 from tests.conftest import wait_until

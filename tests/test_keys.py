@@ -9,7 +9,7 @@ from django.urls import reverse
 from panel.accounts.models import Role
 from panel.accounts.services import membership_add
 from panel.channels.models import Route
-from panel.gateway.models import TeamKey
+from panel.accounts.models import TeamKey
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_it_refuses_bad_key_requests_and_saves_nothing(client, team_setup, route
 
 
 def test_it_lets_only_admins_issue_and_revoke(client, team_setup, route, django_user_model):
-    from panel.gateway.keys import key_issue
+    from panel.accounts.keys import key_issue
 
     key, _ = key_issue(team=team_setup["team_a"], user=None, name="existing")
     member = django_user_model.objects.create_user("mona", password="pw-mona-123")
@@ -62,7 +62,7 @@ def test_it_lets_only_admins_issue_and_revoke(client, team_setup, route, django_
 
 
 def test_it_revokes_a_key_and_hides_other_teams_keys(client, team_setup):
-    from panel.gateway.keys import key_issue
+    from panel.accounts.keys import key_issue
 
     mine, _ = key_issue(team=team_setup["team_a"], user=None, name="mine")
     theirs, _ = key_issue(team=team_setup["team_b"], user=None, name="theirs")

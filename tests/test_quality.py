@@ -56,13 +56,11 @@ def model(team_setup, checkpoint):
     return model_register(team=team_setup["team_a"], user=team_setup["alice"], source=str(checkpoint), name="small")
 
 
-def host_with(engine, name="box"):
+def host_with(engine, team, name="box"):
+    """An online GPU worker host whose latest engine check found `engine`."""
     host = WorkerHost.objects.create(name=f"gpu@{name}", host=name, kind="gpu", queues=["gpu", f"gpu.{name}"],
                                      last_seen=timezone.now(), gpus=engine.get("cuda_devices", []))
-    if engine:
-        team = __import__("panel.accounts.models", fromlist=["Team"]).Team.objects.first()
-        EngineCheck.objects.create(team=team, host=host, state="succeeded", finished_at=timezone.now(),
-                                   result=engine)
+    EngineCheck.objects.create(team=team, host=host, state="succeeded", finished_at=timezone.now(), result=engine)
     return host
 
 
@@ -182,7 +180,7 @@ def test_it_measures_a_parent_once_for_all_its_children(team_setup, model):
 
 
 def test_it_refuses_to_evaluate_what_the_host_cannot_serve(team_setup, model):
-    host = host_with(CPU_AVX2)
+    host = host_with(CPU_AVX2, model.team)
     with pytest.raises(ValidationError, match="cannot serve small-awq.*AVX-512"):
         evaluation_launch(team=model.team, user=None, model=child_of(model, "small-awq", "w4a16-awq"), host=host,
                           enqueue=False)
@@ -209,7 +207,7 @@ def test_it_accepts_prompts_and_chats_with_expected_answers():
 
 def test_the_form_refuses_a_scheme_no_online_host_serves(client, team_setup, model,
                                                          django_capture_on_commit_callbacks):
-    host_with(CPU_AVX2)
+    host_with(CPU_AVX2, team_setup["team_a"])
     client.force_login(team_setup["alice"])
     form = client.get(reverse("quantization_create", args=[model.pk])).content.decode()
     assert 'value="w8a8-int8"' in form and "W4A16 kernel (cpu_gemm_wna16)" in form

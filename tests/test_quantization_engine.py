@@ -9,7 +9,7 @@ import json
 import openai
 import pytest
 
-from panel.gateway.keys import key_issue
+from panel.accounts.keys import key_issue
 from panel.hosts.models import EngineCheck, WorkerHost
 from panel.hosts.services import engine_check_launch
 from panel.jobs.models import JobState

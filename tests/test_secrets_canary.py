@@ -29,8 +29,8 @@ from panel.accounts.models import Membership
 from panel.audit.models import AuditEvent
 from panel.budgets.services import budget_set
 from panel.channels.models import Channel, Route, RouteChannel
-from panel.gateway.keys import key_issue
-from panel.gateway.models import TeamKey
+from panel.accounts.keys import key_issue
+from panel.accounts.models import TeamKey
 from tests.conftest import DATA_DIR, wait_until
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_server import GatewayServer

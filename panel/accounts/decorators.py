@@ -8,6 +8,8 @@ from django.shortcuts import redirect
 
 from panel.accounts.models import Role
 from panel.accounts.services import current_membership
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
 
 
 def team_view(role=Role.VIEWER):
@@ -19,9 +21,6 @@ def team_view(role=Role.VIEWER):
             if membership is None:
                 return redirect("no_team")
             if not membership.allows(role):
-                from panel.audit.models import AuditAction
-                from panel.audit.services import audit_record
-
                 audit_record(action=AuditAction.REFUSED, request=request, team=membership.team,
                              target=request.path[:300], needed=Role(role).value, had=membership.role)
                 raise PermissionDenied(f"This needs the {Role(role).label.lower()} role in {membership.team}.")

@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 from django.utils.text import slugify
 
 
@@ -47,3 +48,40 @@ class Membership(models.Model):
     def allows(self, role):
         """True when this membership's role is at least `role`."""
         return ROLE_RANK[Role(self.role)] >= ROLE_RANK[Role(role)]
+
+
+class TeamKey(models.Model):
+    """A key for the gateway. Only its SHA-256 and its last four characters are stored; the key is shown once."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="keys")
+    name = models.CharField(max_length=100)
+    key_hash = models.CharField(max_length=64, unique=True)
+    last4 = models.CharField(max_length=4)
+    allowed_models = models.JSONField(default=list, blank=True)  # [] = every route of the team
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        db_table = "gateway_teamkey"  # created by the gateway app, which held the model first
+
+    def __str__(self):
+        return f"{self.name} (…{self.last4})"
+
+    @property
+    def masked(self):
+        return f"tw-…{self.last4}"
+
+    @property
+    def status(self):
+        if self.revoked_at:
+            return "revoked"
+        if self.expires_at and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"

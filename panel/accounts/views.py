@@ -12,8 +12,16 @@ from django.views.decorators.http import require_POST
 from panel.accounts.decorators import team_view
 from panel.accounts.forms import InviteForm, RoleForm, role_choices
 from panel.accounts.models import Membership, Role
-from panel.accounts.services import (INVITE_LINK_DAYS, member_activate, member_invite, member_remove,
-                                     member_role_change, member_setup_link, member_setup_user, team_switch)
+from panel.accounts.services import (
+    INVITE_LINK_DAYS,
+    member_activate,
+    member_invite,
+    member_remove,
+    member_role_change,
+    member_setup_link,
+    member_setup_user,
+    team_switch,
+)
 from panel.accounts.throttle import signin_blocked, signin_failed, signin_succeeded
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record

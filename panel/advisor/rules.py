@@ -10,7 +10,7 @@ from django.urls import reverse
 from panel.registry import memory
 from panel.serving.rules import STABLE_UTILIZATION
 
-LARGE_MAX_NUM_SEQS = 128  # the seeds' 256 and anything near it: throughput first, latency second
+LARGE_MAX_NUM_SEQS = 128  # 256 and anything near it: throughput first, latency second
 MIN_REQUESTS = 20  # traffic-based rules say nothing on fewer requests than this
 SHARED_PROMPT_MIN_VARIANTS = 5
 LOW_CACHED_SHARE = 0.3
@@ -18,7 +18,7 @@ REPEATED_PREFIX_SHARE = 0.5
 P99_RISE = 1.5
 P99_RISE_MIN_MS = 200
 RATE_LIMITED_MIN = 3
-GOOD_RETRIES, GOOD_BACKOFF = 3, 1.5  # the seeds' settings.json
+GOOD_RETRIES, GOOD_BACKOFF = 3, 1.5  # what a settings.json for a cloud fallback usually says
 AWQ_SPARE_SHARE = 0.5  # FP16 weights would use at most half of the GPU's budget: AWQ saves memory nobody needs
 
 
@@ -60,7 +60,7 @@ def shared_prompt_with_dynamic_part(*, model_name, route_id, requests, variants,
                   f"cached tokens were {_percent(share)} of {prompt_tokens:,} prompt tokens"],
         fix="Move the dynamic part (the time, the request or user id, the user's name) out of the system prompt "
             "into the user message. The system prompt is then identical across requests and the prefix cache "
-            "computes it once (seeds §5.2).",
+            "computes it once.",
         link=reverse("route_detail", args=[route_id]) if route_id else reverse("channels"),
         link_label=f"route {model_name}")
 
@@ -79,7 +79,7 @@ def p99_rising_with_large_batch(*, profile, earlier_p99, recent_p99, samples):
                   f"max_num_seqs = {profile.max_num_seqs}: long requests crowd short ones out of each step"],
         fix="Split it into two deployments: a low-latency one (max_num_seqs 16-32, chunked prefill on) for "
             f"interactive traffic and a high-throughput one (max_num_seqs {profile.max_num_seqs}) for batch "
-            "jobs, each behind its own route (seeds §5.3). The max_num_seqs sweep in Benchmarks finds the "
+            "jobs, each behind its own route. The max_num_seqs sweep in Benchmarks finds the "
             "low-latency value.",
         link=reverse("profile_detail", args=[profile.pk]), link_label=f"profile {profile.name}")
 
@@ -94,8 +94,7 @@ def cloud_rate_limited(*, route, cloud_channels, limited, ended, requests):
              if channel.max_retries < GOOD_RETRIES or channel.retry_backoff < GOOD_BACKOFF]
     has_local = any(entry.channel.is_local for entry in route.routechannel_set.all())
     if route.strategy != "local_first" or not has_local:
-        fixes.append("route local_first with a local deployment first, so the cloud takes only the overflow "
-                     "(seeds §5.4)")
+        fixes.append("route local_first with a local deployment first, so the cloud takes only the overflow")
     if not fixes:
         fixes.append("the provider's quota is the limit: ask for a higher one, or add local capacity")
     names = ", ".join(channel.name for channel in cloud_channels)
@@ -122,7 +121,7 @@ def prefix_caching_off(*, profile, repeated, requests):
         evidence=[f"{repeated} of {requests} requests ({_percent(repeated / requests)}) began with the same "
                   "system prompt", "enable_prefix_caching = false"],
         fix="Turn enable_prefix_caching on in the profile and redeploy: the shared prefix's KV cache is then "
-            "computed once and reused, cutting prompt tokens computed and TTFT (seeds §3.2, §4.3).",
+            "computed once and reused, cutting prompt tokens computed and TTFT.",
         link=reverse("profile_detail", args=[profile.pk]), link_label=f"profile {profile.name}")
 
 
@@ -153,7 +152,7 @@ def awq_group_size_256(*, model):
         title=f"{model.name} is AWQ with group size 256",
         evidence=[f"quantization {model.quantization_label}: one scale per 256 weights"],
         fix="Quantize again with group size 128, the usual value: 256 is a little faster but loses more "
-            "accuracy, and structured output (JSON) suffers first (seeds §3.1, §5.6). Roll the new model out "
+            "accuracy, and structured output (JSON) suffers first. Roll the new model out "
             "with a canary and watch JSON failures.",
         link=reverse("model_detail", args=[model.pk]), link_label=f"model {model.name}")
 

@@ -10,10 +10,10 @@ from django.utils import timezone
 from panel.advisor import rules
 from panel.channels.canary import p99
 from panel.channels.models import ChannelKind, Route
-from panel.gateway.models import RequestLog
 from panel.registry.models import RegisteredModel
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, ServingProfile
 from panel.serving.services import profile_check
+from panel.usage.models import RequestLog
 
 SEVERITY_ORDER = {"problem": 0, "warning": 1, "info": 2}
 CHECKS = [  # what the page lists as looked at, in the order

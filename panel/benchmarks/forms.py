@@ -75,7 +75,7 @@ class LadderForm(WorkloadForm):
     small_max_num_seqs = forms.IntegerField(min_value=1, max_value=65536, initial=4, label="Small max_num_seqs",
                                             help_text="The baseline's batch.")
     large_max_num_seqs = forms.IntegerField(min_value=2, max_value=65536, initial=64, label="Large max_num_seqs",
-                                            help_text="The last step's batch (the seeds use 256 on an L40S).")
+                                            help_text="The last step's batch (256 is common on a large GPU).")
     max_model_len = forms.IntegerField(min_value=16, initial=2048, label="Max model length")
     extra_args = forms.CharField(required=False, max_length=1000, label="Extra engine arguments",
                                  help_text="Passed to every step, e.g. --enforce-eager.")

@@ -13,18 +13,36 @@ from django.db import close_old_connections, transaction
 
 from panel.benchmarks import services
 from panel.benchmarks.models import BenchmarkRun, Ladder, Sweep, TargetKind
+from panel.hosts.models import WorkerHost
 from panel.jobs.models import JobState
-from panel.jobs.services import (job_cancel, job_cancelled, job_claim, job_created, job_enqueue, job_fail,
-                                 job_heartbeat, job_succeed)
+from panel.jobs.services import (
+    job_cancel,
+    job_cancelled,
+    job_claim,
+    job_created,
+    job_enqueue,
+    job_fail,
+    job_heartbeat,
+    job_succeed,
+)
+from panel.registry.quality import compare, latest_evaluation
+from panel.registry.schemes import SCHEMES, host_serves
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
-from panel.serving.services import deployment_launch, deployment_stop, host_facts, host_pick, profile_check
+from panel.serving.services import (
+    deployment_launch,
+    deployment_stop,
+    host_facts,
+    host_pick,
+    profile_check,
+    profile_values,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_SWEEP_VALUES = 8
 
-# The seeds' ladder (§3-§4, 5.3), each step adding one thing to the one before it; then the seeds' FP8 row and
-# speculative decoding, each measured where the host's engine can serve it.
+# The usual order of tuning work, each step adding one thing to the one before it; then FP8 instead of the
+# quantized weights, and speculative decoding, each measured where the host's engine can serve it.
 STEPS = (
     ("baseline", "FP16 baseline", "no prefix caching, small max_num_seqs", "precision-sensitive traffic"),
     ("awq", "+ quantized", "the best quantized child this host serves (AWQ INT4 on a GPU, W8A8 on a CPU)",
@@ -65,8 +83,6 @@ def child_scheme(child):
 def quantized_child(model, host, *, schemes=None):
     """(child, scheme) of `model`'s newest quantized child that `host`'s engine serves, best scheme first; or
     (None, the best scheme the host would serve)."""
-    from panel.registry.schemes import host_serves
-
     engine = (host_facts(host) or {}).get("engine") or {}
     order = schemes or (GPU_PREFERENCE if host is not None and host.gpus else CPU_PREFERENCE)
     served = [key for key in order if host_serves(key, engine).answer]
@@ -85,7 +101,7 @@ def quantized_fields(child):
 
 
 def _block_size(host):
-    # vLLM 0.32's CPU attention needs a multiple of 32 (panel.serving.rules); 16 is the seeds' GPU value.
+    # vLLM 0.32's CPU attention needs a multiple of 32 (panel.serving.rules); 16 is a GPU value.
     return 32 if host is not None and not host.gpus else 16
 
 
@@ -93,8 +109,6 @@ def awq_skip_reason(ladder, host, fields):
     """Why the quantized step cannot run on `host` ("" when it can; then `fields` is updated to serve the best
     quantized child the host serves). What the hardware can do is asked first: a CPU engine without a kernel dies
     at the first request, and an unknown answer is not a yes."""
-    from panel.registry.schemes import SCHEMES
-
     facts = host_facts(host) or {}
     if facts.get("kind") == "cpu" and facts.get("serves_awq") is None:
         return (f"Whether {host.host}'s CPU engine can serve quantized weights (AWQ, W8A8) is not known yet: run "
@@ -118,8 +132,6 @@ def awq_skip_reason(ladder, host, fields):
 
 def fp8_skip_reason(ladder, host, fields):
     """Why the FP8 step cannot run ("" when it can; then `fields` serve the FP8 child)."""
-    from panel.registry.schemes import host_serves
-
     engine = (host_facts(host) or {}).get("engine") or {}
     verdict = host_serves("fp8-dynamic", engine)
     if not verdict.answer:
@@ -214,8 +226,6 @@ def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_m
 
 def ladder_host(ladder):
     """The online GPU worker host where the ladder's baseline fits (its block size depends on the host)."""
-    from panel.hosts.models import WorkerHost
-
     reasons = []
     for host in WorkerHost.objects.filter(kind="gpu"):
         if not host.is_online:
@@ -364,7 +374,7 @@ def ladder_execute(*, ladder_id, worker):
 
 
 def ladder_table(ladder):
-    """The seeds' table (§4.3) for this ladder: one row per step with its real figures, the gain over the step
+    """The comparison table for this ladder: one row per step with its real figures, the gain over the step
     before and the cost per million output tokens at the host's price."""
     outcomes = {outcome["step"]: outcome for outcome in (ladder.result or {}).get("steps", [])}
     runs = {run.pk: run for run in ladder.runs.all()}
@@ -399,8 +409,6 @@ def ladder_table(ladder):
 def step_quality(parent, model):
     """The quality report's numbers for the model a step served: its own measurement and, for a quantized
     child, the comparison with the ladder's model (None when it was never measured)."""
-    from panel.registry.quality import compare, latest_evaluation
-
     evaluation = latest_evaluation(model)
     if evaluation is None:
         return None
@@ -467,8 +475,6 @@ def sweep_launch(*, team, user, profile, values, p99_target_ms, host=None, enque
 
 def sweep_plan(sweep):
     """(step, profile name, fields or None, skip reason) per value."""
-    from panel.serving.services import profile_values
-
     source = sweep.profile
     plan = []
     for value in sweep.values:

@@ -61,7 +61,7 @@ class TargetKind(models.TextChoices):
 
 
 class Ladder(Job, Workload):
-    """The seeds' order of work for one model, measured: FP16 baseline → + AWQ → + prefix caching → + larger
+    """The usual order of tuning work for one model, measured: FP16 baseline → + AWQ → + prefix caching → + larger
     max_num_seqs and chunked prefill. `result["steps"]` holds each step's outcome (run id or skip reason)."""
 
     model = models.ForeignKey("registry.RegisteredModel", on_delete=models.CASCADE, related_name="ladders")

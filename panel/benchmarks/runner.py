@@ -1,7 +1,7 @@
 """Load generation for a benchmark run: plain asyncio + aiohttp, no Django. Every request streams, so the first
 content byte gives TTFT and the gaps between content chunks give the inter-token latency.
 
-`run_load` sends warm-up requests first (not counted: the seeds' "预热那一步别省"), then the measured ones, either
+`run_load` sends warm-up requests first (not counted: a cold engine's first requests are slow), then the measured ones, either
 closed-loop (`concurrency` requests in flight) or open-loop (`request_rate` new requests per second, Poisson
 arrivals, at most `concurrency` in flight). `summarize` turns the samples into the figures a run records."""
 import asyncio

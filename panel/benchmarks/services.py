@@ -13,8 +13,16 @@ from panel.benchmarks import runner, workload
 from panel.benchmarks.models import WORKLOAD_FIELDS, BenchmarkRun, TargetKind, WorkloadKind
 from panel.channels.models import Channel, CredentialError, Route, order_channels
 from panel.jobs.models import JobState
-from panel.jobs.services import (job_cancel, job_cancelled, job_claim, job_created, job_enqueue, job_fail,
-                                 job_heartbeat, job_succeed)
+from panel.jobs.services import (
+    job_cancel,
+    job_cancelled,
+    job_claim,
+    job_created,
+    job_enqueue,
+    job_fail,
+    job_heartbeat,
+    job_succeed,
+)
 from panel.serving.models import Deployment, DeploymentState
 
 LIMITS = {"requests": (1, 10_000), "warmup_requests": (0, 100), "concurrency": (1, 1024),

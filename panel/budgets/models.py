@@ -7,7 +7,7 @@ class Budget(models.Model):
     currency (the channels' prices); a blank limit means no ceiling of that kind."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="budgets")
-    key = models.ForeignKey("gateway.TeamKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    key = models.ForeignKey("accounts.TeamKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     money_per_month = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     tokens_per_month = models.PositiveBigIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

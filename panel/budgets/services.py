@@ -8,9 +8,20 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 
-from panel.budgets.counters import (RAISE_TO_AT_LEAST, TTL_SECONDS, counter_keys, money_from_units, money_units,
-                                    month_bounds, month_of)
+from panel.accounts.models import Team, TeamKey
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
+from panel.budgets.counters import (
+    RAISE_TO_AT_LEAST,
+    TTL_SECONDS,
+    counter_keys,
+    money_from_units,
+    money_units,
+    month_bounds,
+    month_of,
+)
 from panel.budgets.models import Budget, BudgetNotice
+from panel.usage.models import RequestLog
 
 ALERT_AT = Decimal("0.8")
 
@@ -47,8 +58,6 @@ def budget_set(*, team, key=None, money_per_month=None, tokens_per_month=None, u
 
 def budget_spend_recorded(*, team_id, month):
     """The month's spend in the usage records: {("team", id) or ("key", id): (money, tokens)}."""
-    from panel.gateway.models import RequestLog
-
     start, end = month_bounds(month)
     rows = (RequestLog.objects.filter(team_id=team_id, created_at__gte=start, created_at__lt=end)
             .values("key_id").annotate(money=Sum("cost"), tokens=Sum(F("prompt_tokens") + F("completion_tokens"))))
@@ -117,8 +126,6 @@ def budget_usage(*, team, recorded=True, month=None):
     """The month's use of the team and of each of its keys against their budgets. The use is the larger of the
     Redis counters and (when `recorded`) the usage records, so neither a flush nor the writer's lag hides spend.
     The banner passes recorded=False: it must stay cheap on every page."""
-    from panel.gateway.models import TeamKey
-
     month = month or month_of()
     budgets = {b.key_id: b for b in Budget.objects.filter(team=team).select_related("key")}
     keys = list(TeamKey.objects.filter(team=team).order_by("name")) if recorded else [b.key for b in budgets.values()
@@ -142,10 +149,6 @@ def budget_usage(*, team, recorded=True, month=None):
 def budgets_reconcile(*, month=None):
     """For every team with a budget: raise the Redis counters to at least the usage records' sums, and record (and
     audit) each budget's 80% and 100% notice once a month. Returns the notices created."""
-    from panel.accounts.models import Team
-    from panel.audit.models import AuditAction
-    from panel.audit.services import audit_record
-
     month = month or month_of()
     client = _redis()
     raise_script = client.register_script(RAISE_TO_AT_LEAST)

@@ -3,13 +3,12 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
-from panel.accounts.models import Role
+from panel.accounts.models import Role, TeamKey
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.budgets.counters import month_bounds, month_of
 from panel.budgets.forms import BudgetForm
 from panel.budgets.services import budget_set, budget_usage
-from panel.gateway.models import TeamKey
 
 
 def _keys(team):

@@ -1,4 +1,4 @@
-"""Canary rollout of a candidate channel on a route (the seeds' last advice: move 5% of the traffic to the
+"""Canary rollout of a candidate channel on a route (move 5% of the traffic to the
 quantized model first, watch JSON parse failures and P99, roll back above 3%).
 
 The gateway sends `route.canary_percent` % of the route's requests to the candidate first (falling back to the
@@ -17,6 +17,7 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels.models import CANARY_STEPS, CanaryState, Channel, Route
 from panel.channels.services import routing_changed
+from panel.usage.models import RequestLog
 
 ERROR_KINDS_NOT_THE_CHANNELS = ("bad_request",)  # the client's own bad request, answered 400 by any channel
 
@@ -148,8 +149,6 @@ def canary_guards(*, route, now=None):
     """The numbers of the current window for both arms and the guards that trip, in words.
     {"window_start", "candidate": {...}, "stable": {...}, "problems": [...], "clean": bool}: `clean` means enough
     candidate requests and no problem."""
-    from panel.gateway.models import RequestLog
-
     now = now or timezone.now()
     start = max(route.canary_step_at or now, now - timedelta(seconds=settings.CANARY_WINDOW_SECONDS))
     rows = list(RequestLog.objects.filter(route_id=route.pk, created_at__gte=start, canary__isnull=False).values(

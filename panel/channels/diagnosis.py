@@ -1,4 +1,4 @@
-"""What went wrong with an upstream call, in words: the seeds' troubleshooting list (§5 of both articles) as a
+"""What went wrong with an upstream call, in words: the usual troubleshooting list of an OpenAI-compatible call as a
 table the Test button and the gateway share.
 
 `describe_upstream_error(status=None, exception=None, body=None)` is the one entry point; the keyword-only extras
@@ -29,7 +29,7 @@ MESSAGES = {
     "not_found": "404 Not Found: either the path is wrong (base_url must end in /v1, once) or the model id is not "
                  "served by this server.",
     "bad_request": "400 Bad Request: the server refused the request itself.",
-    "rate_limited": "429 Too Many Requests: over the provider's quota or rate limit (seeds §5.4). Check usage and "
+    "rate_limited": "429 Too Many Requests: over the provider's quota or rate limit. Check usage and "
                     "quota in its console; raise max_retries and retry_backoff so requests back off, and route "
                     "local_first so the local vLLM takes the load first.",
     "server_error": "{status} from the server: it failed while answering (a crash, an overload, or its own upstream "
@@ -53,7 +53,7 @@ MESSAGES = {
     "network": "The request failed: {error}.",
     "not_json": "The server answered {status} but not with JSON ({snippet}): base_url points at a web page or a "
                 "proxy, not the API. OpenAI SDKs need base_url to end in /v1.",
-    "no_choices": "The answer has no \"choices\" (the seeds' \"KeyError: choices\"): base_url is probably wrong. The "
+    "no_choices": "The answer has no \"choices\" (a client says \"KeyError: choices\"): base_url is probably wrong. The "
                   "SDK appends /chat/completions to base_url, so it must end in /v1: http://127.0.0.1:8000/v1, "
                   "not http://127.0.0.1:8000.",
 }

@@ -4,7 +4,6 @@ from django.core.exceptions import ValidationError
 from panel.channels import settings_json
 from panel.channels.models import Channel, CredentialKind, RouteStrategy
 from panel.channels.services import CHANNEL_FIELDS
-from panel.serving.models import Deployment
 
 HELP = {
     "name": "Letters, digits, '-', '_' or '.'; how routes and the usage records name it.",
@@ -13,7 +12,7 @@ HELP = {
     "base_url": "The API root, ending in /v1: http://127.0.0.1:8000/v1, https://taotoken.net/api/v1. The client "
                 "appends /chat/completions and /models.",
     "model_id": "The model name sent upstream, as GET /models lists it.",
-    "credential_kind": "Where the key comes from. A local vLLM checks none (the seeds' EMPTY).",
+    "credential_kind": "Where the key comes from. A local vLLM checks none (EMPTY).",
     "credential_env": "For \"Environment variable\": the variable the panel reads the key from, e.g. TAOTOKEN_API_KEY.",
     "timeout_seconds": "How long one attempt may wait for the upstream.",
     "max_retries": "Retries on this channel before falling back to the next one.",
@@ -52,7 +51,8 @@ class ChannelForm(forms.ModelForm):
     def __init__(self, *args, team, **kwargs):
         super().__init__(*args, **kwargs)
         self.team = team
-        self.fields["deployment"].queryset = Deployment.objects.filter(team=team).select_related("profile")
+        deployments = Channel._meta.get_field("deployment").related_model.objects  # serving's, which builds on us
+        self.fields["deployment"].queryset = deployments.filter(team=team).select_related("profile")
         self.fields["deployment"].required = False
         self.fields["deployment"].empty_label = "None"
         for name, field in self.fields.items():

@@ -13,7 +13,7 @@ from panel.channels.crypto import CredentialError  # noqa: F401  (the gateway im
 from panel.env import EnvError
 
 MILLION = Decimal(1_000_000)
-EMPTY_KEY = "EMPTY"  # the seeds' placeholder for a local vLLM, which checks no key
+EMPTY_KEY = "EMPTY"  # the usual placeholder for a local vLLM, which checks no key
 
 
 class ChannelKind(models.TextChoices):
@@ -35,7 +35,7 @@ class CanaryState(models.TextChoices):
     STOPPED = "stopped", "Stopped"
 
 
-CANARY_STEPS = (5, 25, 50, 100)  # the seeds' gradual rollout: 5% first, then up
+CANARY_STEPS = (5, 25, 50, 100)  # a gradual rollout: 5% first, then up
 
 
 class RouteStrategy(models.TextChoices):

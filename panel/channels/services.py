@@ -1,4 +1,4 @@
-"""Channels and routes: validation (the seeds' §5 troubleshooting as rules), create/update in one transaction, the
+"""Channels and routes: validation (the usual mistakes with an OpenAI-compatible base URL as rules), create/update in one transaction, the
 Test button, local channels for deployments, key rotation."""
 import logging
 import math
@@ -9,14 +9,22 @@ from decimal import Decimal, InvalidOperation
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from panel.channels import crypto, diagnosis
-from panel.channels.models import (EMPTY_KEY, Channel, ChannelKind, CredentialError, CredentialKind, Route,
-                                   RouteChannel, RouteStrategy)
+from panel.channels.models import (
+    EMPTY_KEY,
+    Channel,
+    ChannelKind,
+    CredentialError,
+    CredentialKind,
+    Route,
+    RouteChannel,
+    RouteStrategy,
+)
+from panel.channels.routing import routing_changed
 from panel.core import safejson
 from panel.env import EnvError
 
@@ -53,7 +61,7 @@ MAX_TEST_BODY = 2 * 1024 * 1024
 # ------------------------------------------------------------------------------------------------- rules
 
 def base_url_check(url):
-    """(cleaned url, errors, warnings) for a channel's base URL, with the seeds' §5 mistakes explained."""
+    """(cleaned url, errors, warnings) for a channel's base URL, with the usual mistakes explained."""
     if not isinstance(url, str) or not url.strip():
         return "", ["Enter the server's base URL, for example http://127.0.0.1:8000/v1."], []
     url = url.strip()
@@ -289,32 +297,6 @@ def credentials_rotate():
     return rotated, problems
 
 
-# ------------------------------------------------------------------------------------------------- routing version
-
-def _version_key(team_id):
-    return f"channels:routing-version:{team_id}"
-
-
-def routing_changed(team_id):
-    """Tell the gateway (after commit) that this team's channels or routes changed: it drops its cached copy."""
-    def bump():
-        try:
-            cache.add(_version_key(team_id), 0, timeout=None)
-            cache.incr(_version_key(team_id))
-        except Exception:  # a cache outage must not undo a saved change; the gateway's TTL still applies
-            log.warning("could not bump the routing version of team %s", team_id, exc_info=True)
-
-    transaction.on_commit(bump)
-
-
-def routing_version(team_id):
-    """A number that changes whenever the team's channels or routes change (0 when unknown)."""
-    try:
-        return int(cache.get(_version_key(team_id)) or 0)
-    except Exception:
-        return 0
-
-
 # ------------------------------------------------------------------------------------------------- routes
 
 def route_check(*, team, route, model_name, strategy, entries):
@@ -509,12 +491,10 @@ def local_channel_sync(deployment):
 
 @transaction.atomic
 def _local_channel_sync(deployment):
-    from panel.serving.models import Deployment, DeploymentState
-
-    row = Deployment.objects.select_related("profile", "team").filter(pk=deployment.pk).first()
+    row = type(deployment).objects.select_related("profile", "team").filter(pk=deployment.pk).first()
     if row is None:
         return None
-    if row.state != DeploymentState.READY:
+    if not row.routable:
         linked = Channel.objects.filter(team=row.team, deployment=row, kind=ChannelKind.LOCAL, enabled=True)
         if linked.update(enabled=False):
             routing_changed(row.team_id)

@@ -1,11 +1,11 @@
-"""The seeds' settings.json in and out, in both shapes the articles use.
+"""settings.json in and out, in both shapes people write it in.
 
-Format A (article 000, §3.2): provider, base_url, api_key_env, default_model, timeout_seconds, max_retries,
+Format A: provider, base_url, api_key_env, default_model, timeout_seconds, max_retries,
 retry_backoff, endpoints {local_vllm, cloud_fallback}, routing {strategy, fallback_on_error}. It becomes a local
 channel `local_vllm` (no key), a remote channel named after `provider` (its key read from `api_key_env`), both with
 the file's timeout and retries and serving `default_model`, and a route for `default_model` with both.
 
-Format B (article 004, §3.3): channels {name: {base_url, api_key, model_id}} and default_channel. `api_key` is
+Format B: channels {name: {base_url, api_key, model_id}} and default_channel. `api_key` is
 "EMPTY" (no key), "${ENV_NAME}" (read from the environment) or a literal key (stored encrypted, with a warning:
 keys do not belong in files). A channel whose key is EMPTY or whose host is loopback is local. The route is named
 after the default channel's model_id, with the default channel first (strategy priority).
@@ -22,9 +22,19 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from panel.channels.models import EMPTY_KEY, Channel, ChannelKind, CredentialKind, Route, RouteStrategy
-from panel.channels.services import (LIMITS, NAME_RE, api_key_errors, base_url_check, channel_create,
-                                     channel_update, env_name_errors, is_loopback, model_id_errors, name_errors,
-                                     route_save)
+from panel.channels.services import (
+    LIMITS,
+    NAME_RE,
+    api_key_errors,
+    base_url_check,
+    channel_create,
+    channel_update,
+    env_name_errors,
+    is_loopback,
+    model_id_errors,
+    name_errors,
+    route_save,
+)
 from panel.core import safejson
 
 MAX_BYTES = 256 * 1024

@@ -13,8 +13,15 @@ from panel.channels import canary, settings_json
 from panel.channels.crypto import encryption_problem
 from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm
 from panel.channels.models import CanaryState, Channel, Route
-from panel.channels.services import (PRESETS, channel_create, channel_delete, channel_test, channel_update,
-                                     route_delete, route_save)
+from panel.channels.services import (
+    PRESETS,
+    channel_create,
+    channel_delete,
+    channel_test,
+    channel_update,
+    route_delete,
+    route_save,
+)
 from panel.registry.quality import served_model_quality
 
 

@@ -10,9 +10,9 @@ import secrets
 
 from panel.compare.relay import stream_chat
 
-JSON_ALARM_RATE = 0.03  # the seeds' alarm line for JSON parse failures
+JSON_ALARM_RATE = 0.03  # above 3 % JSON parse failures a quantized model is not good enough for JSON work
 JSON_INSTRUCTION = "Answer with one JSON object and nothing else."
-CACHE_DROP_EXPECTED_PERCENT = 20  # below this the page says what to check (the seeds see 30-60 % on a local vLLM)
+CACHE_DROP_EXPECTED_PERCENT = 20  # below this the page says what to check (30-60 % is usual on a local vLLM)
 CACHE_MIN_SYSTEM_CHARS = 2000
 CACHE_QUESTIONS = ("Summarise the policy above in one sentence.", "Which rule above is about refunds?")
 

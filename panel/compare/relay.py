@@ -11,8 +11,14 @@ from dataclasses import dataclass
 
 from panel.channels.diagnosis import describe_upstream_error
 from panel.gateway.app import STATUS_FOR_KIND, Exchange, cost_of, is_json, json_requested
-from panel.gateway.upstream import (TRANSPORT_ERRORS, UpstreamError, first_success, open_stream, parse_event,
-                                    upstream_body)
+from panel.gateway.upstream import (
+    TRANSPORT_ERRORS,
+    UpstreamError,
+    first_success,
+    open_stream,
+    parse_event,
+    upstream_body,
+)
 
 ENDPOINT = "compare"  # the RequestLog endpoint of requests sent from the Compare page
 CHAT_PATH = "/chat/completions"
@@ -37,7 +43,7 @@ class Column:
 
 
 def diagnosis_of(error, column):
-    """The seeds' troubleshooting wording for a failed request (channels/diagnosis.py), never a stack trace."""
+    """The troubleshooting wording for a failed request (channels/diagnosis.py), never a stack trace."""
     target = column.targets[-1] if column.targets else None
     if error.status:
         body = error.body or json.dumps({"error": {"message": str(error)}})

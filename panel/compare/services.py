@@ -11,9 +11,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from panel.channels.models import Channel, ChannelKind, Route
+from panel.channels.routing import target_for
 from panel.compare.models import Conversation, Message, MessageRole
 from panel.compare.relay import Column
-from panel.gateway.routes import _target
 
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
 MAX_MESSAGE_CHARS = 32_000
@@ -96,11 +96,11 @@ def column_resolve(*, team, spec, index):
         if channel is None or not channel.enabled:
             raise CompareError(f"{spec['label']} is gone or disabled", status=404)
         return Column(index=index, kind="channel", id=channel.pk, label=spec["label"], model_name=channel.model_id,
-                      targets=(replace(_target(channel), max_retries=0),), fallback=False, route_id=None)
+                      targets=(replace(target_for(channel), max_retries=0),), fallback=False, route_id=None)
     route = Route.objects.filter(team=team, pk=spec["id"]).first()
     if route is None or not route.enabled:
         raise CompareError(f"{spec['label']} is gone or disabled", status=404)
-    targets = tuple(_target(channel) for channel in route.ordered_channels())
+    targets = tuple(target_for(channel) for channel in route.ordered_channels())
     return Column(index=index, kind="route", id=route.pk, label=spec["label"], model_name=route.model_name,
                   targets=targets, fallback=route.fallback_on_error, route_id=route.pk)
 

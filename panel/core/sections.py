@@ -16,7 +16,7 @@ SECTIONS = [
             "KV cache per token, and what fits on which GPU. Quantized children appear under their parent."),
     Section("quantization", "Quantization", "◇", "AWQ quantization jobs (4-bit, group size 128, zero point, GEMM) "
             "running on GPU workers, with live progress, logs and the size each one saved."),
-    Section("serving", "Serving", "▶", "Serving profiles (the seeds' config.toml as a form: quantization, block "
+    Section("serving", "Serving", "▶", "Serving profiles (vLLM's config.toml as a form: quantization, block "
             "size, gpu_memory_utilization, max_num_seqs, prefix caching...) and the vLLM deployments launched "
             "from them, supervised by the workers."),
     Section("channels", "Channels", "⇄", "OpenAI-compatible upstreams: local vLLM deployments and cloud providers "

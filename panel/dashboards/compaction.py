@@ -47,7 +47,8 @@ def _compact(*, cutoff, period):
 
 
 def _merge(samples, *, start, period):
-    from datetime import datetime, timezone as tz
+    from datetime import datetime
+    from datetime import timezone as tz
 
     first = samples[0]
     row = EngineSample(deployment_id=first.deployment_id, team_id=first.team_id, period=period,

@@ -9,7 +9,9 @@
 - Monthly projection: the range's savings scaled to 30 days."""
 from dataclasses import dataclass, field
 
+from panel.channels.models import Channel
 from panel.dashboards.selectors import DashboardQuery, usage_grouped
+from panel.serving.models import Deployment
 
 MONTH_SECONDS = 30 * 24 * 3600
 TOKEN_COLUMNS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cost")
@@ -111,9 +113,6 @@ class CostSummary:
 
 def cost_summary(query: DashboardQuery):
     """The Cost page's numbers for one query."""
-    from panel.channels.models import Channel
-    from panel.serving.models import Deployment
-
     rows = usage_grouped(query, by=("channel_id", "deployment_id", "local"), columns=TOKEN_COLUMNS)
     channels = Channel.objects.filter(team=query.team).in_bulk()
     summary = CostSummary(span_seconds=query.end - query.start)

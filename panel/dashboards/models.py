@@ -24,7 +24,7 @@ class UsageRollup(models.Model):
                                 related_name="+", db_constraint=False)
     deployment = models.ForeignKey("serving.Deployment", null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+", db_constraint=False)
-    key = models.ForeignKey("gateway.TeamKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    key = models.ForeignKey("accounts.TeamKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
                             db_constraint=False)
     model = models.CharField(max_length=200)
     local = models.BooleanField(default=False)  # served by a local channel (a deployment)

@@ -2,12 +2,25 @@
 numbers, for one query. Views render this; the JSON endpoint returns it for live refresh."""
 from dataclasses import dataclass, field
 
+from panel.accounts.models import TeamKey
+from panel.channels.models import Channel
 from panel.dashboards import figures as fig
 from panel.dashboards.cost import cost_summary
 from panel.dashboards.models import LATENCY_COLUMNS, TTFT_COLUMNS, EngineSample, UsageRollup
-from panel.dashboards.selectors import (QUANTILES, engine_by_deployment, engine_by_step, engine_percentile,
-                                        latency_by, latency_by_step, percentile_from_buckets, scrape_gaps,
-                                        usage_by_step, usage_grouped, usage_totals)
+from panel.dashboards.selectors import (
+    QUANTILES,
+    engine_by_deployment,
+    engine_by_step,
+    engine_percentile,
+    latency_by,
+    latency_by_step,
+    percentile_from_buckets,
+    scrape_gaps,
+    usage_by_step,
+    usage_grouped,
+    usage_totals,
+)
+from panel.serving.models import Deployment
 
 TABS = {"overview": "Overview", "latency": "Latency", "cache": "Cache", "cost": "Cost"}
 TOP = 10
@@ -57,10 +70,6 @@ def dashboard_page(*, tab, query):
 
 
 def _names(query):
-    from panel.channels.models import Channel
-    from panel.gateway.models import TeamKey
-    from panel.serving.models import Deployment
-
     channels = dict(Channel.objects.filter(team=query.team).values_list("pk", "name"))
     keys = {key.pk: str(key) for key in TeamKey.objects.filter(team=query.team)}
     deployments = {d.pk: f"{d.served_model_name or d.profile.name} #{d.pk}"

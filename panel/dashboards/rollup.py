@@ -10,8 +10,18 @@ from collections import defaultdict
 from django.db import transaction
 from django.db.models import F, Sum
 
-from panel.dashboards.models import (BUCKET_BOUNDS_MS, DAY, HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COLUMNS,
-                                     RollupWatermark, UsageRollup)
+from panel.channels.models import Channel
+from panel.dashboards.models import (
+    BUCKET_BOUNDS_MS,
+    DAY,
+    HOUR,
+    LATENCY_COLUMNS,
+    MINUTE,
+    TTFT_COLUMNS,
+    RollupWatermark,
+    UsageRollup,
+)
+from panel.usage.models import RequestLog
 
 # Ids are re-read this far behind the watermark: on PostgreSQL two writers can commit ids out of order, so a row
 # with a smaller id may become visible after a larger one. Re-reading is cheap because the work is idempotent.
@@ -45,8 +55,6 @@ def usage_rollup_run(*, batch_ids=BATCH_IDS, lock=True):
 
 
 def _run(batch_ids):
-    from panel.gateway.models import RequestLog
-
     watermark = RollupWatermark.objects.order_by("pk").first() or RollupWatermark.objects.create(last_id=0)
     top = RequestLog.objects.order_by("-id").values_list("id", flat=True).first() or 0
     if top <= watermark.last_id:
@@ -87,7 +95,6 @@ def _aggregate_minutes(team_id, first, last, channels):
 
     from django.db.models.functions import TruncMinute
 
-    from panel.gateway.models import RequestLog
 
     since = datetime.fromtimestamp(first, tz=timezone.utc)
     until = datetime.fromtimestamp(last + MINUTE, tz=timezone.utc)
@@ -174,8 +181,6 @@ def _field_name(column):
 
 
 def _channel_facts():
-    from panel.channels.models import Channel
-
     return {row["id"]: (row["deployment_id"], row["kind"] == "local")
             for row in Channel.objects.values("id", "deployment_id", "kind")}
 

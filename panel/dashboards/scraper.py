@@ -13,6 +13,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from panel.dashboards.models import EngineSample
+from panel.serving.models import Deployment, DeploymentState
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +156,6 @@ def deployment_scrape(*, deployment, client=None, timeout=None):
 
 def deployments_scrape():
     """One scrape of every ready deployment; a failing one never stops the others."""
-    from panel.serving.models import Deployment, DeploymentState
-
     samples = []
     with httpx.Client() as client:
         for deployment in Deployment.objects.filter(state=DeploymentState.READY).exclude(base_url=""):

@@ -8,6 +8,13 @@ from decimal import Decimal
 
 from django.db import transaction
 
+from panel.accounts.models import TeamKey
+from panel.channels.models import Channel
+from panel.hosts.models import WorkerHost
+from panel.registry.models import RegisteredModel
+from panel.serving.models import Deployment, DeploymentState, ServingProfile
+from panel.usage.models import RequestLog
+
 DAYS = 30
 BATCH = 5000
 LOCAL_MODEL = "qwen2.5-14b-awq"
@@ -17,12 +24,6 @@ CLOUD = (("taotoken-qwen", "qwen2.5-14b-instruct", "0.8", "2.4", "0.2"),
 
 def usage_seed_fixtures(*, team):
     """The channels, keys and local deployment the records point at (created once, reused after)."""
-    from panel.channels.models import Channel
-    from panel.gateway.models import TeamKey
-    from panel.hosts.models import WorkerHost
-    from panel.registry.models import RegisteredModel
-    from panel.serving.models import Deployment, DeploymentState, ServingProfile
-
     now = datetime.now(timezone.utc)
     host, _ = WorkerHost.objects.get_or_create(
         name="gpu@seed-demo-host", defaults={"host": "seed-demo-host", "kind": "gpu", "cpu_count": 32,
@@ -66,8 +67,6 @@ def usage_seed_fixtures(*, team):
 
 def usage_seed(*, team, count, seed=1, days=DAYS, on_progress=None):
     """Write `count` RequestLog rows over the last `days` days, in time order, in batches. Returns seconds taken."""
-    from panel.gateway.models import RequestLog
-
     local, clouds, keys = usage_seed_fixtures(team=team)
     rng = random.Random(seed)
     end = time.time()
@@ -111,7 +110,6 @@ def usage_seed_sql(*, team, count, days=DAYS, chunk=1_000_000, on_progress=None)
     Distributions are uniform here (the benchmark measures reads, which do not depend on them). Returns seconds."""
     from django.db import connection
 
-    from panel.gateway.models import RequestLog
 
     local, clouds, keys = usage_seed_fixtures(team=team)
     postgres = connection.vendor == "postgresql"

@@ -5,8 +5,19 @@ from dataclasses import dataclass
 
 from django.db.models import F, Sum
 
-from panel.dashboards.models import (BUCKET_BOUNDS_MS, DAY, HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COLUMNS,
-                                     EngineSample, UsageRollup)
+from panel.accounts.models import TeamKey
+from panel.channels.models import Channel
+from panel.dashboards.models import (
+    BUCKET_BOUNDS_MS,
+    DAY,
+    HOUR,
+    LATENCY_COLUMNS,
+    MINUTE,
+    TTFT_COLUMNS,
+    EngineSample,
+    UsageRollup,
+)
+from panel.serving.models import Deployment
 
 # range → (span seconds, chart step seconds, rollup period read). A day is read from hour rows (24 points, 24 times
 # fewer rows than minutes: a busy team has a row per minute per channel, key and model), 30 days from day rows.
@@ -67,10 +78,6 @@ class DashboardQuery:
 def dashboard_query_parse(*, team, params):
     """The query a page asked for, checked: the range is one of RANGES, and channel/deployment/key are ids of this
     team's objects. Raises BadQuery with the reason."""
-    from panel.channels.models import Channel
-    from panel.gateway.models import TeamKey
-    from panel.serving.models import Deployment
-
     allowed = {"range", "channel", "deployment", "key", "tab", "table"}
     unknown = sorted(set(params) - allowed)
     if unknown:
@@ -173,8 +180,6 @@ def engine_samples(query):
     samples = EngineSample.objects.filter(team=query.team, at__gte=_aware(query.start), at__lt=_aware(query.end))
     deployment_id = query.deployment_id
     if query.channel_id is not None:
-        from panel.channels.models import Channel
-
         deployment_id = Channel.objects.filter(pk=query.channel_id).values_list("deployment_id", flat=True).first()
         if deployment_id is None or (query.deployment_id not in (None, deployment_id)):
             return EngineSample.objects.none()

@@ -12,17 +12,17 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
 from panel.accounts.decorators import team_view
+from panel.accounts.models import TeamKey
+from panel.channels.models import Channel
 from panel.dashboards.pages import TABS, dashboard_page, team_has_data
 from panel.dashboards.selectors import RANGES, BadQuery, dashboard_query_parse
+from panel.gateway.metrics import registry
+from panel.serving.models import Deployment
 
 REFRESH_MS = 5000
 
 
 def _filters(team):
-    from panel.channels.models import Channel
-    from panel.gateway.models import TeamKey
-    from panel.serving.models import Deployment
-
     return {"channels": Channel.objects.filter(team=team).order_by("name"),
             "deployments": Deployment.objects.filter(team=team).select_related("profile").order_by("-created_at")[:50],
             "keys": TeamKey.objects.filter(team=team)}
@@ -129,7 +129,6 @@ def metrics(request):
     it needs `Authorization: Bearer <token>`; without it, it is open (serve it on a private network only)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    from panel.gateway.metrics import registry
 
     token = settings.METRICS_TOKEN
     if token:

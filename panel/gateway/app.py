@@ -11,13 +11,14 @@ from decimal import Decimal
 from django.conf import settings
 from django.utils import timezone
 
-from panel.gateway import fingerprint, limits, metrics, usage
-from panel.budgets import gateway as budgets
+from panel.budgets import enforcement as budgets
+from panel.channels.diagnosis import describe_upstream_error
+from panel.channels.routing import model_names, route_for
 from panel.core import safejson
+from panel.gateway import fingerprint, metrics, rate_limits
 from panel.gateway.keys import key_lookup
-from panel.gateway.routes import model_names, route_for
-from panel.gateway.upstream import (TRANSPORT_ERRORS, UpstreamError, first_success, open_stream, post_json,
-                                    upstream_body)
+from panel.gateway.upstream import TRANSPORT_ERRORS, UpstreamError, first_success, open_stream, post_json, upstream_body
+from panel.usage import writer as usage_writer
 
 log = logging.getLogger(__name__)
 
@@ -173,17 +174,17 @@ class Exchange:
     def record(self):
         fields = dict(self.fields)
         fields["latency_ms"] = (time.perf_counter() - self.started) * 1000
-        usage.record(team_id=self.key.team_id if self.key else self.team_id, key_id=self.key.id if self.key else None,
-                     route_id=self.route_id, channel_id=self.target.id if self.target else None,
-                     attempts=self.log["attempts"], rate_limited_attempts=self.log["rate_limited"],
-                     fell_back=self.log["fell_back"], **fields)
+        usage_writer.record(team_id=self.key.team_id if self.key else self.team_id,
+                            key_id=self.key.id if self.key else None, route_id=self.route_id,
+                            channel_id=self.target.id if self.target else None, attempts=self.log["attempts"],
+                            rate_limited_attempts=self.log["rate_limited"], fell_back=self.log["fell_back"], **fields)
         metrics.gateway_request_observe(fields=fields, fell_back=self.log["fell_back"])
 
 
 async def count_against_limits(key, cost, tokens):
     """Add a request's tokens to its key's per-minute window and its cost and tokens to the budget counters."""
     try:
-        await limits.count_tokens(key, tokens)
+        await rate_limits.count_tokens(key, tokens)
         await budgets.count(key, cost, tokens)
     except Exception as error:  # a Redis outage must not turn a good answer into an error
         log.warning("request not counted against key %s's limits (%s); the budget reconciliation catches up",
@@ -223,7 +224,7 @@ async def application(scope, receive, send):
             raise ClientError(404, f"model {body['model']!r} is not served here: GET /v1/models lists the models "
                                    "of your team", code="model_not_found")
         exchange.route_id = route.route_id
-        refused = await limits.admit(exchange.key)
+        refused = await rate_limits.admit(exchange.key)
         if refused is not None:
             which, retry_after = refused
             raise ClientError(429, f"this key's {which} limit is reached; retry in {retry_after} s",
@@ -247,8 +248,6 @@ async def application(scope, receive, send):
 
 def upstream_failure(exchange, error):
     """The client-facing error after every channel failed."""
-    from panel.channels.diagnosis import describe_upstream_error
-
     status = error.status if error.client_fault and error.status else STATUS_FOR_KIND.get(error.kind, 502)
     exchange.fail(status, error.kind)
     words = describe_upstream_error(status=error.status, body=error.body) if error.status else str(error)

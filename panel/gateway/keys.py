@@ -1,43 +1,12 @@
-"""Team keys: issued once, stored as a SHA-256 and the last four characters, looked up through a short cache."""
-import hashlib
-import secrets
+"""The gateway's view of team keys: a raw key to what a request needs of it, through a cache of a few seconds so
+a request costs no query. Keys are issued and revoked in panel/accounts/keys.py."""
 import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
-from django.utils import timezone
 
-from panel.gateway.models import TeamKey
-
-PREFIX = "tw-"
-
-
-def key_hash(raw):
-    return hashlib.sha256(raw.encode()).hexdigest()
-
-
-def key_issue(*, team, user, name, allowed_models=(), rpm_limit=None, tpm_limit=None, expires_at=None):
-    """Create a key. Returns (TeamKey, raw key): the raw key exists only in this return value."""
-    name = (name or "").strip()
-    if not name:
-        raise ValidationError("Give the key a name (what uses it).")
-    if expires_at is not None and expires_at <= timezone.now():
-        raise ValidationError("The expiry must be in the future.")
-    raw = PREFIX + secrets.token_urlsafe(32)  # 256 random bits
-    key = TeamKey.objects.create(team=team, created_by=user, name=name[:100], key_hash=key_hash(raw),
-                                 last4=raw[-4:], allowed_models=sorted(set(allowed_models)), rpm_limit=rpm_limit,
-                                 tpm_limit=tpm_limit, expires_at=expires_at)
-    return key, raw
-
-
-def key_revoke(*, key, user=None):
-    """Revoke a key (effective in every gateway process within TOKENWISE_KEY_CACHE_SECONDS)."""
-    if key.revoked_at:
-        return False
-    key.revoked_at = timezone.now()
-    key.save(update_fields=["revoked_at"])
-    return True
+from panel.accounts.keys import key_hash
+from panel.accounts.models import TeamKey
 
 
 @dataclass(frozen=True)

@@ -37,22 +37,6 @@ def timeouts(target):
     return aiohttp.ClientTimeout(total=None, sock_connect=target.timeout, sock_read=target.timeout)
 
 
-@dataclass(frozen=True)
-class Target:
-    """What the gateway needs of a channel for one request (read once, cached)."""
-
-    id: int
-    name: str
-    base_url: str
-    model_id: str
-    api_key: str | None
-    credential_error: str
-    timeout: float
-    max_retries: int
-    backoff: float
-    channel: object  # the Channel row, for its prices (read once, with the route)
-
-
 class UpstreamError(Exception):
     """One failed attempt. `retryable`: try again / elsewhere; `client_fault`: the request itself is bad."""
 

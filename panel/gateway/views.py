@@ -3,17 +3,15 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
-from panel.accounts.models import Role
+from panel.accounts.keys import key_issue, key_revoke
+from panel.accounts.models import Role, TeamKey
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
+from panel.channels.models import Route
 from panel.gateway.forms import KeyIssueForm
-from panel.gateway.keys import key_issue, key_revoke
-from panel.gateway.models import TeamKey
 
 
 def _route_names(team):
-    from panel.channels.models import Route
-
     return list(Route.objects.filter(team=team).values_list("model_name", flat=True))
 
 

@@ -1,30 +1,58 @@
-"""The job/state helper every long-running thing reuses (quantization jobs, deployments, engine checks...).
+"""The one lifecycle of every long-running thing: engine checks, quantization jobs, benchmark runs, ladders and
+sweeps, and deployments (a supervised vLLM server is a job that runs until it is stopped).
 
-A concrete job subclasses `Job`. State changes go through `panel.jobs.services.job_transition` only: one
-conditional UPDATE, so two workers (or a redelivered message) can never both move the same job."""
+A concrete kind subclasses `Job`. State changes go through `panel.jobs.services.job_transition` only: one
+conditional UPDATE, so two workers (or a redelivered message) can never both move the same job. A kind with states
+of its own (a deployment's starting/ready/stopping/stopped) names them in the class attributes below, and one with
+consequences that must land with a state (a deployment's local channel) overrides `on_transition`."""
 from django.conf import settings
 from django.db import models
 
 
 class JobState(models.TextChoices):
+    """Every state of every kind of job. A job that runs to an end uses the first six; a deployment (a job that runs
+    until it is stopped) is pending and fails like any job, and is otherwise starting, ready, stopping, stopped."""
     PENDING = "pending", "Pending"
     RUNNING = "running", "Running"
     CANCELLING = "cancelling", "Cancelling"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
+    STARTING = "starting", "Starting"
+    READY = "ready", "Ready"
+    STOPPING = "stopping", "Stopping"
+    STOPPED = "stopped", "Stopped"
 
 
+def state_choices(states):
+    """The `choices` of a kind's state field: its own states, in the order given."""
+    return [(state.value, state.label) for state in states]
+
+
+RUN_STATES = (JobState.PENDING, JobState.RUNNING, JobState.CANCELLING, JobState.SUCCEEDED, JobState.FAILED,
+              JobState.CANCELLED)
 ACTIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.CANCELLING)
 LIVE_STATES = (JobState.RUNNING, JobState.CANCELLING)  # a worker owns the job and must heartbeat
 FINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 class Job(models.Model):
+    # The states of this kind of job: which are live (a worker owns the job and heartbeats it), active (pending
+    # or live), final (finished_at is set); where a claim moves a pending job, where a stop request parks a live one
+    # (its worker ends it at the next beat), where that stop ends and where a failure goes.
+    LIVE_STATES = LIVE_STATES
+    ACTIVE_STATES = ACTIVE_STATES
+    FINAL_STATES = FINAL_STATES
+    CLAIMED = JobState.RUNNING
+    STOPPING = JobState.CANCELLING
+    STOPPED = JobState.CANCELLED
+    FAILED = JobState.FAILED
+
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
-    state = models.CharField(max_length=12, choices=JobState.choices, default=JobState.PENDING, db_index=True)
+    state = models.CharField(max_length=12, choices=state_choices(RUN_STATES), default=JobState.PENDING,
+                             db_index=True)
     progress = models.PositiveSmallIntegerField(default=0)  # 0-100
     phase = models.CharField(max_length=200, blank=True)
     log_tail = models.TextField(blank=True)
@@ -45,11 +73,11 @@ class Job(models.Model):
 
     @property
     def is_active(self):
-        return self.state in ACTIVE_STATES
+        return self.state in self.ACTIVE_STATES
 
     @property
     def is_final(self):
-        return self.state in FINAL_STATES
+        return self.state in self.FINAL_STATES
 
     @property
     def duration_seconds(self):
@@ -63,6 +91,10 @@ class Job(models.Model):
     @classmethod
     def job_type(cls):
         return cls._meta.label_lower
+
+    def on_transition(self):
+        """Called inside the transaction of every state change, after the row moved: what a reader of the new state
+        must see with it. Nothing for most kinds."""
 
 
 class JobEvent(models.Model):

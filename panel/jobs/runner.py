@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from panel.jobs import processes
 from panel.jobs.models import JobState
 from panel.jobs.services import job_cancelled, job_claim, job_fail, job_heartbeat, job_succeed
-from panel.jobs import processes
 
 log = logging.getLogger(__name__)
 

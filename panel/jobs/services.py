@@ -7,7 +7,7 @@ from django.apps import apps
 from django.db import transaction
 from django.utils import timezone
 
-from panel.jobs.models import ACTIVE_STATES, LIVE_STATES, Job, JobEvent, JobState
+from panel.jobs.models import Job, JobEvent, JobState
 
 log = logging.getLogger(__name__)
 
@@ -19,10 +19,10 @@ def job_transition(job, *, to, allowed_from, actor=None, reason="", **fields):
 
     One conditional UPDATE decides; the loser of a race (a second worker, a redelivered message, a reaper)
     gets False and changes nothing. Extra `fields` are written in the same UPDATE. On success the event is
-    recorded and `job` is updated in memory."""
-    now = timezone.now()
-    if to in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
-        fields.setdefault("finished_at", now)
+    recorded, `job` is updated in memory and its kind's `on_transition` runs, all in the same transaction. Every
+    final state of every kind sets `finished_at`."""
+    if to in type(job).FINAL_STATES:
+        fields.setdefault("finished_at", timezone.now())
     with transaction.atomic():
         previous = type(job).objects.filter(pk=job.pk).values_list("state", flat=True).first()
         updated = type(job).objects.filter(pk=job.pk, state__in=list(allowed_from)).update(state=to, **fields)
@@ -30,9 +30,10 @@ def job_transition(job, *, to, allowed_from, actor=None, reason="", **fields):
             return False
         JobEvent.objects.create(job_type=job.job_type(), job_id=job.pk, from_state=previous or "", to_state=to,
                                 actor=actor, reason=reason[:2000])
-    job.state = to
-    for name, value in fields.items():
-        setattr(job, name, value)
+        job.state = to
+        for name, value in fields.items():
+            setattr(job, name, value)
+        job.on_transition()
     return True
 
 
@@ -49,11 +50,13 @@ def job_enqueue(job, task):
     transaction.on_commit(lambda: current_app.send_task(task, args=[job.pk], queue=job.queue or "default"))
 
 
-def job_claim(job, *, worker):
-    """A worker takes a pending job. False means someone already did (duplicate delivery): do nothing."""
+def job_claim(job, *, worker, reason="", **fields):
+    """A worker takes a pending job (with `fields` written in the same UPDATE). False means someone already did
+    (duplicate delivery), or it was stopped before it started: do nothing."""
     now = timezone.now()
-    return job_transition(job, to=JobState.RUNNING, allowed_from=[JobState.PENDING], reason=f"claimed by {worker}",
-                          worker=worker, started_at=now, heartbeat_at=now)
+    return job_transition(job, to=type(job).CLAIMED, allowed_from=[JobState.PENDING],
+                          reason=reason or f"claimed by {worker}", worker=worker, started_at=now, heartbeat_at=now,
+                          **fields)
 
 
 def job_heartbeat(job, *, progress=None, phase=None, log_lines=(), pid=None):
@@ -69,7 +72,7 @@ def job_heartbeat(job, *, progress=None, phase=None, log_lines=(), pid=None):
     if log_lines:
         job.log_tail = append_log(job.log_tail, log_lines)
         fields["log_tail"] = job.log_tail
-    type(job).objects.filter(pk=job.pk, state__in=list(LIVE_STATES)).update(**fields)
+    type(job).objects.filter(pk=job.pk, state__in=list(type(job).LIVE_STATES)).update(**fields)
     for name, value in fields.items():
         setattr(job, name, value)
     state = type(job).objects.filter(pk=job.pk).values_list("state", flat=True).first()
@@ -87,26 +90,29 @@ def job_succeed(job, *, result):
                           result=result, progress=100, phase="done", pid=None)
 
 
-def job_fail(job, *, kind, reason, actor=None):
-    """Fail an active job with a classified `kind` (e.g. "oom") and a reason in words."""
-    return job_transition(job, to=JobState.FAILED, allowed_from=list(ACTIVE_STATES), actor=actor,
-                          reason=f"{kind}: {reason}", failure_kind=kind, failure_reason=reason, pid=None)
+def job_fail(job, *, kind, reason, actor=None, event=""):
+    """Fail an active job with a classified `kind` (e.g. "oom") and a reason in words (`event`: the history's words,
+    when they differ from "kind: reason")."""
+    kind_of = type(job)
+    return job_transition(job, to=kind_of.FAILED, allowed_from=list(kind_of.ACTIVE_STATES), actor=actor,
+                          reason=event or f"{kind}: {reason}", failure_kind=kind, failure_reason=reason, pid=None)
 
 
-def job_cancel(job, *, actor=None):
-    """Ask for a job to stop. A pending job is cancelled at once; a running one moves to cancelling and its
-    worker kills the process group at its next heartbeat. Returns True if anything changed."""
-    if job_transition(job, to=JobState.CANCELLED, allowed_from=[JobState.PENDING], actor=actor,
-                      reason="cancelled before it started"):
+def job_cancel(job, *, actor=None, reason="cancel requested"):
+    """Ask for a job to stop. A pending job stops at once; a live one moves to its stopping state and its worker
+    kills the process group at its next heartbeat. Returns True if anything changed."""
+    kind_of = type(job)
+    if job_transition(job, to=kind_of.STOPPED, allowed_from=[JobState.PENDING], actor=actor,
+                      reason=f"{reason} (before it started)"):
         return True
-    return job_transition(job, to=JobState.CANCELLING, allowed_from=[JobState.RUNNING], actor=actor,
-                          reason="cancel requested")
+    working = [state for state in kind_of.LIVE_STATES if state != kind_of.STOPPING]
+    return job_transition(job, to=kind_of.STOPPING, allowed_from=working, actor=actor, reason=reason)
 
 
-def job_cancelled(job):
-    """The worker confirms that the process group of a cancelling job is gone."""
-    return job_transition(job, to=JobState.CANCELLED, allowed_from=[JobState.CANCELLING], reason="process stopped",
-                          pid=None)
+def job_cancelled(job, *, reason="process stopped"):
+    """The worker confirms that the process group of a stopping job is gone."""
+    kind_of = type(job)
+    return job_transition(job, to=kind_of.STOPPED, allowed_from=[kind_of.STOPPING], reason=reason, pid=None)
 
 
 def job_models():
@@ -114,22 +120,20 @@ def job_models():
 
 
 def jobs_reap(*, stale_after_seconds):
-    """Fail every job whose worker stopped heartbeating (killed, lost, or its host went away).
-    Returns the reaped jobs. A job that was being cancelled ends cancelled instead."""
+    """Fail every job (deployments included) whose worker stopped heartbeating (killed, lost, or its host went
+    away). Returns the reaped jobs. A job that was being stopped ends stopped instead. A deployment's engine died
+    with its worker (PR_SET_PDEATHSIG)."""
     cutoff = timezone.now() - timedelta(seconds=stale_after_seconds)
     reaped = []
     for model in job_models():
-        stale = model.objects.filter(state__in=list(LIVE_STATES), heartbeat_at__lt=cutoff)
+        stale = model.objects.filter(state__in=list(model.LIVE_STATES), heartbeat_at__lt=cutoff)
         for job in stale:
             reason = (f"the worker {job.worker or '?'} stopped sending heartbeats for over {stale_after_seconds} s "
                       "(killed, crashed or lost its host)")
-            if job.state == JobState.CANCELLING:
-                moved = job_transition(job, to=JobState.CANCELLED, allowed_from=[JobState.CANCELLING],
-                                       reason="reaper: " + reason, pid=None)
+            if job.state == model.STOPPING:
+                moved = job_cancelled(job, reason="reaper: " + reason)
             else:
-                moved = job_transition(job, to=JobState.FAILED, allowed_from=[JobState.RUNNING],
-                                       reason="reaper: " + reason, failure_kind="worker_lost",
-                                       failure_reason=reason, pid=None)
+                moved = job_fail(job, kind="worker_lost", reason=reason, event="reaper: " + reason)
             if moved:
                 log.warning("reaped %s #%s: %s", model._meta.label, job.pk, reason)
                 reaped.append(job)

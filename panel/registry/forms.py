@@ -5,8 +5,8 @@ from django.core.exceptions import ValidationError
 
 from panel.hosts.models import WorkerHost
 from panel.hosts.services import gpu_hosts_online
-from panel.registry.models import CalibrationSource
-from panel.registry.quality import engine_of
+from panel.registry.models import CalibrationSource, RegisteredModel
+from panel.registry.quality import engine_of, prompt_file_check
 from panel.registry.schemes import (AUTOAWQ, COMPARISON_ONLY, DEFAULT_SCHEME, LLMC, SCHEMES, calibration_default,
                                     host_serves, linear_layers)
 from panel.registry.services import calibration_text_check
@@ -191,16 +191,12 @@ class EvaluationForm(forms.Form):
 
     def __init__(self, *args, model, **kwargs):
         super().__init__(*args, **kwargs)
-        from panel.registry.models import RegisteredModel
-
         self.model = model
         self.fields["baseline"].queryset = RegisteredModel.objects.filter(team=model.team).exclude(pk=model.pk)
         self.fields["host"].queryset = WorkerHost.objects.filter(kind="gpu").order_by("host")
         self.prompt_data = None
 
     def clean(self):
-        from panel.registry.quality import prompt_file_check
-
         cleaned = super().clean()
         if cleaned.get("baseline") is None and self.model.parent is None:
             self.add_error("baseline", f"{self.model.name} has no parent: choose the model to compare it with.")

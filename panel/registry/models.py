@@ -2,6 +2,7 @@ from django.conf import settings
 from django.db import models
 
 from panel.jobs.models import Job
+from panel.registry.schemes import SCHEMES
 
 
 class RegisteredModel(models.Model):
@@ -49,8 +50,6 @@ class RegisteredModel(models.Model):
             return ""
         scheme = self.quantization.get("scheme")
         if scheme:
-            from panel.registry.schemes import SCHEMES
-
             label = SCHEMES[scheme].label if scheme in SCHEMES else scheme
             group = self.quantization.get("group_size")
             bits = self.quantization.get("bits")
@@ -107,8 +106,6 @@ class QuantizationJob(Job):
 
     @property
     def scheme_label(self):
-        from panel.registry.schemes import SCHEMES
-
         scheme = SCHEMES.get(self.scheme)
         label = scheme.label if scheme else self.scheme
         if self.scheme == "w4a16-rtn" and self.w_bit != 4:

@@ -16,7 +16,8 @@ from panel.jobs.services import job_cancel, job_created, job_enqueue
 from panel.registry.hub import NotInCache, looks_like_hub_id, resolve_hub_id
 from panel.registry.inspection import CheckpointError, inspect_checkpoint
 from panel.registry.models import CalibrationSource, QuantizationJob, RegisteredModel
-from panel.registry.schemes import AUTOAWQ, DEFAULT_SCHEME, SCHEMES
+from panel.registry.quality import engine_of, evaluation_after_quantization
+from panel.registry.schemes import AUTOAWQ, DEFAULT_SCHEME, SCHEMES, scheme_table
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +178,6 @@ def quantization_execute(*, job_id, worker):
 def quantized_model_record(job, result):
     """Register the job's output as a child of its source model and queue its quality report against the source
     (before the job reads as succeeded: whoever sees it done finds the report on its way). Returns the result."""
-    from panel.registry.quality import evaluation_after_quantization
-
     folder = Path(result.get("output_path") or job.output_dir)
     facts = inspect_checkpoint(folder)
     name = f"{job.source.name}-{output_suffix(job)}"
@@ -224,9 +223,6 @@ def quantization_from_form(*, team, user, model, form):
 
 def quantization_choices(model, form):
     """The form's table: every scheme with what each online GPU host serves, the expected size and time."""
-    from panel.registry.quality import engine_of
-    from panel.registry.schemes import scheme_table
-
     hosts = gpu_hosts_online()
     samples = form["max_calib_samples"].value() or 32
     tokens = form["max_calib_seq_len"].value() or 256

@@ -12,8 +12,13 @@ from panel.registry import memory
 from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
 from panel.registry.models import EvaluationJob, QuantizationJob, RegisteredModel
 from panel.registry.quality import evaluation_from_form, quality_report
-from panel.registry.services import (model_register, quantization_cancel, quantization_choices,
-                                     quantization_from_form, quantization_refusal)
+from panel.registry.services import (
+    model_register,
+    quantization_cancel,
+    quantization_choices,
+    quantization_from_form,
+    quantization_refusal,
+)
 
 
 @team_view()

@@ -1,12 +1,12 @@
-"""A serving profile in and out of the files people use to run vLLM by hand: the seeds' config.toml (§3.1), the
-launch command (§4.1) as an argv and as vllm_deploy.sh, and a YAML file for vLLM's own `--config`.
+"""A serving profile in and out of the files people use to run vLLM by hand: vLLM's config.toml layout, the
+launch command as an argv and as vllm_deploy.sh, and a YAML file for vLLM's own `--config`.
 
 Decisions:
 - `quantization = "none"` is written out explicitly: the file then says what it means. A file without the key
   imports as "none" too. `quantization_bits = None` is left out (TOML has no null).
 - Keys other than [model].name are optional on import; a missing key takes the field's default.
 - vLLM 0.32 has no `--swap-space` (preempted requests are recomputed, not swapped to CPU): swap_space stays in
-  config.toml for the seeds' sake and is passed only to an engine that has the flag (`swap_space_flag=True`).
+  config.toml (people's files have it) and is passed only to an engine that has the flag (`swap_space_flag=True`).
 - YAML keys are the long flag names with dashes (`max-model-len`). vLLM turns a YAML `false` into `--no-<key>`
   only when that exact option exists, so an underscore key set to false would be silently dropped."""
 import difflib
@@ -55,7 +55,7 @@ class ConfigFileError(ValueError):
 # ---------------------------------------------------------------------------------------------- config.toml out
 
 def toml_export(values):
-    """The seeds' config.toml for a profile dict, with the seeds' layout and comments."""
+    """The config.toml for a profile dict, in the usual layout with its comments."""
     lines = [HEADER]
     for section in SECTIONS:
         lines += ["", f"[{section}]"]
@@ -259,8 +259,8 @@ def _engine_options(values, *, model_path, port, host, checkpoint_quantized, swa
     options = [("--model", str(model_path)),
                ("--served-model-name", value("served_model_name") or value("model_name")),
                ("--dtype", value("dtype"))]
-    # An already-quantized checkpoint names its method in its own config; passing it again is what seeds §5.1 warns
-    # about.
+    # An already-quantized checkpoint names its method in its own config; passing it again quantizes twice (vLLM
+    # refuses or mis-loads it).
     if value("quantization") != "none" and not checkpoint_quantized:
         options.append(("--quantization", value("quantization")))
     options += [("--max-model-len", value("max_model_len")), ("--block-size", value("block_size")),
@@ -281,7 +281,7 @@ def _option_argv(flag, value):
 
 def launch_argv(values, *, model_path, port, engine_python="python", host="127.0.0.1", checkpoint_quantized=False,
                 swap_space_flag=ENGINE_HAS_SWAP_SPACE):
-    """The vLLM OpenAI server command for a profile, as an argv list (seeds §4.1 plus the flags we always set),
+    """The vLLM OpenAI server command for a profile, as an argv list (the usual flags plus the ones we always set),
     ending with extra_args. Raises ConfigFileError when extra_args is refused."""
     extra = validate_extra_args(values.get("extra_args") or "")
     argv = [str(engine_python), "-m", SERVER_MODULE]
@@ -316,11 +316,11 @@ def deploy_script(values, *, model_path, port, engine_python="python", host="127
     lines += [shlex.join(group) for group in _group_extra(extra)]
     title = values.get("name") or values.get("model_name") or "serving profile"
     notes = [f"# vllm_deploy.sh —— {_comment_text(title)} (exported by Tokenwise)",
-             "# 启动日志里要能看到量化后端和 prefix caching 行 (seeds §4.1); ready when "
+             "# The start-up log must show the quantization and prefix caching actually applied; ready when "
              f"GET http://{_comment_text(host)}:{int(port)}/v1/models answers."]
     if checkpoint_quantized and values.get("quantization", "none") != "none":
         notes.append("# No --quantization: the checkpoint is already quantized and vLLM reads the method from it "
-                     "(seeds §5.1).")
+                     "(passing it again would quantize twice).")
     if not swap_space_flag and values.get("swap_space"):
         notes.append(f"# swap_space = {int(values['swap_space'])} is not passed: this vLLM has no --swap-space.")
     body = f"exec {shlex.join([str(engine_python), '-m', SERVER_MODULE])} \\\n  " + " \\\n  ".join(lines)

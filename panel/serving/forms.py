@@ -7,6 +7,7 @@ from panel.registry.models import RegisteredModel
 from panel.serving import configfile, rules
 from panel.serving.models import ServingProfile
 from panel.serving.profile_fields import FIELDS_BY_NAME
+from panel.serving.services import profile_values
 
 PROFILE_FIELDS = ["name", "model", "served_model_name", "dtype", "quantization", "quantization_bits", "max_model_len",
                   "enable_prefix_caching", "block_size", "gpu_memory_utilization", "swap_space", "max_num_seqs",
@@ -43,7 +44,7 @@ class ServingProfileForm(forms.ModelForm):
         self.fields["name"].label = "Profile name"
         if not self.instance.pk and "block_size" not in self.initial and not any(
                 host.gpus for host in WorkerHost.objects.filter(kind="gpu") if host.is_online):
-            # Only CPU engines are online: their attention backend needs a multiple of 32 (the seeds' 16 is a
+            # Only CPU engines are online: their attention backend needs a multiple of 32 (16 is a
             # GPU value).
             self.initial["block_size"] = 32
         self.fields["model"].label = "Model"
@@ -63,7 +64,6 @@ class ServingProfileForm(forms.ModelForm):
         model = cleaned.get("model")
         if model is None or self.errors:
             return cleaned
-        from panel.serving.services import profile_values
 
         profile = ServingProfile(team=self.team, model=model,
                                  **{name: cleaned.get(name) for name in PROFILE_FIELDS if name != "model"})

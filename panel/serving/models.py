@@ -1,6 +1,11 @@
+import shlex
+
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
+from panel.channels.services import local_channel_sync
+from panel.jobs.models import Job, JobState, state_choices
 from panel.serving.profile_fields import FIELDS_BY_NAME as F
 
 
@@ -9,7 +14,7 @@ def _choices(name):
 
 
 class ServingProfile(models.Model):
-    """The seeds' config.toml as a saved form: how one model is served by vLLM."""
+    """vLLM's config.toml as a saved form: how one model is served by vLLM."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="serving_profiles")
     name = models.CharField(max_length=100)
@@ -36,7 +41,7 @@ class ServingProfile(models.Model):
     # [parallel]
     tensor_parallel_size = models.PositiveIntegerField(default=F["tensor_parallel_size"].default)
     pipeline_parallel_size = models.PositiveIntegerField(default=F["pipeline_parallel_size"].default)
-    # not in the seeds' file
+    # not in config.toml
     served_model_name = models.CharField(max_length=200, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
     extra_args = models.CharField(max_length=1000, blank=True)
@@ -53,34 +58,32 @@ class ServingProfile(models.Model):
         return self.served_model_name or self.model.name
 
 
-class DeploymentState(models.TextChoices):
-    PENDING = "pending", "Pending"
-    STARTING = "starting", "Starting"
-    READY = "ready", "Ready"
-    STOPPING = "stopping", "Stopping"
-    STOPPED = "stopped", "Stopped"
-    FAILED = "failed", "Failed"
-
-
+DeploymentState = JobState  # a deployment's states are job states: pending, starting, ready, stopping, stopped, failed
+DEPLOYMENT_STATES = (JobState.PENDING, JobState.STARTING, JobState.READY, JobState.STOPPING, JobState.STOPPED,
+                     JobState.FAILED)
 LIVE_DEPLOYMENT_STATES = (DeploymentState.STARTING, DeploymentState.READY, DeploymentState.STOPPING)
 ACTIVE_DEPLOYMENT_STATES = (DeploymentState.PENDING,) + LIVE_DEPLOYMENT_STATES
 
 
-class Deployment(models.Model):
-    """One vLLM server launched from a profile on a worker host, owned by that host's GPU worker."""
+class Deployment(Job):
+    """One vLLM server launched from a profile on a worker host: a job that runs until it is stopped, owned by that
+    host's GPU worker (pending -> starting -> ready -> stopping -> stopped, or failed)."""
+
+    LIVE_STATES = LIVE_DEPLOYMENT_STATES
+    ACTIVE_STATES = ACTIVE_DEPLOYMENT_STATES
+    FINAL_STATES = (DeploymentState.STOPPED, DeploymentState.FAILED)
+    CLAIMED = DeploymentState.STARTING
+    STOPPING = DeploymentState.STOPPING
+    STOPPED = DeploymentState.STOPPED
+    FAILED = DeploymentState.FAILED
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="deployments")
+    state = models.CharField(max_length=10, choices=state_choices(DEPLOYMENT_STATES), default=JobState.PENDING,
+                             db_index=True)
     profile = models.ForeignKey(ServingProfile, on_delete=models.PROTECT, related_name="deployments")
     host = models.ForeignKey("hosts.WorkerHost", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                                   related_name="+")
-    state = models.CharField(max_length=10, choices=DeploymentState.choices, default=DeploymentState.PENDING,
-                             db_index=True)
-    queue = models.CharField(max_length=100, blank=True)
-    worker = models.CharField(max_length=200, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
     base_url = models.CharField(max_length=300, blank=True)  # how the gateway reaches it: http://host:port/v1
-    pid = models.IntegerField(null=True, blank=True)
     gpu_indices = models.JSONField(default=list, blank=True)
     command = models.JSONField(default=list, blank=True)
     served_model_name = models.CharField(max_length=200, blank=True)
@@ -88,43 +91,29 @@ class Deployment(models.Model):
     max_restarts = models.PositiveSmallIntegerField(default=3)
     restarts = models.PositiveSmallIntegerField(default=0)
     verification = models.JSONField(default=dict, blank=True)
-    failure_kind = models.CharField(max_length=40, blank=True)
-    failure_reason = models.TextField(blank=True)
-    log_tail = models.TextField(blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True, db_index=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
-    class Meta:
-        ordering = ["-created_at"]
+    class Meta(Job.Meta):
+        pass
 
     def __str__(self):
         return f"{self.profile.name} #{self.pk}"
 
-    @classmethod
-    def job_type(cls):
-        return cls._meta.label_lower
+    def on_transition(self):
+        # Whoever sees a ready deployment sees its local channel, and a stopped one is no longer routed.
+        local_channel_sync(self)
 
     @property
-    def is_active(self):
-        return self.state in ACTIVE_DEPLOYMENT_STATES
-
-    @property
-    def is_final(self):
-        return self.state in (DeploymentState.STOPPED, DeploymentState.FAILED)
+    def routable(self):
+        """The gateway may send requests to it (its local channel is enabled)."""
+        return self.state == DeploymentState.READY
 
     @property
     def uptime_seconds(self):
         if self.ready_at is None:
             return None
-        from django.utils import timezone
-
         return ((self.finished_at or timezone.now()) - self.ready_at).total_seconds()
 
     @property
     def command_line(self):
-        import shlex
-
         return " ".join(shlex.quote(part) for part in self.command)

@@ -1,11 +1,11 @@
 """The fields of a serving profile, defined once: name, type, default, choices, bounds and the config.toml section
-each belongs to (seeds §3.1). The Django model and form, the config.toml importer/exporter and the rules all read
+each belongs to. The Django model and form, the config.toml importer/exporter and the rules all read
 these definitions, so a field is added or changed in one place.
 
 A profile travels through the serving code as a plain dict keyed by the field names below."""
 from dataclasses import dataclass
 
-SECTIONS = ("model", "kv_cache", "batching", "parallel")  # the seeds' config.toml sections, in file order
+SECTIONS = ("model", "kv_cache", "batching", "parallel")  # config.toml's sections, in file order
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 PORT_RANGE = (1024, 65535)
 
@@ -17,13 +17,13 @@ class ProfileField:
     default: object
     label: str
     help: str = ""
-    section: str | None = None  # config.toml section; None = not in the seeds' file
+    section: str | None = None  # config.toml section; None = not in config.toml
     toml_key: str | None = None  # key inside that section (defaults to name)
     choices: tuple = ()  # ((value, label), ...); empty = free value
     min_value: float | None = None
     max_value: float | None = None
     nullable: bool = False  # None is a valid value
-    comment: str = ""  # the seeds' comment after the key in config.toml
+    comment: str = ""  # the comment after the key in config.toml
 
     @property
     def key(self):
@@ -50,7 +50,7 @@ FIELDS = (
                           ("bitsandbytes", "bitsandbytes"), ("fp8", "FP8"),
                           ("compressed-tensors", "compressed-tensors (llm-compressor: W8A8, W4A16, FP8)")),
                  help="Must match an already-quantized checkpoint; AWQ and GPTQ need a quantized checkpoint "
-                      "(seeds §5.1)."),
+                      "(it would quantize twice)."),
     ProfileField("quantization_bits", int, None, "Quantization bits", section="model", nullable=True,
                  choices=((4, "4"), (8, "8")), help="4 for AWQ/GPTQ INT4, 8 for FP8 or GPTQ INT8; empty for none."),
     ProfileField("max_model_len", int, 8192, "Max model length (tokens)", section="model",
@@ -72,13 +72,13 @@ FIELDS = (
                  help="Share of each GPU's memory vLLM may take. 0.85-0.92 is the stable range."),
     ProfileField("swap_space", int, 0, "Swap space (GiB)", section="kv_cache",
                  comment="CPU 交换空间（GB）", min_value=0, max_value=4096,
-                 help="Kept for the seeds' config.toml. vLLM 0.32 has no CPU swap space (a preempted request is "
+                 help="Kept for config.toml files that have it. vLLM 0.32 has no CPU swap space (a preempted request is "
                       "recomputed), so this value is not passed to the engine."),
     # [batching]
     ProfileField("max_num_seqs", int, 256, "Max concurrent sequences", section="batching",
                  comment="最大并发序列数",
                  min_value=1, max_value=65536,
-                 help="Large values raise throughput and P99 latency (seeds §5.3)."),
+                 help="Large values raise throughput and P99 latency."),
     ProfileField("max_num_batched_tokens", int, 8192, "Max batched tokens per step", section="batching",
                  min_value=1, max_value=16 * 1024 * 1024),
     ProfileField("enable_chunked_prefill", bool, True, "Chunked prefill", section="batching",
@@ -87,10 +87,10 @@ FIELDS = (
     # [parallel]
     ProfileField("tensor_parallel_size", int, 1, "Tensor parallel size (GPUs)", section="parallel",
                  comment="张量并行卡数",
-                 min_value=1, max_value=512, help="Must split the model's attention and KV heads evenly (seeds §5.5)."),
+                 min_value=1, max_value=512, help="Must split the model's attention and KV heads evenly."),
     ProfileField("pipeline_parallel_size", int, 1, "Pipeline parallel size", section="parallel",
                  min_value=1, max_value=512),
-    # Not in the seeds' file.
+    # Not in config.toml.
     ProfileField("served_model_name", str, "", "Served model name",
                  help="The name clients send as `model`. Empty: the model name."),
     ProfileField("port", int, None, "Port", nullable=True, min_value=PORT_RANGE[0], max_value=PORT_RANGE[1],
@@ -118,7 +118,7 @@ PRESETS = {
     "low_latency": {
         "label": "Low latency",
         "description": "Few concurrent sequences and a small per-step token budget, so short interactive requests "
-                       "are not queued behind long ones (seeds §5.3: run a low-latency instance beside a "
+                       "are not queued behind long ones (run a low-latency instance beside a "
                        "high-throughput one).",
         "values": {"max_num_seqs": 16, "max_num_batched_tokens": 2048, "enable_chunked_prefill": True,
                    "enable_prefix_caching": True},
@@ -126,7 +126,7 @@ PRESETS = {
     "high_throughput": {
         "label": "High throughput",
         "description": "Many concurrent sequences for batch jobs; P99 latency rises with max_num_seqs, so keep "
-                       "interactive traffic on a low-latency instance (seeds §5.3).",
+                       "interactive traffic on a low-latency instance.",
         "values": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_chunked_prefill": True,
                    "enable_prefix_caching": True},
     },

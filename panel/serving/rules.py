@@ -1,5 +1,5 @@
 """Whether a serving profile can run, before anything is launched: each rule turns a start-up crash of vLLM, or an
-entry of the seeds' troubleshooting list (§5), into a reason the user reads next to the field.
+entry of the usual vLLM troubleshooting list, into a reason the user reads next to the field.
 
 `check_profile` takes the profile dict, the RegisteredModel it serves and, when known, the host it will run on.
 Memory numbers come from panel.registry.memory, the same estimates the model page shows."""
@@ -12,7 +12,7 @@ from panel.serving.configfile import ENGINE_HAS_SWAP_SPACE
 from panel.serving.profile_fields import BLOCK_SIZES, defaults
 
 GENERAL = "__all__"  # Django's key for errors that belong to no single field
-STABLE_UTILIZATION = (0.85, 0.92)  # seeds §3.1: "0.85-0.92 之间较稳"
+STABLE_UTILIZATION = (0.85, 0.92)  # where vLLM runs stably: lower wastes memory, higher risks OOM at peaks
 ALLOWED_UTILIZATION = (0.5, 0.98)
 DEFAULT_CPU_KV_CACHE_BYTES = memory.GIB
 NEEDS_QUANTIZED_CHECKPOINT = ("awq", "gptq")  # vLLM loads these, it cannot produce them
@@ -87,7 +87,7 @@ def _check_tensor_parallel(verdict, profile, model):
     valid = [size for size in range(1, min(heads, 8) + 1) if _tp_fits(size, heads, kv_heads)]
     verdict.error("tensor_parallel_size", (
         f"Tensor parallel size {tp} does not split {model.name}'s {heads} attention heads and {kv_heads} KV heads "
-        f"evenly across GPUs: vLLM refuses to start (seeds §5.5). Use {_listing(valid)}."))
+        f"evenly across GPUs: vLLM refuses to start. Use {_listing(valid)}."))
 
 
 def _check_utilization(verdict, profile):
@@ -100,7 +100,7 @@ def _check_utilization(verdict, profile):
                       f"GPU memory utilization {value:.2f} is outside {low}-{high}: it {why}.")
     elif not STABLE_UTILIZATION[0] <= value <= STABLE_UTILIZATION[1]:
         verdict.warnings.append(
-            f"GPU memory utilization {value:.2f} is outside the stable 0.85-0.92 range the seeds recommend (§3.1): "
+            f"GPU memory utilization {value:.2f} is outside the stable 0.85-0.92 range: "
             "higher risks out-of-memory under load, lower wastes KV cache space.")
 
 
@@ -111,11 +111,11 @@ def _check_quantization(verdict, profile, model):
     if method and wanted == "none":
         verdict.error("quantization", (
             f"{model.name} is already quantized ({label}): its weights cannot be served as FP16/BF16. Set "
-            f"quantization to \"{method}\"; vLLM reads the method from the checkpoint (seeds §5.1)."))
+            f"quantization to \"{method}\"; vLLM reads the method from the checkpoint."))
     elif method and wanted != method:
         verdict.error("quantization", (
             f"{model.name} is already quantized ({label}); set quantization to \"{method}\". Quantizing a "
-            "quantized checkpoint twice is refused (seeds §5.1): vLLM reads the method from the checkpoint itself."))
+            "quantized checkpoint twice is refused: vLLM reads the method from the checkpoint itself."))
     elif not method and wanted in NEEDS_QUANTIZED_CHECKPOINT:
         verdict.error("quantization", (
             f"{model.name} is not quantized, and vLLM cannot quantize to {wanted.upper()} while loading: it needs a "
@@ -216,7 +216,7 @@ def _check_host(verdict, profile, model, host, cpu_kv_cache_bytes):
             # for 16 (CPU_ATTN: [MultipleOf(32)])".
             verdict.error("block_size", (
                 f"The CPU engine needs a block_size that is a multiple of 32 (got {profile['block_size']}; the "
-                "seeds' 16 is a GPU value): use 32, 64 or 128 on this host."))
+                "16 is a GPU value): use 32, 64 or 128 on this host."))
         _check_cpu_fit(verdict, profile, model, host, weights, words, cpu_kv_cache_bytes)
     else:
         _check_gpu_fit(verdict, profile, model, host, weights, words)
@@ -255,7 +255,7 @@ def _check_gpu_fit(verdict, profile, model, host, weights, words):
         verdict.error(GENERAL, (
             f"The weights do not fit: {_gib(per_gpu)} of {words} weights per GPU (split over {devices}) + "
             f"{_gib(reserve)} runtime reserve = {_gib(per_gpu + reserve)}, but {budget}. Quantize to INT4 with AWQ "
-            "(about 75% smaller, seeds §3.1), use more GPUs, or a larger GPU."))
+            "(about 75% smaller), use more GPUs, or a larger GPU."))
         return
     sequence = profile["max_model_len"] * _kv_per_token_per_device(profile, model)
     if per_gpu + reserve + sequence > usable:

@@ -2,7 +2,6 @@
 import logging
 import os
 import time
-from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -12,27 +11,23 @@ from django.utils import timezone
 
 from panel.channels.services import local_channel_sync
 from panel.hosts.models import WorkerHost
-from panel.jobs.services import append_log, job_created, job_enqueue, job_transition
+from panel.jobs.services import (
+    job_cancel,
+    job_cancelled,
+    job_claim,
+    job_created,
+    job_enqueue,
+    job_fail,
+    job_heartbeat,
+    job_transition,
+)
 from panel.registry import memory
+from panel.registry.models import RegisteredModel
 from panel.serving import configfile, rules, supervisor
-from panel.serving.models import (ACTIVE_DEPLOYMENT_STATES, LIVE_DEPLOYMENT_STATES, Deployment, DeploymentState,
-                                  ServingProfile)
+from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ServingProfile
 from panel.serving.profile_fields import FIELDS
 
 log = logging.getLogger(__name__)
-
-S = DeploymentState
-
-
-def deployment_transition(deployment, **transition):
-    """Move a deployment (job_transition's arguments) and bring its local channel in step, in one transaction:
-    no reader sees a ready deployment without its channel, or a stopped one still routed. A move that lost a
-    race changes nothing; its winner moved through here and synced."""
-    with transaction.atomic():
-        moved = job_transition(deployment, **transition)
-        if moved:
-            local_channel_sync(deployment)
-    return moved
 
 
 def profile_values(profile):
@@ -117,44 +112,34 @@ def deployment_launch(*, team, user, profile, host=None, restart_on_crash=False,
 def deployment_stop(*, deployment, user=None, reason="stop requested"):
     """Ask for a deployment to stop. A pending one stops at once; a live one moves to stopping and its
     supervisor ends the engine's process group (SIGTERM, then SIGKILL) within a second."""
-    if deployment_transition(deployment, to=S.STOPPED, allowed_from=[S.PENDING], actor=user, reason=reason):
-        return True
-    if deployment_transition(deployment, to=S.STOPPING, allowed_from=[S.STARTING, S.READY], actor=user,
-                             reason=reason):
+    if job_cancel(deployment, actor=user, reason=reason):
         return True
     local_channel_sync(deployment)  # already ending: a channel an earlier failed sync left enabled goes now
     return False
 
 
 class DeploymentHooks:
-    """The supervisor's view of the deployment row."""
+    """The supervisor's view of the deployment row: the job lifecycle's heartbeat and moves."""
 
     def __init__(self, deployment):
         self.deployment = deployment
 
-    def _rows(self):
-        return Deployment.objects.filter(pk=self.deployment.pk)
-
     def started(self, pid):
-        self._rows().update(pid=pid, heartbeat_at=timezone.now())
+        job_heartbeat(self.deployment, pid=pid)
 
     def ready(self, verification):
         now = timezone.now()
-        deployment_transition(self.deployment, to=S.READY, allowed_from=[S.STARTING],
-                              reason="GET /v1/models lists " + self.deployment.served_model_name, ready_at=now,
-                              heartbeat_at=now, verification=verification)
+        job_transition(self.deployment, to=DeploymentState.READY, allowed_from=[DeploymentState.STARTING],
+                       reason="GET /v1/models lists " + self.deployment.served_model_name, ready_at=now,
+                       heartbeat_at=now, verification=verification)
 
     def beat(self, log_lines):
-        fields = {"heartbeat_at": timezone.now()}
-        if log_lines:
-            self.deployment.log_tail = append_log(self.deployment.log_tail, log_lines)
-            fields["log_tail"] = self.deployment.log_tail
-        self._rows().filter(state__in=list(LIVE_DEPLOYMENT_STATES)).update(**fields)
+        job_heartbeat(self.deployment, log_lines=log_lines)
         return self.stop_requested()
 
     def stop_requested(self):
-        state = self._rows().values_list("state", flat=True).first()
-        return state != S.STARTING and state != S.READY
+        state = Deployment.objects.filter(pk=self.deployment.pk).values_list("state", flat=True).first()
+        return state not in (DeploymentState.STARTING, DeploymentState.READY)
 
 
 def engine_env(deployment, host_is_gpu):
@@ -184,9 +169,8 @@ def deployment_execute(*, deployment_id, worker):
     if host_is_gpu:
         deployment.gpu_indices = gpus_for(deployment)
         if deployment.gpu_indices is None:
-            job_transition(deployment, to=S.FAILED, allowed_from=[S.PENDING], reason="no free GPU",
-                           failure_kind="no_free_gpu",
-                           failure_reason="every GPU of this host is held by another deployment")
+            job_fail(deployment, kind="no_free_gpu", reason="every GPU of this host is held by another deployment",
+                     event="no free GPU")
             return False
     log_path = Path(settings.LOGS_DIR) / f"deployment-{deployment.pk}.log"
     hooks = DeploymentHooks(deployment)
@@ -194,12 +178,11 @@ def deployment_execute(*, deployment_id, worker):
         port = deployment.profile.port or supervisor.free_port()
         argv = launch_argv(deployment.profile, port=port)
         base_url = f"http://{settings.ENGINE_ADVERTISE_HOST}:{port}/v1"
-        claimed = job_transition(deployment, to=S.STARTING, allowed_from=[S.PENDING],
-                                 reason=f"started by {worker}" + (f" (restart {deployment.restarts})"
-                                                                  if deployment.restarts else ""),
-                                 worker=worker, port=port, base_url=base_url, command=argv,
-                                 gpu_indices=deployment.gpu_indices or [], started_at=timezone.now(),
-                                 heartbeat_at=timezone.now(), verification={})
+        claimed = job_claim(deployment, worker=worker,
+                            reason=f"started by {worker}" + (f" (restart {deployment.restarts})"
+                                                             if deployment.restarts else ""),
+                            port=port, base_url=base_url, command=argv, gpu_indices=deployment.gpu_indices or [],
+                            verification={})
         if not claimed:
             log.info("deployment #%s is not pending; duplicate delivery or stopped before start", deployment.pk)
             return False
@@ -210,61 +193,37 @@ def deployment_execute(*, deployment_id, worker):
             wanted_prefix_caching=profile.enable_prefix_caching,
             grace_seconds=settings.DEPLOYMENT_STOP_GRACE_SECONDS)
         close_old_connections()
-        if outcome.stopped or Deployment.objects.filter(pk=deployment.pk, state=S.STOPPING).exists():
-            deployment_transition(deployment, to=S.STOPPED, allowed_from=[S.STOPPING], reason="engine stopped",
-                                  pid=None)
+        if outcome.stopped or Deployment.objects.filter(pk=deployment.pk, state=DeploymentState.STOPPING).exists():
+            job_cancelled(deployment, reason="engine stopped")
             return True
         kind, reason = supervisor.classify_crash(outcome)
         if deployment.restart_on_crash and deployment.restarts < deployment.max_restarts and outcome.became_ready:
             deployment.restarts += 1
             backoff = min(60, 2 ** deployment.restarts)
-            if not deployment_transition(deployment, to=S.PENDING, allowed_from=[S.STARTING, S.READY],
-                                         reason=f"crashed ({kind}); restarting in {backoff} s",
-                                         restarts=deployment.restarts, pid=None, failure_kind=kind,
-                                         failure_reason=reason):
+            if not job_transition(deployment, to=DeploymentState.PENDING,
+                                  allowed_from=[DeploymentState.STARTING, DeploymentState.READY],
+                                  reason=f"crashed ({kind}); restarting in {backoff} s", restarts=deployment.restarts,
+                                  pid=None, failure_kind=kind, failure_reason=reason):
                 return True
             if _sleep_unless_stopped(deployment, backoff):
                 return True
             continue
-        deployment_transition(deployment, to=S.FAILED, allowed_from=[S.STARTING, S.READY, S.STOPPING],
-                              reason=f"engine exited: {kind}", failure_kind=kind, failure_reason=reason, pid=None)
+        job_fail(deployment, kind=kind, reason=reason, event=f"engine exited: {kind}")
         return True
 
 
 def _sleep_unless_stopped(deployment, seconds):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if Deployment.objects.filter(pk=deployment.pk, state=S.STOPPED).exists():
+        if Deployment.objects.filter(pk=deployment.pk, state=DeploymentState.STOPPED).exists():
             return True
         time.sleep(0.5)
     return False
 
 
-def deployments_reap(*, stale_after_seconds):
-    """Deployments whose supervisor stopped beating (worker killed or lost): stopping -> stopped, else failed.
-    Their engines died with the worker (PR_SET_PDEATHSIG)."""
-    cutoff = timezone.now() - timedelta(seconds=stale_after_seconds)
-    reaped = []
-    for deployment in Deployment.objects.filter(state__in=list(LIVE_DEPLOYMENT_STATES), heartbeat_at__lt=cutoff):
-        reason = (f"the worker {deployment.worker or '?'} stopped sending heartbeats for over {stale_after_seconds} s "
-                  "(killed, crashed or lost its host)")
-        if deployment.state == S.STOPPING:
-            moved = deployment_transition(deployment, to=S.STOPPED, allowed_from=[S.STOPPING],
-                                          reason="reaper: " + reason, pid=None)
-        else:
-            moved = deployment_transition(deployment, to=S.FAILED, allowed_from=[S.STARTING, S.READY],
-                                          reason="reaper: " + reason, failure_kind="worker_lost",
-                                          failure_reason=reason, pid=None)
-        if moved:
-            reaped.append(deployment)
-    return reaped
-
-
 @transaction.atomic
 def profile_import(*, team, user, text, name):
-    """Create a profile from the seeds' config.toml text. Validates everything; saves nothing on error."""
-    from panel.registry.models import RegisteredModel
-
+    """Create a profile from config.toml text. Validates everything; saves nothing on error."""
     try:
         values = configfile.toml_import(text)
     except configfile.ConfigFileError as error:

@@ -61,7 +61,8 @@ class EngineLog:
 
 
 def verify_startup(applied, *, wanted_quantization, wanted_prefix_caching):
-    """Compare what the profile asked for with what the engine's log says it applied (the seeds' §4.1 check).
+    """Compare what the profile asked for with what the engine's log says it applied (a flag that
+    was not applied leaves memory where it was).
     Returns {"quantization": ..., "prefix_caching": ..., "problems": [...]}."""
     problems = []
     got_quantization = (applied.get("quantization") or "None").lower()
@@ -149,7 +150,7 @@ def classify_crash(outcome):
     return classify_engine(outcome.tail, outcome.returncode, became_ready=outcome.became_ready)
 
 
-# What kills a vLLM server, from its log (the seeds' troubleshooting list and what was measured here).
+# What kills a vLLM server, from its log (the usual vLLM troubleshooting list and what was measured here).
 ENGINE_RULES = [
     ("unsupported_quantization", re.compile(r"cpu_gemm_wna16|Unknown quantization method|quantization method .* "
                                             r"is not supported|not supported for quantization|Cannot find the "

@@ -13,8 +13,15 @@ from panel.serving import configfile
 from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
 from panel.serving.models import Deployment, ServingProfile
 from panel.serving.profile_fields import PRESETS
-from panel.serving.services import (deployment_launch, deployment_stop, deployment_warnings, launch_argv,
-                                    profile_check, profile_import, profile_values)
+from panel.serving.services import (
+    deployment_launch,
+    deployment_stop,
+    deployment_warnings,
+    launch_argv,
+    profile_check,
+    profile_import,
+    profile_values,
+)
 
 EXPORTS = {
     "toml": ("config.toml", "application/toml"),

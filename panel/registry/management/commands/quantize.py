@@ -8,10 +8,9 @@ from django.core.management.base import BaseCommand, CommandError
 
 from panel.jobs.services import job_cancel
 from panel.registry.models import CalibrationSource, EvaluationJob, RegisteredModel
-from panel.registry.quality import evaluation_execute
+from panel.registry.quality import evaluation_execute, quality_flags
 from panel.registry.schemes import AUTOAWQ, DEFAULT_SCHEME, LLMC, SCHEMES
-from panel.registry.services import (calibration_store, calibration_text_check, quantization_execute,
-                                     quantization_launch)
+from panel.registry.services import calibration_store, calibration_text_check, quantization_execute, quantization_launch
 
 BAR_WIDTH = 40
 
@@ -88,8 +87,6 @@ class Command(BaseCommand):
             for measured in report.result.get("models", []):
                 self.stdout.write(f"  {measured['path']}: perplexity {measured['perplexity']:.2f}, JSON valid "
                                   f"{measured['json']['valid']} of {measured['json']['total']}")
-            from panel.registry.quality import quality_flags
-
             flags = quality_flags(RegisteredModel.objects.get(pk=result["model_id"]))
             self.stdout.write(self.style.WARNING("flagged: " + "; ".join(flags)) if flags
                               else "within the quality limits of its parent")

@@ -1,3 +1,4 @@
+"""The team's audit log page (admins): filters and a CSV export. The log itself is the audit app's."""
 import csv
 from datetime import datetime, time
 

@@ -1,9 +1,11 @@
-"""Which channels serve a model name for a team, read from the database once and cached for a few seconds.
+"""Routing: which channels serve a model name for a team, in which order, and how a change reaches every gateway
+process. The gateway (and Compare) call `route_for`, `model_names` and `target_for`; every routing change calls
+`routing_changed`.
 
-The cache honours `channels.services.routing_version` (a Redis counter bumped after every routing change): an entry
-is re-validated against it at most every ROUTE_VERSION_CHECK_SECONDS, so a change such as a canary rollback
-reaches every gateway process within about that long instead of ROUTE_CACHE_SECONDS. One Redis GET per team per
-interval; if Redis is unreachable the TTL alone applies, as before."""
+Routes are read from the database once and cached for ROUTE_CACHE_SECONDS. The cache honours the team's routing
+version (a Redis counter bumped after every routing change): an entry is re-validated against it at most every
+ROUTE_VERSION_CHECK_SECONDS, so a change such as a canary rollback reaches every gateway process within about that
+long. One Redis GET per team per interval; if Redis is unreachable the TTL alone applies."""
 import logging
 import random
 import time
@@ -11,10 +13,29 @@ from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
 
-from panel.gateway.upstream import Target
+from panel.channels.models import Route, order_channels
+from panel.core.redis_client import async_redis
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the gateway needs of a channel for one request (read once, cached)."""
+
+    id: int
+    name: str
+    base_url: str
+    model_id: str
+    api_key: str | None
+    credential_error: str
+    timeout: float
+    max_retries: int
+    backoff: float
+    channel: object  # the Channel row, for its prices (read once, with the route)
 
 
 @dataclass(frozen=True)
@@ -41,8 +62,6 @@ class RouteTargets:
         """The targets for one request, in the order the route's strategy gives. With an active canary,
         `canary_percent` % of the requests try the candidate first and fall back to that order; the arm is
         written into `fields` (the request's usage record) as `canary` = True/False."""
-        from panel.channels.models import order_channels
-
         by_channel = {entry.channel.pk: entry.target for entry in self.entries}
         stable = [by_channel[channel.pk] for channel in order_channels(self.strategy, self.entries, rng=rng)]
         if self.canary is None:
@@ -56,7 +75,8 @@ class RouteTargets:
 _cache = {}
 
 
-def _target(channel):
+def target_for(channel):
+    """The Target of a channel row: its key read (or the reason it cannot be) once, here, not per request."""
     problem = channel.misconfigured
     api_key = None
     if not problem:
@@ -71,25 +91,21 @@ def _target(channel):
 
 
 def _load(team_id, model_name):
-    from panel.channels.models import Route
-
     route = (Route.objects.select_related("canary_channel")
              .filter(team_id=team_id, model_name=model_name, enabled=True).first())
     if route is None:
         return None
-    entries = [Entry(channel=link.channel, position=link.position, weight=link.weight, target=_target(link.channel))
+    entries = [Entry(channel=link.channel, position=link.position, weight=link.weight, target=target_for(link.channel))
                for link in route.entries() if link.channel_id != route.canary_channel_id]
     canary = None
     if route.canary_active and route.canary_channel.enabled:
-        canary = _target(route.canary_channel)
+        canary = target_for(route.canary_channel)
     return RouteTargets(route_id=route.pk, model_name=route.model_name, strategy=route.strategy,
                         fallback_on_error=route.fallback_on_error, entries=tuple(entries), canary=canary,
                         canary_percent=route.canary_percent if canary else 0)
 
 
 def _load_names(team_id):
-    from panel.channels.models import Route
-
     return sorted(Route.objects.filter(team_id=team_id, enabled=True).values_list("model_name", flat=True))
 
 
@@ -109,13 +125,8 @@ async def _version(team_id, now):
     seen = _versions.get(team_id)
     if seen and now - seen[0] < settings.ROUTE_VERSION_CHECK_SECONDS:
         return seen[1]
-    from django.core.cache import cache
-
-    from panel.channels.services import _version_key
-    from panel.gateway.limits import client
-
     try:
-        raw = await client().get(cache.make_and_validate_key(_version_key(team_id)))
+        raw = await async_redis().get(cache.make_and_validate_key(_version_key(team_id)))
         version = int(raw or 0)
     except Exception:  # Redis down or an odd value: fall back to the TTL alone
         log.debug("routing version of team %s unreadable", team_id, exc_info=True)
@@ -137,3 +148,27 @@ async def _cached(key, team_id, load):
         _cache.clear()
     _cache[key] = (now + settings.ROUTE_CACHE_SECONDS, value, version)
     return value
+
+
+def _version_key(team_id):
+    return f"channels:routing-version:{team_id}"
+
+
+def routing_changed(team_id):
+    """Tell the gateway (after commit) that this team's channels or routes changed: it drops its cached copy."""
+    def bump():
+        try:
+            cache.add(_version_key(team_id), 0, timeout=None)
+            cache.incr(_version_key(team_id))
+        except Exception:  # a cache outage must not undo a saved change; the gateway's TTL still applies
+            log.warning("could not bump the routing version of team %s", team_id, exc_info=True)
+
+    transaction.on_commit(bump)
+
+
+def routing_version(team_id):
+    """A number that changes whenever the team's channels or routes change (0 when unknown)."""
+    try:
+        return int(cache.get(_version_key(team_id)) or 0)
+    except Exception:
+        return 0

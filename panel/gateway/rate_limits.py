@@ -4,8 +4,7 @@ A fixed one-minute window: one Lua script checks both counters and counts the re
 used are added when it ends. A key over either limit gets 429 with Retry-After = the seconds left in the window."""
 import time
 
-import redis.asyncio as aioredis
-from django.conf import settings
+from panel.core.redis_client import async_redis
 
 CHECK = """
 local requests = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -19,16 +18,15 @@ redis.call('EXPIRE', KEYS[1], 120)
 return 0
 """
 
-_client = None
-_script = None
+_scripts = {}  # client -> the CHECK script registered on it
 
 
-def client():
-    global _client, _script
-    if _client is None:
-        _client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-        _script = _client.register_script(CHECK)
-    return _client
+def check_script():
+    client = async_redis()
+    if client not in _scripts:
+        _scripts.clear()
+        _scripts[client] = client.register_script(CHECK)
+    return _scripts[client]
 
 
 def window(now=None):
@@ -45,9 +43,8 @@ async def admit(key):
     """None if the request may go, else (which limit, retry_after_seconds)."""
     if not key.rpm_limit and not key.tpm_limit:
         return None
-    client()
     minute, retry_after = window()
-    verdict = await _script(keys=_keys(key.id, minute), args=[key.rpm_limit or 0, key.tpm_limit or 0])
+    verdict = await check_script()(keys=_keys(key.id, minute), args=[key.rpm_limit or 0, key.tpm_limit or 0])
     if verdict == 0:
         return None
     return ("requests per minute" if verdict == 1 else "tokens per minute"), retry_after
@@ -58,7 +55,7 @@ async def count_tokens(key, tokens):
         return
     minute, _ = window()
     token_key = _keys(key.id, minute)[1]
-    pipe = client().pipeline()
+    pipe = async_redis().pipeline()
     pipe.incrby(token_key, tokens)
     pipe.expire(token_key, 120)
     await pipe.execute()

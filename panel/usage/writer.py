@@ -7,6 +7,8 @@ import threading
 
 from django.db import close_old_connections
 
+from panel.usage.models import RequestLog
+
 log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.2
@@ -45,8 +47,6 @@ def _take(timeout):
 
 
 def _write(rows):
-    from panel.gateway.models import RequestLog
-
     if not rows:
         return
     try:

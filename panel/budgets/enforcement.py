@@ -8,13 +8,12 @@ import time
 from dataclasses import dataclass
 from decimal import Decimal
 
-import redis.asyncio as aioredis
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from panel.budgets.counters import (TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds,
-                                    month_of)
+from panel.budgets.counters import TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds, month_of
 from panel.budgets.models import Budget
+from panel.core.redis_client import async_redis
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +31,6 @@ class TeamBudgets:
 
 
 _cache = {}
-_client = None
-
-
-def client():
-    global _client
-    if _client is None:
-        _client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-    return _client
 
 
 async def budgets_for(team_id):
@@ -82,7 +73,7 @@ async def refusal(key):
     if not scopes:
         return None
     try:
-        values = await client().mget([name for scope, ident, _ in scopes
+        values = await async_redis().mget([name for scope, ident, _ in scopes
                                       for name in counter_keys(month, scope, ident)])
     except (RedisError, OSError) as error:  # fail open: the reconciliation still records the spend
         log.warning("budget counters unreadable (%s); letting the request through", type(error).__name__)
@@ -107,7 +98,7 @@ async def count(key, cost, tokens):
     month = month_of()
     units = money_units(cost)
     try:
-        pipe = client().pipeline(transaction=False)
+        pipe = async_redis().pipeline(transaction=False)
         for scope, ident in (("team", key.team_id), ("key", key.id)):
             money_key, tokens_key = counter_keys(month, scope, ident)
             pipe.incrby(money_key, units)

@@ -1,0 +1,46 @@
+"""The usage record: one row per gateway request (Compare's and benchmarks' too), whatever happened. Written in
+batches by `panel.usage.writer`; read by budgets, canaries, the advisor and the dashboards' rollups."""
+from django.db import models
+from django.utils import timezone
+
+
+class RequestLog(models.Model):
+    """Exactly one row per gateway request, whatever happened (a request refused before its key was known has no
+    team). Never a prompt or a key."""
+
+    team = models.ForeignKey("accounts.Team", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    key = models.ForeignKey("accounts.TeamKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    route = models.ForeignKey("channels.Route", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    channel = models.ForeignKey("channels.Channel", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    endpoint = models.CharField(max_length=40)
+    model = models.CharField(max_length=200)
+    stream = models.BooleanField(default=False)
+    status_code = models.PositiveSmallIntegerField()
+    outcome = models.CharField(max_length=20)  # ok, error, client_closed
+    error_kind = models.CharField(max_length=40, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    # Upstream 429 answers met on the way, retried ones included (the advisor's evidence). Nullable so that adding
+    # it to a large table is an ALTER TABLE on SQLite too, not a copy; rows from before it was added have None.
+    rate_limited_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
+    fell_back = models.BooleanField(default=False)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    latency_ms = models.FloatField()
+    cost = models.DecimalField(max_digits=14, decimal_places=8, default=0)
+    json_requested = models.BooleanField(default=False)
+    json_valid = models.BooleanField(null=True, blank=True)
+    # Keyed hashes of the system prompt as sent and with its dynamic-looking spans masked (gateway/fingerprint.py):
+    # many raw hashes under one masked hash = a prompt that defeats the prefix cache. Never the prompt itself.
+    system_prompt_hash = models.CharField(max_length=16, blank=True, default="")
+    system_prompt_shape_hash = models.CharField(max_length=16, blank=True, default="")
+    # The canary arm this request was assigned to (None: the route had no running canary).
+    canary = models.BooleanField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["team", "created_at"], name="gateway_req_team_id_333225_idx")]
+        db_table = "gateway_requestlog"  # created by the gateway app, which held the model first
