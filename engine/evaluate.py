@@ -26,7 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from engine import evaluation_text
+from engine import evaluate_transformers, evaluation_text
+from engine.evaluation_common import (FILE_TOKENS, GREEDY_TOKENS, JSON_TOKENS, file_result, folder_size,
+                                      held_out_windows, json_result, say)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -36,15 +38,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # loading bars would fold into the j
 # One process: the engine core runs in this one, so its memory is this process's and apply_model sees the model.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-WINDOW_TOKENS = 512
-GREEDY_TOKENS = 16
-JSON_TOKENS = 48
-FILE_TOKENS = 64
 MAX_FILE_PROMPTS = 200
-
-
-def say(**message):
-    print(json.dumps(message), flush=True)
 
 
 class EvaluationError(Exception):
@@ -90,16 +84,6 @@ def read_prompt_file(path):
     return items
 
 
-def folder_size(path):
-    return sum(item.stat().st_size for item in Path(path).rglob("*") if item.is_file())
-
-
-def held_out_windows(tokenizer, max_tokens):
-    ids = evaluation_text.held_out_ids(tokenizer, max_tokens)
-    return [ids[start:start + WINDOW_TOKENS] for start in range(0, len(ids), WINDOW_TOKENS)
-            if len(ids[start:start + WINDOW_TOKENS]) > 1]
-
-
 def perplexity(llm, windows, SamplingParams):
     """(perplexity, tokens scored, the most likely token at each scored position)."""
     import math
@@ -142,8 +126,6 @@ def vllm_can_load(config):
 def evaluate_one(model_dir, *, file_items, max_tokens):
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     if not vllm_can_load(config):
-        from engine import evaluate_transformers
-
         return evaluate_transformers.evaluate_one(model_dir, config=config, file_items=file_items,
                                                   max_tokens=max_tokens)
     started = time.monotonic()
@@ -170,21 +152,12 @@ def evaluate_one(model_dir, *, file_items, max_tokens):
     say(phase="JSON answers", progress=75)
     prompts = evaluation_text.json_prompts()
     answers = llm.chat(prompts, SamplingParams(max_tokens=JSON_TOKENS, temperature=0.0), use_tqdm=False)
-    texts = [answer.outputs[0].text for answer in answers]
-    result["json"] = {"total": len(texts), "valid": sum(is_json_object(text) for text in texts),
-                      "examples": [text[:200] for text in texts[:3]]}
+    result["json"] = json_result([answer.outputs[0].text for answer in answers])
     if file_items:
         say(phase=f"{len(file_items)} prompts of the evaluation file", progress=85)
         result["file"] = answer_file(llm, tokenizer, file_items, SamplingParams)
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
-
-
-def is_json_object(text):
-    try:
-        return isinstance(json.loads(text.strip()), (dict, list))
-    except ValueError:
-        return False
 
 
 def answer_file(llm, tokenizer, items, SamplingParams):
@@ -198,16 +171,7 @@ def answer_file(llm, tokenizer, items, SamplingParams):
     if plain:
         for item, answer in zip(plain, llm.generate([item["prompt"] for item in plain], params, use_tqdm=False)):
             texts[id(item)] = answer.outputs[0].text
-    outputs = [texts[id(item)] for item in items]
-    expected = [(item["expected"], text) for item, text in zip(items, outputs) if isinstance(item.get("expected"),
-                                                                                            str)]
-    wants_json = [text for item, text in zip(items, outputs) if item.get("json")]
-    return {
-        "total": len(items), "outputs": [text[:500] for text in outputs],
-        "expected_total": len(expected),
-        "expected_matched": sum(text.strip().startswith(want.strip()) for want, text in expected),
-        "json_total": len(wants_json), "json_valid": sum(is_json_object(text) for text in wants_json),
-    }
+    return file_result(items, [texts[id(item)] for item in items])
 
 
 def classify(text):

@@ -5,8 +5,8 @@ quantized weights."""
 import time
 
 from engine import evaluation_text
-from engine.evaluate import (FILE_TOKENS, GREEDY_TOKENS, JSON_TOKENS, folder_size, held_out_windows,
-                             is_json_object, say)
+from engine.evaluation_common import (FILE_TOKENS, GREEDY_TOKENS, JSON_TOKENS, file_result, folder_size,
+                                      held_out_windows, json_result, say)
 
 
 def evaluate_one(model_dir, *, config, file_items, max_tokens):
@@ -50,19 +50,11 @@ def evaluate_one(model_dir, *, config, file_items, max_tokens):
     say(phase="greedy continuations", progress=60)
     result["greedy"] = [greedy(prompt, GREEDY_TOKENS) for prompt in evaluation_text.AGREEMENT_PROMPTS]
     say(phase="JSON answers", progress=75)
-    texts = [chat(messages, JSON_TOKENS) for messages in evaluation_text.json_prompts()]
-    result["json"] = {"total": len(texts), "valid": sum(is_json_object(text) for text in texts),
-                      "examples": [text[:200] for text in texts[:3]]}
+    result["json"] = json_result([chat(messages, JSON_TOKENS) for messages in evaluation_text.json_prompts()])
     if file_items:
-        outputs = [chat(item["messages"], FILE_TOKENS) if "messages" in item
-                   else tokenizer.decode(greedy(item["prompt"], FILE_TOKENS), skip_special_tokens=True)
-                   for item in file_items]
-        expected = [(item["expected"], text) for item, text in zip(file_items, outputs)
-                    if isinstance(item.get("expected"), str)]
-        wants_json = [text for item, text in zip(file_items, outputs) if item.get("json")]
-        result["file"] = {"total": len(file_items), "outputs": [text[:500] for text in outputs],
-                          "expected_total": len(expected),
-                          "expected_matched": sum(text.strip().startswith(want.strip()) for want, text in expected),
-                          "json_total": len(wants_json), "json_valid": sum(map(is_json_object, wants_json))}
+        result["file"] = file_result(file_items, [
+            chat(item["messages"], FILE_TOKENS) if "messages" in item
+            else tokenizer.decode(greedy(item["prompt"], FILE_TOKENS), skip_special_tokens=True)
+            for item in file_items])
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
