@@ -36,7 +36,7 @@ class QuantizationForm(forms.Form):
         help_text="Weights share one scale per group. 128 is the usual balance; larger groups save a little "
                   "memory and measurably cost accuracy.")
     w_bit = forms.TypedChoiceField(
-        label="Weight bits (round-to-nearest)", coerce=int, initial=4,
+        label="Weight bits (round-to-nearest)", coerce=int, initial=4, required=False, empty_value=4,
         choices=[(4, "4"), (3, "3 (for comparison: vLLM cannot serve it)"), (2, "2 (for comparison: vLLM cannot serve it)")],
         help_text="2 and 3 bits show what quantization can cost; the quality report measures them with transformers.")
     smoothquant = forms.FloatField(required=False, min_value=0.05, max_value=0.95, label="SmoothQuant strength",
@@ -46,8 +46,8 @@ class QuantizationForm(forms.Form):
                                     label="Layers to keep (mixed precision)",
                                     help_text="One per line: part of a layer name (layers.3., mlp.down_proj) or "
                                               "re:REGEX. q/k/v and gate/up stay together: vLLM fuses them.")
-    keep_as = forms.ChoiceField(choices=[("bf16", "BF16 (as they are)"), ("fp8", "FP8 (GPU hosts)")],
-                                initial="bf16", label="Kept layers as")
+    keep_as = forms.TypedChoiceField(choices=[("bf16", "BF16 (as they are)"), ("fp8", "FP8 (GPU hosts)")],
+                                     initial="bf16", required=False, empty_value="bf16", label="Kept layers as")
     zero_point = forms.BooleanField(required=False, initial=True, label="Zero point (AutoAWQ, asymmetric)")
     version = forms.ChoiceField(choices=[("GEMM", "GEMM (batched serving)"), ("GEMV", "GEMV (batch size 1)")],
                                 initial="GEMM", label="AutoAWQ kernel")
