@@ -276,3 +276,17 @@ def test_serving_refuses_a_quantized_child_the_host_cannot_serve(model):
     crude = child_of(model, "two", "w4a16-rtn")
     crude.quantization["bits"] = 2
     assert "2-bit weights, which vLLM cannot load" in check_profile(profile, model=crude).errors["quantization"][0]
+
+
+def test_the_job_command_line_is_all_text(model):
+    """Every argument the worker passes to the engine is a string (a float SmoothQuant strength once was not)."""
+    from panel.registry.services import quantization_argv, quantization_launch
+
+    job = quantization_launch(team=model.team, user=None, source=model, scheme="w8a8-int8", smoothquant=0.5,
+                              enqueue=False)
+    argv = quantization_argv(job)
+    assert all(isinstance(part, str) for part in argv) and argv[argv.index("--smoothquant") + 1] == "0.5"
+    mixed = quantization_launch(team=model.team, user=None, source=model, scheme="mixed", keep_patterns=["layers.1."],
+                                enqueue=False)
+    argv = quantization_argv(mixed)
+    assert all(isinstance(part, str) for part in argv) and ["--keep", "layers.1.", "--keep-as", "bf16"] == argv[-4:]

@@ -99,6 +99,7 @@ def test_it_quantizes_evaluates_and_serves_the_demo_model(start_worker, team_set
     profile = ServingProfile.objects.create(
         team=team, model=child, name="tiny-w8a8-cpu", served_model_name="tiny-w8a8", quantization="compressed-tensors",
         max_model_len=2048, block_size=32, max_num_seqs=8, max_num_batched_tokens=2048, extra_args="--enforce-eager")
+    host.refresh_from_db()  # its last_seen: the copy read minutes ago would look offline
     deployment = deployment_launch(team=team, user=alice, profile=profile, host=host)
     deployment = wait_until(lambda: (lambda d: d if d.state in (DeploymentState.READY, DeploymentState.FAILED)
                                      else None)(Deployment.objects.get(pk=deployment.pk)),

@@ -159,9 +159,9 @@ def quantization_argv(job):
     argv = processes.engine_argv(settings.ENGINE_PYTHON, "llmc_quantize", *common, "--scheme", job.scheme,
                                  "--group-size", job.q_group_size or -1, "--bits", job.w_bit)
     if job.smoothquant is not None:
-        argv += ["--smoothquant", job.smoothquant]
+        argv += ["--smoothquant", str(job.smoothquant)]
     for pattern in job.keep_patterns:
-        argv += ["--keep", pattern]
+        argv += ["--keep", str(pattern)]
     if job.scheme == "mixed":
         argv += ["--keep-as", job.keep_as]
     return argv
