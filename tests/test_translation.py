@@ -5,9 +5,16 @@ import json
 import pytest
 
 from panel.gateway.messages_api import MessagesRequestError, error_body, parse_messages_request, sse_event
-from panel.gateway.translation import (ChatStreamToMessages, MalformedAnswer, MessagesStreamToChat,
-                                       NotTranslatable, chat_request_to_messages, chat_response_to_messages,
-                                       messages_request_to_chat, messages_response_to_chat)
+from panel.gateway.translation import (
+    ChatStreamToMessages,
+    MalformedAnswer,
+    MessagesStreamToChat,
+    NotTranslatable,
+    chat_request_to_messages,
+    chat_response_to_messages,
+    messages_request_to_chat,
+    messages_response_to_chat,
+)
 
 WEATHER_TOOL = {"name": "get_weather", "description": "Weather in a city",
                 "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
