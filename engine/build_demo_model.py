@@ -2,16 +2,19 @@
 
     python -m engine.build_demo_model OUT_DIR [--seed 0] [--force]
 
-A Qwen2ForCausalLM with a few layers and random weights, and a byte-level BPE tokenizer trained on Python
-stdlib sources, with a ChatML chat template. vLLM serves it and AutoAWQ quantizes it; its outputs are noise.
-No hub access is needed (DESIGN.md, "No downloads at run time").
+A Qwen2ForCausalLM with a few layers and a byte-level BPE tokenizer trained on Python stdlib sources, with a
+ChatML chat template. Its weights start random and are then trained briefly on the same sources and on chat turns
+that answer with a JSON object (engine/demo_training.py, about a minute on 2 cores), so it has something to lose
+when it is quantized: its held-out perplexity, and the random model's, are in training.json. vLLM serves it,
+AutoAWQ and llm-compressor quantize it. No hub access is needed (DESIGN.md, "No downloads at run time").
 
 Talks back as JSON lines on stdout (see jobrunner.py): {"phase", "progress"} while it works, then
 {"result": {...}} and exit 0, or {"error": {"kind": "failed", "reason"}} and exit 1. Anything else
 (library warnings) goes to stderr.
 
-The same seed gives byte-identical files: the corpus is a fixed list of stdlib files, tokenizer training runs
-on one thread, weights come from numpy's PCG64 (the same numbers on every CPU) and no file holds a timestamp.
+The same seed gives byte-identical files on one machine: the corpus is a fixed list of stdlib files, tokenizer
+training runs on one thread, initial weights come from numpy's PCG64, training batches too and torch trains on a
+fixed number of threads, and no file holds a timestamp.
 The model is built in a temporary sibling folder and renamed into place, so OUT_DIR is either absent or complete.
 """
 import argparse
@@ -84,8 +87,9 @@ CHAT_TEMPLATE = (
 )
 
 # A folder holding all of these was renamed into place whole, so it is complete.
+TRAINING_FILE = "training.json"
 REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                  "tokenizer_config.json")
+                  "tokenizer_config.json", TRAINING_FILE)
 
 
 def say(**message):
@@ -110,6 +114,7 @@ def parse_args(argv):
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="rebuild even if OUT_DIR is already complete")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: demo_training.STEPS)")
     return parser.parse_args(argv)
 
 
@@ -257,19 +262,41 @@ def random_state_dict(model, seed):
     return state
 
 
-def save_model(config, seed, out_dir):
+def save_model(config, seed, out_dir, *, corpus_texts, tokenizer_dir, steps=None):
+    """Random weights, a short training run, then the checkpoint in bf16 and training.json with what it learned."""
     import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2ForCausalLM
+
+    from engine import demo_training
 
     model = Qwen2ForCausalLM(config)
     model.load_state_dict(random_state_dict(model, seed), strict=True)
+    model = model.float()
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    torch.set_num_threads(demo_training.TRAINING_THREADS)
+    progress("measuring the random model", 40)
+    random_perplexity, scored = demo_training.held_out_perplexity(model, tokenizer)
+
+    def on_step(step, total, loss):
+        if step == 1 or step % 10 == 0 or step == total:
+            progress(f"training step {step} of {total}, loss {loss:.2f}", 42 + (43 * step) // total)
+
+    training = demo_training.train(model, tokenizer, corpus_texts, seed=seed, steps=steps or demo_training.STEPS,
+                                   on_step=on_step)
     model = model.to(getattr(torch, DTYPE)).eval()
+    progress("measuring the trained model", 86)
+    trained_perplexity, _ = demo_training.held_out_perplexity(model, tokenizer)
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id,
         eos_token_id=[config.eos_token_id, config.pad_token_id],
         pad_token_id=config.pad_token_id,
     )
     model.save_pretrained(str(out_dir), safe_serialization=True)
+    # No timings in the file: two builds on one machine give byte-identical folders.
+    report = {"held_out_perplexity": trained_perplexity, "random_model_held_out_perplexity": random_perplexity,
+              "held_out_tokens": scored, **{key: value for key, value in training.items() if key != "seconds"}}
+    (out_dir / TRAINING_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return dict(report, training_seconds=training["seconds"])
 
 
 # --- the build ------------------------------------------------------------------------------------------------
@@ -297,7 +324,7 @@ def remove_stale_siblings(out_dir):
             shutil.rmtree(sibling, ignore_errors=True)
 
 
-def build_into(folder, seed):
+def build_into(folder, seed, steps=None):
     progress("reading corpus", 5)
     texts, corpus_sha256 = read_corpus(corpus_paths())
     progress("training tokenizer", 10)
@@ -305,15 +332,15 @@ def build_into(folder, seed):
     progress("saving tokenizer", 35)
     save_tokenizer(tokenizer, folder, MODEL_SHAPE["max_position_embeddings"])
     token_ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
-    progress("building weights", 45)
+    progress("building weights", 38)
     config = model_config(token_ids)
-    save_model(config, seed, folder)
+    training = save_model(config, seed, folder, corpus_texts=texts, tokenizer_dir=folder, steps=steps)
     progress("checking", 90)
     if not is_complete(folder):
         missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
         raise BuildError(f"the build wrote no {', '.join(missing)}")
     make_readable(folder)
-    return corpus_sha256
+    return corpus_sha256, training
 
 
 def make_readable(folder):
@@ -344,13 +371,13 @@ def move_into_place(folder, out_dir, force):
     return True
 
 
-def build(out_dir, *, seed, force):
+def build(out_dir, *, seed, force, steps=None):
     started = time.monotonic()
     out_dir = out_dir.absolute()
     remove_stale_siblings(out_dir)
     if not force and is_complete(out_dir):
         progress("already built", 100)
-        return {**describe(out_dir, started), "reused": True}
+        return {**describe(out_dir, started), "reused": True, "training": read_training(out_dir)}
     if out_dir.exists() and not out_dir.is_dir():
         raise BuildError(f"{out_dir} exists and is not a folder")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -358,7 +385,7 @@ def build(out_dir, *, seed, force):
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
     try:
-        corpus_sha256 = build_into(folder, seed)
+        corpus_sha256, training = build_into(folder, seed, steps)
         progress("moving into place", 95)
         moved = move_into_place(folder, out_dir, force)
     finally:
@@ -367,13 +394,21 @@ def build(out_dir, *, seed, force):
     result = describe(out_dir, started)
     result["reused"] = not moved
     result["corpus_sha256"] = corpus_sha256
+    result["training"] = training
     return result
+
+
+def read_training(path):
+    try:
+        return json.loads((path / TRAINING_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def main(argv=None):
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
-        result = build(args.out_dir, seed=args.seed, force=args.force)
+        result = build(args.out_dir, seed=args.seed, force=args.force, steps=args.steps)
     except Exception as error:  # every failure must reach the panel as one JSON line
         say(error={"kind": "failed", "reason": f"{type(error).__name__}: {error}"[:1000]})
         return 1

@@ -1,7 +1,8 @@
 """Runs inside the engine venv: report what this host's engine can do, as JSON lines (see jobrunner.py).
 
-Python, torch, vLLM, transformers and AutoAWQ versions, the CPU's vector extensions (the CPU engine
-serves AWQ only where its AVX-512 ops load), and CUDA devices."""
+Python, torch, vLLM, transformers, AutoAWQ and llm-compressor versions, the CPU's vector extensions, the kernels
+the engine really has (read from the ops vLLM loaded on this processor, not inferred from CPU flags): int8
+scaled-mm (W8A8), the W4A16 GEMM (AWQ/GPTQ), FP8; and CUDA devices with their compute capability."""
 import importlib
 import json
 import platform
@@ -31,20 +32,40 @@ def version_of(name):
     return getattr(module, "__version__", "unknown"), None
 
 
-def awq_cpu_kernel():
-    """True when the CPU build of vLLM's ops that loads on this processor has the AWQ (W4A16) GEMM."""
+# The ops each kernel of vLLM's CPU build calls (vllm/model_executor/kernels/linear/...): the W8A8 kernel
+# (CPUInt8ScaledMMLinearKernel) quantizes activations and multiplies through oneDNN; W4A16 (CPUWNA16, AWQ and
+# GPTQ/compressed-tensors alike) needs cpu_gemm_wna16; FP8 needs the fp8 quantization op.
+CPU_KERNEL_OPS = {
+    "int8_scaled_mm": ("create_onednn_scaled_mm_handler", "onednn_scaled_mm"),
+    "w4a16": ("cpu_gemm_wna16",),
+    "fp8": ("static_scaled_fp8_quant",),
+}
+
+
+def cpu_kernels():
+    """{kernel: bool} for the CPU build of vLLM's ops that loads on this processor (_C_AVX512 or _C_AVX2)."""
     try:
         import torch
-        import vllm._custom_ops  # noqa: F401  loads _C_AVX512 or _C_AVX2, whichever this processor runs
+        import vllm._custom_ops  # noqa: F401  loads the build this processor runs
 
-        return hasattr(torch.ops._C, "cpu_gemm_wna16")
+        return {kernel: all(hasattr(torch.ops._C, op) for op in ops) for kernel, ops in CPU_KERNEL_OPS.items()}
     except Exception:
-        return False
+        return {kernel: False for kernel in CPU_KERNEL_OPS}
+
+
+def speculative_ngram():
+    """(True, "") when this vLLM has the n-gram proposer (prompt-lookup speculative decoding, no draft model),
+    else (False, why). vLLM 0.32's CPU runner runs it too ("supported on CPU with C++ native impls")."""
+    try:
+        importlib.import_module("vllm.v1.spec_decode.ngram_proposer")
+    except Exception as error:
+        return False, f"vLLM has no n-gram proposer here ({type(error).__name__}: {error})"[:300]
+    return True, ""
 
 
 def main():
     result = {"python": platform.python_version(), "packages": {}, "errors": {}}
-    names = ["torch", "transformers", "vllm", "awq"]
+    names = ["torch", "transformers", "vllm", "awq", "llmcompressor", "compressed_tensors"]
     for index, name in enumerate(names):
         say(phase=f"importing {name}", progress=int(100 * index / (len(names) + 1)))
         version, error = version_of(name)
@@ -58,7 +79,8 @@ def main():
         "avx512": "avx512f" in flags,
         "amx": "amx_tile" in flags,
     }
-    result["awq_cpu_kernel"] = awq_cpu_kernel() if result["packages"].get("vllm") else False
+    kernels = cpu_kernels() if result["packages"].get("vllm") else {kernel: False for kernel in CPU_KERNEL_OPS}
+    result["awq_cpu_kernel"] = kernels["w4a16"]
     gpus = []
     if result["packages"].get("torch"):
         import torch
@@ -66,11 +88,21 @@ def main():
         if torch.cuda.is_available():
             for index in range(torch.cuda.device_count()):
                 props = torch.cuda.get_device_properties(index)
-                gpus.append({"index": index, "name": props.name, "memory_bytes": props.total_memory})
+                gpus.append({"index": index, "name": props.name, "memory_bytes": props.total_memory,
+                             "compute_capability": float(f"{props.major}.{props.minor}")})
     result["cuda_devices"] = gpus
+    if gpus:  # vLLM's CUDA build: W8A8 and W4A16 from compute capability 7.5, FP8 from 8.9 (Ada, Hopper)
+        capability = min(gpu["compute_capability"] for gpu in gpus)
+        kernels = {"int8_scaled_mm": capability >= 7.5, "w4a16": capability >= 7.5, "fp8": capability >= 8.9}
+    result["kernels"] = kernels
     # On a GPU host vLLM's CUDA kernels serve AWQ; on a CPU host only the AVX-512 build of vLLM's ops has the
     # W4A16 GEMM (on an AVX2-only processor the engine dies at the first request without it).
     result["serves_awq"] = bool(gpus) or result["awq_cpu_kernel"]
+    result["serves"] = {"w8a8-int8": kernels["int8_scaled_mm"], "w4a16": kernels["w4a16"], "fp8": kernels["fp8"]}
+    if result["packages"].get("vllm"):
+        result["speculative_ngram"], result["speculative_ngram_reason"] = speculative_ngram()
+    else:
+        result["speculative_ngram"], result["speculative_ngram_reason"] = False, "vLLM is not installed"
     say(phase="done", progress=100)
     say(result=result)
     return 0

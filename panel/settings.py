@@ -175,6 +175,11 @@ ROUTE_VERSION_CHECK_SECONDS = envint("TOKENWISE_ROUTE_VERSION_CHECK_MS", 500, mi
 
 # --- Canary rollout (panel/channels/canary.py): guards per window, the automatic schedule, the advisor's window
 CANARY_JSON_FAILURE_PERCENT = envint("TOKENWISE_CANARY_JSON_FAILURE_PERCENT", 3, minimum=0, maximum=100)
+# The quality report flags a quantized model whose held-out perplexity rose more than this many percent over its
+# parent's, or whose JSON validity fell more than this many points (the seeds' 3 %, as the canary).
+QUALITY_PERPLEXITY_RISE_PERCENT = envint("TOKENWISE_QUALITY_PERPLEXITY_RISE_PERCENT", 5, minimum=0, maximum=1000)
+QUALITY_JSON_DROP_POINTS = envint("TOKENWISE_QUALITY_JSON_DROP_POINTS", 3, minimum=0, maximum=100)
+EVALUATION_TIME_LIMIT_SECONDS = envint("TOKENWISE_EVALUATION_TIME_LIMIT_SECONDS", 3600, minimum=60)
 CANARY_ERROR_PERCENT = envint("TOKENWISE_CANARY_ERROR_PERCENT", 5, minimum=0, maximum=100)
 CANARY_P99_RATIO_PERCENT = envint("TOKENWISE_CANARY_P99_RATIO_PERCENT", 150, minimum=100)  # candidate vs stable
 CANARY_P99_MARGIN_MS = envint("TOKENWISE_CANARY_P99_MARGIN_MS", 250, minimum=0)  # ignore smaller differences

@@ -288,6 +288,20 @@ def test_models_profiles_and_config_toml_by_api(client, team_setup, owner_token,
         k: v for k, v in body["values"].items() if k != "name"}
     changed = call(client, "patch", f"/profiles/{body['id']}", owner_token, {"max_num_seqs": 8})
     assert changed.status_code == 200 and changed.json()["values"]["max_num_seqs"] == 8
+    refused = call(client, "post", f"/models/{model_id}/evaluate", owner_token, {})
+    assert refused.status_code == 400 and "has no parent" in refused.json()["errors"]["baseline"][0]
+    bad = call(client, "post", f"/models/{model_id}/quantize", owner_token, {"calibration": "file"})
+    assert bad.status_code == 400 and "calibration_file" in bad.json()["errors"]
+    from panel.registry.models import QuantizationJob
+
+    assert not QuantizationJob.objects.exists()
+    job = call(client, "post", f"/models/{model_id}/quantize", owner_token, {})
+    assert job.status_code == 201, job.content
+    assert job.json()["state"] == "pending" and job.json()["source"] == "tiny"
+    cancelled = call(client, "post", f"/quantization-jobs/{job.json()['id']}/cancel", owner_token)
+    assert cancelled.json()["state"] == "cancelled"
+    progress = call(client, "get", f"/quantization-jobs/{job.json()['id']}", owner_token).json()
+    assert [event["to_state"] for event in progress["events"]] == ["pending", "cancelled"]
     launch = call(client, "post", f"/profiles/{body['id']}/deployments", owner_token, {})
     assert launch.status_code == 400  # no GPU worker online: refused in words, nothing saved
     from panel.serving.models import Deployment

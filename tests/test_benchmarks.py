@@ -259,9 +259,11 @@ def test_it_plans_the_ladder_and_skips_awq_with_the_reason(team_setup, tiny_mode
                             max_model_len=1024, extra_args="--enforce-eager")
     # A CPU host whose engine was never checked: whether it has the AWQ kernel is unknown, and unknown is not yes.
     plan = ladders.ladder_profiles(ladder, host)
-    assert [step[0] for step in plan] == ["baseline", "awq", "prefix", "batching"]
-    baseline, awq, prefix, batching = (step[4] for step in plan)
-    assert awq is None and "can serve AWQ is not known yet: run its engine check" in plan[1][5]
+    assert [step[0] for step in plan] == ["baseline", "awq", "prefix", "batching", "fp8", "ngram"]
+    baseline, awq, prefix, batching = (step[4] for step in plan[:4])
+    assert awq is None and "can serve quantized weights (AWQ, W8A8) is not known yet: run its engine check" in plan[1][5]
+    assert plan[4][4] is None and "FP8 is not served on cpu-box: not known yet" in plan[4][5]
+    assert plan[5][4] is None and "supports speculative decoding is not known yet" in plan[5][5]
     assert (baseline["enable_prefix_caching"], baseline["max_num_seqs"], baseline["block_size"]) == (False, 2, 32)
     assert prefix["enable_prefix_caching"] and prefix["model"] == tiny_model and prefix["max_num_seqs"] == 2
     assert batching["max_num_seqs"] == 16 and batching["enable_chunked_prefill"] and batching["enable_prefix_caching"]
@@ -286,6 +288,49 @@ def test_it_plans_the_ladder_and_skips_awq_with_the_reason(team_setup, tiny_mode
     plan = ladders.ladder_profiles(ladder, host)
     assert plan[1][4] is None and "cannot serve AWQ" in plan[1][5] and "AVX-512" in plan[1][5]
     assert plan[2][4]["model"] == tiny_model
+
+
+def test_the_ladder_serves_the_best_quantized_child_the_host_serves(team_setup, tiny_model):
+    """A CPU host with the int8 kernel: the quantized step serves the W8A8 child, FP8 says why not, and the n-gram
+    step adds the speculative config to the batching step."""
+    from django.utils import timezone
+
+    from panel.hosts.models import EngineCheck
+    from panel.registry.models import ModelEvaluation, RegisteredModel
+
+    host = cpu_host()
+    EngineCheck.objects.create(team=team_setup["team_a"], host=host, state="succeeded", finished_at=timezone.now(),
+                               result={"serves_awq": False, "speculative_ngram": True,
+                                       "kernels": {"int8_scaled_mm": True, "w4a16": False, "fp8": False}})
+    shape = {f: getattr(tiny_model, f) for f in ("architecture", "model_type", "parameter_count", "num_layers",
+                                                  "linear_parameter_count", "num_attention_heads", "num_kv_heads",
+                                                  "hidden_size", "head_dim", "max_position_embeddings", "dtype",
+                                                  "size_bytes")}
+    awq = RegisteredModel.objects.create(team=team_setup["team_a"], name="tiny-awq", path="/a", parent=tiny_model,
+                                         quantization={"method": "awq", "bits": 4, "group_size": 128}, **shape)
+    w8a8 = RegisteredModel.objects.create(team=team_setup["team_a"], name="tiny-w8a8", path="/b", parent=tiny_model,
+                                          quantization={"method": "compressed-tensors", "bits": 8,
+                                                        "scheme": "w8a8-int8"}, **shape)
+    ladder = ladders.Ladder(team=team_setup["team_a"], model=tiny_model, small_max_num_seqs=2, large_max_num_seqs=16,
+                            max_model_len=1024, extra_args="--enforce-eager")
+    plan = {step[0]: step for step in ladders.ladder_profiles(ladder, host)}
+    assert plan["awq"][4]["model"] == w8a8 and plan["awq"][4]["quantization"] == "compressed-tensors"
+    assert awq != plan["awq"][4]["model"]  # AWQ would die at its first request on this processor
+    assert plan["fp8"][4] is None and "the CPU engine has no FP8 kernel" in plan["fp8"][5]
+    ngram = plan["ngram"][4]
+    assert ngram["model"] == w8a8 and ngram["max_num_seqs"] == 16
+    assert ngram["extra_args"] == ("--enforce-eager --speculative-config '{\"method\": \"ngram\", "
+                                   "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3}'")
+    from panel.serving.configfile import validate_extra_args
+
+    assert validate_extra_args(ngram["extra_args"])[-1].startswith('{"method": "ngram"')
+    # The quality column: the quantized child's report against the ladder's model.
+    for model, perplexity in ((tiny_model, 20.0), (w8a8, 20.3)):
+        ModelEvaluation.objects.create(model=model, perplexity=perplexity, tokens_scored=3, json_valid=24,
+                                       json_total=24, size_bytes=1, details={"argmax": [1, 2, 3]})
+    quality = ladders.step_quality(tiny_model, w8a8)
+    assert round(quality.perplexity_change, 1) == 1.5 and quality.token_agreement == 100.0 and not quality.flags
+    assert ladders.step_quality(tiny_model, tiny_model).perplexity_change is None
 
 
 def test_it_refuses_a_ladder_for_a_quantized_model_or_bad_sizes(team_setup, tiny_model):

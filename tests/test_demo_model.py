@@ -43,10 +43,10 @@ def file_digests(folder):
 
 @pytest.fixture(scope="module")
 def demo_model(tmp_path_factory):
-    """One build per module, through the management command."""
+    """One real build per module (training included, not a copy of the cached one), through the command."""
     path = tmp_path_factory.mktemp("first") / DEMO_MODEL_DIRNAME
     out = io.StringIO()
-    call_command("make_demo_model", str(path), stdout=out)
+    call_command("make_demo_model", str(path), "--force", stdout=out)
     return path, out.getvalue()
 
 
@@ -56,13 +56,34 @@ def test_it_builds_byte_identical_files_twice(demo_model, tmp_path):
     assert "training tokenizer" in output and f"Demo model at {first}" in output
 
     second = tmp_path / DEMO_MODEL_DIRNAME
-    result = build_demo_model(second)
+    result = build_demo_model(second)  # a copy of the cached build, which is a second, independent build
 
-    assert result["path"] == str(second) and result["reused"] is False
+    assert result["path"] == str(second)
     assert file_digests(first) == file_digests(second)
     assert set(file_digests(first)) >= {"config.json", "generation_config.json", "model.safetensors",
-                                        "tokenizer.json", "tokenizer_config.json"}
+                                        "tokenizer.json", "tokenizer_config.json", "training.json"}
     assert [item.name for item in tmp_path.iterdir()] == [DEMO_MODEL_DIRNAME]  # no temporary folder left
+
+
+@pytest.mark.engine
+def test_it_learned_from_its_corpus(demo_model):
+    path, output = demo_model
+    training = json.loads((path / "training.json").read_text())
+    assert "training step 240 of 240" in output
+    assert training["steps"] == 240 and training["last_loss"] < training["first_loss"] - 2
+    # Far below a random model's perplexity on text neither training nor calibration saw.
+    assert training["held_out_perplexity"] * 10 < training["random_model_held_out_perplexity"]
+    assert training["random_model_held_out_perplexity"] > 1000 and training["held_out_tokens"] > 3000
+
+
+@pytest.mark.engine
+def test_it_copies_the_cached_build_instead_of_training_again(demo_model, tmp_path):
+    from panel.registry.demo_model import cache_path
+
+    path, _ = demo_model
+    assert file_digests(cache_path()) == file_digests(path)
+    copy = build_demo_model(tmp_path / "copy")
+    assert copy["reused"] is True and file_digests(tmp_path / "copy") == file_digests(path)
 
 
 @pytest.mark.engine

@@ -1,6 +1,7 @@
-"""AWQ quantization jobs end to end: the form, a real Celery GPU worker, real AutoAWQ on the CPU, cancel,
-a runner killed mid-run, duplicate delivery, and the terminal command."""
+"""Quantization jobs end to end: the form, a real Celery GPU worker, real AutoAWQ and llm-compressor on the CPU,
+progress inside a layer, cancel, a runner killed mid-run, duplicate delivery, and the terminal command."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from tests.conftest import ROOT, panel_env, wait_until
 from panel.jobs import processes
 from panel.registry import tasks
 
-FAST = {"max_calib_samples": 32, "max_calib_seq_len": 256}
+FAST = {"max_calib_samples": 32, "max_calib_seq_len": 256, "backend": "autoawq", "scheme": "w4a16-awq"}
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,30 @@ def test_it_cancels_a_running_job_within_ten_seconds(start_worker, team_setup, s
     assert list(actors) == [team_setup["alice"].pk]
 
 
+def test_llm_compressor_reports_progress_inside_a_layer_and_cancels_within_ten_seconds(start_worker, team_setup,
+                                                                                      source):
+    import time
+
+    from panel.registry.services import quantization_cancel
+
+    start_worker("gpu")
+    job = quantization_launch(team=team_setup["team_a"], user=team_setup["alice"], source=source,
+                              scheme="w4a16-gptq", max_calib_samples=256, max_calib_seq_len=512)
+    assert job.backend == "llm-compressor"
+    running = wait_for_phase(job, "sample", seconds=180)
+    # Four decoder layers and the head; each calibrated over every sample, then its outputs propagated.
+    assert re.search(r"(calibrating|propagating) layer \d of 5, sample \d+ of \d+", running.phase), running.phase
+    later = wait_until(lambda: (lambda j: j if "left" in j.phase else None)(QuantizationJob.objects.get(pk=job.pk)),
+                       seconds=120, message="an estimate of the time left")
+    assert re.search(r"about \d+ (s|min \d+ s) left", later.phase)
+    asked = time.monotonic()
+    assert quantization_cancel(job=later, user=team_setup["alice"]) is True
+    job = final(job, seconds=10)
+    assert time.monotonic() - asked < 10 and job.state == JobState.CANCELLED
+    assert not processes.group_alive(later.pid)
+    assert not os.path.exists(job.output_dir) and not os.path.exists(job.output_dir + ".partial")
+
+
 def test_it_fails_with_a_reason_when_the_runner_is_killed(start_worker, team_setup, source):
     start_worker("gpu")
     job = quantization_launch(team=team_setup["team_a"], user=team_setup["alice"], source=source, **FAST)
@@ -127,6 +152,7 @@ def test_it_runs_a_duplicated_message_once(start_worker, team_setup, source):
 def test_it_refuses_a_bad_calibration_file_and_saves_nothing(client, team_setup, source, settings, content, message):
     client.force_login(team_setup["alice"])
     response = client.post(reverse("quantization_create", args=[source.pk]), {
+        "scheme": "w4a16-awq", "backend": "autoawq", "keep_as": "bf16",
         "q_group_size": 128, "zero_point": "on", "version": "GEMM", "calibration": "file",
         "calibration_file": SimpleUploadedFile("domain.txt", content), "max_calib_samples": 128,
         "max_calib_seq_len": 512})
@@ -138,6 +164,7 @@ def test_it_refuses_a_bad_calibration_file_and_saves_nothing(client, team_setup,
 
 @pytest.mark.parametrize("changes, message", [
     ({"q_group_size": 100}, "Select a valid choice"),
+    ({"scheme": "w2a2"}, "Select a valid choice"),
     ({"max_calib_samples": 0}, "greater than or equal to 8"),
     ({"max_calib_seq_len": 10 ** 9}, "less than or equal to 4096"),
     ({"version": "FAST"}, "Select a valid choice"),
@@ -145,8 +172,8 @@ def test_it_refuses_a_bad_calibration_file_and_saves_nothing(client, team_setup,
 ])
 def test_it_refuses_absurd_parameters(client, team_setup, source, changes, message):
     client.force_login(team_setup["alice"])
-    data = {"q_group_size": 128, "version": "GEMM", "calibration": "builtin", "max_calib_samples": 128,
-            "max_calib_seq_len": 512}
+    data = {"scheme": "w4a16-awq", "keep_as": "bf16", "q_group_size": 128, "version": "GEMM",
+            "calibration": "builtin", "max_calib_samples": 128, "max_calib_seq_len": 512}
     data.update(changes)
     response = client.post(reverse("quantization_create", args=[source.pk]), data)
     assert response.status_code == 400 and message in response.content.decode()
@@ -161,20 +188,20 @@ def test_it_refuses_to_quantize_a_quantized_model(client, team_setup, source):
         quantization={"method": "awq", "bits": 4, "group_size": 128})
     client.force_login(team_setup["alice"])
     response = client.post(reverse("quantization_create", args=[child.pk]), {
-        "q_group_size": 128, "version": "GEMM", "calibration": "builtin", "max_calib_samples": 128,
-        "max_calib_seq_len": 512})
+        "scheme": "w8a8-int8", "keep_as": "bf16", "q_group_size": 128, "version": "GEMM", "calibration": "builtin",
+        "max_calib_samples": 128, "max_calib_seq_len": 512})
     assert response.status_code == 400
     assert "already quantized (AWQ 4-bit g128)" in response.content.decode()
     assert QuantizationJob.objects.count() == 0
 
 
-def test_it_warns_about_group_size_256(client, team_setup, source, django_capture_on_commit_callbacks):
+def test_it_warns_about_large_groups(client, team_setup, source, django_capture_on_commit_callbacks):
     client.force_login(team_setup["alice"])
     with django_capture_on_commit_callbacks(execute=False):
         response = client.post(reverse("quantization_create", args=[source.pk]), {
-            "q_group_size": 256, "version": "GEMM", "calibration": "builtin", "max_calib_samples": 128,
-            "max_calib_seq_len": 512}, follow=True)
-    assert "Group size 256 costs accuracy" in response.content.decode()
+            "scheme": "w4a16-gptq", "keep_as": "bf16", "q_group_size": 256, "version": "GEMM",
+            "calibration": "builtin", "max_calib_samples": 128, "max_calib_seq_len": 512}, follow=True)
+    assert "Large groups cost accuracy" in response.content.decode()
     assert QuantizationJob.objects.get().q_group_size == 256
 
 
@@ -185,17 +212,39 @@ def test_it_quantizes_from_the_terminal(transactional_db, team_setup, source, tm
     calibration.write_text("\n\n".join(f"Invoice {i}: the customer asked about shipping, refunds and the "
                                        f"warranty of order number {i * 7}." for i in range(200)))
     env = panel_env(DATABASE_URL=f"sqlite:///{connection.settings_dict['NAME']}")
-    result = subprocess.run([sys.executable, "manage.py", "quantize", "tiny", "--calib", str(calibration),
+    result = subprocess.run([sys.executable, "manage.py", "quantize", "tiny", "--backend", "autoawq", "--scheme",
+                             "w4a16-awq", "--no-report", "--calib", str(calibration),
                              "--max-calib-samples", "32", "--max-calib-seq-len", "256"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "100%" in result.stdout and "registered as tiny-awq-w4-g128" in result.stdout
+    assert "perplexity" not in result.stdout  # --no-report
     job = QuantizationJob.objects.get()
     assert job.state == JobState.SUCCEEDED and job.worker == "terminal"
     assert job.calibration == "file" and job.result["calibration"]["source"] == "file"
     missing = subprocess.run([sys.executable, "manage.py", "quantize", "no-such-model"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and "no registered model 'no-such-model'" in missing.stderr
+
+
+def test_it_quantizes_with_llm_compressor_and_reports_quality_from_the_terminal(transactional_db, team_setup,
+                                                                                 source):
+    from django.db import connection
+
+    env = panel_env(DATABASE_URL=f"sqlite:///{connection.settings_dict['NAME']}")
+    result = subprocess.run([sys.executable, "manage.py", "quantize", "tiny", "--scheme", "w8a8-int8"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    assert "(W8A8 INT8, llm-compressor)" in result.stdout and "registered as tiny-w8a8-int8" in result.stdout
+    measured = re.findall(r"^  \S+: perplexity [\d.]+, JSON valid \d+ of 24$", result.stdout, re.MULTILINE)
+    assert len(measured) == 2 and "within the quality limits of its parent" in result.stdout
+    job = QuantizationJob.objects.get()
+    assert job.state == JobState.SUCCEEDED and job.result["quant_config"]["quant_method"] == "compressed-tensors"
+    from panel.registry.models import EvaluationJob, ModelEvaluation
+
+    report = EvaluationJob.objects.get(pk=job.result["quality_report"])
+    assert report.state == JobState.SUCCEEDED and report.worker == "terminal"
+    assert set(ModelEvaluation.objects.values_list("model__name", flat=True)) == {"tiny", "tiny-w8a8-int8"}
 
 
 def test_it_leaves_no_runner_process_behind(demo_model_path):

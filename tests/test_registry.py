@@ -154,7 +154,7 @@ def test_it_registers_a_model_and_shows_its_page(client, team_setup, demo_model)
     assert response.status_code == 302 and response["Location"] == reverse("model_detail", args=[model.pk])
     assert model.team == team_setup["team_a"] and model.path == str(demo_model)
     page = client.get(response["Location"]).content.decode()
-    assert "What fits where" in page and "KV cache per token" in page and "Quantize with AWQ" in page
+    assert "What fits where" in page and "KV cache per token" in page and "Quantize" in page and "Quality" in page
 
 
 @pytest.mark.parametrize("source, message", [

@@ -112,7 +112,7 @@ def test_it_holds_an_already_quantized_checkpoint_to_its_method(wanted):
 def test_it_sends_an_unquantized_model_to_a_quantization_job():
     for method in ("awq", "gptq"):
         verdict = check(seeds_profile(quantization=method), model=qwen14b())
-        assert "Quantize it first: Models → qwen2.5-14b → Quantize with AWQ" in messages(verdict, "quantization")
+        assert "Quantize it first: Models → qwen2.5-14b → Quantize" in messages(verdict, "quantization")
     assert check(seeds_profile(quantization="none", quantization_bits=None, tensor_parallel_size=2),
                  model=qwen14b(), host=gpu_host(count=2, gib=80)).ok
 

@@ -1,5 +1,5 @@
-"""Models and their quantization jobs (as on Models and Quantization): register, read, launch AWQ, follow its
-progress, cancel, and read its result (the quantized child model)."""
+"""Models, their quantization jobs and quality reports (as on Models and Quantization): register, read, quantize,
+follow a job, cancel it, read its result (the quantized child model), and measure a model's quality report."""
 import datetime
 from typing import Any
 
@@ -16,15 +16,10 @@ from panel.audit.services import audit_record
 from panel.jobs.services import job_events
 from panel.registry import memory
 from panel.registry import views as pages
-from panel.registry.forms import ModelRegisterForm, QuantizationForm
-from panel.registry.models import CalibrationSource, QuantizationJob, RegisteredModel
-from panel.registry.services import (
-    calibration_store,
-    model_register,
-    quantization_cancel,
-    quantization_launch,
-    quantization_refusal,
-)
+from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
+from panel.registry.models import EvaluationJob, QuantizationJob, RegisteredModel
+from panel.registry.quality import evaluation_from_form
+from panel.registry.services import model_register, quantization_cancel, quantization_from_form, quantization_refusal
 
 router = Router(tags=["models and quantization"])
 
@@ -65,6 +60,8 @@ class QuantizationJobOut(JobOut):
     source_id: int
     source: str
     host_id: int | None
+    scheme: str
+    backend: str
     q_group_size: int
     zero_point: bool
     version: str
@@ -137,7 +134,7 @@ def quantization_get(request, job_id: int):
 
 
 @router.post("/models/{model_id}/quantize", response=errors({201: QuantizationJobOut}),
-             summary="Quantize a model with AWQ on a GPU worker")
+             summary="Quantize a model on a GPU worker (a scheme, its backend, calibration)")
 @allowed(like=pages.job_create)
 def quantization_launch_op(request, model_id: int, body: QuantizationLaunch):
     model = get_object_or_404(RegisteredModel, pk=model_id, team=request.team)
@@ -145,19 +142,57 @@ def quantization_launch_op(request, model_id: int, body: QuantizationLaunch):
     if refusal is not None:
         raise Invalid({"__all__": [refusal]})
     text = body.calibration_text
-    form = validated(QuantizationForm, body.dict(exclude={"calibration_text"}, exclude_unset=True),
+    form = validated(QuantizationForm, body.dict(exclude={"calibration_text"}, exclude_unset=True), model=model,
                      files={"calibration_file": text_file("calibration.txt", text)} if text else None)
-    data = form.cleaned_data
-    calibration_path = ""
-    if data["calibration"] == CalibrationSource.FILE:
-        calibration_path = calibration_store(team=request.team, data=form.calibration_data)
-    job = quantization_launch(
-        team=request.team, user=request.user, source=model, host=data["host"], q_group_size=data["q_group_size"],
-        zero_point=data["zero_point"], version=data["version"], calibration=data["calibration"],
-        calibration_file=calibration_path, calibration_name="calibration.txt" if calibration_path else "",
-        max_calib_samples=data["max_calib_samples"], max_calib_seq_len=data["max_calib_seq_len"])
+    job = quantization_from_form(team=request.team, user=request.user, model=model, form=form)
     audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"quantization #{job.pk} of {model.name}")
     return Status(201, job_out(job))
+
+
+EvaluationLaunch = schema_from_form(EvaluationForm, "EvaluationLaunch", extra={
+    "prompt_text": (str | None, Field(None, max_length=2_000_000,
+                                      description="Your own prompts: the JSONL file's content (optional)."))})
+
+
+class EvaluationJobOut(JobOut):
+    model_id: int
+    baseline_id: int | None
+    host_id: int | None
+    inputs_key: str
+    result: dict[str, Any] = Field(description="The measured report (perplexity, agreement, JSON validity) once done.")
+
+
+class EvaluationJobDetail(EvaluationJobOut):
+    log_tail: str
+    events: list[JobEventOut]
+
+
+def evaluation_out(job, *, detail=False):
+    out = {name: getattr(job, name) for name in EvaluationJobOut.model_fields}
+    if detail:
+        out.update(log_tail=job.log_tail, events=job_events_out(job_events(job)))
+    return out
+
+
+@router.post("/models/{model_id}/evaluate", response=errors({201: EvaluationJobOut}),
+             summary="A quality report: measure the model against its parent (or another model) on a GPU worker")
+@allowed(like=pages.evaluation_create)
+def evaluation_launch_op(request, model_id: int, body: EvaluationLaunch):
+    model = get_object_or_404(RegisteredModel.objects.select_related("parent"), pk=model_id, team=request.team)
+    text = body.prompt_text
+    form = validated(EvaluationForm, body.dict(exclude={"prompt_text"}, exclude_unset=True), model=model,
+                     files={"prompt_file": text_file("prompts.jsonl", text)} if text else None)
+    job = evaluation_from_form(team=request.team, user=request.user, model=model, form=form)
+    audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"quality report #{job.pk}")
+    return Status(201, evaluation_out(job))
+
+
+@router.get("/quality-jobs/{job_id}", response=errors({200: EvaluationJobDetail}),
+            summary="A quality report job: progress, history and the measured report")
+@allowed(like=pages.evaluation_detail)
+def evaluation_get(request, job_id: int):
+    job = get_object_or_404(EvaluationJob.objects.filter(team=request.team), pk=job_id)
+    return evaluation_out(job, detail=True)
 
 
 @router.post("/quantization-jobs/{job_id}/cancel", response=errors({200: QuantizationJobOut}))

@@ -25,6 +25,8 @@ from panel.jobs.services import (
     job_heartbeat,
     job_succeed,
 )
+from panel.registry.quality import compare, latest_evaluation
+from panel.registry.schemes import SCHEMES, host_serves
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
 from panel.serving.services import (
     deployment_launch,
@@ -39,14 +41,25 @@ log = logging.getLogger(__name__)
 
 MAX_SWEEP_VALUES = 8
 
-# The usual order of tuning work, each step adding one thing to the one before it.
+# The usual order of tuning work, each step adding one thing to the one before it; then FP8 instead of the
+# quantized weights, and speculative decoding, each measured where the host's engine can serve it.
 STEPS = (
     ("baseline", "FP16 baseline", "no prefix caching, small max_num_seqs", "precision-sensitive traffic"),
-    ("awq", "+ AWQ INT4", "4-bit weights (the model's AWQ child)", "large models, many users per card"),
+    ("awq", "+ quantized", "the best quantized child this host serves (AWQ INT4 on a GPU, W8A8 on a CPU)",
+     "large models, many users per card"),
     ("prefix", "+ prefix caching", "reuses the KV cache of a shared system prompt", "agents, shared system prompts"),
     ("batching", "+ larger max_num_seqs, chunked prefill", "more sequences per step; long prompts in chunks",
      "batch jobs, throughput first"),
+    ("fp8", "FP8 instead", "the model's FP8 child with the step above's settings", "Hopper/Ada GPUs, near-FP16 "
+     "quality"),
+    ("ngram", "+ n-gram speculative decoding", "drafts tokens from the prompt itself (no draft model)",
+     "answers that repeat their input: extraction, code edits"),
 )
+# The order the quantized step prefers a child in: smallest first where a GPU serves it; W8A8 first on a CPU host
+# (its int8 kernel runs on AVX2 and AVX-512 alike, and it keeps the most quality).
+GPU_PREFERENCE = ("w4a16-awq", "w4a16-gptq", "mixed", "w8a8-int8", "fp8-dynamic")
+CPU_PREFERENCE = ("w8a8-int8", "w4a16-awq", "w4a16-gptq", "mixed")
+NGRAM_CONFIG = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
 
 
 class Cancelled(Exception):
@@ -60,26 +73,87 @@ def awq_child(model):
     return children[0] if children else None
 
 
+def child_scheme(child):
+    quantization = child.quantization or {}
+    if quantization.get("scheme"):
+        return quantization["scheme"]
+    return "w4a16-awq" if str(quantization.get("method", "")).lower() == "awq" else None
+
+
+def quantized_child(model, host, *, schemes=None):
+    """(child, scheme) of `model`'s newest quantized child that `host`'s engine serves, best scheme first; or
+    (None, the best scheme the host would serve)."""
+    engine = (host_facts(host) or {}).get("engine") or {}
+    order = schemes or (GPU_PREFERENCE if host is not None and host.gpus else CPU_PREFERENCE)
+    served = [key for key in order if host_serves(key, engine).answer]
+    children = list(model.children.order_by("-created_at"))
+    for key in served:
+        for child in children:
+            if child_scheme(child) == key and (child.quantization or {}).get("bits") not in (2, 3):
+                return child, key
+    return None, served[0] if served else None
+
+
+def quantized_fields(child):
+    """The profile fields that serve a quantized child."""
+    method = str((child.quantization or {}).get("method") or "").lower()
+    return dict(model=child, quantization=method, quantization_bits=(child.quantization or {}).get("bits"))
+
+
 def _block_size(host):
     # vLLM 0.32's CPU attention needs a multiple of 32 (panel.serving.rules); 16 is a GPU value.
     return 32 if host is not None and not host.gpus else 16
 
 
 def awq_skip_reason(ladder, host, fields):
-    """Why the AWQ step cannot run on `host` ("" when it can; then `fields` is updated to serve the AWQ child).
-    What the hardware can do is asked first: a CPU engine without the W4A16 kernel dies at the first request, and
-    an unknown answer is not a yes."""
+    """Why the quantized step cannot run on `host` ("" when it can; then `fields` is updated to serve the best
+    quantized child the host serves). What the hardware can do is asked first: a CPU engine without a kernel dies
+    at the first request, and an unknown answer is not a yes."""
     facts = host_facts(host) or {}
     if facts.get("kind") == "cpu" and facts.get("serves_awq") is None:
-        return (f"Whether {host.host}'s CPU engine can serve AWQ is not known yet: run its engine check (Workers → "
-                "Check engine), then start the ladder again. The next steps keep the FP16 weights.")
-    child = awq_child(ladder.model)
-    fields.update(model=child or ladder.model, quantization="awq", quantization_bits=4)
+        return (f"Whether {host.host}'s CPU engine can serve quantized weights (AWQ, W8A8) is not known yet: run "
+                "its engine check (Workers → Check engine), then start the ladder again. The next steps keep the "
+                "FP16 weights.")
+    child, scheme = quantized_child(ladder.model, host)
+    if child is None and scheme is not None and scheme != "w4a16-awq":
+        return (f"{ladder.model.name} is not quantized in a scheme {host.host} serves: Quantize it first (Models → "
+                f"{ladder.model.name} → Quantize; {SCHEMES[scheme].label} serves here). The next steps keep the "
+                "FP16 weights.")
+    if child is None:  # the rules word it: no AWQ checkpoint, or a host that cannot serve AWQ
+        fields.update(model=awq_child(ladder.model) or ladder.model, quantization="awq", quantization_bits=4)
+    else:
+        fields.update(quantized_fields(child))
     verdict = profile_check(ServingProfile(team=ladder.team, name="check", **fields), host)
     if verdict.ok:
         return ""
     reasons = [message for messages in verdict.errors.values() for message in messages]
     return " ".join(reasons) + " The next steps keep the FP16 weights."
+
+
+def fp8_skip_reason(ladder, host, fields):
+    """Why the FP8 step cannot run ("" when it can; then `fields` serve the FP8 child)."""
+    engine = (host_facts(host) or {}).get("engine") or {}
+    verdict = host_serves("fp8-dynamic", engine)
+    if not verdict.answer:
+        return f"FP8 is not served on {host.host}: {verdict.reason}."
+    child, _ = quantized_child(ladder.model, host, schemes=("fp8-dynamic",))
+    if child is None:
+        return (f"{ladder.model.name} has no FP8 child: Quantize it first (Models → {ladder.model.name} → Quantize "
+                "→ FP8 dynamic: no calibration text, seconds).")
+    fields.update(quantized_fields(child))
+    return ""
+
+
+def ngram_skip_reason(host):
+    """Why the n-gram speculative decoding step cannot run on `host` ("" when it can)."""
+    engine = (host_facts(host) or {}).get("engine") or {}
+    if not engine:
+        return (f"Whether {host.host}'s engine supports speculative decoding is not known yet: run its engine "
+                "check first.")
+    if engine.get("speculative_ngram") is False:
+        return (f"{host.host}'s engine does not run n-gram speculative decoding: "
+                f"{engine.get('speculative_ngram_reason') or 'its engine check says so'}.")
+    return ""
 
 
 def ladder_profiles(ladder, host):
@@ -100,6 +174,14 @@ def ladder_profiles(ladder, host):
         elif key == "batching":
             fields.update(max_num_seqs=ladder.large_max_num_seqs, enable_chunked_prefill=True,
                           max_num_batched_tokens=max(ladder.max_model_len, ladder.large_max_num_seqs))
+        elif key == "fp8":
+            skip = fp8_skip_reason(ladder, host, fields)
+            plans.append((key, label, what, use, None if skip else fields, skip))
+            continue  # a side step: the next step builds on the one before it
+        elif key == "ngram":
+            skip = ngram_skip_reason(host)
+            fields["extra_args"] = " ".join(part for part in (fields.get("extra_args") or "",
+                                                              f"--speculative-config '{NGRAM_CONFIG}'") if part)
         if not skip:
             current = fields
         plans.append((key, label, what, use, None if skip else fields, skip))
@@ -305,7 +387,8 @@ def ladder_table(ladder):
         run = runs.get(outcome.get("run_id"))
         profile = profiles.get(outcome.get("profile_id"))
         row = {"key": key, "label": label, "what": what, "use": use, "status": outcome["status"],
-               "reason": outcome.get("reason", ""), "run": run, "profile": profile}
+               "reason": outcome.get("reason", ""), "run": run, "profile": profile,
+               "quality": step_quality(ladder.model, profile.model) if profile else None}
         figures = run.result if run is not None and run.state == JobState.SUCCEEDED else None
         if figures:
             throughput = figures["output_tokens_per_s"]
@@ -321,6 +404,15 @@ def ladder_table(ladder):
             baseline = baseline or throughput
         rows.append(row)
     return rows
+
+
+def step_quality(parent, model):
+    """The quality report's numbers for the model a step served: its own measurement and, for a quantized
+    child, the comparison with the ladder's model (None when it was never measured)."""
+    evaluation = latest_evaluation(model)
+    if evaluation is None:
+        return None
+    return compare(evaluation, latest_evaluation(parent) if model.pk != parent.pk else None)
 
 
 def ladder_price(ladder):

@@ -22,6 +22,7 @@ from panel.channels.services import (
     route_delete,
     route_save,
 )
+from panel.registry.quality import served_model_quality
 
 
 def _render(request, template, context, status=200):
@@ -226,6 +227,7 @@ def route_detail(request, route_id):
 def _route_context(route, form):
     return {"route": route, "entries": route.entries(), "canary_form": form,
             "stable_percent": 100 - route.canary_percent,
+            "candidate_quality": served_model_quality(route.canary_channel),
             "guards": {"json": settings.CANARY_JSON_FAILURE_PERCENT, "errors": settings.CANARY_ERROR_PERCENT,
                        "p99": settings.CANARY_P99_RATIO_PERCENT / 100, "minimum": settings.CANARY_MIN_REQUESTS,
                        "step_minutes": settings.CANARY_STEP_SECONDS / 60}}

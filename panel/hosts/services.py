@@ -47,3 +47,8 @@ def engine_check_execute(*, check_id, worker):
     check = EngineCheck.objects.select_related("host").get(pk=check_id)
     argv = processes.engine_argv(settings.ENGINE_PYTHON, "engine_probe")
     return run_job(check, argv, worker=worker, classify=diagnosis.classify, time_limit=300)
+
+
+def gpu_hosts_online():
+    """The GPU worker hosts online now (a job queued on `gpu` lands on one of them)."""
+    return [host for host in WorkerHost.objects.filter(kind="gpu").order_by("host") if host.is_online]

@@ -1,6 +1,10 @@
-"""The tiny demo model: a Qwen2 checkpoint with random weights that the project builds itself, because no
-machine here reaches a model hub (DESIGN.md, "No downloads at run time"). engine/build_demo_model.py builds it
-inside the engine venv; this module runs that script and reads its JSON lines. Built once, then reused."""
+"""The tiny demo model: a Qwen2 checkpoint that the project builds and briefly trains itself, because no machine
+here reaches a model hub (DESIGN.md, "No downloads at run time"). engine/build_demo_model.py builds it inside the
+engine venv; this module runs that script and reads its JSON lines.
+
+Training takes about a minute, so a build goes into a cache under the data dir, keyed by the builder's own source
+files, and every other folder that asks for the demo model gets a copy of it (a test run trains it once)."""
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -11,8 +15,9 @@ from panel.jobs import processes
 from panel.jobs.runner import parse_line
 
 DEMO_MODEL_DIRNAME = "tokenwise-tiny-qwen2"
-# A build takes seconds; minutes means the engine venv is wedged (importing torch from a stalled disk).
+# A build takes about a minute (most of it training); ten means the engine venv is wedged.
 BUILD_TIME_LIMIT_SECONDS = 600
+BUILDER_SOURCES = ("build_demo_model.py", "demo_training.py", "evaluation_text.py")
 
 
 class DemoModelError(Exception):
@@ -50,11 +55,48 @@ def describe_progress(message):
     return f"{prefix}{message['phase']}"
 
 
+def cache_path():
+    """Where the cached build lives: one folder per version of the builder's sources."""
+    digest = hashlib.sha256()
+    for name in BUILDER_SOURCES:
+        digest.update((processes.PROJECT_ROOT / "engine" / name).read_bytes())
+    return Path(settings.DATA_DIR) / "cache" / f"demo-model-{digest.hexdigest()[:12]}"
+
+
 def build_demo_model(path=None, *, force=False, on_progress=None):
-    """Build the demo model at `path` (default: default_demo_model_path()) unless a complete one is there, or
-    always with `force`. `on_progress(text)` gets one readable line per phase. Returns the builder's result:
-    {"path", "parameters", "size_bytes", "seconds", "reused", ...}. Raises DemoModelError on any failure."""
+    """Build the demo model at `path` (default: default_demo_model_path()) unless a complete one is there: a copy
+    of the cached build (trained once), or always a fresh build with `force`. `on_progress(text)` gets one
+    readable line per phase. Returns the builder's result: {"path", "parameters", "size_bytes", "seconds",
+    "reused", "training", ...}. Raises DemoModelError on any failure."""
     path = Path(path) if path else default_demo_model_path()
+    engine_python()  # no engine venv: say so before copying anything
+    if not force and not is_built(path):
+        cached = cache_path()
+        if not is_built(cached):
+            run_builder(cached, force=False, on_progress=on_progress)
+        copy_build(cached, path)
+    return run_builder(path, force=force, on_progress=on_progress)
+
+
+def is_built(path):
+    """A complete build is there (the builder's own check, by its files; no engine needed to look)."""
+    required = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                "tokenizer_config.json", "training.json")
+    return path.is_dir() and all((path / name).is_file() for name in required)
+
+
+def copy_build(source, target):
+    """Copy a complete build to `target` through a sibling folder and a rename (`target` is never half there)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.parent / f".{target.name}.copying-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial)
+    if target.exists():
+        shutil.rmtree(target)
+    partial.rename(target)
+
+
+def run_builder(path, *, force, on_progress):
     argv = builder_argv(path.absolute(), force=force)
     said = {}
 

@@ -1,8 +1,14 @@
+import re
+
 from django import forms
 from django.core.exceptions import ValidationError
 
 from panel.hosts.models import WorkerHost
-from panel.registry.models import CalibrationSource
+from panel.hosts.services import gpu_hosts_online
+from panel.registry.models import CalibrationSource, RegisteredModel
+from panel.registry.quality import engine_of, prompt_file_check
+from panel.registry.schemes import (AUTOAWQ, COMPARISON_ONLY, DEFAULT_SCHEME, LLMC, SCHEMES, calibration_default,
+                                    host_serves, linear_layers)
 from panel.registry.services import calibration_text_check
 
 
@@ -15,29 +21,57 @@ class ModelRegisterForm(forms.Form):
     name = forms.CharField(max_length=200, required=False, help_text="Defaults to the folder name or hub id.")
 
 
+GROUP_SIZES = [(32, "32"), (64, "64"), (128, "128 (recommended)"), (256, "256 (smaller, costs accuracy)"),
+               (0, "one per output channel (crudest)")]
+
+
 class QuantizationForm(forms.Form):
+    scheme = forms.ChoiceField(choices=[(key, scheme.label) for key, scheme in SCHEMES.items()],
+                               initial=DEFAULT_SCHEME, widget=forms.RadioSelect, label="Scheme")
+    backend = forms.ChoiceField(choices=[("", "The scheme's default (llm-compressor)"), (LLMC, "llm-compressor"),
+                                         (AUTOAWQ, "AutoAWQ (W4A16 AWQ only; deprecated upstream)")],
+                                required=False, label="Backend")
     q_group_size = forms.TypedChoiceField(
-        label="Group size", coerce=int, initial=128,
-        choices=[(64, "64"), (128, "128 (recommended)"), (256, "256 (smaller, costs accuracy)")],
-        help_text="Weights share one scale per group. 128 is the usual balance; 256 saves a little more memory "
-                  "but measurably costs accuracy.")
-    zero_point = forms.BooleanField(required=False, initial=True, label="Zero point (asymmetric quantization)")
+        label="Group size (4-bit schemes)", coerce=int, initial=128, choices=GROUP_SIZES,
+        help_text="Weights share one scale per group. 128 is the usual balance; larger groups save a little "
+                  "memory and measurably cost accuracy.")
+    w_bit = forms.TypedChoiceField(
+        label="Weight bits (round-to-nearest)", coerce=int, initial=4, required=False, empty_value=4,
+        choices=[(4, "4"), (3, "3 (for comparison: vLLM cannot serve it)"), (2, "2 (for comparison: vLLM cannot serve it)")],
+        help_text="2 and 3 bits show what quantization can cost; the quality report measures them with transformers.")
+    smoothquant = forms.FloatField(required=False, min_value=0.05, max_value=0.95, label="SmoothQuant strength",
+                                   help_text="W8A8 only: move activation outliers into the weights first (0.5-0.8 "
+                                             "is usual; needs calibration text). Empty: none.")
+    keep_patterns = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
+                                    label="Layers to keep (mixed precision)",
+                                    help_text="One per line: part of a layer name (layers.3., mlp.down_proj) or "
+                                              "re:REGEX. q/k/v and gate/up stay together: vLLM fuses them.")
+    keep_as = forms.TypedChoiceField(choices=[("bf16", "BF16 (as they are)"), ("fp8", "FP8 (GPU hosts)")],
+                                     initial="bf16", required=False, empty_value="bf16", label="Kept layers as")
+    zero_point = forms.BooleanField(required=False, initial=True, label="Zero point (AutoAWQ, asymmetric)")
     version = forms.ChoiceField(choices=[("GEMM", "GEMM (batched serving)"), ("GEMV", "GEMV (batch size 1)")],
-                                initial="GEMM", label="Kernel")
+                                initial="GEMM", label="AutoAWQ kernel")
     calibration = forms.ChoiceField(choices=CalibrationSource.choices, initial=CalibrationSource.BUILTIN,
                                     widget=forms.RadioSelect)
     calibration_file = forms.FileField(required=False, label="Calibration text file",
                                        help_text="UTF-8 text from your own domain (prompts, documents), up to 20 MB.")
-    max_calib_samples = forms.IntegerField(min_value=8, max_value=4096, initial=128, label="Max calibration samples")
-    max_calib_seq_len = forms.IntegerField(min_value=64, max_value=4096, initial=512,
+    max_calib_samples = forms.IntegerField(min_value=8, max_value=4096, initial=32, label="Max calibration samples")
+    max_calib_seq_len = forms.IntegerField(min_value=64, max_value=4096, initial=256,
                                            label="Calibration sequence length (tokens)")
     host = forms.ModelChoiceField(queryset=WorkerHost.objects.none(), required=False,
                                   empty_label="Any GPU worker", label="Run on")
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, model=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.model = model
         self.fields["host"].queryset = WorkerHost.objects.filter(kind="gpu").order_by("host")
         self.calibration_data = None
+        self.notes = []
+        hosts = gpu_hosts_online()
+        if not self.is_bound:
+            samples, tokens = calibration_default(host_kind(hosts))
+            self.initial.update(max_calib_samples=samples, max_calib_seq_len=tokens,
+                                scheme=best_scheme(hosts))
 
     def clean_host(self):
         host = self.cleaned_data.get("host")
@@ -47,6 +81,15 @@ class QuantizationForm(forms.Form):
 
     def clean(self):
         cleaned = super().clean()
+        scheme, backend = cleaned.get("scheme"), cleaned.get("backend") or None
+        if scheme:
+            self._check_backend(scheme, backend, cleaned.get("q_group_size"))
+            self._check_serving(scheme, cleaned)
+            self._check_patterns(scheme, cleaned)
+            if cleaned.get("w_bit", 4) != 4 and scheme != "w4a16-rtn":
+                self.add_error("w_bit", "Only round-to-nearest takes 2 or 3 bits; the other schemes set their own.")
+            if cleaned.get("smoothquant") is not None and scheme != "w8a8-int8":
+                self.add_error("smoothquant", "SmoothQuant goes with W8A8 only; leave it empty for this scheme.")
         upload = cleaned.get("calibration_file")
         if cleaned.get("calibration") == CalibrationSource.FILE:
             if not upload:
@@ -61,9 +104,112 @@ class QuantizationForm(forms.Form):
                     self.calibration_data = data
         return cleaned
 
+    def _check_backend(self, scheme, backend, group_size):
+        if backend and backend not in SCHEMES[scheme].backends:
+            self.add_error("backend", f"{SCHEMES[scheme].label} runs on {' or '.join(SCHEMES[scheme].backends)}, "
+                                      f"not {backend}.")
+        if backend == AUTOAWQ and group_size == 0:
+            self.add_error("q_group_size", "AutoAWQ needs a group size; one scale per channel is llm-compressor's.")
+
+    def _check_serving(self, scheme, cleaned):
+        """Refuse, in words, a result the chosen host (or every online GPU host) cannot serve."""
+        if cleaned.get("w_bit", 4) != 4:
+            self.notes.append(f"{cleaned['w_bit']}-bit weights are for comparison only: {COMPARISON_ONLY}.")
+            return
+        host = cleaned.get("host")
+        hosts = [host] if host is not None else gpu_hosts_online()
+        verdicts = [(candidate, host_serves(scheme, engine_of(candidate), keep_as=cleaned.get("keep_as")))
+                    for candidate in hosts]
+        if verdicts and all(verdict.answer is False for _, verdict in verdicts):
+            reasons = "; ".join(f"{candidate.host}: {verdict.reason}" for candidate, verdict in verdicts)
+            self.add_error("scheme", f"No GPU worker here can serve {SCHEMES[scheme].label}: {reasons}.")
+        elif any(verdict.answer is None for _, verdict in verdicts):
+            self.notes.append(f"Nobody has checked the engine of {', '.join(c.host for c, v in verdicts if v.answer is None)}"
+                              f": it is not known whether it serves {SCHEMES[scheme].label}. Run Check engine on "
+                              f"the Workers page.")
+
+    def _check_patterns(self, scheme, cleaned):
+        patterns = [line.strip() for line in (cleaned.get("keep_patterns") or "").splitlines() if line.strip()]
+        cleaned["keep_patterns"] = patterns
+        if scheme != "mixed":
+            return
+        if not patterns:
+            self.add_error("keep_patterns", "Name at least one layer to keep, e.g. layers.3. for the last block.")
+            return
+        layers = linear_layers(self.model) if self.model is not None else []
+        kept = set()
+        for pattern in patterns:
+            if pattern.startswith("re:"):
+                try:
+                    matcher = re.compile(pattern[3:])
+                except re.error as error:
+                    self.add_error("keep_patterns", f"{pattern!r} is not a valid regular expression: {error}")
+                    return
+                matched = [name for name in layers if matcher.search(name)]
+            else:
+                matched = [name for name in layers if pattern in name]
+            if layers and not matched:
+                self.add_error("keep_patterns", f"{pattern!r} names no linear layer of this model (they are named "
+                                                f"like {layers[0]}).")
+                return
+            kept.update(matched)
+        if layers and kept >= set(layers):
+            self.add_error("keep_patterns", "These patterns keep every linear layer: nothing would be 4-bit.")
+
     @property
     def warnings(self):
-        if self.is_bound and self.is_valid() and self.cleaned_data["q_group_size"] == 256:
-            return ["Group size 256 costs accuracy: check the quantized model's outputs (Compare, JSON check) "
-                    "before you route traffic to it."]
-        return []
+        if not (self.is_bound and self.is_valid()):
+            return []
+        found = list(self.notes)
+        if self.cleaned_data["q_group_size"] in (256, 0) and SCHEMES[self.cleaned_data["scheme"]].weight_bits == 4:
+            found.append("Large groups cost accuracy: read the quality report (it runs after the job) before you "
+                         "route traffic to the model.")
+        return found
+
+
+def host_kind(hosts):
+    """{"gpus": [...]} of the hosts a job may run on: GPU facts when any of them has GPUs."""
+    return {"gpus": [gpu for host in hosts for gpu in host.gpus]} if hosts else None
+
+
+def best_scheme(hosts):
+    """The scheme to offer first: the smallest result every online host's engine serves (W8A8 on a CPU host)."""
+    for key in ("w4a16-awq", "w8a8-int8"):
+        if hosts and all(host_serves(key, engine_of(host)).answer for host in hosts) and host_kind(hosts)["gpus"]:
+            return key
+    return DEFAULT_SCHEME
+
+
+class EvaluationForm(forms.Form):
+    baseline = forms.ModelChoiceField(queryset=None, required=False, label="Compare with",
+                                      empty_label="its parent", help_text="Any other model of this team.")
+    prompt_file = forms.FileField(required=False, label="Your own prompts (optional)",
+                                  help_text="JSONL: {\"prompt\": ...} or {\"messages\": [...]}, optionally "
+                                            "\"expected\" and \"json\": true; up to 200 lines.")
+    host = forms.ModelChoiceField(queryset=WorkerHost.objects.none(), required=False,
+                                  empty_label="Any GPU worker", label="Run on")
+
+    def __init__(self, *args, model, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.model = model
+        self.fields["baseline"].queryset = RegisteredModel.objects.filter(team=model.team).exclude(pk=model.pk)
+        self.fields["host"].queryset = WorkerHost.objects.filter(kind="gpu").order_by("host")
+        self.prompt_data = None
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("baseline") is None and self.model.parent is None:
+            self.add_error("baseline", f"{self.model.name} has no parent: choose the model to compare it with.")
+        upload = cleaned.get("prompt_file")
+        if upload:
+            data = upload.read()
+            try:
+                prompt_file_check(data)
+            except ValidationError as error:
+                self.add_error("prompt_file", error)
+            else:
+                self.prompt_data = data
+        host = cleaned.get("host")
+        if host is not None and not host.is_online:
+            self.add_error("host", f"{host.name} is offline; pick another worker or any GPU worker.")
+        return cleaned

@@ -99,6 +99,8 @@ def quantization_of(folder, config):
         method = "gptq" if "desc_act" in settings else "awq" if "zero_point" in settings else "unknown"
     if settings.get("load_in_4bit") or settings.get("load_in_8bit"):
         method = "bitsandbytes"
+    if method == "compressed-tensors":
+        return compressed_tensors_facts(settings, source)
     return {
         "method": method,
         "bits": settings.get("bits") or settings.get("w_bit") or (4 if settings.get("load_in_4bit") else None),
@@ -109,12 +111,37 @@ def quantization_of(folder, config):
     }
 
 
+def compressed_tensors_facts(settings, source):
+    """llm-compressor's format: one or more config groups, each with its weights' (and activations') numbers."""
+    groups = [group for group in (settings.get("config_groups") or {}).values() if isinstance(group, dict)]
+    weights = [group.get("weights") or {} for group in groups]
+    activations = [group.get("input_activations") or {} for group in groups]
+    bits = min((w.get("num_bits") for w in weights if w.get("num_bits")), default=None)
+    group_sizes = [w.get("group_size") for w in weights if w.get("strategy") == "group" and w.get("group_size")]
+    kinds = sorted({f"W{w.get('num_bits')}A{(a or {}).get('num_bits') or 16}"
+                    + ("-FP" if w.get("type") == "float" else "") for w, a in zip(weights, activations)})
+    return {
+        "method": "compressed-tensors",
+        "bits": bits,
+        "group_size": group_sizes[0] if group_sizes else None,
+        "zero_point": any(w.get("symmetric") is False for w in weights),
+        "version": None,
+        "format": settings.get("format"),
+        "weights": kinds,
+        "ignore": [name for name in settings.get("ignore") or [] if isinstance(name, str)][:50],
+        "source": source,
+    }
+
+
 def logical_elements(name, spec, bits):
     """How many model parameters a tensor holds. Packed AWQ/GPTQ weights hold 32/bits per int32;
     their zeros and scales are quantization overhead, not parameters."""
     numel = math.prod(spec.get("shape") or [1])
-    if name.endswith((".qzeros", ".scales", ".g_idx", ".weight_scale", ".input_scale")):
+    if name.endswith((".qzeros", ".scales", ".g_idx", ".weight_scale", ".input_scale", ".weight_zero_point",
+                      ".weight_shape", ".weight_g_idx")):
         return 0
+    if name.endswith(".weight_packed") and spec.get("dtype") == "I32":  # compressed-tensors' packed 4-bit
+        return numel * (32 // (bits or 4))
     if name.endswith(".qweight") and spec.get("dtype") == "I32":
         return numel * (32 // (bits or 4))
     return numel
@@ -151,7 +178,8 @@ def inspect_checkpoint(folder):
                 raise CheckpointError(f"{path.name} has a corrupt entry for {name!r}")
             elements = logical_elements(name, spec, bits)
             total += elements
-            if is_decoder_linear(name.replace(".qweight", ".weight"), spec) and elements:
+            plain = name.replace(".qweight", ".weight").replace(".weight_packed", ".weight")
+            if is_decoder_linear(plain, spec) and elements:
                 linear += elements
             if spec["dtype"] in DTYPE_NAMES:
                 dtypes[DTYPE_NAMES[spec["dtype"]]] += elements

@@ -2,6 +2,7 @@ from django.conf import settings
 from django.db import models
 
 from panel.jobs.models import Job
+from panel.registry.schemes import SCHEMES
 
 
 class RegisteredModel(models.Model):
@@ -47,6 +48,14 @@ class RegisteredModel(models.Model):
     def quantization_label(self):
         if not self.quantization:
             return ""
+        scheme = self.quantization.get("scheme")
+        if scheme:
+            label = SCHEMES[scheme].label if scheme in SCHEMES else scheme
+            group = self.quantization.get("group_size")
+            bits = self.quantization.get("bits")
+            if scheme == "w4a16-rtn" and bits and bits != 4:
+                label = label.replace("W4A16", f"W{bits}A16")
+            return " ".join(part for part in [label, f"g{group}" if group and bits == 4 else ""] if part)
         method = self.quantization.get("method", "?").upper()
         bits = self.quantization.get("bits")
         group = self.quantization.get("group_size")
@@ -66,12 +75,18 @@ class CalibrationSource(models.TextChoices):
 
 
 class QuantizationJob(Job):
-    """An AutoAWQ run on a GPU worker: source model in, a new quantized RegisteredModel out."""
+    """A quantization run on a GPU worker (llm-compressor or AutoAWQ): source model in, a new quantized
+    RegisteredModel out, then a quality report against the source."""
 
     source = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="quantization_jobs")
     host = models.ForeignKey("hosts.WorkerHost", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    backend = models.CharField(max_length=20, default="autoawq")  # "autoawq" or "llm-compressor"
+    scheme = models.CharField(max_length=20, default="w4a16-awq")  # a key of panel.registry.schemes.SCHEMES
+    smoothquant = models.FloatField(null=True, blank=True)  # SmoothQuant strength before W8A8, or none
+    keep_patterns = models.JSONField(default=list, blank=True)  # mixed precision: layers that are not 4-bit
+    keep_as = models.CharField(max_length=8, default="bf16", blank=True)
     w_bit = models.PositiveSmallIntegerField(default=4)
-    q_group_size = models.PositiveSmallIntegerField(default=128)
+    q_group_size = models.PositiveSmallIntegerField(default=128)  # 0: one scale per output channel
     zero_point = models.BooleanField(default=True)
     version = models.CharField(max_length=8, default="GEMM")
     calibration = models.CharField(max_length=10, choices=CalibrationSource.choices, default=CalibrationSource.BUILTIN)
@@ -87,9 +102,65 @@ class QuantizationJob(Job):
         pass
 
     def __str__(self):
-        return f"AWQ {self.w_bit}-bit g{self.q_group_size} of {self.source}"
+        return f"{self.scheme_label} of {self.source}"
+
+    @property
+    def scheme_label(self):
+        scheme = SCHEMES.get(self.scheme)
+        label = scheme.label if scheme else self.scheme
+        if self.scheme == "w4a16-rtn" and self.w_bit != 4:
+            label = label.replace("W4A16", f"W{self.w_bit}A16")
+        if scheme and scheme.weight_bits == 4:
+            label += f" g{self.q_group_size}" if self.q_group_size else " per channel"
+        return label
 
     @property
     def quant_config(self):
         return {"zero_point": self.zero_point, "q_group_size": self.q_group_size, "w_bit": self.w_bit,
                 "version": self.version}
+
+
+class ModelEvaluation(models.Model):
+    """One model measured as vLLM serves it, on one set of inputs (`inputs_key`: "builtin", or a prompt file's
+    digest): what the quality report compares between a quantized model, its parent and its siblings."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="evaluations")
+    job = models.ForeignKey("registry.EvaluationJob", null=True, blank=True, on_delete=models.SET_NULL,
+                            related_name="evaluations")
+    inputs_key = models.CharField(max_length=80, default="builtin")
+    created_at = models.DateTimeField(auto_now_add=True)
+    perplexity = models.FloatField()
+    tokens_scored = models.PositiveIntegerField()
+    json_valid = models.PositiveIntegerField()
+    json_total = models.PositiveIntegerField()
+    size_bytes = models.BigIntegerField()
+    memory_bytes = models.BigIntegerField(null=True, blank=True)
+    details = models.JSONField(default=dict, blank=True)  # argmax, greedy, file answers, examples, seconds
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    @property
+    def json_percent(self):
+        return 100.0 * self.json_valid / self.json_total if self.json_total else None
+
+
+class EvaluationJob(Job):
+    """A quality report: `model` and `baseline` (its parent, or any model of the team) evaluated on the same
+    inputs on a GPU worker; a model already measured on those inputs is not measured again."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="evaluation_jobs")
+    baseline = models.ForeignKey(RegisteredModel, null=True, blank=True, on_delete=models.CASCADE,
+                                 related_name="+")
+    host = models.ForeignKey("hosts.WorkerHost", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    prompt_file = models.CharField(max_length=1000, blank=True)
+    prompt_file_name = models.CharField(max_length=255, blank=True)
+    inputs_key = models.CharField(max_length=80, default="builtin")
+    measured = models.JSONField(default=list, blank=True)  # ids of the models this job measures
+
+    class Meta(Job.Meta):
+        pass
+
+    def __str__(self):
+        against = f" against {self.baseline}" if self.baseline_id else ""
+        return f"quality report of {self.model}{against}"

@@ -1,4 +1,4 @@
-"""Registering models and running AWQ quantization jobs."""
+"""Registering models and running quantization jobs (llm-compressor or AutoAWQ)."""
 import logging
 import shutil
 import uuid
@@ -9,12 +9,15 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils.text import slugify
 
+from panel.hosts.services import gpu_hosts_online
 from panel.jobs import diagnosis, processes
 from panel.jobs.runner import run_job
 from panel.jobs.services import job_cancel, job_created, job_enqueue
 from panel.registry.hub import NotInCache, looks_like_hub_id, resolve_hub_id
 from panel.registry.inspection import CheckpointError, inspect_checkpoint
 from panel.registry.models import CalibrationSource, QuantizationJob, RegisteredModel
+from panel.registry.quality import engine_of, evaluation_after_quantization
+from panel.registry.schemes import AUTOAWQ, DEFAULT_SCHEME, SCHEMES, scheme_table
 
 log = logging.getLogger(__name__)
 
@@ -94,42 +97,78 @@ def quantization_refusal(model):
     return None
 
 
-def quantization_launch(*, team, user, source, host=None, q_group_size=128, zero_point=True, version="GEMM",
-                        w_bit=4, calibration=CalibrationSource.BUILTIN, calibration_file="", calibration_name="",
-                        max_calib_samples=128, max_calib_seq_len=512, enqueue=True):
-    """Create a quantization job and send it to `host`'s queue (or any GPU worker). Returns the job."""
+def quantization_launch(*, team, user, source, host=None, scheme=DEFAULT_SCHEME, backend=None, q_group_size=128,
+                        zero_point=True, version="GEMM", w_bit=4, smoothquant=None, keep_patterns=(),
+                        keep_as="bf16", calibration=CalibrationSource.BUILTIN, calibration_file="",
+                        calibration_name="", max_calib_samples=32, max_calib_seq_len=256, enqueue=True):
+    """Create a quantization job and send it to `host`'s queue (or any GPU worker). `backend` defaults to the
+    scheme's own (llm-compressor for every scheme; AutoAWQ is the other choice for W4A16 AWQ). Returns the job;
+    raises ValidationError, saving nothing, for a refused source or a scheme/backend that do not go together."""
     refusal = quantization_refusal(source)
     if refusal:
         raise ValidationError(refusal)
+    if scheme not in SCHEMES:
+        raise ValidationError(f"Unknown quantization scheme {scheme!r}.")
+    backend = backend or SCHEMES[scheme].backends[0]
+    if backend not in SCHEMES[scheme].backends:
+        raise ValidationError(f"{SCHEMES[scheme].label} is not something {backend} does; it runs on "
+                              f"{' or '.join(SCHEMES[scheme].backends)}.")
+    if scheme == "mixed" and not keep_patterns:
+        raise ValidationError("Mixed precision needs at least one layer pattern to keep.")
+    if w_bit != 4 and not (scheme == "w4a16-rtn" and w_bit in (2, 3)):
+        raise ValidationError("Only round-to-nearest takes other weight bits (2 or 3, for comparison).")
     with transaction.atomic():
         job = QuantizationJob.objects.create(
-            team=team, created_by=user, source=source, host=host, w_bit=w_bit, q_group_size=q_group_size,
-            zero_point=zero_point, version=version, calibration=calibration, calibration_file=str(calibration_file),
-            calibration_name=calibration_name[:255], max_calib_samples=max_calib_samples,
-            max_calib_seq_len=max_calib_seq_len, queue=host.host_queue if host else "gpu",
+            team=team, created_by=user, source=source, host=host, backend=backend, scheme=scheme, w_bit=w_bit,
+            q_group_size=q_group_size, zero_point=zero_point, version=version, smoothquant=smoothquant,
+            keep_patterns=list(keep_patterns), keep_as=keep_as, calibration=calibration,
+            calibration_file=str(calibration_file), calibration_name=calibration_name[:255],
+            max_calib_samples=max_calib_samples, max_calib_seq_len=max_calib_seq_len,
+            queue=host.host_queue if host else "gpu",
         )
-        job.output_dir = str(Path(settings.MODELS_DIR) / f"{slugify(source.name)[:80]}-awq-w{w_bit}-g{q_group_size}"
+        job.output_dir = str(Path(settings.MODELS_DIR) / f"{slugify(source.name)[:80]}-{output_suffix(job)}"
                                                          f"-job{job.pk}")
         job.save(update_fields=["output_dir"])
-        job_created(job, actor=user, reason=f"quantization of {source.name} requested")
+        job_created(job, actor=user, reason=f"quantization of {source.name} ({job.scheme_label}, {backend}) "
+                                            f"requested")
         if enqueue:
             job_enqueue(job, "panel.registry.tasks.run_quantization")
     return job
 
 
+def output_suffix(job):
+    """The child model's name after its parent's: tiny-w8a8-int8, tiny-w4a16-gptq-g128, tiny-awq-w4-g128."""
+    if job.backend == AUTOAWQ:
+        return f"awq-w{job.w_bit}-g{job.q_group_size}"
+    if SCHEMES[job.scheme].weight_bits == 4:
+        scheme = job.scheme.replace("w4a16", f"w{job.w_bit}a16") if job.scheme == "w4a16-rtn" else job.scheme
+        return f"{scheme}-{'g' + str(job.q_group_size) if job.q_group_size else 'channel'}"
+    return job.scheme + ("-sq" if job.smoothquant is not None else "")
+
+
 def quantization_argv(job):
     calibration = job.calibration_file if job.calibration == CalibrationSource.FILE else "builtin"
-    argv = processes.engine_argv(
-        settings.ENGINE_PYTHON, "quantize_runner", "--model", job.source.path, "--out", job.output_dir,
-        "--w-bit", job.w_bit, "--group-size", job.q_group_size, "--version", job.version, "--calib", calibration,
-        "--max-calib-samples", job.max_calib_samples, "--max-calib-seq-len", job.max_calib_seq_len)
-    if not job.zero_point:
-        argv.append("--no-zero-point")
+    common = ["--model", job.source.path, "--out", job.output_dir, "--calib", calibration,
+              "--max-calib-samples", job.max_calib_samples, "--max-calib-seq-len", job.max_calib_seq_len]
+    if job.backend == AUTOAWQ:
+        argv = processes.engine_argv(settings.ENGINE_PYTHON, "quantize_runner", *common, "--w-bit", job.w_bit,
+                                     "--group-size", job.q_group_size, "--version", job.version)
+        if not job.zero_point:
+            argv.append("--no-zero-point")
+        return argv
+    argv = processes.engine_argv(settings.ENGINE_PYTHON, "llmc_quantize", *common, "--scheme", job.scheme,
+                                 "--group-size", job.q_group_size or -1, "--bits", job.w_bit)
+    if job.smoothquant is not None:
+        argv += ["--smoothquant", str(job.smoothquant)]
+    for pattern in job.keep_patterns:
+        argv += ["--keep", str(pattern)]
+    if job.scheme == "mixed":
+        argv += ["--keep-as", job.keep_as]
     return argv
 
 
 def quantization_execute(*, job_id, worker):
-    """Body of the quantization task: run the AWQ runner in the engine venv for job `job_id`."""
+    """Body of the quantization task: run the job's backend in the engine venv for job `job_id`."""
     job = QuantizationJob.objects.select_related("source", "team").get(pk=job_id)
     log_path = Path(settings.JOBS_DIR) / f"quantization-{job.pk}.log"
     return run_job(job, quantization_argv(job), worker=worker, classify=diagnosis.classify,
@@ -137,17 +176,22 @@ def quantization_execute(*, job_id, worker):
 
 
 def quantized_model_record(job, result):
-    """Register the job's output as a child of its source model. Returns the result to store."""
+    """Register the job's output as a child of its source model and queue its quality report against the source
+    (before the job reads as succeeded: whoever sees it done finds the report on its way). Returns the result."""
     folder = Path(result.get("output_path") or job.output_dir)
     facts = inspect_checkpoint(folder)
-    name = f"{job.source.name}-awq-w{job.w_bit}-g{job.q_group_size}"
+    name = f"{job.source.name}-{output_suffix(job)}"
     if RegisteredModel.objects.filter(team=job.team, name=name).exists():
         name = f"{name}-job{job.pk}"
+    facts.quantization["backend"] = job.backend
+    if job.backend != AUTOAWQ:  # AutoAWQ's checkpoints keep their own AWQ label
+        facts.quantization.update(scheme=job.scheme, keep_as=job.keep_as if job.scheme == "mixed" else None)
     model = model_create(team=job.team, user=job.created_by, name=name, folder=folder, facts=facts,
                          parent=job.source)
     QuantizationJob.objects.filter(pk=job.pk).update(result_model=model)
     job.result_model = model
-    return dict(result, model_id=model.pk, model_name=model.name)
+    report = evaluation_after_quantization(job=job, model=model)
+    return dict(result, model_id=model.pk, model_name=model.name, **report)
 
 
 def quantization_cleanup(job):
@@ -159,3 +203,32 @@ def quantization_cleanup(job):
 
 def quantization_cancel(*, job, user):
     return job_cancel(job, actor=user)
+
+
+def quantization_from_form(*, team, user, model, form):
+    """Launch the job a valid QuantizationForm describes (storing its calibration file first)."""
+    data = form.cleaned_data
+    calibration_path = ""
+    if data["calibration"] == CalibrationSource.FILE:
+        calibration_path = calibration_store(team=team, data=form.calibration_data)
+    return quantization_launch(
+        team=team, user=user, source=model, host=data["host"], scheme=data["scheme"],
+        backend=data["backend"] or None, q_group_size=data["q_group_size"], zero_point=data["zero_point"],
+        w_bit=data["w_bit"],
+        version=data["version"], smoothquant=data["smoothquant"], keep_patterns=data["keep_patterns"],
+        keep_as=data["keep_as"], calibration=data["calibration"], calibration_file=calibration_path,
+        calibration_name=data["calibration_file"].name if data["calibration_file"] else "",
+        max_calib_samples=data["max_calib_samples"], max_calib_seq_len=data["max_calib_seq_len"])
+
+
+def quantization_choices(model, form):
+    """The form's table: every scheme with what each online GPU host serves, the expected size and time."""
+    hosts = gpu_hosts_online()
+    samples = form["max_calib_samples"].value() or 32
+    tokens = form["max_calib_seq_len"].value() or 256
+    try:
+        samples, tokens = int(samples), int(tokens)
+    except (TypeError, ValueError):
+        samples, tokens = 32, 256
+    return scheme_table(model, hosts, engines={host.pk: engine_of(host) for host in hosts}, samples=samples,
+                        tokens=tokens)

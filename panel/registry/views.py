@@ -9,13 +9,14 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
 from panel.registry import memory
-from panel.registry.forms import ModelRegisterForm, QuantizationForm
-from panel.registry.models import CalibrationSource, QuantizationJob, RegisteredModel
+from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
+from panel.registry.models import EvaluationJob, QuantizationJob, RegisteredModel
+from panel.registry.quality import evaluation_from_form, quality_report
 from panel.registry.services import (
-    calibration_store,
     model_register,
     quantization_cancel,
-    quantization_launch,
+    quantization_choices,
+    quantization_from_form,
     quantization_refusal,
 )
 
@@ -52,6 +53,8 @@ def model_detail(request, model_id):
         "children": model.children.filter(team=request.team).order_by("name"),
         "jobs": model.quantization_jobs.order_by("-created_at")[:10],
         "refusal": quantization_refusal(model),
+        "report": quality_report(model),
+        "evaluation_form": EvaluationForm(model=model),
     }
     return render(request, "registry/model_detail.html", context)
 
@@ -66,24 +69,21 @@ def job_list(request):
 def job_create(request, model_id):
     model = get_object_or_404(RegisteredModel, pk=model_id, team=request.team)
     refusal = quantization_refusal(model)
-    form = QuantizationForm(request.POST or None, request.FILES or None)
+    form = QuantizationForm(request.POST or None, request.FILES or None, model=model)
     if request.method == "POST" and refusal is None and form.is_valid():
-        data = form.cleaned_data
-        calibration_path = ""
-        if data["calibration"] == CalibrationSource.FILE:
-            calibration_path = calibration_store(team=request.team, data=form.calibration_data)
-        job = quantization_launch(
-            team=request.team, user=request.user, source=model, host=data["host"],
-            q_group_size=data["q_group_size"], zero_point=data["zero_point"], version=data["version"],
-            calibration=data["calibration"], calibration_file=calibration_path,
-            calibration_name=data["calibration_file"].name if data["calibration_file"] else "",
-            max_calib_samples=data["max_calib_samples"], max_calib_seq_len=data["max_calib_seq_len"])
-        audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"quantization #{job.pk} of {model.name}")
-        for warning in form.warnings:
-            messages.warning(request, warning)
-        return redirect("quantization_job", job_id=job.pk)
+        try:
+            job = quantization_from_form(team=request.team, user=request.user, model=model, form=form)
+        except ValidationError as error:
+            form.add_error(None, error)
+        else:
+            audit_record(action=AuditAction.JOB_LAUNCHED, request=request,
+                         target=f"quantization #{job.pk} of {model.name}")
+            for warning in form.warnings:
+                messages.warning(request, warning)
+            return redirect("quantization_job", job_id=job.pk)
     status = 400 if request.method == "POST" else 200
-    return render(request, "registry/job_form.html", {"model": model, "form": form, "refusal": refusal},
+    return render(request, "registry/job_form.html", {"model": model, "form": form, "refusal": refusal,
+                                                      "schemes": quantization_choices(model, form)},
                   status=status)
 
 
@@ -111,3 +111,35 @@ def job_cancel(request, job_id):
     else:
         messages.error(request, f"The job is already {job.get_state_display().lower()}.")
     return redirect("quantization_job", job_id=job.pk)
+
+
+@require_POST
+@team_view(Role.MEMBER)
+def evaluation_create(request, model_id):
+    model = get_object_or_404(RegisteredModel.objects.select_related("parent"), pk=model_id, team=request.team)
+    form = EvaluationForm(request.POST, request.FILES, model=model)
+    if form.is_valid():
+        try:
+            job = evaluation_from_form(team=request.team, user=request.user, model=model, form=form)
+        except ValidationError as error:
+            form.add_error(None, error)
+        else:
+            audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"quality report #{job.pk}")
+            return redirect("evaluation_job", job_id=job.pk)
+    context = {"model": model, "estimate": memory.estimate(model), "report": quality_report(model),
+               "children": model.children.filter(team=request.team).order_by("name"),
+               "jobs": model.quantization_jobs.order_by("-created_at")[:10], "refusal": quantization_refusal(model),
+               "evaluation_form": form}
+    return render(request, "registry/model_detail.html", context, status=400)
+
+
+@team_view()
+def evaluation_detail(request, job_id):
+    job = get_object_or_404(EvaluationJob.objects.select_related("model", "baseline"), pk=job_id, team=request.team)
+    return render(request, "registry/evaluation_detail.html", {"job": job, "events": job_events(job)})
+
+
+@team_view()
+def evaluation_live(request, job_id):
+    job = get_object_or_404(EvaluationJob.objects.select_related("model", "baseline"), pk=job_id, team=request.team)
+    return render(request, "registry/_evaluation_live.html", {"job": job, "events": job_events(job)})

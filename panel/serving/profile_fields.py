@@ -47,7 +47,8 @@ FIELDS = (
     ProfileField("quantization", str, "none", "Quantization", section="model",
                  comment="可选 awq / gptq / bitsandbytes",
                  choices=(("none", "none (FP16/BF16 weights)"), ("awq", "AWQ (INT4)"), ("gptq", "GPTQ"),
-                          ("bitsandbytes", "bitsandbytes"), ("fp8", "FP8")),
+                          ("bitsandbytes", "bitsandbytes"), ("fp8", "FP8"),
+                          ("compressed-tensors", "compressed-tensors (llm-compressor: W8A8, W4A16, FP8)")),
                  help="Must match an already-quantized checkpoint; AWQ and GPTQ need a quantized checkpoint "
                       "(it would quantize twice)."),
     ProfileField("quantization_bits", int, None, "Quantization bits", section="model", nullable=True,

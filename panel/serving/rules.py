@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from panel.registry import memory
+from panel.registry.schemes import SCHEMES, host_serves
 from panel.serving.configfile import ENGINE_HAS_SWAP_SPACE
 from panel.serving.profile_fields import BLOCK_SIZES, defaults
 
@@ -118,16 +119,20 @@ def _check_quantization(verdict, profile, model):
     elif not method and wanted in NEEDS_QUANTIZED_CHECKPOINT:
         verdict.error("quantization", (
             f"{model.name} is not quantized, and vLLM cannot quantize to {wanted.upper()} while loading: it needs a "
-            f"{wanted.upper()} checkpoint. Quantize it first: Models → {model.name} → Quantize with AWQ, then serve "
+            f"{wanted.upper()} checkpoint. Quantize it first: Models → {model.name} → Quantize, then serve "
             "the quantized model."))
     if method and checkpoint.get("bits") and profile["quantization_bits"] not in (None, checkpoint["bits"]):
         verdict.error("quantization_bits", (
             f"{model.name} holds {checkpoint['bits']}-bit weights; quantization bits "
             f"{profile['quantization_bits']} does not match the checkpoint."))
+    if method == "compressed-tensors" and checkpoint.get("bits") in (2, 3):
+        verdict.error("quantization", (
+            f"{model.name} holds {checkpoint['bits']}-bit weights, which vLLM cannot load (its integer kernels take "
+            "4 or 8 bits): it was quantized for comparison. Serve a 4- or 8-bit sibling."))
     if wanted == "bitsandbytes":
         verdict.error("quantization", (
             "vLLM 0.32 no longer has bitsandbytes quantization: it stops at start-up with \"Unknown quantization "
-            "method: bitsandbytes\". Use AWQ for 4-bit (Quantize with AWQ) or fp8 for 8-bit."))
+            "method: bitsandbytes\". Use AWQ for 4-bit (Models → Quantize) or fp8 for 8-bit."))
 
 
 def _check_bits(verdict, profile):
@@ -194,6 +199,13 @@ def _check_host(verdict, profile, model, host, cpu_kv_cache_bytes):
                 "Nobody has checked this host's engine yet, so it is not known whether it can serve AWQ: the CPU "
                 "engine's W4A16 kernel (cpu_gemm_wna16) needs vLLM's AVX-512 build, and without it the engine dies "
                 "at the first request. Run Check engine on the Workers page first.")
+        scheme = (model.quantization or {}).get("scheme")
+        if scheme and host.get("engine"):
+            serves = host_serves(scheme, host["engine"], keep_as=(model.quantization or {}).get("keep_as") or "bf16")
+            if serves.answer is False:
+                verdict.error("quantization", (
+                    f"This host's CPU engine cannot serve {SCHEMES[scheme].label}: {serves.reason}. Serve the "
+                    "FP16/BF16 parent here instead, or use another host."))
         if profile["quantization"] == "fp8":
             verdict.error("quantization", (
                 "The CPU engine cannot serve FP8: vLLM 0.32's CPU build has no FP8 quantization kernel "

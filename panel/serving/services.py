@@ -49,6 +49,7 @@ def host_facts(host):
         "gpus": host.gpus,
         "memory_available_bytes": host.memory_available_bytes,
         "serves_awq": check.result.get("serves_awq") if check else None,
+        "engine": check.result if check else {},
     }
 
 

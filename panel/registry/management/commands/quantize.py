@@ -1,4 +1,5 @@
-"""`manage.py quantize MODEL`: the same quantization path as the web form, run in this terminal."""
+"""`manage.py quantize MODEL`: the same quantization path as the web form, run in this terminal, followed by the
+quality report against the source model (also run here; --no-report skips it)."""
 import sys
 import threading
 
@@ -6,24 +7,37 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from panel.jobs.services import job_cancel
-from panel.registry.models import CalibrationSource, QuantizationJob, RegisteredModel
+from panel.registry.models import CalibrationSource, EvaluationJob, RegisteredModel
+from panel.registry.quality import evaluation_execute, quality_flags
+from panel.registry.schemes import AUTOAWQ, DEFAULT_SCHEME, LLMC, SCHEMES
 from panel.registry.services import calibration_store, calibration_text_check, quantization_execute, quantization_launch
 
 BAR_WIDTH = 40
 
 
 class Command(BaseCommand):
-    help = "Quantize a registered model with AWQ here, with a progress bar (the job is recorded like any other)."
+    help = ("Quantize a registered model here (llm-compressor or AutoAWQ), with a progress bar, then measure it "
+            "against its source (the jobs are recorded like any other).")
 
     def add_arguments(self, parser):
         parser.add_argument("model", help="the registered model's id or name")
         parser.add_argument("--team", help="the team's name, when the model name exists in several teams")
-        parser.add_argument("--group-size", type=int, default=128, choices=[64, 128, 256])
+        parser.add_argument("--scheme", default=DEFAULT_SCHEME, choices=sorted(SCHEMES),
+                            help=f"default {DEFAULT_SCHEME}")
+        parser.add_argument("--backend", choices=[LLMC, AUTOAWQ], help="default: the scheme's (llm-compressor)")
+        parser.add_argument("--group-size", type=int, default=128, choices=[0, 32, 64, 128, 256],
+                            help="4-bit schemes; 0: one scale per output channel")
+        parser.add_argument("--bits", type=int, default=4, choices=[2, 3, 4],
+                            help="round-to-nearest only: 2 or 3 bits for comparison (vLLM cannot serve them)")
+        parser.add_argument("--smoothquant", type=float, help="W8A8: SmoothQuant strength (0.05-0.95) first")
+        parser.add_argument("--keep", action="append", default=[], help="mixed: a layer name pattern to keep")
+        parser.add_argument("--keep-as", choices=["bf16", "fp8"], default="bf16")
+        parser.add_argument("--no-report", action="store_true", help="skip the quality report after the job")
         parser.add_argument("--no-zero-point", action="store_true")
         parser.add_argument("--kernel", default="GEMM", choices=["GEMM", "GEMV"], help="AWQ kernel version")
         parser.add_argument("--calib", default="builtin", help="'builtin' or a UTF-8 text file of your domain")
-        parser.add_argument("--max-calib-samples", type=int, default=128)
-        parser.add_argument("--max-calib-seq-len", type=int, default=512)
+        parser.add_argument("--max-calib-samples", type=int, default=32)
+        parser.add_argument("--max-calib-seq-len", type=int, default=256)
 
     def handle(self, *args, **options):
         model = self.find_model(options["model"], options["team"])
@@ -41,21 +55,49 @@ class Command(BaseCommand):
             calibration_file = calibration_store(team=model.team, data=data)
         if not 8 <= options["max_calib_samples"] <= 4096 or not 64 <= options["max_calib_seq_len"] <= 4096:
             raise CommandError("--max-calib-samples must be 8-4096 and --max-calib-seq-len 64-4096")
+        if options["smoothquant"] is not None and not 0.05 <= options["smoothquant"] <= 0.95:
+            raise CommandError("--smoothquant must be between 0.05 and 0.95")
         try:
             job = quantization_launch(
-                team=model.team, user=None, source=model, q_group_size=options["group_size"],
+                team=model.team, user=None, source=model, scheme=options["scheme"], backend=options["backend"],
+                smoothquant=options["smoothquant"], keep_patterns=options["keep"], keep_as=options["keep_as"],
+                q_group_size=options["group_size"], w_bit=options["bits"],
                 zero_point=not options["no_zero_point"], version=options["kernel"], calibration=calibration,
                 calibration_file=calibration_file, calibration_name=calibration_name,
                 max_calib_samples=options["max_calib_samples"], max_calib_seq_len=options["max_calib_seq_len"],
                 enqueue=False)
         except ValidationError as error:
             raise CommandError(" ".join(error.messages)) from None
-        self.stdout.write(f"quantization job #{job.pk}: {model.name} -> {job.output_dir}")
-        worker = threading.Thread(target=quantization_execute, kwargs={"job_id": job.pk, "worker": "terminal"})
+        self.stdout.write(f"quantization job #{job.pk} ({job.scheme_label}, {job.backend}): {model.name} -> "
+                          f"{job.output_dir}")
+        job = self.follow(job, quantization_execute)
+        result = job.result
+        self.stdout.write(self.style.SUCCESS(
+            f"done in {result.get('seconds', 0):.0f} s: {result.get('size_before_bytes', 0) / 2**20:.1f} MiB -> "
+            f"{result.get('size_after_bytes', 0) / 2**20:.1f} MiB, registered as {result.get('model_name')}"))
+        report_id = result.get("quality_report")
+        if result.get("quality_report_refused"):
+            self.stdout.write(f"no quality report: {result['quality_report_refused']}")
+        if report_id and options["no_report"]:
+            job_cancel(EvaluationJob.objects.get(pk=report_id))  # still pending: nobody else would run it
+            self.stdout.write(f"quality report #{report_id} skipped (--no-report)")
+        if report_id and not options["no_report"]:
+            self.stdout.write(f"quality report #{report_id}: measuring it and {model.name} as vLLM serves them")
+            report = self.follow(EvaluationJob.objects.get(pk=report_id), evaluation_execute)
+            for measured in report.result.get("models", []):
+                self.stdout.write(f"  {measured['path']}: perplexity {measured['perplexity']:.2f}, JSON valid "
+                                  f"{measured['json']['valid']} of {measured['json']['total']}")
+            flags = quality_flags(RegisteredModel.objects.get(pk=result["model_id"]))
+            self.stdout.write(self.style.WARNING("flagged: " + "; ".join(flags)) if flags
+                              else "within the quality limits of its parent")
+
+    def follow(self, job, execute):
+        """Run `execute` for `job` in a thread here (claiming it as any worker would), drawing its progress."""
+        worker = threading.Thread(target=execute, kwargs={"job_id": job.pk, "worker": "terminal"})
         worker.start()
         try:
             while worker.is_alive():
-                self.draw(QuantizationJob.objects.get(pk=job.pk))
+                self.draw(type(job).objects.get(pk=job.pk))
                 worker.join(timeout=0.5)
         except KeyboardInterrupt:
             sys.stdout.write("\ncancelling...\n")
@@ -66,10 +108,7 @@ class Command(BaseCommand):
         sys.stdout.write("\n")
         if job.state != "succeeded":
             raise CommandError(f"job #{job.pk} {job.state}: {job.failure_kind} {job.failure_reason}".strip())
-        result = job.result
-        self.stdout.write(self.style.SUCCESS(
-            f"done in {result.get('seconds', 0):.0f} s: {result.get('size_before_bytes', 0) / 2**20:.1f} MiB -> "
-            f"{result.get('size_after_bytes', 0) / 2**20:.1f} MiB, registered as {result.get('model_name')}"))
+        return job
 
     def find_model(self, key, team_name):
         models = RegisteredModel.objects.select_related("team")
@@ -85,5 +124,5 @@ class Command(BaseCommand):
     def draw(self, job):
         filled = int(BAR_WIDTH * job.progress / 100)
         bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-        sys.stdout.write(f"\r[{bar}] {job.progress:3d}% {job.phase[:50]:<50}")
+        sys.stdout.write(f"\r[{bar}] {job.progress:3d}% {job.phase[:70]:<70}")
         sys.stdout.flush()

@@ -1,0 +1,256 @@
+"""Runs inside the engine venv: measure a model's quality the way vLLM will serve it.
+
+    ENGINE_PYTHON -m engine.evaluate --model DIR [--model DIR ...] [--file PROMPTS.jsonl] [--max-tokens 4096]
+
+For each model, in a process of its own (one engine at a time, all of its memory back between models), vLLM's
+offline engine loads the checkpoint exactly as a deployment would (its quantization from config.json) and:
+- perplexity on the held-out text (engine/evaluation_text.py: stdlib sources that neither training nor the
+  builtin calibration corpus uses), from the prompt log-probabilities, and the most likely token at each position
+  (the panel compares these between two models: next-token agreement);
+- greedy continuations (16 tokens) of a fixed prompt set;
+- JSON validity: greedy chat answers (the model's own chat template) to prompts that ask for a JSON object;
+- a user's evaluation file (JSONL: {"prompt": ...} or {"messages": [...]}, optionally "expected" and "json":
+  true), answered greedily; an expected answer counts when the output starts with it;
+- the size on disk and the weights' size in memory as loaded.
+
+A checkpoint vLLM cannot load at all (2- or 3-bit weights, kept for comparison) is measured the same way with
+transformers instead (compressed-tensors decompresses it), and its result says so ("engine": "transformers").
+
+JSON lines on stdout as every runner (phase/progress/log, then {"result": {"models": [...]}}), or an error with a
+kind: engine_missing, unsupported_quantization, bad_file, oom, failed."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine import evaluate_transformers, evaluation_text
+from engine.evaluation_common import (FILE_TOKENS, GREEDY_TOKENS, JSON_TOKENS, file_result, folder_size,
+                                      held_out_windows, json_result, say)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")  # loading bars would fold into the job log as one long line
+# One process: the engine core runs in this one, so its memory is this process's and apply_model sees the model.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+MAX_FILE_PROMPTS = 200
+
+
+class EvaluationError(Exception):
+    def __init__(self, kind, reason):
+        super().__init__(reason)
+        self.kind, self.reason = kind, reason
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description="Evaluate models as vLLM serves them.")
+    parser.add_argument("--model", action="append", required=True, type=Path)
+    parser.add_argument("--file", type=Path, default=None)
+    parser.add_argument("--max-tokens", type=int, default=4096, help="held-out tokens for the perplexity")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one model, no relay
+    return parser.parse_args(argv)
+
+
+def read_prompt_file(path):
+    """[{"messages"|"prompt", "expected"?, "json"?}] from a JSONL file, or EvaluationError naming the line."""
+    if path is None:
+        return []
+    items = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise EvaluationError("bad_file", f"the evaluation file {path} cannot be read as UTF-8: {error}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as error:
+            raise EvaluationError("bad_file", f"line {number} of the evaluation file is not JSON: {error}") from None
+        if not isinstance(item, dict) or not (isinstance(item.get("prompt"), str)
+                                              or isinstance(item.get("messages"), list)):
+            raise EvaluationError("bad_file", f"line {number} of the evaluation file needs \"prompt\" (text) or "
+                                              f"\"messages\" (a list)")
+        items.append(item)
+        if len(items) > MAX_FILE_PROMPTS:
+            raise EvaluationError("bad_file", f"the evaluation file has more than {MAX_FILE_PROMPTS} prompts")
+    if not items:
+        raise EvaluationError("bad_file", "the evaluation file holds no prompts")
+    return items
+
+
+def perplexity(llm, windows, SamplingParams):
+    """(perplexity, tokens scored, the most likely token at each scored position)."""
+    import math
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0)
+    outputs = llm.generate([{"prompt_token_ids": window} for window in windows], params, use_tqdm=False)
+    total, count, argmax = 0.0, 0, []
+    for window, output in zip(windows, outputs):
+        for position, entry in enumerate(output.prompt_logprobs or []):
+            if entry is None:
+                continue
+            total -= entry[window[position]].logprob
+            count += 1
+            best = min(entry.items(), key=lambda pair: pair[1].rank)
+            argmax.append(best[0])
+    return round(math.exp(total / count), 4), count, argmax
+
+
+def weights_in_memory(llm):
+    def measure(model):
+        return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
+    try:
+        return int(sum(llm.apply_model(measure)))
+    except Exception as error:  # an engine that cannot reach its model from here: say so rather than guess
+        say(log=f"memory of the loaded weights not measured: {type(error).__name__}: {error}")
+        return None
+
+
+def vllm_can_load(config):
+    """vLLM loads unquantized, AWQ/GPTQ and compressed-tensors checkpoints with 4- or 8-bit weights."""
+    quantization = config.get("quantization_config") or {}
+    if quantization.get("quant_method") != "compressed-tensors":
+        return True
+    bits = {((group or {}).get("weights") or {}).get("num_bits")
+            for group in (quantization.get("config_groups") or {}).values()}
+    return bits <= {4, 8, None}
+
+
+def evaluate_one(model_dir, *, file_items, max_tokens):
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    if not vllm_can_load(config):
+        return evaluate_transformers.evaluate_one(model_dir, config=config, file_items=file_items,
+                                                  max_tokens=max_tokens)
+    started = time.monotonic()
+    say(phase=f"loading {model_dir.name} in vLLM", progress=5)
+    from vllm import LLM, SamplingParams
+
+    max_positions = int(config.get("max_position_embeddings") or 2048)
+    llm = LLM(model=str(model_dir), enforce_eager=True, max_model_len=min(2048, max_positions), seed=0,
+              max_num_seqs=16, trust_remote_code=False, gpu_memory_utilization=0.5)
+    tokenizer = llm.get_tokenizer()
+    result = {"path": str(model_dir), "size_bytes": folder_size(model_dir), "engine": "vllm",
+              "quantization": (config.get("quantization_config") or {}).get("quant_method") or "none"}
+    result["memory_bytes"] = weights_in_memory(llm)
+
+    say(phase="perplexity on held-out text", progress=40)
+    windows = held_out_windows(tokenizer, max_tokens)
+    result["perplexity"], result["tokens_scored"], result["argmax"] = perplexity(llm, windows, SamplingParams)
+
+    say(phase="greedy continuations", progress=60)
+    greedy = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0)
+    outputs = llm.generate(list(evaluation_text.AGREEMENT_PROMPTS), greedy, use_tqdm=False)
+    result["greedy"] = [list(output.outputs[0].token_ids) for output in outputs]
+
+    say(phase="JSON answers", progress=75)
+    prompts = evaluation_text.json_prompts()
+    answers = llm.chat(prompts, SamplingParams(max_tokens=JSON_TOKENS, temperature=0.0), use_tqdm=False)
+    result["json"] = json_result([answer.outputs[0].text for answer in answers])
+    if file_items:
+        say(phase=f"{len(file_items)} prompts of the evaluation file", progress=85)
+        result["file"] = answer_file(llm, tokenizer, file_items, SamplingParams)
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def answer_file(llm, tokenizer, items, SamplingParams):
+    params = SamplingParams(max_tokens=FILE_TOKENS, temperature=0.0)
+    chats = [item for item in items if "messages" in item]
+    plain = [item for item in items if "messages" not in item]
+    texts = {}
+    if chats:
+        for item, answer in zip(chats, llm.chat([item["messages"] for item in chats], params, use_tqdm=False)):
+            texts[id(item)] = answer.outputs[0].text
+    if plain:
+        for item, answer in zip(plain, llm.generate([item["prompt"] for item in plain], params, use_tqdm=False)):
+            texts[id(item)] = answer.outputs[0].text
+    return file_result(items, [texts[id(item)] for item in items])
+
+
+def classify(text):
+    lowered = text.lower()
+    if "out of memory" in lowered or "cannot allocate memory" in lowered:
+        return "oom"
+    if "no module named 'vllm'" in lowered:
+        return "engine_missing"
+    if any(words in lowered for words in ("quantization", "_c' object has no attribute", "not supported",
+                                          "fp8", "compressed-tensors", "cpu_gemm_wna16")):
+        return "unsupported_quantization"
+    return "failed"
+
+
+def run_child(model_dir, args, index, count):
+    """Evaluate one model in a child process; relay its phases scaled into this model's share of the bar."""
+    argv = [sys.executable, "-m", "engine.evaluate", "--one", "--model", str(model_dir),
+            "--max-tokens", str(args.max_tokens)]
+    if args.file:
+        argv += ["--file", str(args.file)]
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                             cwd=Path(__file__).resolve().parent.parent, errors="replace")
+    result, error, tail = None, None, []
+    for line in child.stdout:
+        message = None
+        if line.startswith("{"):
+            try:
+                message = json.loads(line)
+            except ValueError:
+                message = None
+        if not isinstance(message, dict):
+            tail = (tail + [line.rstrip()])[-40:]
+            print(line.rstrip(), file=sys.stderr, flush=True)
+            continue
+        if "result" in message:
+            result = message["result"]
+        elif "error" in message:
+            error = message["error"]
+        elif "phase" in message:
+            share = 100 / count
+            say(phase=f"model {index + 1} of {count}: {message['phase']}",
+                progress=int(index * share + share * float(message.get("progress", 0)) / 100))
+        else:
+            say(**message)
+    code = child.wait()
+    if result is not None and code == 0:
+        return result
+    if error:
+        raise EvaluationError(error.get("kind", "failed"), error.get("reason", ""))
+    text = "\n".join(tail)
+    kind = classify(text)
+    last = next((line for line in reversed(tail) if "Error" in line or "error" in line), tail[-1] if tail else "")
+    raise EvaluationError(kind, f"vLLM could not evaluate {model_dir.name} (exit {code}): {last[:600]}")
+
+
+def main(argv=None):
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        file_items = read_prompt_file(args.file)
+        missing = [str(path) for path in args.model if not (path / "config.json").is_file()]
+        if missing:
+            raise EvaluationError("failed", f"not a model folder (no config.json): {', '.join(missing)}")
+        if args.one:
+            say(result=evaluate_one(args.model[0].absolute(), file_items=file_items, max_tokens=args.max_tokens))
+            return 0
+        models = [run_child(path.absolute(), args, index, len(args.model)) for index, path in enumerate(args.model)]
+    except EvaluationError as error:
+        say(error={"kind": error.kind, "reason": error.reason[:1500]})
+        return 1
+    except Exception as error:
+        say(error={"kind": classify(str(error)), "reason": f"{type(error).__name__}: {error}"[:1500]})
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        return 1
+    say(phase="done", progress=100)
+    say(result={"models": models, "file": str(args.file) if args.file else None})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

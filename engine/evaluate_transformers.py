@@ -1,0 +1,60 @@
+"""Runs inside the engine venv: engine/evaluate.py's measurements with transformers, for a checkpoint vLLM cannot
+load (2- or 3-bit weights, quantized to show what quantization can cost). The same inputs, the same greedy
+decoding and the same chat template; compressed-tensors decompresses the weights, so the numbers are those of the
+quantized weights."""
+import time
+
+from engine import evaluation_text
+from engine.evaluation_common import (FILE_TOKENS, GREEDY_TOKENS, JSON_TOKENS, file_result, folder_size,
+                                      held_out_windows, json_result, say)
+
+
+def evaluate_one(model_dir, *, config, file_items, max_tokens):
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.monotonic()
+    say(phase=f"loading {model_dir.name} with transformers (vLLM cannot load it)", progress=5)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto", device_map=device).eval()
+    result = {"path": str(model_dir), "size_bytes": folder_size(model_dir), "engine": "transformers",
+              "quantization": (config.get("quantization_config") or {}).get("quant_method") or "none",
+              "memory_bytes": sum(t.numel() * t.element_size()
+                                  for t in list(model.parameters()) + list(model.buffers()))}
+
+    say(phase="perplexity on held-out text", progress=40)
+    total, count, argmax = 0.0, 0, []
+    with torch.no_grad():
+        for window in held_out_windows(tokenizer, max_tokens):
+            ids = torch.tensor([window], device=device)
+            logits = model(input_ids=ids).logits.float()[0, :-1]
+            total += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+            count += ids.shape[1] - 1
+            argmax.extend(logits.argmax(-1).tolist())
+    result.update(perplexity=round(math.exp(total / count), 4), tokens_scored=count, argmax=argmax)
+
+    def greedy(text, tokens):
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).to(device)
+        with torch.no_grad():
+            output = model.generate(**ids, max_new_tokens=tokens, min_new_tokens=1, do_sample=False,
+                                    pad_token_id=tokenizer.pad_token_id)
+        return output[0, ids["input_ids"].shape[1]:].tolist()
+
+    def chat(messages, tokens):
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.decode(greedy(prompt, tokens), skip_special_tokens=True)
+
+    say(phase="greedy continuations", progress=60)
+    result["greedy"] = [greedy(prompt, GREEDY_TOKENS) for prompt in evaluation_text.AGREEMENT_PROMPTS]
+    say(phase="JSON answers", progress=75)
+    result["json"] = json_result([chat(messages, JSON_TOKENS) for messages in evaluation_text.json_prompts()])
+    if file_items:
+        result["file"] = file_result(file_items, [
+            chat(item["messages"], FILE_TOKENS) if "messages" in item
+            else tokenizer.decode(greedy(item["prompt"], FILE_TOKENS), skip_special_tokens=True)
+            for item in file_items])
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result

@@ -1,0 +1,286 @@
+"""Quality reports: a model measured as vLLM serves it (engine/evaluate.py, on a GPU worker, in the engine venv),
+compared with its parent and its siblings on the same inputs.
+
+A model is measured once per set of inputs ("builtin", or a prompt file's digest): a second report against the
+same parent reuses the parent's numbers, so every sibling (AWQ, W8A8, FP8 of one model) is compared with the same
+parent measurement."""
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from panel.core.safejson import loads as safe_loads
+from panel.hosts.models import WorkerHost
+from panel.jobs import diagnosis, processes
+from panel.jobs.runner import run_job
+from panel.jobs.services import job_claim, job_created, job_enqueue, job_succeed
+from panel.registry.models import EvaluationJob, ModelEvaluation, RegisteredModel
+from panel.registry.schemes import host_serves
+
+log = logging.getLogger(__name__)
+
+BUILTIN = "builtin"
+MAX_PROMPT_FILE_BYTES = 2 * 1024 * 1024
+MAX_PROMPTS = 200
+
+
+# --- the prompt file ----------------------------------------------------------------------------------------
+
+def prompt_file_check(data):
+    """The number of prompts in an uploaded evaluation file (JSONL: {"prompt"} or {"messages"}, optionally
+    "expected" and "json"), or ValidationError naming the first bad line."""
+    if not data.strip():
+        raise ValidationError("The evaluation file is empty.")
+    if len(data) > MAX_PROMPT_FILE_BYTES:
+        raise ValidationError(f"The evaluation file is larger than {MAX_PROMPT_FILE_BYTES // 2**20} MB.")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValidationError(f"The evaluation file is not UTF-8 text (bad byte at position {error.start}).") \
+            from None
+    count = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = safe_loads(line)
+        except ValueError as error:
+            raise ValidationError(f"Line {number} is not JSON: {error}") from None
+        if not isinstance(item, dict) or not (isinstance(item.get("prompt"), str)
+                                              or isinstance(item.get("messages"), list)):
+            raise ValidationError(f"Line {number} needs \"prompt\" (text) or \"messages\" (a list of chat "
+                                  f"messages).")
+        if "expected" in item and not isinstance(item["expected"], str):
+            raise ValidationError(f"Line {number}: \"expected\" must be text.")
+        count += 1
+        if count > MAX_PROMPTS:
+            raise ValidationError(f"The evaluation file has more than {MAX_PROMPTS} prompts.")
+    if not count:
+        raise ValidationError("The evaluation file holds no prompts.")
+    return count
+
+
+def prompt_file_store(*, team, data):
+    """Save a checked evaluation file under the data dir; returns (path, inputs key)."""
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    folder = Path(settings.DATA_DIR) / "evaluation" / str(team.pk)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{digest}.jsonl"
+    path.write_bytes(data)
+    return path, f"file:{digest}"
+
+
+# --- launching ----------------------------------------------------------------------------------------------
+
+def engine_of(host):
+    check = host.latest_engine_check() if host is not None else None
+    return check.result if check else {}
+
+
+def serving_refusal(model, host):
+    """Why `host`'s engine cannot load `model` as vLLM would serve it, or None (also when nobody checked)."""
+    scheme = (model.quantization or {}).get("scheme")
+    method = (model.quantization or {}).get("method")
+    if not scheme and method == "awq":
+        scheme = "w4a16-awq"
+    if not scheme or host is None:
+        return None
+    if (model.quantization or {}).get("bits") in (2, 3):
+        return None  # vLLM cannot load it anywhere: engine/evaluate.py measures it with transformers
+    verdict = host_serves(scheme, engine_of(host), keep_as=(model.quantization or {}).get("keep_as", "bf16"))
+    if verdict.answer is False:
+        return f"{host.host} cannot serve {model.name}: {verdict.reason}."
+    return None
+
+
+def unmeasured(models, inputs_key):
+    return [model for model in models
+            if not ModelEvaluation.objects.filter(model=model, inputs_key=inputs_key).exists()]
+
+
+def evaluation_launch(*, team, user, model, baseline=None, host=None, prompt_file="", prompt_file_name="",
+                      inputs_key=BUILTIN, enqueue=True):
+    """Queue a quality report of `model` against `baseline` (default: its parent). Raises ValidationError,
+    saving nothing, when a model is another team's, the two are one, or the host cannot serve one of them."""
+    baseline = baseline if baseline is not None else model.parent
+    for candidate in (model, baseline):
+        if candidate is not None and candidate.team_id != team.pk:
+            raise ValidationError("Both models must belong to this team.")
+    if baseline is not None and baseline.pk == model.pk:
+        raise ValidationError("Compare the model with another model, not with itself.")
+    for candidate in (model, baseline):
+        refusal = serving_refusal(candidate, host) if candidate is not None else None
+        if refusal:
+            raise ValidationError(refusal)
+    measured = unmeasured([m for m in (baseline, model) if m is not None], inputs_key)
+    with transaction.atomic():
+        job = EvaluationJob.objects.create(
+            team=team, created_by=user, model=model, baseline=baseline, host=host, prompt_file=str(prompt_file),
+            prompt_file_name=prompt_file_name[:255], inputs_key=inputs_key, measured=[m.pk for m in measured],
+            queue=host.host_queue if host else "gpu")
+        job_created(job, actor=user, reason=f"quality report of {model.name}"
+                                            + (f" against {baseline.name}" if baseline else "") + " requested")
+        if enqueue:
+            job_enqueue(job, "panel.registry.tasks.run_evaluation")
+    return job
+
+
+def evaluation_after_quantization(*, job, model):
+    """The quality report every quantization job gets, on the host that quantized it (its files are there).
+    Returns what to add to the quantization's result: the report's job id, or why none was queued."""
+    host = WorkerHost.objects.filter(name=job.worker).first()
+    try:
+        # From the terminal (manage.py quantize) the command runs the report itself: no broker needed.
+        report = evaluation_launch(team=job.team, user=job.created_by, model=model, baseline=job.source,
+                                   host=host, enqueue=job.worker != "terminal")
+    except ValidationError as error:
+        return {"quality_report": None, "quality_report_refused": " ".join(error.messages)}
+    return {"quality_report": report.pk}
+
+
+# --- running ------------------------------------------------------------------------------------------------
+
+def evaluation_argv(job):
+    models = RegisteredModel.objects.in_bulk(job.measured)
+    argv = processes.engine_argv(settings.ENGINE_PYTHON, "evaluate")
+    for model_id in job.measured:
+        argv += ["--model", models[model_id].path]
+    if job.prompt_file:
+        argv += ["--file", job.prompt_file]
+    return argv
+
+
+def evaluation_execute(*, job_id, worker):
+    """Body of the evaluation task: measure, in the engine venv, the models of job `job_id` not yet measured."""
+    job = EvaluationJob.objects.select_related("model", "baseline").get(pk=job_id)
+    job.measured = [m.pk for m in unmeasured(RegisteredModel.objects.filter(pk__in=job.measured),
+                                             job.inputs_key)]
+    if not job.measured:  # measured meanwhile (by another report): nothing to run
+        if job_claim(job, worker=worker):
+            job_succeed(job, result={"models": [], "reused": True})
+        return True
+    EvaluationJob.objects.filter(pk=job.pk).update(measured=job.measured)
+    log_path = Path(settings.JOBS_DIR) / f"evaluation-{job.pk}.log"
+    return run_job(job, evaluation_argv(job), worker=worker, classify=diagnosis.classify, log_path=log_path,
+                   time_limit=settings.EVALUATION_TIME_LIMIT_SECONDS, on_success=evaluation_record)
+
+
+def evaluation_record(job, result):
+    """One ModelEvaluation per measured model, in one transaction with nothing else: the report reads them."""
+    by_path = {model.path: model for model in RegisteredModel.objects.filter(pk__in=job.measured)}
+    with transaction.atomic():
+        for measured in result.get("models") or []:
+            model = by_path.get(measured.get("path")) or by_path.get(str(Path(measured.get("path", "")).resolve()))
+            if model is None:
+                raise ValueError(f"the evaluation measured {measured.get('path')}, which this job did not ask for")
+            json_result = measured.get("json") or {}
+            ModelEvaluation.objects.create(
+                model=model, job=job, inputs_key=job.inputs_key, perplexity=measured["perplexity"],
+                tokens_scored=measured["tokens_scored"], json_valid=json_result.get("valid", 0),
+                json_total=json_result.get("total", 0), size_bytes=measured["size_bytes"],
+                memory_bytes=measured.get("memory_bytes"),
+                details={key: measured.get(key)
+                         for key in ("argmax", "greedy", "file", "seconds", "quantization", "engine")}
+                | {"json_examples": json_result.get("examples", [])})
+    return {"models": [{key: value for key, value in measured.items() if key not in ("argmax", "greedy")}
+                       for measured in result.get("models") or []]}
+
+
+# --- the report ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    """A model's measurement next to its baseline's: the numbers the model page shows and the flags."""
+
+    evaluation: ModelEvaluation
+    baseline: ModelEvaluation | None
+    perplexity_change: float | None = None  # percent
+    token_agreement: float | None = None  # percent of held-out positions with the same most likely token
+    greedy_agreement: float | None = None  # percent of prompts with the same greedy continuation
+    json_drop: float | None = None  # points
+    size_ratio: float | None = None
+    flags: tuple = ()
+
+
+def compare(evaluation, baseline):
+    """Compare two measurements of the same inputs; flags name what crossed the thresholds."""
+    result = Comparison(evaluation=evaluation, baseline=baseline)
+    if baseline is None or baseline.pk == evaluation.pk:
+        return result
+    result.perplexity_change = 100.0 * (evaluation.perplexity / baseline.perplexity - 1)
+    mine, theirs = evaluation.details.get("argmax") or [], baseline.details.get("argmax") or []
+    pairs = list(zip(mine, theirs))
+    if pairs:
+        result.token_agreement = 100.0 * sum(a == b for a, b in pairs) / len(pairs)
+    greedy_pairs = list(zip(evaluation.details.get("greedy") or [], baseline.details.get("greedy") or []))
+    if greedy_pairs:
+        result.greedy_agreement = 100.0 * sum(a == b for a, b in greedy_pairs) / len(greedy_pairs)
+    if evaluation.json_percent is not None and baseline.json_percent is not None:
+        result.json_drop = baseline.json_percent - evaluation.json_percent
+    if baseline.size_bytes:
+        result.size_ratio = evaluation.size_bytes / baseline.size_bytes
+    flags = []
+    if result.perplexity_change > settings.QUALITY_PERPLEXITY_RISE_PERCENT:
+        flags.append(f"perplexity up {result.perplexity_change:.1f}% (more than "
+                     f"{settings.QUALITY_PERPLEXITY_RISE_PERCENT}%)")
+    if result.json_drop is not None and result.json_drop > settings.QUALITY_JSON_DROP_POINTS:
+        flags.append(f"JSON validity down {result.json_drop:.1f} points (more than "
+                     f"{settings.QUALITY_JSON_DROP_POINTS})")
+    result.flags = tuple(flags)
+    return result
+
+
+def latest_evaluation(model, inputs_key=BUILTIN):
+    return ModelEvaluation.objects.filter(model=model, inputs_key=inputs_key).first()
+
+
+def quality_report(model, inputs_key=BUILTIN):
+    """The model page's report: rows for the parent (or the model itself when it has none) and every derived
+    model of that parent, each compared with the parent. {"rows", "root", "subject", "thresholds"}."""
+    root = model.parent or model
+    family = [root] + list(root.children.filter(team=model.team).order_by("name"))
+    root_evaluation = latest_evaluation(root, inputs_key)
+    rows = []
+    for member in family:
+        evaluation = latest_evaluation(member, inputs_key)
+        rows.append({"model": member, "is_subject": member.pk == model.pk, "is_root": member.pk == root.pk,
+                     "comparison": compare(evaluation, root_evaluation) if evaluation else None})
+    return {"rows": rows, "root": root, "root_evaluation": root_evaluation,
+            "subject": next(row for row in rows if row["is_subject"]),
+            "thresholds": {"perplexity": settings.QUALITY_PERPLEXITY_RISE_PERCENT,
+                           "json": settings.QUALITY_JSON_DROP_POINTS}}
+
+
+def quality_flags(model):
+    """The flags of `model`'s builtin report against its parent ([] when not measured or not flagged)."""
+    if model.parent is None:
+        return []
+    evaluation, parent = latest_evaluation(model), latest_evaluation(model.parent)
+    if evaluation is None or parent is None:
+        return []
+    return list(compare(evaluation, parent).flags)
+
+
+def evaluation_from_form(*, team, user, model, form):
+    """Launch the report a valid EvaluationForm describes (storing its prompt file first)."""
+    data = form.cleaned_data
+    prompt_file, inputs_key = "", BUILTIN
+    if form.prompt_data is not None:
+        prompt_file, inputs_key = prompt_file_store(team=team, data=form.prompt_data)
+    return evaluation_launch(team=team, user=user, model=model, baseline=data["baseline"], host=data["host"],
+                             prompt_file=prompt_file, inputs_key=inputs_key,
+                             prompt_file_name=data["prompt_file"].name if data["prompt_file"] else "")
+
+
+def served_model_quality(channel):
+    """For the canary's JSON guard: the model a local channel's deployment serves and its report against its
+    parent ({"model", "evaluation", "flags"}), or None for a remote channel."""
+    deployment = getattr(channel, "deployment", None) if channel is not None else None
+    if deployment is None:
+        return None
+    model = deployment.profile.model
+    return {"model": model, "evaluation": latest_evaluation(model), "flags": quality_flags(model)}
