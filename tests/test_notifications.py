@@ -202,3 +202,21 @@ def test_beat_finds_what_is_due_and_what_a_lost_worker_held(team_setup):
     assert delivery_attempt(later.pk) is None and delivery_attempt(held.pk) is None  # not theirs to send now
     assert delivery_attempt(done.pk) is None
     assert Delivery.objects.get(pk=later.pk).attempts == 0
+
+
+def test_the_webhooks_page_edits_a_webhook_and_refuses_a_bad_url(client, team_setup):
+    hook, _ = webhook_create(team=team_setup["team_a"], name="ops", url="http://127.0.0.1:9/hook")
+    client.force_login(team_setup["alice"])
+    page = client.get("/webhooks/")
+    assert page.status_code == 200 and f'id="id_{hook.pk}_url"' in page.content.decode()
+    bad = client.post(f"/webhooks/{hook.pk}/edit/", {"name": "ops", "url": "ftp://x/hook", "format": "json"})
+    assert bad.status_code == 400 and "must start with http" in bad.content.decode()
+    done = client.post(f"/webhooks/{hook.pk}/edit/", {"name": "ops", "url": "https://hooks.example/x",
+                                                     "format": "slack", "events": ["job.failed"], "enabled": "on"})
+    assert done.status_code == 302
+    hook.refresh_from_db()
+    assert (hook.url, hook.format, hook.events, hook.enabled) == ("https://hooks.example/x", "slack", ["job.failed"],
+                                                                   True)
+    client.force_login(team_setup["vera"])
+    assert client.post(f"/webhooks/{hook.pk}/edit/", {"name": "x", "url": "https://e/x", "format": "json"}
+                       ).status_code == 403

@@ -24,8 +24,12 @@ from panel.notifications.services import (
 
 def _page(request, *, form=None, secret=None, secret_for=None, status=200):
     team = request.team
+    hooks = Webhook.objects.filter(team=team)
+    edits = [(hook, WebhookForm(initial={"name": hook.name, "url": hook.url, "format": hook.format,
+                                         "events": hook.events, "enabled": hook.enabled},
+                                auto_id=f"id_{hook.pk}_%s")) for hook in hooks]
     response = render(request, "notifications/webhooks.html", {
-        "webhooks": Webhook.objects.filter(team=team), "form": form or WebhookForm(),
+        "webhooks": hooks, "edits": edits, "form": form or WebhookForm(),
         "deliveries": deliveries_of(team=team, limit=50).prefetch_related("attempt_log"),
         "events": Notification.objects.filter(team=team)[:20], "secret": secret, "secret_for": secret_for,
         "signature_header": SIGNATURE_HEADER, "timestamp_header": TIMESTAMP_HEADER}, status=status)
