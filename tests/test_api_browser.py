@@ -66,6 +66,12 @@ def test_an_admin_adds_a_webhook_and_reads_the_delivery_log(page, live_server, t
     expect(page.locator(f'tr[data-delivery="{delivery.pk}"]')).to_contain_text("Delivered")
     expect(page.locator("#deliveries")).to_contain_text("HTTP 503")
     screenshot(page, "webhooks")
+    row = page.locator('tr[data-webhook="#ops in Slack"]')
+    row.locator("summary:has-text('Edit')").click()
+    row.locator(f"#id_{hook.pk}_url").fill("https://hooks.example/ops")
+    row.locator("button:has-text('Save')").click()
+    expect(page.locator(".message.success")).to_contain_text("Saved #ops in Slack")
+    expect(page.locator('tr[data-webhook="#ops in Slack"]')).to_contain_text("https://hooks.example/ops")
 
 
 def test_my_usage_and_a_keys_page(page, live_server, team_setup):
