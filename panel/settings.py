@@ -69,6 +69,9 @@ INSTALLED_APPS = [
     "panel.benchmarks",
     "panel.advisor",
     "panel.core",
+    "panel.notifications",
+    "panel.api",
+    "ninja",  # its bundled Swagger UI files, served as static files (no CDN)
 ]
 
 MIDDLEWARE = [
@@ -191,6 +194,15 @@ GATEWAY_BACKOFF_BASE_SECONDS = envint("TOKENWISE_GATEWAY_BACKOFF_BASE_MS", 200, 
 BUDGET_CACHE_SECONDS = envint("TOKENWISE_BUDGET_CACHE_SECONDS", 5, minimum=0)  # a budget change applies within this
 BUDGET_RECONCILE_SECONDS = envint("TOKENWISE_BUDGET_RECONCILE_SECONDS", 60, minimum=1)
 
+# Webhooks (panel/notifications): one attempt waits at most WEBHOOK_TIMEOUT_SECONDS; a failed one is tried again
+# after WEBHOOK_BACKOFF_SECONDS × 3^(attempt - 1), up to WEBHOOK_MAX_ATTEMPTS; beat sends what is due.
+WEBHOOK_TIMEOUT_SECONDS = envint("TOKENWISE_WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1, maximum=60)
+WEBHOOK_BACKOFF_SECONDS = envint("TOKENWISE_WEBHOOK_BACKOFF_SECONDS", 10, minimum=1)
+WEBHOOK_MAX_ATTEMPTS = envint("TOKENWISE_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1, maximum=50)
+WEBHOOK_DUE_EVERY_SECONDS = envint("TOKENWISE_WEBHOOK_DUE_EVERY_SECONDS", 10, minimum=1)
+# A channel that cools down again and again is announced once per this many seconds (across gateway processes).
+WEBHOOK_COOLDOWN_REPEAT_SECONDS = envint("TOKENWISE_WEBHOOK_COOLDOWN_REPEAT_SECONDS", 600, minimum=1)
+
 # --- Benchmarks: uploaded prompt files are read into the database, so they stay small.
 BENCHMARK_MAX_UPLOAD_BYTES = envint("TOKENWISE_BENCHMARK_MAX_UPLOAD_BYTES", 2 * 1024 * 1024, minimum=1024)
 BENCHMARK_REQUEST_TIMEOUT_SECONDS = envint("TOKENWISE_BENCHMARK_REQUEST_TIMEOUT_SECONDS", 300, minimum=1)
@@ -238,6 +250,7 @@ CELERY_BEAT_SCHEDULE = {
     "roll-up-usage": {"task": "panel.dashboards.tasks.roll_up_usage", "schedule": DASHBOARDS_ROLLUP_EVERY_SECONDS},
     "check-canaries": {"task": "panel.channels.tasks.check_canaries", "schedule": CANARY_CHECK_EVERY_SECONDS},
     "reconcile-budgets": {"task": "panel.budgets.tasks.reconcile_budgets", "schedule": BUDGET_RECONCILE_SECONDS},
+    "deliver-webhooks": {"task": "panel.notifications.tasks.deliver_due", "schedule": WEBHOOK_DUE_EVERY_SECONDS},
 }
 
 LOGGING = {

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from panel.accounts import audit_views
+from panel.accounts import account_views, audit_views
 from panel.accounts import views as accounts
 from panel.hosts import views as hosts
 from panel.views import home
@@ -19,6 +19,9 @@ urlpatterns = [
     path("members/<int:membership_id>/remove/", accounts.member_remove_view, name="member_remove"),
     path("members/<int:membership_id>/link/", accounts.member_link_view, name="member_link"),
     path("welcome/<str:uidb64>/<str:token>/", accounts.account_setup, name="account_setup"),
+    path("account/", account_views.account, name="account"),
+    path("account/tokens/new/", account_views.token_create, name="token_create"),
+    path("account/tokens/<int:token_id>/revoke/", account_views.token_revoke_view, name="token_revoke"),
     path("audit/", audit_views.audit_list, name="audit"),
     path("audit/export.csv", audit_views.audit_csv, name="audit_csv"),
     path("workers/", hosts.host_list, name="hosts"),
@@ -36,6 +39,8 @@ urlpatterns = [
     path("", include("panel.compare.urls")),
     path("", include("panel.benchmarks.urls")),
     path("", include("panel.advisor.urls")),
+    path("", include("panel.notifications.urls")),
+    path("api/v1/", include("panel.api.urls")),
 ]
 
 

@@ -10,7 +10,7 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ValidationError
 from django.db import connection
 
-from panel.channels import crypto
+from panel.core import crypto
 from panel.channels.models import (Channel, ChannelKind, CredentialError, CredentialKind, Route, RouteChannel,
                                    RouteStrategy, order_channels)
 from panel.channels.routing import routing_version

@@ -10,7 +10,7 @@ import openai
 import pytest
 from django.utils import timezone
 
-from panel.channels import crypto
+from panel.core import crypto
 from panel.channels.models import Channel, Route, RouteChannel
 from panel.accounts.keys import key_issue, key_revoke
 from panel.usage.models import RequestLog

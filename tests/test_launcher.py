@@ -133,3 +133,26 @@ def test_it_starts_everything_signs_in_and_stops_on_ctrl_c(tmp_path):
         sign_in(f"http://127.0.0.1:{port}", password)
     finally:
         stop_launcher(process)
+
+
+def test_manage_py_uses_make_runs_secrets_and_redis_as_it_is(tmp_path):
+    """After `make run`, `manage.py` needs nothing typed in front: it reads data/secrets/ and talks to make run's
+    Redis (or REDIS_URL), like the panel's processes."""
+    from cryptography.fernet import Fernet
+
+    secrets_dir = tmp_path / "data" / "secrets"
+    secrets_dir.mkdir(parents=True)
+    (secrets_dir / "secret_key").write_text("k" * 50)
+    fernet = Fernet.generate_key().decode()
+    (secrets_dir / "encryption_key").write_text(fernet)
+    script = ("import django; from django.conf import settings; from panel.core.crypto import keyring; keyring(); "
+              "print(settings.SECRET_KEY == 'k' * 50, settings.REDIS_URL, settings.DATABASES['default']['NAME'])")
+    env = launcher_env(tmp_path, TOKENWISE_REDIS_PORT="6399")
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-3:] == ["True", "redis://127.0.0.1:6399/0", str(tmp_path / "data" / "tokenwise.sqlite3")]
+    env["REDIS_URL"] = "redis://127.0.0.1:1234/2"
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split()[-2] == "redis://127.0.0.1:1234/2"

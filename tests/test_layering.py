@@ -13,6 +13,7 @@ LAYERS = [
     "core",
     "audit",
     "accounts",
+    "notifications",
     "jobs",
     "hosts",
     "registry",
@@ -25,6 +26,7 @@ LAYERS = [
     "dashboards",
     "benchmarks",
     "advisor",
+    "api",
 ]
 # Project modules that apps may use (settings helpers), and the ones that sit above every app.
 BELOW_APPS = {"panel.env"}

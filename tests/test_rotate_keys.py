@@ -6,7 +6,7 @@ import sys
 
 from cryptography.fernet import Fernet
 
-from panel.channels import crypto
+from panel.core import crypto
 from panel.channels.models import Channel
 from tests.conftest import ROOT, panel_env
 

@@ -21,6 +21,7 @@ import redis
 from celery.signals import before_task_publish
 from django.apps import apps
 from django.conf import settings
+from django.db import transaction
 from django.test import RequestFactory
 from django.urls import reverse
 from django.views.defaults import server_error
@@ -268,6 +269,46 @@ def error_pages(world, seen):
 
 
 @surface
+def api_responses(world, seen):
+    """The management API as the owner's and the viewer's tokens see it: every GET with real ids, the channel made and
+    its key rotated with the canary in the body, a bad body echoing it back, and the refusals."""
+    from panel.accounts.tokens import token_issue
+    from tests.test_permissions import API_OPERATIONS
+
+    client = world["client"]
+    owner = Membership.objects.get(user=world["alice"], team=world["team_a"])
+    viewer = Membership.objects.get(user=world["vera"], team=world["team_a"])
+    tokens = {who: token_issue(membership=membership, name=f"canary {who}")[1]
+              for who, membership in (("owner", owner), ("viewer", viewer))}
+    ids = {**url_ids(world), "webhook_id": world.get("webhook_id", 999999)}
+
+    def call(method, path, who="owner", body=None):
+        url = re.sub(r"\{(\w+)\}", lambda match: str(ids.get(match.group(1), 999999)), path)
+        response = client.generic(method, url, json.dumps(body) if body is not None else "",
+                                  content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {tokens[who]}")
+        seen.add_response(f"API {method} {url} as {who}", response)
+        return response
+
+    for method, path, _ in API_OPERATIONS:
+        if method == "GET":
+            for who in tokens:
+                call(method, path, who)
+    made = call("POST", "/api/v1/channels", body={**channel_post("api-made", world["fake"].base_url,
+                                                                 api_key=CHANNEL_KEY), "enabled": True})
+    assert made.status_code == 201, made.content
+    assert Channel.objects.get(name="api-made").api_key() == CHANNEL_KEY
+    ids["channel_id"] = made.json()["id"]
+    assert call("POST", "/api/v1/channels/{channel_id}/credential", body={"api_key": CHANNEL_KEY}).status_code == 200
+    bad = call("POST", "/api/v1/channels", body={"name": "bad", "base_url": "nope", "api_key": "Bearer " + CHANNEL_KEY,
+                                                 "model_id": "m", "credential_kind": "stored", "kind": "remote"})
+    assert bad.status_code == 400
+    call("PATCH", "/api/v1/channels/{channel_id}", "viewer", {"api_key": CHANNEL_KEY})
+    call("POST", "/api/v1/channels/{channel_id}/test")
+    assert call("GET", "/api/v1/openapi.json").status_code == 200
+    world["api_tokens"] = tokens
+
+
+@surface
 def celery_messages_and_worker(world, seen, start_worker):
     """Every task message sent during the test (captured as it is published, and what is still queued in Redis),
     then a real worker that runs them, and its log."""
@@ -286,6 +327,34 @@ def celery_messages_and_worker(world, seen, start_worker):
     wait_until(lambda: "reconcile_budgets" in worker.log() and "succeeded" in worker.log(), seconds=60,
                message="the worker to run the budget task")
     seen.add("worker log", worker.log_path.read_bytes())
+
+
+@surface
+def webhook_payloads(world, seen, start_worker):
+    """Events about the canary channel and its route, delivered by a real worker to a receiver in both formats: the
+    bodies and headers it got. (After the Celery surface, whose worker must be the one that runs its task.)"""
+    from panel.notifications.models import Delivery, DeliveryState
+    from panel.notifications.services import notify, webhook_create
+    from tests.webhook_receiver import Receiver
+
+    with Receiver() as plain, Receiver() as slack:
+        webhook_create(team=world["team_a"], name="canary json", url=plain.url)
+        webhook_create(team=world["team_a"], name="canary slack", url=slack.url, format="slack")
+        cloud = Channel.objects.get(pk=world["cloud"].pk)
+        with transaction.atomic():  # an event about the channel whose key is the canary, its Test result included
+            notify(team=world["team_a"], kind="channel.cooled_down", title=f"Channel {cloud.name} cooled down",
+                   channel=cloud.name, last_test=cloud.last_test)
+        from panel.channels.canary import canary_rollback, canary_start
+
+        route = canary_start(route=world["routes"]["chat"], channel=world["hostile"])
+        canary_rollback(route=route, reason="errors above the threshold")
+        start_worker("default")
+        wait_until(lambda: not Delivery.objects.exclude(state=DeliveryState.DELIVERED).exists()
+                   and len(plain.received) >= 2 and len(slack.received) >= 2, seconds=60,
+                   message="the webhook deliveries")
+        for name, receiver in (("json", plain), ("slack", slack)):
+            for item in receiver.received:
+                seen.add(f"webhook {name} payload", f"{item['headers']}\n\n{item['body'].decode()}")
 
 
 @surface
@@ -345,7 +414,7 @@ def test_it_never_shows_the_canary_secrets_anywhere(world, start_worker):
     wheres = {where.split(" ")[0] for where, _ in seen.items}
     pages = [text for where, text in seen.items if where.startswith("GET ") and text.startswith("200")]
     assert len(pages) > 40 and any(world["cloud"].name in text and "••••" + CHANNEL_KEY[-4:] in text for text in pages)
-    assert {"GET", "POST", "gateway:", "export", "task", "worker", "table", "file"} <= wheres
+    assert {"GET", "POST", "gateway:", "export", "task", "worker", "table", "file", "API", "webhook"} <= wheres
     canaries = {"channel key": CHANNEL_KEY, "team key": world["raw_key"]}
     leaks = seen.leaks(canaries)
     assert leaks == [], "canary secrets leaked:\n" + "\n".join(f"  {name} in {where}" for where, name, _ in leaks)

@@ -14,25 +14,34 @@ from panel.audit.models import AuditAction, AuditEvent
 PAGE = 200
 
 
-def _filtered(request):
-    # The team's own events, and the sign-ins of its members (those belong to no team).
-    members = request.team.memberships.values("user_id")
-    events = AuditEvent.objects.filter(Q(team=request.team) | Q(team__isnull=True, actor__in=members))
-    action = request.GET.get("action", "")
+def team_audit_events(*, team, action="", actor="", since=None, until=None):
+    """The team's own events, and the sign-ins of its members (those belong to no team), newest first; `since` and
+    `until` are aware datetimes (inclusive)."""
+    members = team.memberships.values("user_id")
+    events = AuditEvent.objects.filter(Q(team=team) | Q(team__isnull=True, actor__in=members))
     if action in AuditAction.values:
         events = events.filter(action=action)
-    actor = request.GET.get("actor", "").strip()
     if actor:
         events = events.filter(actor_name__icontains=actor)
-    for name, lookup, moment in (("since", "at__gte", time.min), ("until", "at__lte", time.max)):
+    if since is not None:
+        events = events.filter(at__gte=since)
+    if until is not None:
+        events = events.filter(at__lte=until)
+    return events
+
+
+def _filtered(request):
+    bounds = {}
+    for name, moment in (("since", time.min), ("until", time.max)):
         value = request.GET.get(name, "")
         if value:
             try:
                 day = datetime.strptime(value, "%Y-%m-%d").date()
             except ValueError:
                 continue
-            events = events.filter(**{lookup: timezone.make_aware(datetime.combine(day, moment), timezone.utc)})
-    return events
+            bounds[name] = timezone.make_aware(datetime.combine(day, moment), timezone.utc)
+    return team_audit_events(team=request.team, action=request.GET.get("action", ""),
+                             actor=request.GET.get("actor", "").strip(), **bounds)
 
 
 @team_view(Role.ADMIN)

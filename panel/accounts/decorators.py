@@ -12,6 +12,17 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 
 
+def role_check(request, membership, role):
+    """The role rule every page and API operation applies: below `role`, the refusal is audited and PermissionDenied
+    raised; at or above it, `request.membership` and `request.team` are set."""
+    if not membership.allows(role):
+        audit_record(action=AuditAction.REFUSED, request=request, team=membership.team, actor=membership.user,
+                     target=request.path[:300], needed=Role(role).value, had=membership.role)
+        raise PermissionDenied(f"This needs the {Role(role).label.lower()} role in {membership.team}.")
+    request.membership = membership
+    request.team = membership.team
+
+
 def team_view(role=Role.VIEWER):
     def decorate(view):
         @login_required
@@ -20,12 +31,7 @@ def team_view(role=Role.VIEWER):
             membership = current_membership(request)
             if membership is None:
                 return redirect("no_team")
-            if not membership.allows(role):
-                audit_record(action=AuditAction.REFUSED, request=request, team=membership.team,
-                             target=request.path[:300], needed=Role(role).value, had=membership.role)
-                raise PermissionDenied(f"This needs the {Role(role).label.lower()} role in {membership.team}.")
-            request.membership = membership
-            request.team = membership.team
+            role_check(request, membership, role)
             return view(request, *args, **kwargs)
 
         wrapper.required_role = Role(role)

@@ -1,6 +1,6 @@
 from django import forms
 
-from panel.accounts.models import Role
+from panel.accounts.models import ROLE_RANK, Role
 
 
 def role_choices(actor_role):
@@ -21,3 +21,19 @@ class InviteForm(forms.Form):
 
 class RoleForm(forms.Form):
     role = forms.ChoiceField(choices=Role.choices)
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="What uses it, e.g. the deploy script.")
+    role = forms.ChoiceField(label="Acts as", choices=Role.choices,
+                             help_text="At most your own role; a lower one limits what the token can do.")
+    expires_at = forms.DateTimeField(required=False, label="Expires (UTC)",
+                                     widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+                                     help_text="Empty: never.")
+
+    def __init__(self, *args, actor_role, **kwargs):
+        super().__init__(*args, **kwargs)
+        rank = ROLE_RANK[Role(actor_role)]
+        self.fields["role"].choices = [(value, label) for value, label in Role.choices
+                                       if ROLE_RANK[Role(value)] <= rank]
+        self.fields["role"].initial = actor_role

@@ -85,3 +85,38 @@ class TeamKey(models.Model):
         if self.expires_at and self.expires_at <= timezone.now():
             return "expired"
         return "active"
+
+
+class AccessToken(models.Model):
+    """A personal access token for the management API: one person in one team, acting with their role there (or a
+    lower one, when issued so). Like a gateway key, only its SHA-256 and last four characters are stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="access_tokens")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="access_tokens")
+    name = models.CharField(max_length=100)
+    token_hash = models.CharField(max_length=64, unique=True)
+    last4 = models.CharField(max_length=4)
+    # The most this token may do; the member's role in the team at the time of use caps it again.
+    role = models.CharField(max_length=10, choices=Role.choices)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.name} (…{self.last4})"
+
+    @property
+    def masked(self):
+        return f"twp-…{self.last4}"
+
+    @property
+    def status(self):
+        if self.revoked_at:
+            return "revoked"
+        if self.expires_at and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"

@@ -23,6 +23,9 @@ class AuditAction(models.TextChoices):
     CANARY_ROLLED_BACK = "canary_rolled_back", "Canary rolled back"
     CANARY_STOPPED = "canary_stopped", "Canary stopped"
     BENCHMARK_LAUNCHED = "benchmark_launched", "Benchmark launched"
+    TOKEN_ISSUED = "token_issued", "Access token issued"
+    TOKEN_REVOKED = "token_revoked", "Access token revoked"
+    WEBHOOK_CHANGED = "webhook_changed", "Webhook changed"
     REFUSED = "refused", "Authorization refused"
 
 

@@ -21,6 +21,8 @@ from panel.budgets.counters import (
     month_of,
 )
 from panel.budgets.models import Budget, BudgetNotice
+from panel.notifications.models import EventKind
+from panel.notifications.services import notify
 from panel.usage.models import RequestLog
 
 ALERT_AT = Decimal("0.8")
@@ -146,6 +148,14 @@ def budget_usage(*, team, recorded=True, month=None):
     return uses
 
 
+def _budget_notify(team, use, level, month):
+    limits = _limits(use.budget)
+    exhausted = level == BudgetNotice.Level.EXHAUSTED
+    notify(team=team, kind=EventKind.BUDGET_EXHAUSTED if exhausted else EventKind.BUDGET_ALERT,
+           title=f"{use.name}: {'budget spent' if exhausted else '80% of the budget used'} in {month}",
+           budget=use.name, month=month, money=f"{use.money:.2f}", tokens=use.tokens, **limits)
+
+
 def budgets_reconcile(*, month=None):
     """For every team with a budget: raise the Redis counters to at least the usage records' sums, and record (and
     audit) each budget's 80% and 100% notice once a month. Returns the notices created."""
@@ -167,6 +177,8 @@ def budgets_reconcile(*, month=None):
                 try:
                     with transaction.atomic():
                         notice, new = BudgetNotice.objects.get_or_create(budget=use.budget, month=month, level=level)
+                        if new:  # the webhooks hear of it in the notice's own transaction
+                            _budget_notify(team, use, level, month)
                 except IntegrityError:  # another reconciliation got there first
                     continue
                 if not new:

@@ -9,6 +9,6 @@ class ChannelsConfig(AppConfig):
     def ready(self):
         from django.core import checks
 
-        from panel.channels.crypto import encryption_keys_check
+        from panel.core.crypto import encryption_keys_check
 
         checks.register(encryption_keys_check, "security")

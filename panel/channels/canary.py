@@ -17,6 +17,8 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels.models import CANARY_STEPS, CanaryState, Channel, Route
 from panel.channels.services import routing_changed
+from panel.notifications.models import EventKind
+from panel.notifications.services import notify
 from panel.usage.models import RequestLog
 
 ERROR_KINDS_NOT_THE_CHANNELS = ("bad_request",)  # the client's own bad request, answered 400 by any channel
@@ -99,6 +101,10 @@ def canary_rollback(*, route, reason, evidence=None, request=None, actor=None):
             canary_checked_at=timezone.now()):
         return False
     _audit(AuditAction.CANARY_ROLLED_BACK, route, request=request, actor=actor, percent_from=before, reason=reason)
+    notify(team=route.team_id, kind=EventKind.CANARY_ROLLED_BACK,
+           title=f"Canary on {route.model_name} rolled back from {before}%: {reason}"[:300], route=route.model_name,
+           route_id=route.pk, candidate=route.canary_channel.name if route.canary_channel else "",
+           percent_from=before, reason=reason[:1000])
     return True
 
 
@@ -198,6 +204,17 @@ def canary_check(*, route, now=None, request=None):
             return "watching"
         return "promoted"
     return "watching"
+
+
+def canary_check_and_promote(*, route, request=None):
+    """*Check and promote*: run the guards first (a trip rolls back, and nothing is promoted), then step up unless
+    the schedule did in the same check. Returns "rolled_back" or "promoted"; ValidationError when nothing runs."""
+    outcome = canary_check(route=route, request=request) if route.canary_state == CanaryState.RUNNING else None
+    if outcome == "rolled_back":
+        return outcome
+    if outcome != "promoted":
+        canary_promote(route=route, request=request)
+    return "promoted"
 
 
 def canaries_check(*, now=None):

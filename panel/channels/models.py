@@ -8,8 +8,8 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import models
 
-from panel.channels import crypto
-from panel.channels.crypto import CredentialError  # noqa: F401  (the gateway imports it from here)
+from panel.core import crypto
+from panel.core.crypto import CredentialError  # noqa: F401  (the gateway imports it from here)
 from panel.env import EnvError
 
 MILLION = Decimal(1_000_000)

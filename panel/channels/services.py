@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from panel.channels import crypto, diagnosis
+from panel.channels import diagnosis
 from panel.channels.models import (
     EMPTY_KEY,
     Channel,
@@ -25,7 +25,7 @@ from panel.channels.models import (
     RouteStrategy,
 )
 from panel.channels.routing import routing_changed
-from panel.core import safejson
+from panel.core import crypto, safejson
 from panel.env import EnvError
 
 log = logging.getLogger(__name__)

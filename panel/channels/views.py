@@ -10,9 +10,9 @@ from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels import canary, settings_json
-from panel.channels.crypto import encryption_problem
+from panel.core.crypto import encryption_problem
 from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm
-from panel.channels.models import CanaryState, Channel, Route
+from panel.channels.models import Channel, Route
 from panel.channels.services import (
     PRESETS,
     channel_create,
@@ -255,16 +255,14 @@ def canary_start_view(request, route_id):
 @team_view(Role.ADMIN)
 def canary_promote_view(request, route_id):
     route = _route(request, route_id)
-    outcome = canary.canary_check(route=route, request=request) if route.canary_state == CanaryState.RUNNING else None
+    try:
+        outcome = canary.canary_check_and_promote(route=route, request=request)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+        return redirect("route_detail", route_id=route.pk)
     if outcome == "rolled_back":
         messages.error(request, f"Not promoted: a guard tripped and the canary was rolled back. "
                                 f"{Route.objects.get(pk=route.pk).canary_reason}")
-        return redirect("route_detail", route_id=route.pk)
-    try:
-        if outcome != "promoted":  # the schedule may have promoted it in the same check
-            canary.canary_promote(route=route, request=request)
-    except ValidationError as error:
-        messages.error(request, " ".join(error.messages))
     else:
         messages.success(request, f"Promoted: {route.canary_percent}% of {route.model_name} goes to "
                                   f"{route.canary_channel.name}.")

@@ -44,6 +44,9 @@ class DashboardQuery:
     deployment_id: int | None = None
     key_id: int | None = None
     now: float | None = None
+    # My usage: only these keys / these models (None: no such filter; empty: nothing matches)
+    key_ids: frozenset | None = None
+    models: frozenset | None = None
 
     @property
     def span(self):
@@ -107,6 +110,10 @@ def _rollups(query):
         rows = rows.filter(deployment_id=query.deployment_id)
     if query.key_id is not None:
         rows = rows.filter(key_id=query.key_id)
+    if query.key_ids is not None:
+        rows = rows.filter(key_id__in=sorted(query.key_ids))
+    if query.models is not None:
+        rows = rows.filter(model__in=sorted(query.models))
     return rows.order_by()
 
 

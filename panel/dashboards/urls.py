@@ -1,6 +1,6 @@
 from django.urls import path
 
-from panel.dashboards import views
+from panel.dashboards import my_usage, views
 from panel.hosts import views as hosts
 
 urlpatterns = [
@@ -11,6 +11,10 @@ urlpatterns = [
     path("dashboards/data/", views.data, name="dashboards_data"),
     path("dashboards/export.csv", views.export_csv, name="dashboards_csv"),
     path("metrics", views.metrics, name="metrics"),
+    path("usage/mine/", my_usage.my_usage, name="my_usage"),
+    path("usage/mine/data/", my_usage.my_usage_data, name="my_usage_data"),
+    path("keys/<int:key_id>/", my_usage.key_detail, name="key_detail"),
+    path("keys/<int:key_id>/data/", my_usage.key_detail_data, name="key_detail_data"),
     # The Cost dashboard's GPU prices live on the Workers page (the hosts app has no urls module of its own).
     path("workers/<int:host_id>/price/", hosts.host_price, name="host_price"),
 ]

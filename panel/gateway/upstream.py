@@ -9,6 +9,7 @@ import aiohttp
 from django.conf import settings
 
 from panel.core import safejson
+from panel.notifications.cooldown import channel_cooled_down
 
 RETRY_AFTER_CAP_SECONDS = 5.0
 COOLDOWN_AFTER_FAILURES = 3
@@ -58,10 +59,14 @@ class Cooldown:
         return self.until.get(channel_id, 0) > time.monotonic()
 
     def failed(self, channel_id):
+        """Count a failure; True when it starts a cooldown (the channel was not resting yet)."""
         count = self.failures.get(channel_id, 0) + 1
         self.failures[channel_id] = count
         if count >= COOLDOWN_AFTER_FAILURES:
+            began = not self.cooled(channel_id)
             self.until[channel_id] = time.monotonic() + COOLDOWN_SECONDS
+            return began
+        return False
 
     def succeeded(self, channel_id):
         self.failures.pop(channel_id, None)
@@ -241,5 +246,7 @@ async def first_success(targets, attempt_call, *, fallback_on_error, log):
             COOLDOWN.succeeded(target.id)
             log["fell_back"] = index > 0
             return target, value
-        COOLDOWN.failed(target.id)
+        if COOLDOWN.failed(target.id):
+            channel_cooled_down(team_id=getattr(target.channel, "team_id", None), channel_id=target.id, channel_name=target.name,
+                                failures=COOLDOWN.failures[target.id], seconds=COOLDOWN_SECONDS)
     raise last

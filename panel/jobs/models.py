@@ -8,6 +8,8 @@ consequences that must land with a state (a deployment's local channel) override
 from django.conf import settings
 from django.db import models
 
+from panel.notifications.models import EventKind
+
 
 class JobState(models.TextChoices):
     """Every state of every kind of job. A job that runs to an end uses the first six; a deployment (a job that runs
@@ -47,6 +49,7 @@ class Job(models.Model):
     STOPPING = JobState.CANCELLING
     STOPPED = JobState.CANCELLED
     FAILED = JobState.FAILED
+    FAILURE_EVENT = EventKind.JOB_FAILED  # what a team's webhooks hear when a job of this kind fails
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -8,6 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from panel.jobs.models import Job, JobEvent, JobState
+from panel.notifications.services import notify
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,19 @@ def job_transition(job, *, to, allowed_from, actor=None, reason="", **fields):
         for name, value in fields.items():
             setattr(job, name, value)
         job.on_transition()
+        if to == type(job).FAILED:
+            _failure_notice(job, previous)
     return True
+
+
+def _failure_notice(job, previous):
+    """The team hears of a failed job (a deployment that crashed or never became ready included) in the same
+    transaction as the failure."""
+    label = type(job)._meta.verbose_name
+    reason = (job.failure_reason or job.failure_kind or "no reason recorded")[:200]
+    notify(team=job.team_id, kind=type(job).FAILURE_EVENT, title=f"{label.capitalize()} #{job.pk} failed: {reason}",
+           job_type=job.job_type(), job_id=job.pk, failure_kind=job.failure_kind or "", previous_state=previous or "",
+           failure_reason=reason)
 
 
 def job_created(job, *, actor=None, reason="created"):

@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from panel.channels.services import local_channel_sync
 from panel.jobs.models import Job, JobState, state_choices
+from panel.notifications.models import EventKind
 from panel.serving.profile_fields import FIELDS_BY_NAME as F
 
 
@@ -76,6 +77,7 @@ class Deployment(Job):
     STOPPING = DeploymentState.STOPPING
     STOPPED = DeploymentState.STOPPED
     FAILED = DeploymentState.FAILED
+    FAILURE_EVENT = EventKind.DEPLOYMENT_FAILED
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="deployments")
     state = models.CharField(max_length=10, choices=state_choices(DEPLOYMENT_STATES), default=JobState.PENDING,

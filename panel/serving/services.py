@@ -221,6 +221,28 @@ def _sleep_unless_stopped(deployment, seconds):
     return False
 
 
+EXPORTS = {
+    "toml": ("config.toml", "application/toml"),
+    "sh": ("vllm_deploy.sh", "text/x-shellscript"),
+    "yaml": ("vllm_config.yaml", "application/yaml"),
+}
+
+
+def profile_export_file(profile, kind):
+    """(file name, content type, text) of a profile as config.toml, vllm_deploy.sh or vLLM's --config YAML."""
+    values = profile_values(profile)
+    port = profile.port or 8000
+    keywords = {"model_path": profile.model.path, "port": port, "checkpoint_quantized": profile.model.is_quantized}
+    if kind == "toml":
+        body = configfile.toml_export(values)
+    elif kind == "sh":
+        body = configfile.deploy_script(values, **keywords)
+    else:
+        body = configfile.yaml_export(values, **keywords)
+    filename, content_type = EXPORTS[kind]
+    return filename, content_type, body
+
+
 @transaction.atomic
 def profile_import(*, team, user, text, name):
     """Create a profile from config.toml text. Validates everything; saves nothing on error."""

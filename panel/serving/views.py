@@ -9,7 +9,6 @@ from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
-from panel.serving import configfile
 from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
 from panel.serving.models import Deployment, ServingProfile
 from panel.serving.profile_fields import PRESETS
@@ -18,16 +17,14 @@ from panel.serving.services import (
     deployment_stop,
     deployment_warnings,
     launch_argv,
+    EXPORTS,
     profile_check,
+    profile_export_file,
     profile_import,
     profile_values,
 )
 
-EXPORTS = {
-    "toml": ("config.toml", "application/toml"),
-    "sh": ("vllm_deploy.sh", "text/x-shellscript"),
-    "yaml": ("vllm_config.yaml", "application/yaml"),
-}
+
 
 
 def _home_context(request, import_form):
@@ -110,16 +107,7 @@ def profile_export(request, profile_id, kind):
     profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
     if kind not in EXPORTS:
         return HttpResponse("unknown export", status=404)
-    values = profile_values(profile)
-    port = profile.port or 8000
-    keywords = {"model_path": profile.model.path, "port": port, "checkpoint_quantized": profile.model.is_quantized}
-    if kind == "toml":
-        body = configfile.toml_export(values)
-    elif kind == "sh":
-        body = configfile.deploy_script(values, **keywords)
-    else:
-        body = configfile.yaml_export(values, **keywords)
-    filename, content_type = EXPORTS[kind]
+    filename, content_type, body = profile_export_file(profile, kind)
     response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response

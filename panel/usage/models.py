@@ -42,5 +42,7 @@ class RequestLog(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["team", "created_at"], name="gateway_req_team_id_333225_idx")]
+        indexes = [models.Index(fields=["team", "created_at"], name="gateway_req_team_id_333225_idx"),
+                   # the API's usage export walks a team's rows by id (keyset pagination)
+                   models.Index(fields=["team", "id"], name="usage_team_id_keyset_idx")]
         db_table = "gateway_requestlog"  # created by the gateway app, which held the model first

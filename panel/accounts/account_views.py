@@ -1,0 +1,56 @@
+"""Your account: the personal access tokens you hold in the current team (any member, viewers included)."""
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from panel.accounts.decorators import team_view
+from panel.accounts.forms import TokenForm
+from panel.accounts.tokens import token_issue, token_revoke, tokens_of
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
+
+
+def _page(request, form=None, raw_token=None, status=200):
+    return render(request, "accounts/account.html", {
+        "tokens": tokens_of(user=request.user, team=request.team),
+        "form": form or TokenForm(actor_role=request.membership.role), "raw_token": raw_token,
+        "api_url": request.build_absolute_uri("/api/v1/")}, status=status)
+
+
+@team_view()
+def account(request):
+    return _page(request)
+
+
+@require_POST
+@team_view()
+def token_create(request):
+    form = TokenForm(request.POST, actor_role=request.membership.role)
+    if not form.is_valid():
+        return _page(request, form, status=400)
+    try:
+        token, raw = token_issue(membership=request.membership, name=form.cleaned_data["name"],
+                                 role=form.cleaned_data["role"], expires_at=form.cleaned_data["expires_at"])
+    except ValidationError as error:
+        for field, problems in error.message_dict.items():
+            form.add_error(field if field in form.fields else None, problems)
+        return _page(request, form, status=400)
+    audit_record(action=AuditAction.TOKEN_ISSUED, request=request, target=f"{token.name} ({token.masked})",
+                 role=token.role)
+    # The token is rendered once, in this response, and never stored or shown again.
+    response = _page(request, raw_token=raw)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+@team_view()
+def token_revoke_view(request, token_id):
+    token = get_object_or_404(tokens_of(user=request.user, team=request.team), pk=token_id)
+    if token_revoke(token=token):
+        audit_record(action=AuditAction.TOKEN_REVOKED, request=request, target=f"{token.name} ({token.masked})")
+        messages.success(request, f"Revoked {token.name} ({token.masked}).")
+    else:
+        messages.error(request, f"{token.name} was already revoked.")
+    return redirect("account")

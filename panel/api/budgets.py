@@ -1,0 +1,68 @@
+"""Budgets (as on Budgets): this month's use of the team and of each key against their limits, and setting them."""
+from decimal import Decimal
+
+from ninja import Field, Router, Schema
+
+from panel.accounts.models import TeamKey
+from panel.api.auth import allowed
+from panel.api.errors import errors
+from panel.api.form_bodies import validated
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
+from panel.budgets import views as pages
+from panel.budgets.counters import month_of
+from panel.budgets.forms import TEAM, BudgetForm
+from panel.budgets.services import budget_set, budget_usage
+
+router = Router(tags=["budgets"])
+
+
+class UseOut(Schema):
+    scope: str = Field(description="team or key")
+    id: int
+    name: str
+    month: str
+    money: Decimal
+    tokens: int
+    money_per_month: Decimal | None
+    tokens_per_month: int | None
+    level: str = Field(description="ok, alert (80% or more) or exhausted")
+
+
+class BudgetIn(Schema):
+    key: int | None = Field(None, ge=1, le=2**53, description="A key id of this team; empty: the whole team.")
+    money_per_month: Decimal | None = Field(None, ge=0, max_digits=14, decimal_places=2, allow_inf_nan=False)
+    tokens_per_month: int | None = Field(None, ge=0, le=10**15)
+
+
+def uses(team):
+    month = month_of()
+    return [{"scope": use.scope, "id": use.ident, "name": use.name, "month": month, "money": use.money,
+             "tokens": use.tokens, "money_per_month": use.budget.money_per_month if use.budget else None,
+             "tokens_per_month": use.budget.tokens_per_month if use.budget else None, "level": use.level}
+            for use in budget_usage(team=team)]
+
+
+def _keys(team):
+    return TeamKey.objects.filter(team=team, revoked_at__isnull=True).order_by("name")
+
+
+@router.get("/budgets", response=errors({200: list[UseOut]}))
+@allowed(like=pages.budget_list)
+def budgets_list(request):
+    return uses(request.team)
+
+
+@router.put("/budgets", response=errors({200: list[UseOut]}),
+            summary="Set the monthly budget of the team or of one key (both limits empty removes it)")
+@allowed(like=pages.budget_edit)
+def budgets_set(request, body: BudgetIn):
+    given = {"target": str(body.key) if body.key else TEAM, "money_per_month": body.money_per_month,
+             "tokens_per_month": body.tokens_per_month}
+    data = validated(BudgetForm, given, keys=_keys(request.team)).cleaned_data
+    before, after = budget_set(team=request.team, key=data["key"], money_per_month=data["money_per_month"],
+                               tokens_per_month=data["tokens_per_month"], user=request.user)
+    if before != after:
+        target = f"key {data['key']}" if data["key"] else f"team {request.team}"
+        audit_record(action=AuditAction.BUDGET_CHANGED, request=request, target=target, before=before, after=after)
+    return uses(request.team)

@@ -1,0 +1,86 @@
+"""Gateway keys (as on Gateway keys): list, one key, issue (the key is in this answer only), revoke."""
+import datetime
+
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404
+from ninja import Field, Router, Schema, Status
+
+from panel.accounts.keys import key_issue, key_revoke
+from panel.accounts.models import TeamKey
+from panel.api.auth import allowed
+from panel.api.errors import errors
+from panel.api.form_bodies import validated
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
+from panel.channels.models import Route
+from panel.gateway import views as pages
+from panel.gateway.forms import KeyIssueForm
+
+router = Router(tags=["gateway keys"])
+
+
+class KeyOut(Schema):
+    id: int
+    name: str
+    masked: str
+    status: str
+    allowed_models: list[str]
+    rpm_limit: int | None
+    tpm_limit: int | None
+    expires_at: datetime.datetime | None
+    revoked_at: datetime.datetime | None
+    created_at: datetime.datetime
+    last_used_at: datetime.datetime | None
+
+
+class KeyIssued(KeyOut):
+    key: str = Field(description="The key itself: shown once, never again.")
+
+
+class KeyIssue(Schema):
+    name: str = Field(..., max_length=100, description="What uses this key, e.g. the support bot's back end.")
+    allowed_models: list[str] = Field([], max_length=200, description="Route model names; empty: every model.")
+    rpm_limit: int | None = Field(None, ge=1, le=1_000_000)
+    tpm_limit: int | None = Field(None, ge=1, le=1_000_000_000)
+    expires_at: datetime.datetime | None = None
+
+
+def key_out(key):
+    return {name: getattr(key, name) for name in KeyOut.model_fields}
+
+
+@router.get("/keys", response=errors({200: list[KeyOut]}))
+@allowed(like=pages.key_list)
+def keys_list(request):
+    return [key_out(key) for key in TeamKey.objects.filter(team=request.team)]
+
+
+@router.get("/keys/{key_id}", response=errors({200: KeyOut}))
+@allowed(like=pages.key_list)
+def keys_get(request, key_id: int):
+    return key_out(get_object_or_404(TeamKey, pk=key_id, team=request.team))
+
+
+@router.post("/keys", response=errors({201: KeyIssued}))
+@allowed(like=pages.key_create)
+def keys_issue(request, body: KeyIssue, response: HttpResponse):
+    response["Cache-Control"] = "no-store"  # the key is in this answer only
+    routes = Route.objects.filter(team=request.team).values_list("model_name", flat=True)
+    given = body.dict(exclude_unset=True)
+    given["allowed_models"] = ",".join(given.get("allowed_models", []))
+    data = validated(KeyIssueForm, given, route_names=list(routes)).cleaned_data
+    key, raw = key_issue(team=request.team, user=request.user, name=data["name"], allowed_models=data["allowed_models"],
+                         rpm_limit=data["rpm_limit"], tpm_limit=data["tpm_limit"], expires_at=data["expires_at"])
+    audit_record(action=AuditAction.KEY_ISSUED, request=request, target=f"{key.name} ({key.masked})")
+    return Status(201, {**key_out(key), "key": raw})
+
+
+@router.post("/keys/{key_id}/revoke", response=errors({200: KeyOut}))
+@allowed(like=pages.key_revoke_view)
+def keys_revoke(request, key_id: int):
+    key = get_object_or_404(TeamKey, pk=key_id, team=request.team)
+    if key_revoke(key=key, user=request.user):
+        audit_record(action=AuditAction.KEY_REVOKED, request=request, target=f"{key.name} ({key.masked})")
+    return key_out(key)
+
+

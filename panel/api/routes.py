@@ -1,0 +1,176 @@
+"""Routes and their canaries (as on a route's page): list, one, create, replace, delete; start a canary, check and
+promote it, roll it back, stop it."""
+import datetime
+from typing import Any, Literal
+
+from django.core.exceptions import ValidationError
+from django.shortcuts import get_object_or_404
+from ninja import Field, Router, Schema, Status
+
+from panel.api.auth import allowed
+from panel.api.errors import Invalid, errors
+from panel.api.form_bodies import schema_from_form, validated
+from panel.channels import canary
+from panel.channels import views as pages
+from panel.channels.forms import CanaryForm
+from panel.channels.models import Channel, Route, RouteStrategy
+from panel.channels.services import route_delete, route_save
+
+router = Router(tags=["routes and canaries"])
+
+
+class RouteChannelOut(Schema):
+    channel_id: int
+    channel: str
+    position: int
+    weight: int
+
+
+class CanaryOut(Schema):
+    state: str
+    channel_id: int | None
+    channel: str | None
+    percent: int
+    auto: bool
+    started_at: datetime.datetime | None
+    step_at: datetime.datetime | None
+    reason: str
+    evidence: dict[str, Any]
+    checked_at: datetime.datetime | None
+
+
+class RouteOut(Schema):
+    id: int
+    model_name: str
+    strategy: str
+    fallback_on_error: bool
+    enabled: bool
+    channels: list[RouteChannelOut]
+    canary: CanaryOut
+
+
+class RouteChannelIn(Schema):
+    channel: int = Field(..., ge=1, le=2**53, description="A channel id of this team.")
+    position: int = Field(0, ge=0, le=10_000)
+    weight: int = Field(1, ge=0, le=1000)
+
+
+class RouteIn(Schema):
+    model_name: str = Field(..., max_length=200, description="What clients send as \"model\".")
+    strategy: Literal[tuple(RouteStrategy.values)] = RouteStrategy.LOCAL_FIRST
+    fallback_on_error: bool = True
+    enabled: bool = True
+    channels: list[RouteChannelIn] = Field(..., max_length=200)
+
+
+CanaryStart = schema_from_form(CanaryForm, "CanaryStart")
+
+
+class CanaryRollback(Schema):
+    reason: str = Field(..., min_length=1, max_length=1000, description="Why, in words (shown on the route page).")
+
+
+def route_out(route):
+    return {"id": route.pk, "model_name": route.model_name, "strategy": route.strategy,
+            "fallback_on_error": route.fallback_on_error, "enabled": route.enabled,
+            "channels": [{"channel_id": entry.channel_id, "channel": entry.channel.name, "position": entry.position,
+                          "weight": entry.weight} for entry in route.entries()],
+            "canary": {"state": route.canary_state, "channel_id": route.canary_channel_id,
+                       "channel": route.canary_channel.name if route.canary_channel else None,
+                       "percent": route.canary_percent, "auto": route.canary_auto,
+                       "started_at": route.canary_started_at, "step_at": route.canary_step_at,
+                       "reason": route.canary_reason, "evidence": route.canary_evidence or {},
+                       "checked_at": route.canary_checked_at}}
+
+
+def _route(request, route_id):
+    return get_object_or_404(Route.objects.select_related("canary_channel"), pk=route_id, team=request.team)
+
+
+def _fresh(route):
+    return Route.objects.select_related("canary_channel").get(pk=route.pk)
+
+
+def _entries(request, body):
+    channels = {channel.pk: channel for channel in Channel.objects.filter(
+        team=request.team, pk__in=[item.channel for item in body.channels])}
+    unknown = sorted({item.channel for item in body.channels} - set(channels))
+    if unknown:
+        raise Invalid({"channels": [f"Your team has no channel with id {unknown[0]}."]})
+    return [(channels[item.channel], item.position, item.weight) for item in body.channels]
+
+
+def _save(request, route, body):
+    return route_save(team=request.team, user=request.user, route=route, model_name=body.model_name,
+                      strategy=body.strategy, fallback_on_error=body.fallback_on_error, enabled=body.enabled,
+                      entries=_entries(request, body))
+
+
+@router.get("/routes", response=errors({200: list[RouteOut]}))
+@allowed(like=pages.channel_list)
+def routes_list(request):
+    routes = Route.objects.filter(team=request.team).select_related("canary_channel").order_by("model_name")
+    return [route_out(route) for route in routes]
+
+
+@router.get("/routes/{route_id}", response=errors({200: RouteOut}))
+@allowed(like=pages.route_detail)
+def routes_get(request, route_id: int):
+    return route_out(_route(request, route_id))
+
+
+@router.post("/routes", response=errors({201: RouteOut}))
+@allowed(like=pages.route_create)
+def routes_create(request, body: RouteIn):
+    return Status(201, route_out(_fresh(_save(request, None, body))))
+
+
+@router.put("/routes/{route_id}", response=errors({200: RouteOut}), summary="Replace a route and its channels")
+@allowed(like=pages.route_edit)
+def routes_replace(request, route_id: int, body: RouteIn):
+    return route_out(_fresh(_save(request, _route(request, route_id), body)))
+
+
+@router.delete("/routes/{route_id}", response=errors({204: None}))
+@allowed(like=pages.route_delete_view)
+def routes_delete(request, route_id: int):
+    route_delete(route=_route(request, route_id))
+    return Status(204, None)
+
+
+@router.post("/routes/{route_id}/canary", response=errors({200: RouteOut}),
+             summary="Start a canary: a share of the route's traffic to a candidate channel it does not use yet")
+@allowed(like=pages.canary_start_view)
+def canary_start(request, route_id: int, body: CanaryStart):
+    route = _route(request, route_id)
+    data = validated(CanaryForm, body, route=route).cleaned_data
+    canary.canary_start(route=route, channel=data["channel"], request=request, percent=data["percent"],
+                        auto=data["auto"])
+    return route_out(_fresh(route))
+
+
+@router.post("/routes/{route_id}/canary/promote", response=errors({200: RouteOut}),
+             summary="Check and promote: the guards first (a trip rolls back), then one step up")
+@allowed(like=pages.canary_promote_view)
+def canary_promote(request, route_id: int):
+    canary.canary_check_and_promote(route=_route(request, route_id), request=request)
+    return route_out(_fresh(_route(request, route_id)))
+
+
+@router.post("/routes/{route_id}/canary/rollback", response=errors({200: RouteOut}),
+             summary="Roll a running canary back by hand: its share drops to 0 with your reason")
+@allowed(like=pages.canary_stop_view)
+def canary_rollback(request, route_id: int, body: CanaryRollback):
+    route = _route(request, route_id)
+    if not canary.canary_rollback(route=route, reason=body.reason.strip() or "rolled back by hand",
+                                  request=request):
+        raise ValidationError("No canary is running on this route.")
+    return route_out(_fresh(route))
+
+
+@router.post("/routes/{route_id}/canary/stop", response=errors({200: RouteOut}))
+@allowed(like=pages.canary_stop_view)
+def canary_stop(request, route_id: int):
+    route = _route(request, route_id)
+    canary.canary_stop(route=route, request=request)
+    return route_out(_fresh(route))

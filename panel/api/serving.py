@@ -1,0 +1,207 @@
+"""Serving profiles and deployments (as on Serving): profiles with config.toml import/export, and deployments —
+launch, status, logs, stop."""
+import datetime
+from typing import Any, Literal
+
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404
+from ninja import Field, Router, Schema, Status
+
+from panel.api.auth import allowed
+from panel.api.errors import errors
+from panel.api.form_bodies import schema_from_form, validated
+from panel.api.schemas import JobEventOut, JobOut, job_events_out
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
+from panel.jobs.services import job_events
+from panel.serving import views as pages
+from panel.serving.forms import PROFILE_FIELDS, ImportForm, LaunchForm, ServingProfileForm
+from panel.serving.models import Deployment, ServingProfile
+from panel.serving.services import (
+    EXPORTS,
+    deployment_launch,
+    deployment_stop,
+    deployment_warnings,
+    launch_argv,
+    profile_check,
+    profile_export_file,
+    profile_import,
+)
+
+router = Router(tags=["serving profiles and deployments"])
+
+ProfileCreate = schema_from_form(ServingProfileForm, "ProfileCreate")
+ProfileChange = schema_from_form(ServingProfileForm, "ProfileChange", partial=True)
+DeploymentLaunch = schema_from_form(LaunchForm, "DeploymentLaunch")
+
+
+class ProfileOut(Schema):
+    id: int
+    model_id: int
+    values: dict[str, Any] = Field(description="Every profile field, as on the form.")
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+
+
+class ProfileDetail(ProfileOut):
+    command: list[str]
+    errors: dict[str, list[str]]
+    warnings: list[str]
+
+
+class ProfileImport(Schema):
+    name: str = Field(..., max_length=100)
+    config: str = Field(..., max_length=ImportForm.MAX_BYTES, description="The config.toml text.")
+
+
+class DeploymentOut(JobOut):
+    profile_id: int
+    profile: str
+    host: str | None
+    base_url: str
+    served_model_name: str
+    restart_on_crash: bool
+    restarts: int
+    ready_at: datetime.datetime | None
+    verification: dict[str, Any]
+    warnings: list[str]
+
+
+class DeploymentLogs(Schema):
+    id: int
+    state: str
+    log_tail: str
+    events: list[JobEventOut]
+
+
+def profile_out(profile, *, detail=False):
+    out = {"id": profile.pk, "model_id": profile.model_id, "created_at": profile.created_at,
+           "updated_at": profile.updated_at,
+           "values": {name: (profile.model_id if name == "model" else getattr(profile, name))
+                      for name in PROFILE_FIELDS}}
+    if detail:
+        verdict = profile_check(profile)
+        out.update(command=launch_argv(profile, port=profile.port or 8000),
+                   errors={str(field): list(messages) for field, messages in verdict.errors.items()},
+                   warnings=list(verdict.warnings))
+    return out
+
+
+def deployment_out(deployment):
+    out = {name: getattr(deployment, name) for name in DeploymentOut.model_fields
+           if name not in ("profile", "host", "warnings")}
+    out.update(profile=deployment.profile.name, host=deployment.host.host if deployment.host else None,
+               warnings=list(deployment_warnings(deployment)))
+    return out
+
+
+def _profiles(request):
+    return ServingProfile.objects.filter(team=request.team).select_related("model")
+
+
+def _deployment(request, deployment_id):
+    return get_object_or_404(Deployment.objects.select_related("profile__model", "host"), pk=deployment_id,
+                             team=request.team)
+
+
+@router.get("/profiles", response=errors({200: list[ProfileOut]}))
+@allowed(like=pages.serving_home)
+def profiles_list(request):
+    return [profile_out(profile) for profile in _profiles(request).order_by("name")]
+
+
+@router.post("/profiles/import", response=errors({201: ProfileDetail}),
+             summary="Create a profile from a config.toml (everything checked; nothing saved on error)")
+@allowed(like=pages.profile_import_view)
+def profiles_import(request, body: ProfileImport):
+    form = validated(ImportForm, {"name": body.name, "config": body.config})
+    profile = profile_import(team=request.team, user=request.user, text=form.cleaned_data["text"],
+                             name=form.cleaned_data["name"])
+    return Status(201, profile_out(profile, detail=True))
+
+
+@router.get("/profiles/{profile_id}", response=errors({200: ProfileDetail}),
+            summary="A profile with its vLLM command and the rules' verdict")
+@allowed(like=pages.profile_detail)
+def profiles_get(request, profile_id: int):
+    return profile_out(get_object_or_404(_profiles(request), pk=profile_id), detail=True)
+
+
+@router.post("/profiles", response=errors({201: ProfileDetail}))
+@allowed(like=pages.profile_create)
+def profiles_create(request, body: ProfileCreate):
+    form = validated(ServingProfileForm, body, team=request.team)
+    profile = form.save(commit=False)
+    profile.team, profile.created_by = request.team, request.user
+    profile.save()
+    return Status(201, profile_out(profile, detail=True))
+
+
+@router.patch("/profiles/{profile_id}", response=errors({200: ProfileDetail}),
+              summary="Change a profile (fields not sent keep their values)")
+@allowed(like=pages.profile_edit)
+def profiles_change(request, profile_id: int, body: ProfileChange):
+    profile = get_object_or_404(_profiles(request), pk=profile_id)
+    form = validated(ServingProfileForm, body, team=request.team, instance=profile)
+    return profile_out(form.save(), detail=True)
+
+
+EXPORT_TYPES = {kind: content_type for kind, (_, content_type) in EXPORTS.items()}
+
+
+@router.get("/profiles/{profile_id}/export/{kind}", response=errors({200: str}),
+            openapi_extra={"responses": {200: {"description": "The file", "content": {
+                content_type: {"schema": {"type": "string"}} for content_type in EXPORT_TYPES.values()}}}},
+            summary="config.toml (toml), vllm_deploy.sh (sh) or vLLM's --config YAML (yaml)")
+@allowed(like=pages.profile_export)
+def profiles_export(request, profile_id: int, kind: Literal["toml", "sh", "yaml"]) -> HttpResponse:
+    profile = get_object_or_404(_profiles(request), pk=profile_id)
+    filename, content_type, body = profile_export_file(profile, kind)
+    response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+@router.get("/deployments", response=errors({200: list[DeploymentOut]}))
+@allowed(like=pages.serving_home)
+def deployments_list(request):
+    rows = Deployment.objects.filter(team=request.team).select_related("profile__model", "host")[:200]
+    return [deployment_out(deployment) for deployment in rows]
+
+
+@router.get("/deployments/{deployment_id}", response=errors({200: DeploymentOut}))
+@allowed(like=pages.deployment_detail)
+def deployments_get(request, deployment_id: int):
+    return deployment_out(_deployment(request, deployment_id))
+
+
+@router.get("/deployments/{deployment_id}/logs", response=errors({200: DeploymentLogs}),
+            summary="The engine's log tail and the deployment's history")
+@allowed(like=pages.deployment_detail)
+def deployments_logs(request, deployment_id: int):
+    deployment = _deployment(request, deployment_id)
+    return {"id": deployment.pk, "state": deployment.state, "log_tail": deployment.log_tail,
+            "events": job_events_out(job_events(deployment))}
+
+
+@router.post("/profiles/{profile_id}/deployments", response=errors({201: DeploymentOut}),
+             summary="Launch a profile on a GPU worker (the one with the most free memory, or the one named)")
+@allowed(like=pages.deployment_create)
+def deployments_launch(request, profile_id: int, body: DeploymentLaunch):
+    profile = get_object_or_404(_profiles(request), pk=profile_id)
+    data = validated(LaunchForm, body).cleaned_data
+    deployment = deployment_launch(team=request.team, user=request.user, profile=profile, host=data["host"],
+                                   restart_on_crash=data["restart_on_crash"])
+    audit_record(action=AuditAction.DEPLOYMENT_STARTED, request=request,
+                 target=f"{profile.name} #{deployment.pk} on {deployment.host.host}")
+    return Status(201, deployment_out(deployment))
+
+
+@router.post("/deployments/{deployment_id}/stop", response=errors({200: DeploymentOut}))
+@allowed(like=pages.deployment_stop_view)
+def deployments_stop(request, deployment_id: int):
+    deployment = _deployment(request, deployment_id)
+    if deployment_stop(deployment=deployment, user=request.user):
+        audit_record(action=AuditAction.DEPLOYMENT_STOPPED, request=request,
+                     target=f"{deployment.profile.name} #{deployment.pk}")
+    return deployment_out(_deployment(request, deployment_id))

@@ -1,0 +1,40 @@
+"""The management API, version 1: one router per resource, each a thin layer over its app's services and the
+pages' own forms and role rules. The schema is at openapi.json and the reference at docs (Swagger UI served from
+the django-ninja package: no CDN)."""
+from django.urls import path
+from ninja import NinjaAPI
+
+from panel.api import (
+    audit,
+    benchmarks,
+    budgets,
+    channels,
+    errors,
+    keys,
+    registry,
+    routes,
+    serving,
+    team,
+    tokens,
+    usage,
+    webhooks,
+)
+from panel.api.auth import AUTH, gate_operations
+
+class ManagementAPI(NinjaAPI):
+    def get_openapi_operation_id(self, operation):
+        return operation.view_func.__name__  # keys_issue, channels_change …: short, stable, unique (tested)
+
+
+api = ManagementAPI(title="Tokenwise management API", version="1", auth=AUTH, urls_namespace="api-v1",
+               description="Everything the pages do, for scripts: authenticate with a personal access token from "
+                           "Your account (`Authorization: Bearer twp-…`), or with the panel's session and the "
+                           "X-CSRFToken header. Every operation needs the role its page needs; another team's object "
+                           "is a 404. Refusals are {\"detail\", \"errors\"} with 400 (nothing saved), 401, 403 or 404.",
+               openapi_url="/openapi.json", docs_url="/docs")
+errors.install(api)
+for module in (team, tokens, keys, channels, routes, registry, serving, benchmarks, budgets, usage, audit, webhooks):
+    api.add_router("", module.router)
+gate_operations(api)
+
+urlpatterns = [path("", api.urls)]
