@@ -30,7 +30,9 @@ PACK = 8  # 4-bit values in one int32
 # measures 0.100-0.102 on the demo weights; AWQ measured 0.100-0.114 with a column fit (up_proj is highest: its
 # rows were also divided by down_proj's scales, which a column fit cannot express) and at most 0.106 with a row
 # and column fit (on the H200, a Qwen2.5-1.5B-shaped model: column fit max 0.129, row and column fit max 0.101;
-# docs/benchmarks.md). Nibbles unpacked in the wrong order measure 1.8-4.0, unscaled weights 0.16. Below 0.05
+# docs/benchmarks.md). Since the demo model is trained its weights are no longer Gaussian: the column fit's worst
+# linear (up_proj again) measured 0.132, so the column fit bounds the mean and only the row and column fit bounds
+# every linear. Nibbles unpacked in the wrong order measure 1.8-4.0, unscaled weights 0.16-0.19. Below 0.05
 # would mean the weights were not really quantized to 4 bits.
 MAX_REL_ERROR = 0.13
 MAX_TWO_SIDED_REL_ERROR = 0.12
@@ -172,7 +174,8 @@ def test_it_dequantizes_close_to_the_original_weights(demo, quantized):
 
     assert numbers["linears"] == 7 * LAYERS
     assert numbers["q_range"] == [0, 15]  # all sixteen 4-bit levels in use
-    assert MIN_REL_ERROR < numbers["mean_rel_error"] <= numbers["max_rel_error"] < MAX_REL_ERROR, numbers
+    assert MIN_REL_ERROR < numbers["mean_rel_error"] < MAX_REL_ERROR, numbers
+    assert numbers["mean_rel_error"] <= numbers["max_rel_error"] < numbers["max_unscaled_rel_error"], numbers
     assert MIN_REL_ERROR < numbers["max_two_sided_rel_error"] < MAX_TWO_SIDED_REL_ERROR, numbers
     assert numbers["max_two_sided_rel_error"] < MAX_OVER_ROUND_TO_NEAREST * numbers["max_rtn_rel_error"]
     # AWQ really scaled the input channels (the unscaled comparison is worse) ...
