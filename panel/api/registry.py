@@ -13,7 +13,7 @@ from panel.api.form_bodies import schema_from_form, text_file, validated
 from panel.api.schemas import JobEventOut, JobOut, job_events_out
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
-from panel.jobs.services import job_events
+from panel.jobs.services import job_cancel, job_events
 from panel.registry import memory
 from panel.registry import views as pages
 from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
@@ -193,6 +193,15 @@ def evaluation_launch_op(request, model_id: int, body: EvaluationLaunch):
 def evaluation_get(request, job_id: int):
     job = get_object_or_404(EvaluationJob.objects.filter(team=request.team), pk=job_id)
     return evaluation_out(job, detail=True)
+
+
+@router.post("/quality-jobs/{job_id}/cancel", response=errors({200: EvaluationJobOut}))
+@allowed(like=pages.evaluation_cancel)
+def evaluation_cancel_op(request, job_id: int):
+    job = get_object_or_404(EvaluationJob.objects.filter(team=request.team), pk=job_id)
+    if job_cancel(job, actor=request.user):
+        audit_record(action=AuditAction.JOB_CANCELLED, request=request, target=f"quality report #{job.pk}")
+    return evaluation_out(get_object_or_404(EvaluationJob.objects.filter(team=request.team), pk=job_id))
 
 
 @router.post("/quantization-jobs/{job_id}/cancel", response=errors({200: QuantizationJobOut}))

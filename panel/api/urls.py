@@ -10,7 +10,9 @@ from panel.api import (
     budgets,
     channels,
     errors,
+    hosts,
     keys,
+    ladders,
     registry,
     routes,
     serving,
@@ -20,6 +22,7 @@ from panel.api import (
     webhooks,
 )
 from panel.api.auth import AUTH, gate_operations
+
 
 class ManagementAPI(NinjaAPI):
     def get_openapi_operation_id(self, operation):
@@ -33,7 +36,8 @@ api = ManagementAPI(title="Tokenwise management API", version="1", auth=AUTH, ur
                            "is a 404. Refusals are {\"detail\", \"errors\"} with 400 (nothing saved), 401, 403 or 404.",
                openapi_url="/openapi.json", docs_url="/docs")
 errors.install(api)
-for module in (team, tokens, keys, channels, routes, registry, serving, benchmarks, budgets, usage, audit, webhooks):
+for module in (team, tokens, keys, channels, routes, registry, serving, benchmarks, ladders, hosts, budgets, usage,
+               audit, webhooks):
     api.add_router("", module.router)
 gate_operations(api)
 

@@ -11,6 +11,7 @@ from panel.audit.services import audit_record
 from panel.benchmarks import ladder as ladders
 from panel.benchmarks import services
 from panel.benchmarks.forms import BenchmarkForm, LadderForm, SweepForm
+from panel.benchmarks.launch import ladder_from_form, sweep_from_form
 from panel.benchmarks.models import BenchmarkRun, Ladder, Sweep
 from panel.jobs.services import job_cancel, job_events
 
@@ -107,13 +108,8 @@ def compare(request):
 def ladder_create(request):
     form = LadderForm(request.POST or None, request.FILES or None, team=request.team)
     if request.method == "POST" and form.is_valid():
-        data = form.cleaned_data
         try:
-            ladder = ladders.ladder_launch(
-                team=request.team, user=request.user, model=data["model"],
-                small_max_num_seqs=data["small_max_num_seqs"], large_max_num_seqs=data["large_max_num_seqs"],
-                max_model_len=data["max_model_len"], extra_args=data["extra_args"],
-                gpu_price_per_hour=data["gpu_price_per_hour"] or 0, **form.workload_values())
+            ladder = ladder_from_form(team=request.team, user=request.user, form=form)
         except ValidationError as error:
             _form_errors(form, error)
         else:
@@ -147,11 +143,8 @@ def ladder_live(request, ladder_id):
 def sweep_create(request):
     form = SweepForm(request.POST or None, request.FILES or None, team=request.team)
     if request.method == "POST" and form.is_valid():
-        data = form.cleaned_data
         try:
-            sweep = ladders.sweep_launch(team=request.team, user=request.user, profile=data["profile"],
-                                         values=data["values"], p99_target_ms=data["p99_target_ms"],
-                                         **form.workload_values())
+            sweep = sweep_from_form(team=request.team, user=request.user, form=form)
         except ValidationError as error:
             _form_errors(form, error)
         else:

@@ -10,6 +10,7 @@ urlpatterns = [
     path("models/<int:model_id>/evaluate/", views.evaluation_create, name="evaluation_create"),
     path("quality/<int:job_id>/", views.evaluation_detail, name="evaluation_job"),
     path("quality/<int:job_id>/live/", views.evaluation_live, name="evaluation_job_live"),
+    path("quality/<int:job_id>/cancel/", views.evaluation_cancel, name="evaluation_cancel"),
     path("quantization/", views.job_list, name="quantization"),
     path("quantization/<int:job_id>/", views.job_detail, name="quantization_job"),
     path("quantization/<int:job_id>/live/", views.job_live, name="quantization_job_live"),

@@ -7,6 +7,7 @@ from panel.accounts.decorators import team_view
 from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
+from panel.jobs.services import job_cancel as cancel_job
 from panel.jobs.services import job_events
 from panel.registry import memory
 from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
@@ -137,6 +138,18 @@ def evaluation_create(request, model_id):
 def evaluation_detail(request, job_id):
     job = get_object_or_404(EvaluationJob.objects.select_related("model", "baseline"), pk=job_id, team=request.team)
     return render(request, "registry/evaluation_detail.html", {"job": job, "events": job_events(job)})
+
+
+@require_POST
+@team_view(Role.MEMBER)
+def evaluation_cancel(request, job_id):
+    job = get_object_or_404(EvaluationJob, pk=job_id, team=request.team)
+    if cancel_job(job, actor=request.user):
+        audit_record(action=AuditAction.JOB_CANCELLED, request=request, target=f"quality report #{job.pk}")
+        messages.info(request, "Cancelling: the worker stops the measurement within a few seconds.")
+    else:
+        messages.error(request, f"The report is already {job.get_state_display().lower()}.")
+    return redirect("evaluation_job", job_id=job.pk)
 
 
 @team_view()
