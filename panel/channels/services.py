@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from panel.channels import diagnosis
+from panel.channels.credential_env import env_name_refusal
 from panel.channels.models import (
     EMPTY_KEY,
     Channel,
@@ -134,7 +135,8 @@ def env_name_errors(name):
     if not ENV_RE.match(name):
         return ["An environment variable name is letters, digits and underscores, not starting with a digit "
                 "(TAOTOKEN_API_KEY)."]
-    return []
+    refusal = env_name_refusal(name)
+    return [refusal[:1].upper() + refusal[1:]] if refusal else []
 
 
 def model_id_errors(model_id):
