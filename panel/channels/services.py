@@ -515,6 +515,10 @@ def _local_channel_sync(deployment):
                           created_by=row.created_by)
     channel.deployment, channel.base_url, channel.model_id = row, row.base_url.rstrip("/"), row.served_model_name
     channel.enabled, channel.misconfigured = True, ""
+    if row.engine_key_ciphertext:  # the engine's own key: the same ciphertext, sent only by this channel
+        channel.credential_kind, channel.credential_env = CredentialKind.STORED, ""
+        channel.credential_ciphertext, channel.credential_last4 = row.engine_key_ciphertext, ""
+        channel.misconfigured = channel.credential_problem()
     channel.save()
     route, _ = Route.objects.get_or_create(team=row.team, model_name=row.served_model_name,
                                            defaults={"strategy": RouteStrategy.LOCAL_FIRST,
