@@ -129,7 +129,7 @@ def run_server(argv, *, env, port, served_model_name, hooks, log_path, wanted_qu
 
     def tick():
         now = time.monotonic()
-        if not state["ready"] and is_ready(port, served_model_name, api_key=env.get("VLLM_API_KEY", "")):
+        if not state["ready"] and is_ready(port, served_model_name, api_key=(env or {}).get("VLLM_API_KEY", "")):
             state["ready"] = True
             hooks.beat(engine_log.drain())  # whoever sees "ready" sees the start-up log that led to it
             hooks.ready(verify_startup(engine_log.applied, wanted_quantization=wanted_quantization,
