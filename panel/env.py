@@ -10,9 +10,25 @@ class EnvError(Exception):
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
 
+# Every variable the panel's settings read through these helpers (and the secrets read elsewhere): the panel's own
+# configuration, which a channel may never send upstream as its key (panel/channels/credential_env.py).
+PANEL_SECRETS = {"SECRET_KEY", "TOKENWISE_ENCRYPTION_KEYS", "DATABASE_URL", "REDIS_URL", "TOKENWISE_ADMIN_PASSWORD",
+                 "TOKENWISE_METRICS_TOKEN"}
+_names_read = set(PANEL_SECRETS)
+
+
+def names_read():
+    """The environment variables the panel reads for its own configuration."""
+    return frozenset(_names_read)
+
+
+def _read(name):
+    _names_read.add(name)
+    return os.environ.get(name)
+
 
 def envstr(name, default=None):
-    value = os.environ.get(name)
+    value = _read(name)
     if value is None:
         if default is None:
             raise EnvError(f"{name} is not set")
@@ -21,7 +37,7 @@ def envstr(name, default=None):
 
 
 def envbool(name, default):
-    value = os.environ.get(name)
+    value = _read(name)
     if value is None:
         return default
     lowered = value.strip().lower()
@@ -33,7 +49,7 @@ def envbool(name, default):
 
 
 def envint(name, default, *, minimum=None, maximum=None):
-    value = os.environ.get(name)
+    value = _read(name)
     if value is None:
         return default
     try:
@@ -46,7 +62,7 @@ def envint(name, default, *, minimum=None, maximum=None):
 
 
 def envlist(name, default):
-    value = os.environ.get(name)
+    value = _read(name)
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]

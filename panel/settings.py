@@ -167,6 +167,11 @@ ENGINE_ADVERTISE_HOST = envstr("TOKENWISE_ENGINE_ADVERTISE_HOST", "127.0.0.1")
 CPU_KVCACHE_GIB = envint("TOKENWISE_CPU_KVCACHE_GIB", 1, minimum=1)
 DEPLOYMENT_STOP_GRACE_SECONDS = envint("TOKENWISE_DEPLOYMENT_STOP_GRACE_SECONDS", 15, minimum=1)
 
+# --- Channels: a key read from the environment comes only from a variable named TOKENWISE_UPSTREAM_<anything> or
+# listed here; never from one the panel reads for itself (SECRET_KEY, DATABASE_URL, ...: panel/channels/credential_env.py).
+CREDENTIAL_ENV_PREFIX = "TOKENWISE_UPSTREAM_"
+CREDENTIAL_ENV_ALLOW = envlist("TOKENWISE_CREDENTIAL_ENV_ALLOW", ["TAOTOKEN_API_KEY"])
+
 # --- Gateway
 KEY_CACHE_SECONDS = envint("TOKENWISE_KEY_CACHE_SECONDS", 5, minimum=0)  # a revoked key stops within this
 ROUTE_CACHE_SECONDS = envint("TOKENWISE_ROUTE_CACHE_SECONDS", 5, minimum=0)

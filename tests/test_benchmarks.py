@@ -87,13 +87,13 @@ def test_it_spreads_a_route_over_its_channels_by_weight(team_setup):
 
 def test_it_fails_a_run_whose_channel_key_is_missing(team_setup, monkeypatch):
     team = team_setup["team_a"]
-    monkeypatch.delenv("BENCH_TEST_KEY", raising=False)
+    monkeypatch.delenv("TOKENWISE_UPSTREAM_BENCH_TEST", raising=False)
     channel = Channel.objects.create(team=team, name="env", base_url="http://127.0.0.1:9/v1", model_id="x",
-                                     credential_kind="env", credential_env="BENCH_TEST_KEY")
+                                     credential_kind="env", credential_env="TOKENWISE_UPSTREAM_BENCH_TEST")
     run = run_now(benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk, requests=2,
                                    enqueue=False))
     assert run.state == JobState.FAILED and run.failure_kind == "target_unavailable"
-    assert "BENCH_TEST_KEY is not set" in run.failure_reason
+    assert "TOKENWISE_UPSTREAM_BENCH_TEST is not set" in run.failure_reason
 
 
 def test_it_builds_synthetic_prompts_with_and_without_a_shared_prefix():

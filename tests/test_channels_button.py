@@ -206,13 +206,13 @@ def test_other_failures_have_their_own_diagnosis(team_setup, provider, behaviour
 
 
 def test_a_credential_that_cannot_be_produced_sends_nothing(team_setup, provider, monkeypatch):
-    monkeypatch.delenv("FAKE_PROVIDER_KEY", raising=False)
+    monkeypatch.delenv("TOKENWISE_UPSTREAM_FAKE_PROVIDER", raising=False)
     channel = make(team_setup["team_a"], provider.url + "/v1", credential_kind=CredentialKind.ENV,
-                   credential_env="FAKE_PROVIDER_KEY")
+                   credential_env="TOKENWISE_UPSTREAM_FAKE_PROVIDER")
     result = channel_test(channel)
     assert result["kind"] == "credential" and "No request was sent" in result["diagnosis"]
-    assert "FAKE_PROVIDER_KEY is not set" in result["diagnosis"] and provider.seen == []
-    monkeypatch.setenv("FAKE_PROVIDER_KEY", GOOD_KEY)
+    assert "TOKENWISE_UPSTREAM_FAKE_PROVIDER is not set" in result["diagnosis"] and provider.seen == []
+    monkeypatch.setenv("TOKENWISE_UPSTREAM_FAKE_PROVIDER", GOOD_KEY)
     assert channel_test(channel)["ok"]
     assert Channel.objects.get(pk=channel.pk).misconfigured == ""
 

@@ -178,7 +178,7 @@ def test_import_by_paste_and_by_upload_and_export_download(client, objects):
     assert response["Content-Disposition"] == 'attachment; filename="settings.json"'
     assert json.loads(response.content) == json.loads(SEED_A)
     everything = client.get(reverse("settings_export") + "?format=b").content.decode()
-    assert SECRET not in everything and "${TOKENWISE_KEY_CLOUD}" in everything
+    assert SECRET not in everything and "${TOKENWISE_UPSTREAM_CLOUD}" in everything
     response = client.get(reverse("settings_export") + "?format=a", follow=True)
     assert "pick the route to export" in response.content.decode()
     assert client.get(reverse("settings_export") + "?format=c").status_code == 404

@@ -103,12 +103,12 @@ def test_export_never_writes_a_stored_key(team_setup):
     route = Route.objects.get()
     for text in (export_b(team=team), export_b(team=team, route=route), export_a(route=route)):
         assert secret not in text and "4321" not in text and cloud.credential_ciphertext[:20] not in text
-        assert "TOKENWISE_KEY_CLOUD" in text and "stored encrypted" in json.loads(text)["_note"]
+        assert "TOKENWISE_UPSTREAM_CLOUD" in text and "stored encrypted" in json.loads(text)["_note"]
     exported = json.loads(export_b(team=team))
-    assert exported["channels"]["cloud"]["api_key"] == "${TOKENWISE_KEY_CLOUD}"
+    assert exported["channels"]["cloud"]["api_key"] == "${TOKENWISE_UPSTREAM_CLOUD}"
     # The export imports again (into another team): the placeholder becomes an environment reference.
     settings_import(team=team_setup["team_b"], text=export_b(team=team))
-    assert Channel.objects.get(team=team_setup["team_b"], name="cloud").credential_env == "TOKENWISE_KEY_CLOUD"
+    assert Channel.objects.get(team=team_setup["team_b"], name="cloud").credential_env == "TOKENWISE_UPSTREAM_CLOUD"
 
 
 def test_export_a_notes_what_format_a_cannot_hold(team_setup):
@@ -295,7 +295,7 @@ def test_import_is_all_or_nothing_on_mutated_seeds(team_setup, text):
 
 names = st.from_regex(r"\A[a-z][a-z0-9_]{0,15}\Z")
 hosts = st.sampled_from(["127.0.0.1:8000", "10.0.0.7:8001", "taotoken.net/api", "api.example.com"])
-keys = st.one_of(st.just("EMPTY"), st.from_regex(r"\A\$\{[A-Z][A-Z0-9_]{0,10}\}\Z"),
+keys = st.one_of(st.just("EMPTY"), st.from_regex(r"\A\$\{TOKENWISE_UPSTREAM_[A-Z0-9_]{1,10}\}\Z"),
                  st.from_regex(r"\Ask-[A-Za-z0-9]{12,30}\Z"))
 model_ids = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._/-]{0,30}\Z")
 format_b = st.dictionaries(names, st.fixed_dictionaries({
@@ -318,7 +318,7 @@ def test_any_valid_format_b_imports_and_exports_back_without_secrets(team_setup,
             out = exported["channels"][name]
             assert (out["base_url"], out["model_id"]) == (spec["base_url"], spec["model_id"])
             if spec["api_key"].startswith("sk-"):
-                assert out["api_key"] == "${TOKENWISE_KEY_" + name.upper() + "}"
+                assert out["api_key"] == "${TOKENWISE_UPSTREAM_" + name.upper() + "}"
                 assert spec["api_key"] not in json.dumps(exported)
             else:
                 assert out["api_key"] == spec["api_key"]

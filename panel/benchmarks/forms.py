@@ -7,6 +7,7 @@ from panel.benchmarks.ladder import sweep_values_parse
 from panel.benchmarks.models import WORKLOAD_FIELDS, WorkloadKind
 from panel.channels.models import Channel, Route
 from panel.registry.models import RegisteredModel
+from panel.serving.configfile import ConfigFileError, validate_extra_args
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
 
 
@@ -90,6 +91,14 @@ class LadderForm(WorkloadForm):
         super().__init__(*args, **kwargs)
         self.fields["model"].queryset = RegisteredModel.objects.filter(team=team, quantization={})
         self.fields["concurrency"].initial = 8
+
+    def clean_extra_args(self):
+        text = self.cleaned_data.get("extra_args") or ""
+        try:
+            validate_extra_args(text)
+        except ConfigFileError as error:
+            raise ValidationError(error.problems) from None
+        return text
 
 
 class SweepForm(WorkloadForm):

@@ -125,7 +125,11 @@ def run_picker(run):
         if deployment is None or deployment.state != DeploymentState.READY:
             state = deployment.get_state_display().lower() if deployment else "deleted"
             raise TargetError(f"the deployment is {state}, not ready")
-        endpoint = runner.Endpoint(base_url=deployment.base_url, api_key="EMPTY", model=deployment.served_model_name,
+        try:
+            key = deployment.engine_key() or "EMPTY"
+        except CredentialError as error:
+            raise TargetError(f"the deployment's engine key cannot be read: {error}") from None
+        endpoint = runner.Endpoint(base_url=deployment.base_url, api_key=key, model=deployment.served_model_name,
                                    vllm=True, label=str(deployment))
         return lambda: endpoint
     if run.target_kind == TargetKind.CHANNEL:

@@ -8,6 +8,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import models
 
+from panel.channels.credential_env import env_name_refusal
 from panel.core import crypto
 from panel.core.crypto import CredentialError  # noqa: F401  (the gateway imports it from here)
 from panel.env import EnvError
@@ -96,9 +97,12 @@ class Channel(models.Model):
         if self.credential_kind == CredentialKind.NONE:
             return EMPTY_KEY
         if self.credential_kind == CredentialKind.ENV:
-            value = os.environ.get(self.credential_env, "").strip() if self.credential_env else ""
             if not self.credential_env:
                 raise CredentialError("the channel reads its key from an environment variable but names none")
+            refusal = env_name_refusal(self.credential_env)
+            if refusal:  # a channel saved before the rule, or a variable the operator no longer allows
+                raise CredentialError(refusal)
+            value = os.environ.get(self.credential_env, "").strip()
             if not value:
                 raise CredentialError(f"the environment variable {self.credential_env} is not set (or empty) in the "
                                       "panel's environment: set it where the panel runs and restart it")

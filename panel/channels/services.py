@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from panel.channels import diagnosis
+from panel.channels.credential_env import env_name_refusal
 from panel.channels.models import (
     EMPTY_KEY,
     Channel,
@@ -134,7 +135,8 @@ def env_name_errors(name):
     if not ENV_RE.match(name):
         return ["An environment variable name is letters, digits and underscores, not starting with a digit "
                 "(TAOTOKEN_API_KEY)."]
-    return []
+    refusal = env_name_refusal(name)
+    return [refusal[:1].upper() + refusal[1:]] if refusal else []
 
 
 def model_id_errors(model_id):
@@ -513,6 +515,10 @@ def _local_channel_sync(deployment):
                           created_by=row.created_by)
     channel.deployment, channel.base_url, channel.model_id = row, row.base_url.rstrip("/"), row.served_model_name
     channel.enabled, channel.misconfigured = True, ""
+    if row.engine_key_ciphertext:  # the engine's own key: the same ciphertext, sent only by this channel
+        channel.credential_kind, channel.credential_env = CredentialKind.STORED, ""
+        channel.credential_ciphertext, channel.credential_last4 = row.engine_key_ciphertext, ""
+        channel.misconfigured = channel.credential_problem()
     channel.save()
     route, _ = Route.objects.get_or_create(team=row.team, model_name=row.served_model_name,
                                            defaults={"strategy": RouteStrategy.LOCAL_FIRST,

@@ -12,7 +12,7 @@ after the default channel's model_id, with the default channel first (strategy p
 
 Import validates the whole file before touching the database and writes everything in one transaction: any error
 and nothing is saved. Every error names its JSON path. Export never writes a stored secret: a stored key becomes a
-`${TOKENWISE_KEY_<CHANNEL>}` placeholder, and `_note` says so (the importer accepts `_note`)."""
+`${TOKENWISE_UPSTREAM_<CHANNEL>}` placeholder, and `_note` says so (the importer accepts `_note`)."""
 import json
 import math
 import re
@@ -474,7 +474,7 @@ def _import_channel(team, user, spec, replace, errors):
 # ------------------------------------------------------------------------------------------------- export
 
 def placeholder_env(channel):
-    return "TOKENWISE_KEY_" + re.sub(r"[^A-Za-z0-9]", "_", channel.name).upper()
+    return "TOKENWISE_UPSTREAM_" + re.sub(r"[^A-Za-z0-9]", "_", channel.name).upper()
 
 
 def _key_b(channel, notes):

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from panel.env import names_read
+
 PR_SET_PDEATHSIG = 1
 # Engine scripts are modules of the top-level `engine` package, found from here with `python -m` (cwd = the root).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -18,6 +20,30 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 def engine_argv(python, module, *args):
     """The command that runs `engine/<module>.py` with the engine venv's `python`; run it through this module."""
     return [str(python), "-m", f"engine.{module}", *(str(arg) for arg in args)]
+
+
+# What an engine process gets from the worker's environment: what Python, vLLM, torch and CUDA read, never the
+# panel's own settings (SECRET_KEY, TOKENWISE_ENCRYPTION_KEYS, DATABASE_URL...) or anything else of the worker's.
+ENGINE_ENV_NAMES = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME",
+                    "LD_LIBRARY_PATH", "TOKENIZERS_PARALLELISM", "TQDM_DISABLE", "RAYON_NUM_THREADS")
+ENGINE_ENV_PREFIXES = ("VLLM_", "CUDA_", "NVIDIA_", "NCCL_", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH_", "TRITON_",
+                       "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "XDG_CACHE_HOME")
+ENGINE_ENV_SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY")
+ENGINE_ENV_FIXED = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                    "HF_DATASETS_OFFLINE": "1"}
+
+
+def engine_environment(extra=None):
+    """The environment an engine process starts with: the allowed names of this process's environment, offline
+    Hugging Face, then `extra` (the caller's own values: CUDA_VISIBLE_DEVICES, the engine's key). A name of the
+    panel's own configuration never passes, even in `extra`."""
+    own = names_read()
+    env = {name: value for name, value in os.environ.items()
+           if (name in ENGINE_ENV_NAMES or name.startswith(ENGINE_ENV_PREFIXES))
+           and name not in ENGINE_ENV_SECRETS and name not in own}
+    env.update(ENGINE_ENV_FIXED)
+    env.update({name: str(value) for name, value in (extra or {}).items() if name not in own})
+    return env
 
 
 def _die_with_parent():
@@ -36,13 +62,14 @@ class ProcessOutcome:
 
 
 def start(argv, *, env=None, cwd=None, log_file=None):
-    """Start `argv` in a new session (its own process group) that dies with this process."""
+    """Start `argv` in a new session (its own process group) that dies with this process, with the engine
+    environment (`engine_environment`) plus `env`."""
     return subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env=env,
+        env=engine_environment(env),
         cwd=cwd or PROJECT_ROOT,
         start_new_session=True,
         preexec_fn=_die_with_parent,

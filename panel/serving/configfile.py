@@ -18,6 +18,7 @@ import tomllib
 
 import yaml
 
+from panel.serving.engine_flags import flag_problems
 from panel.serving.profile_fields import FIELDS_BY_NAME, SECTIONS, section_fields
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -209,9 +210,10 @@ def _show_key(key):
 
 # ------------------------------------------------------------------------------------------------- launching
 
-def validate_extra_args(text):
-    """extra_args as an argv list, or ConfigFileError: not shell-quoted, not a flag list, or a flag the profile
-    already sets (in any spelling vLLM accepts: underscores, `--flag=value`, prefixes, short aliases)."""
+def validate_extra_args(text, *, model_path=None):
+    """extra_args as an argv list, or ConfigFileError: not shell-quoted, not a flag list, a flag the profile
+    already sets (in any spelling vLLM accepts: underscores, `--flag=value`, prefixes, short aliases), or a flag or
+    value outside the allow-list (`engine_flags.py`; a file must be inside `model_path`)."""
     if not isinstance(text, str):
         raise ConfigFileError([f"extra_args must be text, got {type(text).__name__}"])
     try:
@@ -230,6 +232,8 @@ def validate_extra_args(text):
         elif (owner := _owned_by(token)) is not None:
             problems.append(f"extra_args sets {token.split('=', 1)[0]}, which the profile already sets "
                             f"({owner}): change it in the profile instead")
+    if not problems:
+        problems = flag_problems(tokens, model_path=model_path)
     if problems:
         raise ConfigFileError(problems)
     return tokens
@@ -283,7 +287,7 @@ def launch_argv(values, *, model_path, port, engine_python="python", host="127.0
                 swap_space_flag=ENGINE_HAS_SWAP_SPACE):
     """The vLLM OpenAI server command for a profile, as an argv list (the usual flags plus the ones we always set),
     ending with extra_args. Raises ConfigFileError when extra_args is refused."""
-    extra = validate_extra_args(values.get("extra_args") or "")
+    extra = validate_extra_args(values.get("extra_args") or "", model_path=model_path)
     argv = [str(engine_python), "-m", SERVER_MODULE]
     for flag, value in _engine_options(values, model_path=model_path, port=port, host=host,
                                        checkpoint_quantized=checkpoint_quantized, swap_space_flag=swap_space_flag):
@@ -311,13 +315,15 @@ def deploy_script(values, *, model_path, port, engine_python="python", host="127
     """The launch command as a readable vllm_deploy.sh: bash, strict mode, one flag per line, shell-quoted."""
     kwargs = dict(model_path=model_path, port=port, host=host, checkpoint_quantized=checkpoint_quantized,
                   swap_space_flag=swap_space_flag)
-    extra = validate_extra_args(values.get("extra_args") or "")
+    extra = validate_extra_args(values.get("extra_args") or "", model_path=model_path)
     lines = [shlex.join(_option_argv(flag, value)) for flag, value in _engine_options(values, **kwargs)]
     lines += [shlex.join(group) for group in _group_extra(extra)]
     title = values.get("name") or values.get("model_name") or "serving profile"
     notes = [f"# vllm_deploy.sh —— {_comment_text(title)} (exported by Tokenwise)",
              "# The start-up log must show the quantization and prefix caching actually applied; ready when "
-             f"GET http://{_comment_text(host)}:{int(port)}/v1/models answers."]
+             f"GET http://{_comment_text(host)}:{int(port)}/v1/models answers.",
+             "# The engine checks a key (VLLM_API_KEY): Tokenwise gives each start a new random one and tells only "
+             "the deployment's local channel. By hand: export VLLM_API_KEY=<engine key>"]
     if checkpoint_quantized and values.get("quantization", "none") != "none":
         notes.append("# No --quantization: the checkpoint is already quantized and vLLM reads the method from it "
                      "(passing it again would quantize twice).")
@@ -335,7 +341,7 @@ def yaml_export(values, *, model_path, port, engine_python="python", host="127.0
                               checkpoint_quantized=checkpoint_quantized, swap_space_flag=swap_space_flag)
     mapping = {flag[2:]: value for flag, value in options}
     leftovers = []
-    for group in _group_extra(validate_extra_args(values.get("extra_args") or "")):
+    for group in _group_extra(validate_extra_args(values.get("extra_args") or "", model_path=model_path)):
         flag, *words = group
         if "=" in flag:
             flag, first = flag.split("=", 1)

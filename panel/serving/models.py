@@ -5,6 +5,7 @@ from django.db import models
 from django.utils import timezone
 
 from panel.channels.services import local_channel_sync
+from panel.core import crypto
 from panel.jobs.models import Job, JobState, state_choices
 from panel.notifications.models import EventKind
 from panel.serving.profile_fields import FIELDS_BY_NAME as F
@@ -94,12 +95,19 @@ class Deployment(Job):
     restarts = models.PositiveSmallIntegerField(default=0)
     verification = models.JSONField(default=dict, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
+    # The engine's own key (vLLM's VLLM_API_KEY), random per start, encrypted like a channel's: only the
+    # deployment's local channel (and the supervisor's readiness check) sends it.
+    engine_key_ciphertext = models.TextField(blank=True)
 
     class Meta(Job.Meta):
         pass
 
     def __str__(self):
         return f"{self.profile.name} #{self.pk}"
+
+    def engine_key(self):
+        """The engine's key in plain text ("" before its first start); CredentialError when it cannot be read."""
+        return crypto.decrypt(self.engine_key_ciphertext) if self.engine_key_ciphertext else ""
 
     def on_transition(self):
         # Whoever sees a ready deployment sees its local channel, and a stopped one is no longer routed.

@@ -1,6 +1,6 @@
 """Serving profiles and the deployments launched from them."""
 import logging
-import os
+import secrets
 import time
 from pathlib import Path
 
@@ -10,6 +10,7 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from panel.channels.services import local_channel_sync
+from panel.core import crypto
 from panel.hosts.models import WorkerHost
 from panel.jobs.services import (
     job_cancel,
@@ -143,7 +144,8 @@ class DeploymentHooks:
 
 
 def engine_env(deployment, host_is_gpu):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    """What the engine gets on top of the engine environment (`processes.engine_environment`)."""
+    env = {}
     if host_is_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in deployment.gpu_indices)
     else:
@@ -178,17 +180,18 @@ def deployment_execute(*, deployment_id, worker):
         port = deployment.profile.port or supervisor.free_port()
         argv = launch_argv(deployment.profile, port=port)
         base_url = f"http://{settings.ENGINE_ADVERTISE_HOST}:{port}/v1"
+        engine_key = secrets.token_urlsafe(32)  # a new one each start; only the local channel learns it
         claimed = job_claim(deployment, worker=worker,
                             reason=f"started by {worker}" + (f" (restart {deployment.restarts})"
                                                              if deployment.restarts else ""),
                             port=port, base_url=base_url, command=argv, gpu_indices=deployment.gpu_indices or [],
-                            verification={})
+                            verification={}, engine_key_ciphertext=crypto.encrypt(engine_key))
         if not claimed:
             log.info("deployment #%s is not pending; duplicate delivery or stopped before start", deployment.pk)
             return False
         profile = deployment.profile
         outcome = supervisor.run_server(
-            argv, env=engine_env(deployment, host_is_gpu), port=port, served_model_name=deployment.served_model_name,
+            argv, env=engine_env(deployment, host_is_gpu) | {"VLLM_API_KEY": engine_key}, port=port, served_model_name=deployment.served_model_name,
             hooks=hooks, log_path=log_path, wanted_quantization=profile.quantization,
             wanted_prefix_caching=profile.enable_prefix_caching,
             grace_seconds=settings.DEPLOYMENT_STOP_GRACE_SECONDS)
@@ -263,6 +266,10 @@ def profile_import(*, team, user, text, name):
               if field.name in values and field.name not in ("model_name", "name")}
     fields = {key: value for key, value in fields.items() if value is not None or key in ("quantization_bits", "port")}
     profile = ServingProfile(team=team, created_by=user, name=name, model=model, **fields)
+    try:  # extra_args against the allow-list, with the model's folder for a chat template file
+        configfile.validate_extra_args(profile.extra_args or "", model_path=model.path)
+    except configfile.ConfigFileError as error:
+        raise ValidationError(error.problems) from None
     verdict = rules.check_profile(profile_values(profile), model=model)
     if not verdict.ok:
         raise ValidationError([message for messages in verdict.errors.values() for message in messages])

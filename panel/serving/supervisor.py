@@ -79,10 +79,11 @@ def verify_startup(applied, *, wanted_quantization, wanted_prefix_caching):
             "applied": applied}
 
 
-def is_ready(port, served_model_name, *, timeout=2.0):
+def is_ready(port, served_model_name, *, api_key="", timeout=2.0):
     """Ready means GET /v1/models answers and lists the served model (/health stays 200 after some faults)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=timeout)
+        response = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=headers, timeout=timeout)
     except httpx.HTTPError:
         return False
     if response.status_code != 200:
@@ -121,13 +122,14 @@ class Hooks:
 
 def run_server(argv, *, env, port, served_model_name, hooks, log_path, wanted_quantization, wanted_prefix_caching,
                check_every=1.0, beat_every=5.0, grace_seconds=15.0):
-    """Run the engine until it exits or a stop is requested. Returns a RunOutcome."""
+    """Run the engine until it exits or a stop is requested. Returns a RunOutcome. The engine's key, when it has
+    one, is env's VLLM_API_KEY (never in the argv, which other users of the host can read)."""
     engine_log = EngineLog()
     state = {"ready": False, "last_beat": 0.0}
 
     def tick():
         now = time.monotonic()
-        if not state["ready"] and is_ready(port, served_model_name):
+        if not state["ready"] and is_ready(port, served_model_name, api_key=(env or {}).get("VLLM_API_KEY", "")):
             state["ready"] = True
             hooks.beat(engine_log.drain())  # whoever sees "ready" sees the start-up log that led to it
             hooks.ready(verify_startup(engine_log.applied, wanted_quantization=wanted_quantization,
