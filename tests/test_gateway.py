@@ -149,7 +149,7 @@ def test_it_works_with_the_async_sdk(gateway, setup):
 ])
 def test_it_falls_back_when_the_local_channel_fails_before_the_first_byte(gateway, setup, primary, fallback,
                                                                            behaviour, options, stream):
-    Channel.objects.filter(pk=setup["local"].pk).update(timeout_seconds=0.5)
+    Channel.objects.filter(pk=setup["local"].pk).update(first_byte_timeout_seconds=0.5)
     primary.behave(behaviour, **options)
     body = dict(CHAT, stream=stream)
     response = post(gateway, setup["raw"], body)
@@ -162,7 +162,10 @@ def test_it_falls_back_when_the_local_channel_fails_before_the_first_byte(gatewa
     assert len(fallback.requests) == 1
     [row] = records()
     assert row.outcome == "ok" and row.fell_back and row.channel == setup["cloud"]
-    assert row.attempts == 3  # two tries on the local channel (max_retries 1), then the fallback
+    if behaviour.startswith("hang"):  # a channel that stalls is not asked again: straight to the fallback
+        assert row.attempts == 2 and [step["outcome"] for step in row.attempt_trail] == ["stalled", "ok"]
+    else:  # two tries on the local channel (max_retries 1), then the fallback
+        assert row.attempts == 3 and [step["channel"] for step in row.attempt_trail] == ["local", "local", "cloud"]
 
 
 def test_it_retries_a_transient_error_on_the_same_channel(gateway, setup, primary, fallback):
@@ -197,7 +200,8 @@ def test_it_ends_a_stream_cut_after_the_first_byte_with_an_error_event(gateway, 
     assert events[-1]["error"]["code"] == "cut" and "[DONE]" not in events
     assert fallback.requests == []  # too late to fall back: the client already has bytes
     [row] = records()
-    assert (row.outcome, row.error_kind, row.fell_back) == ("error", "cut", False)
+    assert (row.outcome, row.error_kind, row.fell_back) == ("upstream_cut", "cut", False)
+    assert row.channel == setup["local"]
 
 
 def test_it_ends_a_stream_with_an_error_event_mid_way(gateway, setup, primary):
@@ -223,7 +227,9 @@ def test_it_reports_a_clean_error_when_every_channel_fails(gateway, setup, prima
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_error"
     [row] = records()
-    assert row.outcome == "error" and row.attempts == 4 and row.channel is None
+    assert row.outcome == "error" and row.attempts == 4 and row.channel == setup["cloud"]  # the last one called
+    assert [(step["channel"], step["status"]) for step in row.attempt_trail] == [
+        ("local", 503), ("local", 503), ("cloud", 503), ("cloud", 503)]
 
 
 def test_it_cools_down_a_failing_channel(gateway, setup, primary, fallback):

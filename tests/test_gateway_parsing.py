@@ -61,6 +61,6 @@ def test_it_refuses_hostile_nesting_with_a_400(depth, opener):
 
 
 def test_it_counts_an_answer_nested_past_the_parser_as_not_json():
-    from panel.gateway.app import is_json
+    from panel.gateway.responses import is_json
 
     assert is_json("[" * 100_000 + "]" * 100_000) is False and is_json('{"ok": [1, 2]}') is True

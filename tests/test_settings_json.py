@@ -45,6 +45,9 @@ def test_it_imports_the_seeds_format_a(team_setup):
         "taotoken", ChannelKind.REMOTE, "https://taotoken.net/api/v1", CredentialKind.ENV, "TAOTOKEN_API_KEY")
     for channel in (local, cloud):
         assert (channel.timeout_seconds, channel.max_retries, channel.retry_backoff) == (120, 3, 1.5)
+        # the file's one timeout is the total; a hang is cut by the first-byte budget, so it falls back in seconds
+        assert (channel.connect_timeout_seconds, channel.first_byte_timeout_seconds,
+                channel.idle_timeout_seconds) == (5, 10, 15)
     route = Route.objects.get(team=team)
     assert (route.model_name, route.strategy, route.fallback_on_error) == (
         "qwen2.5-14b-instruct", RouteStrategy.LOCAL_FIRST, True)
@@ -140,6 +143,11 @@ def test_a_second_import_is_refused_unless_replace_is_ticked(team_setup):
     assert counts() == before
     local = Channel.objects.get(name="local_vllm")
     assert local.timeout_seconds == 30 and local.base_url == "http://127.0.0.1:9000/v1"
+    changed["timeout_seconds"] = 4  # shorter than the default budgets: they are cut to it
+    settings_import(team=team, text=json.dumps(changed), replace=True)
+    local = Channel.objects.get(name="local_vllm")
+    assert (local.connect_timeout_seconds, local.first_byte_timeout_seconds, local.idle_timeout_seconds,
+            local.timeout_seconds) == (4, 4, 4, 4)
 
 
 def test_a_late_error_saves_nothing(team_setup):

@@ -32,6 +32,9 @@ class ChannelOut(Schema):
     credential_kind: str
     credential_env: str
     credential: str = Field(description="How the key is provided, with a stored key's last four characters only.")
+    connect_timeout_seconds: float
+    first_byte_timeout_seconds: float
+    idle_timeout_seconds: float
     timeout_seconds: float
     max_retries: int
     retry_backoff: float

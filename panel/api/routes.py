@@ -44,6 +44,7 @@ class RouteOut(Schema):
     model_name: str
     strategy: str
     fallback_on_error: bool
+    deadline_seconds: float
     enabled: bool
     channels: list[RouteChannelOut]
     canary: CanaryOut
@@ -59,6 +60,8 @@ class RouteIn(Schema):
     model_name: str = Field(..., max_length=200, description="What clients send as \"model\".")
     strategy: Literal[tuple(RouteStrategy.values)] = RouteStrategy.LOCAL_FIRST
     fallback_on_error: bool = True
+    deadline_seconds: float = Field(45, ge=1, le=3600, description="Seconds for every attempt, retry and fallback "
+                                    "until the answer starts.")
     enabled: bool = True
     channels: list[RouteChannelIn] = Field(..., max_length=200)
 
@@ -72,7 +75,8 @@ class CanaryRollback(Schema):
 
 def route_out(route):
     return {"id": route.pk, "model_name": route.model_name, "strategy": route.strategy,
-            "fallback_on_error": route.fallback_on_error, "enabled": route.enabled,
+            "fallback_on_error": route.fallback_on_error, "deadline_seconds": route.deadline_seconds,
+            "enabled": route.enabled,
             "channels": [{"channel_id": entry.channel_id, "channel": entry.channel.name, "position": entry.position,
                           "weight": entry.weight} for entry in route.entries()],
             "canary": {"state": route.canary_state, "channel_id": route.canary_channel_id,
@@ -103,6 +107,7 @@ def _entries(request, body):
 def _save(request, route, body):
     return route_save(team=request.team, user=request.user, route=route, model_name=body.model_name,
                       strategy=body.strategy, fallback_on_error=body.fallback_on_error, enabled=body.enabled,
+                      deadline_seconds=body.deadline_seconds,
                       entries=_entries(request, body))
 
 

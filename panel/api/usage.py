@@ -30,7 +30,7 @@ class UsageQuery(Schema):
     channel: int | None = Field(None, ge=1, le=2**53)
     route: int | None = Field(None, ge=1, le=2**53)
     model: str | None = Field(None, max_length=200)
-    outcome: str | None = Field(None, pattern=r"^(ok|error|client_closed)$")
+    outcome: str | None = Field(None, pattern=r"^(ok|error|client_closed|upstream_stalled|upstream_cut)$")
     cursor: str | None = Field(None, max_length=64, description="next_cursor of the page before.")
     limit: int = Field(1000, ge=1, le=10_000)
 

@@ -132,7 +132,7 @@ def p99(values):
 
 
 def _failed(row, candidate_id):
-    if row["outcome"] == "error":
+    if row["outcome"] in ("error", "upstream_stalled", "upstream_cut"):
         return row["error_kind"] not in ERROR_KINDS_NOT_THE_CHANNELS
     if candidate_id is not None:
         # A canary request answered by another channel: the candidate failed, or rests in its cooldown after

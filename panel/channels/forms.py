@@ -14,7 +14,12 @@ HELP = {
     "model_id": "The model name sent upstream, as GET /models lists it.",
     "credential_kind": "Where the key comes from. A local vLLM checks none (EMPTY).",
     "credential_env": "For \"Environment variable\": the variable the panel reads the key from, e.g. TAOTOKEN_API_KEY.",
-    "timeout_seconds": "How long one attempt may wait for the upstream.",
+    "connect_timeout_seconds": "How long connecting to the server may take.",
+    "first_byte_timeout_seconds": "How long an attempt may wait for the first token of a stream (for a non-streamed "
+                                  "request: for the whole answer, which arrives at once) before the next channel is "
+                                  "tried. Raise it for a channel that serves long non-streamed answers.",
+    "idle_timeout_seconds": "How long a stream may pause between two chunks before it counts as stalled.",
+    "timeout_seconds": "The most one attempt may take in all, a long stream included.",
     "max_retries": "Retries on this channel before falling back to the next one.",
     "retry_backoff": "Exponential backoff base in seconds between retries (1.5 → 1.5 s, 2.25 s, …).",
     "priority": "Lower first, among channels of equal position.",
@@ -26,14 +31,17 @@ HELP = {
     "enabled": "Disabled channels are skipped by every route.",
 }
 LABELS = {"model_id": "Model id", "base_url": "Base URL", "credential_kind": "Credential",
-          "credential_env": "Environment variable", "timeout_seconds": "Timeout (s)",
+          "credential_env": "Environment variable", "timeout_seconds": "Total timeout (s)",
+          "connect_timeout_seconds": "Connect timeout (s)", "first_byte_timeout_seconds": "First-byte timeout (s)",
+          "idle_timeout_seconds": "Idle timeout (s)",
           "retry_backoff": "Retry backoff (s)",
           "price_input_per_million": "Input / 1M tokens", "price_output_per_million": "Output / 1M tokens",
           "price_cached_per_million": "Cached input / 1M tokens"}
 SECTIONS = [
     ("Upstream", ["name", "kind", "deployment", "base_url", "model_id", "enabled"]),
     ("Credential", ["credential_kind", "api_key", "credential_env"]),
-    ("Timeouts and retries", ["timeout_seconds", "max_retries", "retry_backoff", "priority", "weight"]),
+    ("Timeouts and retries", ["connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds",
+                              "timeout_seconds", "max_retries", "retry_backoff", "priority", "weight"]),
     ("Prices", ["price_input_per_million", "price_output_per_million", "price_cached_per_million"]),
 ]
 
@@ -61,7 +69,8 @@ class ChannelForm(forms.ModelForm):
         if self.instance.pk:  # 0.550000 -> 0.55, 120.0 -> 120
             for name in ("price_input_per_million", "price_output_per_million", "price_cached_per_million"):
                 self.initial[name] = format(getattr(self.instance, name).normalize(), "f")
-            for name in ("timeout_seconds", "retry_backoff"):
+            for name in ("connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds",
+                         "timeout_seconds", "retry_backoff"):
                 value = getattr(self.instance, name)
                 self.initial[name] = int(value) if float(value).is_integer() else value
         if self.instance.pk and self.instance.credential_kind == CredentialKind.STORED:
@@ -87,6 +96,9 @@ class RouteForm(forms.Form):
                                            "order. weighted: one pick by weight, the rest in order as fallbacks.")
     fallback_on_error = forms.BooleanField(required=False, initial=True,
                                            label="Fall back to the next channel on errors")
+    deadline_seconds = forms.FloatField(required=False, min_value=1, max_value=3600, initial=45, label="Deadline (s)",
+                                        help_text="The most every attempt, retry and fallback together may take "
+                                                  "before the answer starts; keep it below your clients' timeout.")
     enabled = forms.BooleanField(required=False, initial=True)
 
     def __init__(self, *args, team, route=None, **kwargs):
@@ -96,7 +108,8 @@ class RouteForm(forms.Form):
         current = {entry.channel_id: entry for entry in route.entries()} if route else {}
         if route is not None:
             self.initial.update(model_name=route.model_name, strategy=route.strategy,
-                                fallback_on_error=route.fallback_on_error, enabled=route.enabled)
+                                fallback_on_error=route.fallback_on_error, enabled=route.enabled,
+                                deadline_seconds=route.deadline_seconds)
         for index, channel in enumerate(self.channels):
             entry = current.get(channel.pk)
             self.fields[f"use_{channel.pk}"] = forms.BooleanField(required=False, initial=entry is not None,

@@ -63,7 +63,12 @@ class Channel(models.Model):
     credential_ciphertext = models.TextField(blank=True)
     credential_last4 = models.CharField(max_length=4, blank=True)
     credential_env = models.CharField(max_length=100, blank=True)
-    timeout_seconds = models.FloatField(default=120)
+    # Time budgets of one attempt (docs/ARCHITECTURE.md, "Time budgets"): connecting, the first content token (for a
+    # non-streamed request: the answer's headers), the gap between two stream chunks, and the whole attempt.
+    connect_timeout_seconds = models.FloatField(default=5)
+    first_byte_timeout_seconds = models.FloatField(default=10)
+    idle_timeout_seconds = models.FloatField(default=15)
+    timeout_seconds = models.FloatField(default=600)  # the total of one attempt, a long stream included
     max_retries = models.PositiveSmallIntegerField(default=3)
     retry_backoff = models.FloatField(default=1.5)
     priority = models.IntegerField(default=100)
@@ -170,6 +175,8 @@ class Route(models.Model):
     model_name = models.CharField(max_length=200)
     strategy = models.CharField(max_length=20, choices=RouteStrategy.choices, default=RouteStrategy.LOCAL_FIRST)
     fallback_on_error = models.BooleanField(default=True)
+    # Bounds every attempt, retry, backoff and fallback until the answer starts (below a client's usual 60 s).
+    deadline_seconds = models.FloatField(default=45)
     enabled = models.BooleanField(default=True)
     channels = models.ManyToManyField(Channel, through="RouteChannel", related_name="routes")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -32,10 +32,13 @@ class Target:
     model_id: str
     api_key: str | None
     credential_error: str
-    timeout: float
+    timeout: float  # the total of one attempt
     max_retries: int
     backoff: float
     channel: object  # the Channel row, for its prices (read once, with the route)
+    connect_timeout: float = 5.0
+    first_byte_timeout: float = 10.0
+    idle_timeout: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class RouteTargets:
     entries: tuple
     canary: Target | None = None  # the candidate channel while a canary is active
     canary_percent: int = 0
+    deadline: float = 45.0  # seconds for every attempt, retry and fallback until the answer starts
 
     def ordered(self, fields=None, rng=random):
         """The targets for one request, in the order the route's strategy gives. With an active canary,
@@ -87,7 +91,10 @@ def target_for(channel):
     return Target(id=channel.pk, name=channel.name, base_url=channel.base_url, model_id=channel.model_id,
                   api_key=api_key, credential_error=f"channel {channel.name} is misconfigured: {problem}"
                   if problem else "", timeout=float(channel.timeout_seconds), max_retries=int(channel.max_retries),
-                  backoff=float(channel.retry_backoff), channel=channel)
+                  backoff=float(channel.retry_backoff), channel=channel,
+                  connect_timeout=float(channel.connect_timeout_seconds),
+                  first_byte_timeout=float(channel.first_byte_timeout_seconds),
+                  idle_timeout=float(channel.idle_timeout_seconds))
 
 
 def _load(team_id, model_name):
@@ -102,7 +109,7 @@ def _load(team_id, model_name):
         canary = target_for(route.canary_channel)
     return RouteTargets(route_id=route.pk, model_name=route.model_name, strategy=route.strategy,
                         fallback_on_error=route.fallback_on_error, entries=tuple(entries), canary=canary,
-                        canary_percent=route.canary_percent if canary else 0)
+                        canary_percent=route.canary_percent if canary else 0, deadline=float(route.deadline_seconds))
 
 
 def _load_names(team_id):

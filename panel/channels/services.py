@@ -46,6 +46,9 @@ ENDPOINT_SUFFIXES = ("/chat/completions", "/completions", "/models", "/embedding
 LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 
 LIMITS = {  # field: (minimum, maximum, words)
+    "connect_timeout_seconds": (0.1, 600, "seconds"),
+    "first_byte_timeout_seconds": (0.1, 3600, "seconds"),
+    "idle_timeout_seconds": (0.1, 3600, "seconds"),
     "timeout_seconds": (0.1, 3600, "seconds"),
     "max_retries": (0, 10, "retries"),
     "retry_backoff": (0, 60, "seconds"),
@@ -196,6 +199,12 @@ def channel_check(channel, *, api_key=""):
     add("model_id", model_id_errors(channel.model_id))
     for field in LIMITS:
         add(field, number_errors(field, getattr(channel, field)))
+    if not any(errors.get(field) for field in ("first_byte_timeout_seconds", "idle_timeout_seconds",
+                                               "timeout_seconds")):
+        for field, words in (("first_byte_timeout_seconds", "first-byte"), ("idle_timeout_seconds", "idle")):
+            if getattr(channel, field) > channel.timeout_seconds:
+                add(field, [f"The {words} timeout cannot be longer than the total timeout "
+                            f"({channel.timeout_seconds:g} s)."])
     if channel.deployment_id and channel.deployment.team_id != channel.team_id:
         add("deployment", ["That deployment belongs to another team."])
     if channel.deployment_id and channel.kind != ChannelKind.LOCAL:
@@ -226,6 +235,7 @@ def channel_check(channel, *, api_key=""):
 # ------------------------------------------------------------------------------------------------- channels
 
 CHANNEL_FIELDS = ("name", "kind", "deployment", "base_url", "model_id", "credential_kind", "credential_env",
+                  "connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds",
                   "timeout_seconds", "max_retries", "retry_backoff", "priority", "weight", "price_input_per_million",
                   "price_output_per_million", "price_cached_per_million", "enabled")
 
@@ -327,18 +337,27 @@ def route_check(*, team, route, model_name, strategy, entries):
     return errors
 
 
+ROUTE_DEADLINE_LIMITS = (1, 3600)
+
+
 @transaction.atomic
 def route_save(*, team, user=None, route=None, model_name, strategy=RouteStrategy.LOCAL_FIRST,
-               fallback_on_error=True, enabled=True, entries=()):
+               fallback_on_error=True, enabled=True, entries=(), deadline_seconds=None):
     """Create (route=None) or replace a route with its channels. `entries` is [(channel, position, weight)]."""
     entries = list(entries)
     errors = route_check(team=team, route=route, model_name=model_name, strategy=strategy, entries=entries)
+    if deadline_seconds is not None and not (
+            isinstance(deadline_seconds, (int, float)) and not isinstance(deadline_seconds, bool)
+            and ROUTE_DEADLINE_LIMITS[0] <= deadline_seconds <= ROUTE_DEADLINE_LIMITS[1]):
+        errors["deadline_seconds"] = ["The deadline is a number of seconds from 1 to 3600."]
     if errors:
         raise ValidationError(errors)
     if route is None:
         route = Route(team=team, created_by=user)
     route.model_name, route.strategy = model_name, strategy
     route.fallback_on_error, route.enabled = bool(fallback_on_error), bool(enabled)
+    if deadline_seconds is not None:
+        route.deadline_seconds = float(deadline_seconds)
     route.save()
     route.routechannel_set.all().delete()
     RouteChannel.objects.bulk_create([RouteChannel(route=route, channel=channel, position=position, weight=weight)

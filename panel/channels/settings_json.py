@@ -449,10 +449,22 @@ def settings_import(*, team, user=None, text, replace=False):
     return ImportResult(plan.format, channels, route, list(plan.warnings))
 
 
+# The file has one `timeout_seconds`; the gateway has four budgets per attempt. The file's value becomes the total
+# of one attempt, and the others keep their defaults (connect 5 s, first byte 10 s, idle 15 s), cut to the total
+# when it is shorter, so that a hanging channel falls back within seconds whatever the file says.
+BUDGET_DEFAULTS = {"connect_timeout_seconds": 5.0, "first_byte_timeout_seconds": 10.0, "idle_timeout_seconds": 15.0}
+
+
+def time_budgets(timeout_seconds):
+    """The channel's four time budgets for a settings file's `timeout_seconds`."""
+    return {"timeout_seconds": timeout_seconds,
+            **{name: min(value, timeout_seconds) for name, value in BUDGET_DEFAULTS.items()}}
+
+
 def _import_channel(team, user, spec, replace, errors):
     fields = {"kind": spec.kind, "base_url": spec.base_url, "model_id": spec.model_id,
               "credential_kind": spec.credential_kind, "credential_env": spec.credential_env,
-              "timeout_seconds": spec.timeout_seconds, "max_retries": spec.max_retries,
+              **time_budgets(spec.timeout_seconds), "max_retries": spec.max_retries,
               "retry_backoff": spec.retry_backoff, "enabled": True}
     existing = Channel.objects.filter(team=team, name=spec.name).first()
     if existing is not None and not replace:

@@ -10,15 +10,10 @@ import time
 from dataclasses import dataclass
 
 from panel.channels.diagnosis import describe_upstream_error
-from panel.gateway.app import STATUS_FOR_KIND, Exchange, cost_of, is_json, json_requested
-from panel.gateway.upstream import (
-    TRANSPORT_ERRORS,
-    UpstreamError,
-    first_success,
-    open_stream,
-    parse_event,
-    upstream_body,
-)
+from panel.gateway.attempts import first_success
+from panel.gateway.exchange import Exchange, cost_of
+from panel.gateway.responses import STATUS_FOR_KIND, is_json, json_requested
+from panel.gateway.upstream import TRANSPORT_ERRORS, UpstreamError, open_stream, parse_event, upstream_body
 
 ENDPOINT = "compare"  # the RequestLog endpoint of requests sent from the Compare page
 CHAT_PATH = "/chat/completions"
@@ -49,7 +44,7 @@ def diagnosis_of(error, column):
         body = error.body or json.dumps({"error": {"message": str(error)}})
         return describe_upstream_error(status=error.status, body=body,
                                        model_id=target.model_id if target else "")
-    if error.kind in ("connection", "timeout"):
+    if error.kind in ("connection", "stalled", "deadline"):
         return describe_upstream_error(exception=error, url=target.base_url if target else "",
                                        timeout=target.timeout if target else None)
     if error.kind == "cut":
@@ -82,8 +77,8 @@ async def stream_events(opened):
                 raise UpstreamError("error_event", str(error.get("message", "error event in the stream")
                                                        if isinstance(error, dict) else error))
             yield event
-    except asyncio.TimeoutError:
-        raise UpstreamError("timeout", "the stream stalled for longer than the channel's timeout") from None
+    except TimeoutError:
+        raise UpstreamError("stalled", "the stream ran past the channel's total time") from None
     except TRANSPORT_ERRORS as error:
         raise UpstreamError("cut", f"the channel's stream broke ({type(error).__name__})") from None
     raise UpstreamError("cut", "the channel's stream ended without [DONE]")
@@ -119,9 +114,9 @@ async def stream_chat(column, payload, *, team_id):
     try:
         try:
             target, opened = await first_success(
-                list(column.targets), lambda target: open_stream(target, CHAT_PATH,
-                                                                 upstream_body(body, target, stream=True)),
-                fallback_on_error=column.fallback, log=exchange.log)
+                list(column.targets), lambda target, limits: open_stream(
+                    target, CHAT_PATH, upstream_body(body, target, stream=True), limits),
+                fallback_on_error=column.fallback, log=exchange.log, stream=True)
             exchange.target = target
             async for event in stream_events(opened):
                 exchange.usage_from(event)
@@ -141,7 +136,7 @@ async def stream_chat(column, payload, *, team_id):
             if column.kind == "channel":  # one channel was asked: its failure belongs to it in the usage record
                 exchange.target = column.targets[0]
     except (asyncio.CancelledError, GeneratorExit):
-        exchange.fail(499, "client_closed", outcome="client_closed")  # the page went away: stop paying for it
+        exchange.client_left()  # the page went away: stop paying for it
         raise
     finally:
         if opened is not None:

@@ -18,6 +18,7 @@ class KeyInfo:
     tpm_limit: int | None
     expires_at: object
     revoked: bool
+    last4: str = ""  # for the log line of a failed request, never the key
 
 
 class KeyCache:
@@ -48,10 +49,10 @@ async def key_lookup(raw):
     if hit:
         return info
     row = await TeamKey.objects.filter(key_hash=digest).values(
-        "id", "team_id", "allowed_models", "rpm_limit", "tpm_limit", "expires_at", "revoked_at").afirst()
+        "id", "team_id", "allowed_models", "rpm_limit", "tpm_limit", "expires_at", "revoked_at", "last4").afirst()
     info = None if row is None else KeyInfo(
         id=row["id"], team_id=row["team_id"], allowed_models=tuple(row["allowed_models"] or ()),
         rpm_limit=row["rpm_limit"], tpm_limit=row["tpm_limit"], expires_at=row["expires_at"],
-        revoked=row["revoked_at"] is not None)
+        revoked=row["revoked_at"] is not None, last4=row["last4"])
     CACHE.put(digest, info)
     return info

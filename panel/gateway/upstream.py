@@ -1,19 +1,15 @@
-"""Calling upstream channels: one retry loop (the HTTP client's own retries are off), fallback to the next
-channel until the first byte has reached the client, cooldown for channels that keep failing."""
+"""Calling one upstream channel once, within the attempt's time budgets: connect, first byte (the first stream event;
+for a non-streamed request, the answer's headers), idle (between two chunks) and total. The retry loop, fallback and
+cooldowns are in panel/gateway/attempts.py."""
 import asyncio
 import json
-import time
 from dataclasses import dataclass, field
 
 import aiohttp
-from django.conf import settings
 
 from panel.core import safejson
-from panel.notifications.cooldown import channel_cooled_down
 
 RETRY_AFTER_CAP_SECONDS = 5.0
-COOLDOWN_AFTER_FAILURES = 3
-COOLDOWN_SECONDS = 30.0
 
 _session = None
 
@@ -32,10 +28,16 @@ def session():
     return _session
 
 
-def timeouts(target):
-    # sock_read bounds the wait for the headers and for every later chunk: a hang before headers and a stall
-    # mid-stream both end after the channel's timeout.
-    return aiohttp.ClientTimeout(total=None, sock_connect=target.timeout, sock_read=target.timeout)
+@dataclass(frozen=True)
+class Limits:
+    """One attempt's time budgets in seconds, the route's deadline already applied."""
+
+    first_byte: float
+    total: float | None
+
+
+def client_timeout(target, limits):
+    return aiohttp.ClientTimeout(total=limits.total, sock_connect=target.connect_timeout)
 
 
 class UpstreamError(Exception):
@@ -46,39 +48,6 @@ class UpstreamError(Exception):
         super().__init__(message)
         self.kind, self.status, self.retry_after = kind, status, retry_after
         self.retryable, self.client_fault, self.body = retryable, client_fault, body
-
-
-class Cooldown:
-    """Consecutive failures per channel in this process; after a few, the channel rests and is probed later."""
-
-    def __init__(self):
-        self.failures = {}
-        self.until = {}
-
-    def cooled(self, channel_id):
-        return self.until.get(channel_id, 0) > time.monotonic()
-
-    def failed(self, channel_id):
-        """Count a failure; True when it starts a cooldown (the channel was not resting yet)."""
-        count = self.failures.get(channel_id, 0) + 1
-        self.failures[channel_id] = count
-        if count >= COOLDOWN_AFTER_FAILURES:
-            began = not self.cooled(channel_id)
-            self.until[channel_id] = time.monotonic() + COOLDOWN_SECONDS
-            return began
-        return False
-
-    def succeeded(self, channel_id):
-        self.failures.pop(channel_id, None)
-        self.until.pop(channel_id, None)
-
-
-COOLDOWN = Cooldown()
-
-
-def order_for_request(targets):
-    """Cooled-down channels go last: they are tried only when everything else failed (that is their probe)."""
-    return sorted(targets, key=lambda target: COOLDOWN.cooled(target.id))
 
 
 def upstream_body(body, target, *, stream):
@@ -124,19 +93,49 @@ def error_from_response(status, body_bytes, headers, *, secret=""):
     return UpstreamError("upstream_error", message or f"the channel answered {status}", status=status)
 
 
-async def post_json(target, path, payload):
-    """A non-streaming call. Returns the parsed body."""
+def stalled(seconds, what):
+    return UpstreamError("stalled", f"{what} within {seconds:g} s")
+
+
+async def send_request(target, path, payload, limits):
+    """POST and wait for the response headers, at most `limits.first_byte` seconds."""
     try:
-        async with session().post(target.base_url.rstrip("/") + path, data=json.dumps(payload).encode(),
-                                  headers=headers_for(target), timeout=timeouts(target)) as response:
-            body = await response.read()
-            status, headers = response.status, response.headers
-    except asyncio.TimeoutError:
-        raise UpstreamError("timeout", f"no answer within {target.timeout:g} s") from None
+        async with asyncio.timeout(limits.first_byte):
+            return await session().post(target.base_url.rstrip("/") + path, data=json.dumps(payload).encode(),
+                                        headers=headers_for(target), timeout=client_timeout(target, limits))
+    except aiohttp.ConnectionTimeoutError:
+        raise UpstreamError("connection", f"no connection within {target.connect_timeout:g} s") from None
+    except TimeoutError:
+        raise stalled(limits.first_byte, "no answer") from None
     except TRANSPORT_ERRORS as error:
         raise UpstreamError("connection", f"cannot reach the channel ({type(error).__name__})") from None
-    if status != 200:
-        raise error_from_response(status, body, headers, secret=target.api_key)
+
+
+async def refusal(target, response):
+    try:
+        async with asyncio.timeout(target.idle_timeout):
+            body = await response.read()
+    except (TimeoutError, *TRANSPORT_ERRORS):
+        body = b""
+    response.close()
+    return error_from_response(response.status, body, response.headers, secret=target.api_key)
+
+
+async def post_json(target, path, payload, limits):
+    """A non-streaming call. Returns the parsed body."""
+    response = await send_request(target, path, payload, limits)
+    if response.status != 200:
+        raise await refusal(target, response)
+    try:
+        async with asyncio.timeout(target.idle_timeout):
+            body = await response.read()
+    except TimeoutError:
+        response.close()
+        raise stalled(target.idle_timeout, "no more of the answer's body") from None
+    except TRANSPORT_ERRORS as error:
+        response.close()
+        raise UpstreamError("cut", f"the channel's answer broke off ({type(error).__name__})") from None
+    response.release()
     try:
         return safejson.loads(body)
     except ValueError:
@@ -152,48 +151,50 @@ class OpenStream:
     first: list = field(default_factory=list)
 
 
-async def stream_lines(response):
-    async for raw in response.content:
+async def stream_lines(response, idle):
+    """The stream's lines; UpstreamError("stalled") when no line comes within `idle` seconds."""
+    content = response.content
+    while True:
+        try:
+            async with asyncio.timeout(idle):
+                raw = await content.readline()
+        except TimeoutError:
+            raise stalled(idle, "no next chunk") from None
+        if not raw:
+            return
         yield raw.decode("utf-8", "replace").rstrip("\r\n")
 
 
-async def open_stream(target, path, payload):
-    try:
-        response = await session().post(target.base_url.rstrip("/") + path, data=json.dumps(payload).encode(),
-                                        headers=headers_for(target), timeout=timeouts(target))
-    except asyncio.TimeoutError:
-        raise UpstreamError("timeout", f"no answer within {target.timeout:g} s") from None
-    except TRANSPORT_ERRORS as error:
-        raise UpstreamError("connection", f"cannot reach the channel ({type(error).__name__})") from None
+async def open_stream(target, path, payload, limits):
+    """POST a streaming request and read up to its first event, all within `limits.first_byte` seconds."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    response = await send_request(target, path, payload, limits)
     if response.status != 200:
-        try:
-            body = await response.read()
-        except (asyncio.TimeoutError, *TRANSPORT_ERRORS):
-            body = b""
-        response.close()
-        raise error_from_response(response.status, body, response.headers, secret=target.api_key)
-    lines = stream_lines(response)
+        raise await refusal(target, response)
+    lines = stream_lines(response, target.idle_timeout)
     first = []
     try:
-        async for line in lines:
-            first.append(line)
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
+        async with asyncio.timeout(max(limits.first_byte - (loop.time() - began), 0.001)):
+            async for line in lines:
+                first.append(line)
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = parse_event(data)
+                if event is None:
+                    raise UpstreamError("malformed", "the channel's stream has an event that is not JSON")
+                if "error" in event:
+                    raise UpstreamError("error_event", str(event["error"].get("message", "error event in the stream")
+                                                           if isinstance(event["error"], dict) else event["error"]))
                 break
-            event = parse_event(data)
-            if event is None:
-                raise UpstreamError("malformed", "the channel's stream has an event that is not JSON")
-            if "error" in event:
-                raise UpstreamError("error_event", str(event["error"].get("message", "error event in the stream")
-                                                       if isinstance(event["error"], dict) else event["error"]))
-            break
-        else:
-            raise UpstreamError("cut", "the channel's stream ended before its first event")
-    except asyncio.TimeoutError:
+            else:
+                raise UpstreamError("cut", "the channel's stream ended before its first event")
+    except TimeoutError:
         response.close()
-        raise UpstreamError("timeout", f"no first token within {target.timeout:g} s") from None
+        raise stalled(limits.first_byte, "no first token") from None
     except TRANSPORT_ERRORS as error:
         response.close()
         raise UpstreamError("cut", f"the channel's stream broke ({type(error).__name__})") from None
@@ -209,44 +210,3 @@ def parse_event(data):
     except ValueError:
         return None
     return event if isinstance(event, dict) else None
-
-
-async def backoff(target, attempt, error):
-    if error.retry_after is not None:
-        delay = error.retry_after
-    else:
-        delay = settings.GATEWAY_BACKOFF_BASE_SECONDS * (target.backoff ** attempt)
-    await asyncio.sleep(min(delay, RETRY_AFTER_CAP_SECONDS))
-
-
-async def first_success(targets, attempt_call, *, fallback_on_error, log):
-    """Try each target (retries with backoff on retryable errors) until `attempt_call(target)` succeeds.
-    Returns (target, value). Raises the last UpstreamError. `log` collects attempts for the usage record."""
-    last = UpstreamError("no_channel", "the route has no enabled channel", retryable=False)
-    for index, target in enumerate(order_for_request(targets)):
-        if index and not fallback_on_error:
-            break
-        if target.credential_error:
-            last = UpstreamError("misconfigured", target.credential_error, retryable=False)
-            continue
-        for attempt in range(target.max_retries + 1):
-            log["attempts"] += 1
-            try:
-                value = await attempt_call(target)
-            except UpstreamError as error:
-                last = error
-                if error.kind == "rate_limited":
-                    log["rate_limited"] = log.get("rate_limited", 0) + 1
-                if error.client_fault:
-                    raise
-                if not error.retryable or attempt == target.max_retries:
-                    break
-                await backoff(target, attempt, error)
-                continue
-            COOLDOWN.succeeded(target.id)
-            log["fell_back"] = index > 0
-            return target, value
-        if COOLDOWN.failed(target.id):
-            channel_cooled_down(team_id=getattr(target.channel, "team_id", None), channel_id=target.id, channel_name=target.name,
-                                failures=COOLDOWN.failures[target.id], seconds=COOLDOWN_SECONDS)
-    raise last

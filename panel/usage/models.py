@@ -18,13 +18,18 @@ class RequestLog(models.Model):
     model = models.CharField(max_length=200)
     stream = models.BooleanField(default=False)
     status_code = models.PositiveSmallIntegerField()
-    outcome = models.CharField(max_length=20)  # ok, error, client_closed
+    # ok, error, client_closed, upstream_stalled (no first byte / a stream gap past the channel's timeouts),
+    # upstream_cut (the stream broke after the first byte)
+    outcome = models.CharField(max_length=20)
+    request_id = models.CharField(max_length=32, blank=True, default="")  # the x-request-id header of the answer
     error_kind = models.CharField(max_length=40, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
     # Upstream 429 answers met on the way, retried ones included (the advisor's evidence). Nullable so that adding
     # it to a large table is an ALTER TABLE on SQLite too, not a copy; rows from before it was added have None.
     rate_limited_attempts = models.PositiveSmallIntegerField(null=True, blank=True)
-    fell_back = models.BooleanField(default=False)
+    fell_back = models.BooleanField(default=False)  # the answer did not come from the route's first choice
+    # Every upstream attempt in order: [{"channel", "channel_id", "outcome", "ms", "status"}] (empty: none made).
+    attempt_trail = models.JSONField(default=list, blank=True)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)

@@ -1,0 +1,119 @@
+"""One gateway request's facts (Compare's too), turned into its one usage record and, when it failed or was
+refused, one log line."""
+import asyncio
+import logging
+import secrets
+import time
+from decimal import Decimal
+
+from panel.budgets import enforcement as budgets
+from panel.gateway import metrics, rate_limits
+from panel.usage import writer as usage_writer
+
+log = logging.getLogger("panel.gateway")
+
+# The record's outcome for an upstream error kind; every other failure is "error".
+OUTCOME_FOR_KIND = {"stalled": "upstream_stalled", "cut": "upstream_cut", "client_closed": "client_closed"}
+
+
+def cost_of(target, prompt, completion, cached):
+    return Decimal(0) if target is None else target.channel.cost(prompt, completion, cached)
+
+
+def new_request_id():
+    return "req_" + secrets.token_hex(12)
+
+
+class Exchange:
+    """One request's facts, turned into its one usage record."""
+
+    def __init__(self, endpoint, started):
+        self.started = started
+        self.request_id = new_request_id()
+        self.fields = {"endpoint": endpoint, "model": "", "stream": False, "status_code": 200, "outcome": "ok",
+                       "error_kind": "", "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
+                       "ttft_ms": None, "json_requested": False, "json_valid": None}
+        self.log = {"attempts": 0, "fell_back": False, "rate_limited": 0, "trail": [], "current": None}
+        self.key = None
+        self.team_id = None  # for a request made inside the panel (Compare), which has no key
+        self.route_id = None
+        self.route_name = ""
+        self.target = None
+        self.recorded = True  # False for what is not a request for an answer (GET /v1/models)
+        self.responded = False  # the whole response has been sent
+        self.settled = False
+
+    @property
+    def headers(self):
+        return [(b"x-request-id", self.request_id.encode())]
+
+    @property
+    def channel(self):
+        """The channel that answered or, when none did, the last one called."""
+        return self.target or self.log["current"]
+
+    def usage_from(self, data):
+        usage_data = data.get("usage") if isinstance(data, dict) else None
+        if not isinstance(usage_data, dict):
+            return
+        self.fields["prompt_tokens"] = int(usage_data.get("prompt_tokens") or 0)
+        self.fields["completion_tokens"] = int(usage_data.get("completion_tokens") or 0)
+        details = usage_data.get("prompt_tokens_details") or {}
+        self.fields["cached_tokens"] = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+
+    def fail(self, status, kind, outcome=None):
+        self.fields.update(status_code=status, outcome=outcome or OUTCOME_FOR_KIND.get(kind, "error"),
+                           error_kind=kind[:40])
+
+    def client_left(self):
+        """The client went away before the whole answer was sent: nothing more is done for it."""
+        if not self.responded:
+            self.fail(499, "client_closed")
+
+    async def settle(self):
+        """Price the request and count it against its key's token rate and budgets, once. Called before the last
+        byte goes out, so the client's next request is judged with this one counted."""
+        if self.settled:
+            return
+        self.settled = True
+        fields = self.fields
+        fields["cost"] = cost_of(self.target, fields["prompt_tokens"], fields["completion_tokens"],
+                                 fields["cached_tokens"])
+        if self.key is not None:
+            # Shielded: a client that leaves mid-count does not undo it (the relay is cancelled, the count is not).
+            await asyncio.shield(count_against_limits(self.key, fields["cost"],
+                                                      fields["prompt_tokens"] + fields["completion_tokens"]))
+
+    async def finish(self):
+        try:
+            await self.settle()  # a request that ended without an answer (an error, a client that left)
+        finally:
+            self.record()
+
+    def record(self):
+        if not self.recorded:
+            return
+        fields = dict(self.fields)
+        fields["latency_ms"] = (time.perf_counter() - self.started) * 1000
+        channel = self.channel
+        usage_writer.record(team_id=self.key.team_id if self.key else self.team_id,
+                            key_id=self.key.id if self.key else None, route_id=self.route_id,
+                            channel_id=channel.id if channel else None, attempts=self.log["attempts"],
+                            rate_limited_attempts=self.log["rate_limited"], fell_back=self.log["fell_back"],
+                            attempt_trail=self.log["trail"], request_id=self.request_id, **fields)
+        metrics.gateway_request_observe(fields=fields, fell_back=self.log["fell_back"])
+        if fields["outcome"] != "ok" or fields["status_code"] >= 400:
+            log.warning("gateway request %s failed: key …%s route %s channel %s status %s outcome %s %s %.0f ms",
+                        self.request_id, self.key.last4 if self.key else "-", self.route_name or "-",
+                        channel.name if channel else "-", fields["status_code"], fields["outcome"],
+                        fields["error_kind"] or "-", fields["latency_ms"])
+
+
+async def count_against_limits(key, cost, tokens):
+    """Add a request's tokens to its key's per-minute window and its cost and tokens to the budget counters."""
+    try:
+        await rate_limits.count_tokens(key, tokens)
+        await budgets.count(key, cost, tokens)
+    except Exception as error:  # a Redis outage must not turn a good answer into an error
+        log.warning("request not counted against key %s's limits (%s); the budget reconciliation catches up",
+                    key.id, type(error).__name__)

@@ -1,0 +1,180 @@
+"""The gateway's answers: a non-streamed one in one piece, a stream relayed event by event. Both go through
+`first_success` (panel/gateway/attempts.py) until one channel answers; after the first byte of a stream has reached
+the client, a failure becomes an SSE error event."""
+import asyncio
+import json
+import time
+
+from panel.channels.diagnosis import describe_upstream_error
+from panel.core import safejson
+from panel.gateway.attempts import first_success
+from panel.gateway.upstream import TRANSPORT_ERRORS, UpstreamError, open_stream, post_json, upstream_body
+
+STATUS_FOR_KIND = {"stalled": 504, "deadline": 504, "rate_limited": 429, "misconfigured": 502, "no_channel": 503}
+
+
+def error_body(message, *, kind, code):
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+
+
+async def send_json(send, status, body, headers=()):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": raw})
+
+
+def json_requested(body):
+    response_format = body.get("response_format")
+    return isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema")
+
+
+def upstream_failure(exchange, error):
+    """The client-facing error after every channel failed."""
+    status = error.status if error.client_fault and error.status else STATUS_FOR_KIND.get(error.kind, 502)
+    exchange.fail(status, error.kind)
+    words = describe_upstream_error(status=error.status, body=error.body) if error.status else str(error)
+    return status, error_body(f"{error} ({words})" if words and words != str(error) else str(error),
+                              kind="upstream_error", code=error.kind)
+
+
+async def plain_response(exchange, route, body, path, send):
+    async def attempt(target, limits):
+        data = await post_json(target, path, upstream_body(body, target, stream=False), limits)
+        if not isinstance(data, dict) or "choices" not in data:
+            raise UpstreamError("malformed", "the channel's answer has no choices")
+        return data
+
+    try:
+        target, data = await first_success(route.ordered(exchange.fields), attempt,
+                                           fallback_on_error=route.fallback_on_error, log=exchange.log,
+                                           deadline=route.deadline)
+    except UpstreamError as error:
+        status, payload = upstream_failure(exchange, error)
+        await send_json(send, status, payload, exchange.headers)
+        return
+    exchange.target = target
+    exchange.usage_from(data)
+    exchange.fields["ttft_ms"] = (time.perf_counter() - exchange.started) * 1000
+    if exchange.fields["json_requested"]:
+        exchange.fields["json_valid"] = is_json(content_of(data))
+    data["model"] = body["model"]
+    await exchange.settle()
+    await send_json(send, 200, data, exchange.headers)
+    exchange.responded = True
+
+
+def content_of(data):
+    try:
+        choice = data["choices"][0]
+        return choice.get("message", {}).get("content") or choice.get("text") or ""
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return ""
+
+
+def is_json(text):
+    try:
+        safejson.loads(text)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]
+
+
+async def stream_response(exchange, route, body, path, send):
+    client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    try:
+        target, opened = await first_success(
+            route.ordered(exchange.fields),
+            lambda target, limits: open_stream(target, path, upstream_body(body, target, stream=True), limits),
+            fallback_on_error=route.fallback_on_error, log=exchange.log, deadline=route.deadline, stream=True)
+    except UpstreamError as error:
+        status, payload = upstream_failure(exchange, error)
+        await send_json(send, status, payload, exchange.headers)
+        return
+    exchange.target = target
+    try:
+        await relay_stream(exchange, opened, body["model"], client_wants_usage, send)
+    finally:
+        if exchange.fields["outcome"] == "ok" and opened.response.content.at_eof():
+            opened.response.release()  # keep-alive: the next request reuses the connection
+        else:
+            opened.response.close()
+
+
+async def relay_stream(exchange, opened, model_name, client_wants_usage, send):
+    """Forward the upstream's SSE lines; after the first byte a failure becomes an SSE error event."""
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + exchange.headers})
+    content = []
+    finished = False
+
+    async def settle():
+        if not exchange.fields["completion_tokens"]:
+            exchange.fields["completion_tokens"] = len(content)
+        if exchange.fields["json_requested"]:
+            exchange.fields["json_valid"] = is_json("".join(content))
+        await exchange.settle()
+
+    async def forward(line):
+        nonlocal finished
+        if not line.startswith("data:"):
+            return
+        data = line[5:].strip()
+        if data == "[DONE]":
+            finished = True
+            await settle()  # a client may stop reading at [DONE]
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+            return
+        event = json.loads(data) if data else {}
+        if not isinstance(event, dict):
+            raise UpstreamError("malformed", "an event that is not a JSON object")
+        if "error" in event:
+            raise UpstreamError("error_event", "the channel sent an error event mid-stream")
+        exchange.usage_from(event)
+        choices = event.get("choices") or []
+        if not choices and "usage" in event and not client_wants_usage:
+            return  # the usage chunk we asked for on our own account
+        for choice in choices:
+            piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+            if piece:
+                content.append(piece)
+                if exchange.fields["ttft_ms"] is None:
+                    exchange.fields["ttft_ms"] = (time.perf_counter() - exchange.started) * 1000
+        event["model"] = model_name
+        await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+                    "more_body": True})
+
+    try:
+        for line in opened.first:
+            await forward(line)
+        if not finished:
+            async for line in opened.lines:
+                await forward(line)
+                if finished:
+                    break
+        if not finished:
+            raise UpstreamError("cut", "the channel's stream ended without [DONE]")
+    except Exception as error:  # any failure after the first byte ends the stream with an error event
+        if isinstance(error, TimeoutError):
+            error = UpstreamError("stalled", "the stream ran past the channel's total time")
+        elif isinstance(error, TRANSPORT_ERRORS):
+            error = UpstreamError("cut", f"the channel's stream broke ({type(error).__name__})")
+        elif not isinstance(error, UpstreamError):
+            error = UpstreamError("malformed", "the channel's stream has an event that is not JSON")
+        exchange.fail(502, error.kind)
+        event = {"error": {"message": str(error), "type": "upstream_error", "code": error.kind}}
+        await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+                    "more_body": True})
+    await settle()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    exchange.responded = True
+    if finished:
+        try:
+            async for _ in opened.lines:  # read to the end, so the connection goes back to the pool
+                pass
+        except (UpstreamError, *TRANSPORT_ERRORS):
+            pass  # the answer is complete; the connection is closed rather than reused

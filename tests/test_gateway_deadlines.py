@@ -1,0 +1,107 @@
+"""The gateway's time budgets and a client that leaves: a hanging channel falls back within seconds, the route's
+deadline bounds every retry and fallback, and a client that disconnects (before the headers, mid-stream, during a
+retry's backoff) ends all upstream work for it: no attempt after it, one usage row saying client_closed."""
+import time
+
+import httpx
+import openai
+import pytest
+
+from panel.channels.models import Channel, Route
+from tests.test_gateway import CHAT, fallback, gateway, post, primary, records, setup  # noqa: F401 (fixtures)
+
+
+def test_a_hanging_first_channel_falls_back_within_15_seconds_with_the_default_budgets(gateway, setup, primary,
+                                                                                      fallback):
+    Channel.objects.filter(pk=setup["local"].pk).update(first_byte_timeout_seconds=10, timeout_seconds=120,
+                                                        max_retries=3)
+    primary.behave("hang_before_headers")  # never answers
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=setup["raw"], max_retries=0, timeout=60)
+    started = time.monotonic()
+    answer = client.chat.completions.create(model="chat", messages=CHAT["messages"])
+    took = time.monotonic() - started
+    assert answer.choices[0].message.content and 9.5 < took < 15
+    assert len(primary.requests) == 1  # a stalled channel is not asked again
+    [row] = records()
+    assert (row.outcome, row.fell_back, row.channel, row.attempts) == ("ok", True, setup["cloud"], 2)
+    assert [(s["channel"], s["outcome"]) for s in row.attempt_trail] == [("local", "stalled"), ("cloud", "ok")]
+    assert 9500 < row.attempt_trail[0]["ms"] < 11000
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_route_deadline_bounds_every_retry_and_fallback(gateway, setup, primary, fallback, stream):
+    Route.objects.filter(pk=setup["route"].pk).update(deadline_seconds=2)
+    Channel.objects.filter(pk=setup["local"].pk).update(first_byte_timeout_seconds=1.5)
+    primary.behave("hang_before_headers")
+    fallback.behave("hang_before_headers")
+    started = time.monotonic()
+    response = post(gateway, setup["raw"], dict(CHAT, stream=stream))
+    assert time.monotonic() - started < 3
+    assert response.status_code == 504 and response.json()["error"]["code"] in ("stalled", "deadline")
+    [row] = records()
+    assert row.outcome in ("upstream_stalled", "error") and row.channel is not None
+    assert response.headers["x-request-id"] == row.request_id
+
+
+def test_a_retry_is_not_started_when_its_backoff_would_pass_the_deadline(gateway, setup, primary, fallback):
+    Route.objects.filter(pk=setup["route"].pk).update(deadline_seconds=2)
+    primary.behave("status_429", retry_after=3)  # the backoff (3 s) would pass the deadline: the fallback instead
+    started = time.monotonic()
+    assert post(gateway, setup["raw"], CHAT).status_code == 200
+    assert time.monotonic() - started < 1
+    [row] = records()
+    assert [(s["channel"], s["status"]) for s in row.attempt_trail] == [("local", 429), ("cloud", 200)]
+
+
+# ------------------------------------------------------------------------------------------------ a client that leaves
+
+def leave_after(gateway, setup, body, seconds):
+    """Send `body` and hang up after `seconds` without an answer; returns when the client closed."""
+    with pytest.raises(httpx.ReadTimeout):
+        with httpx.Client(timeout=seconds) as client:
+            client.post(f"{gateway.url}/v1/chat/completions", json=body,
+                        headers={"Authorization": f"Bearer {setup['raw']}"})
+    return time.monotonic()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_before_the_headers_ends_the_upstream_call_and_nothing_follows(
+        gateway, setup, primary, fallback, stream):
+    Channel.objects.filter(pk=setup["local"].pk).update(first_byte_timeout_seconds=2)
+    primary.behave("hang_before_headers")
+    left = leave_after(gateway, setup, dict(CHAT, stream=stream), 1)
+    primary.wait_for_disconnects(1, timeout=1)  # the upstream call ended within a second of the client leaving
+    assert time.monotonic() - left < 1.5
+    time.sleep(2)  # past the first-byte budget: the fallback would have been called by now
+    assert len(primary.requests) == 1 and fallback.requests == []
+    [row] = records()
+    assert (row.outcome, row.status_code, row.channel, row.attempts) == ("client_closed", 499, setup["local"], 1)
+
+
+def test_a_client_that_leaves_mid_stream_ends_the_stream_and_nothing_follows(gateway, setup, primary, fallback):
+    primary.behave("slow_drip", delay=0.3)
+    with httpx.Client(timeout=10) as client:
+        with client.stream("POST", f"{gateway.url}/v1/chat/completions", json=dict(CHAT, stream=True),
+                           headers={"Authorization": f"Bearer {setup['raw']}"}) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    break
+    left = time.monotonic()
+    primary.wait_for_disconnects(1, timeout=1)
+    assert time.monotonic() - left < 1.5
+    time.sleep(1)
+    assert len(primary.requests) == 1 and fallback.requests == []
+    [row] = records()
+    assert (row.outcome, row.channel, row.attempts) == ("client_closed", setup["local"], 1)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_during_a_retry_backoff_gets_no_more_attempts(gateway, setup, primary, fallback,
+                                                                          stream):
+    primary.behave("status_429", retry_after=3)
+    leave_after(gateway, setup, dict(CHAT, stream=stream), 1)
+    time.sleep(3)  # past the backoff: the retry would have been sent by now
+    assert len(primary.requests) == 1 and fallback.requests == []
+    [row] = records()
+    assert (row.outcome, row.channel, row.attempts) == ("client_closed", setup["local"], 1)
+    assert [(s["channel"], s["status"]) for s in row.attempt_trail] == [("local", 429)]
