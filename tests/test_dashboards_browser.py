@@ -68,3 +68,64 @@ def test_it_explains_how_data_will_appear_for_an_empty_team(page, live_server, t
     expect(page.locator("#dash-empty h2")).to_have_text("No traffic from this team yet")
     expect(page.locator("#dash-empty")).to_contain_text("rolled up per minute")
     screenshot(page, "dashboards-empty")
+
+
+TIME_FIGURES = {"": ("requests", "tokens", "errors"), "latency/": ("ttft", "itl", "latency"),
+                "cache/": ("hit_rate", "kv", "cached_share")}
+
+
+def seed_engine_month(deployment, days=30):
+    """What a month of scrapes leaves after compaction: one row an hour (the last hour raw, from seed_engine)."""
+    now = timezone.now()
+    EngineSample.objects.bulk_create([EngineSample(
+        deployment=deployment, team_id=deployment.team_id, at=now - timedelta(hours=h), seconds=3600, period=3600,
+        prefix_queries=40000, prefix_hits=10000 + 400 * (h % 50), prompt_tokens=40000, generation_tokens=9000,
+        kv_cache_usage=0.3, running=3, waiting=0,
+        ttft={"le": {"0.05": 20, "0.1": 60, "+Inf": 100}, "count": 100, "sum": 9},
+        itl={"le": {"0.01": 500, "0.025": 950, "+Inf": 1000}, "count": 1000, "sum": 14}) for h in range(2, days * 24)])
+
+
+def figure_traces(page, name):
+    """[(trace name, points with a value)] of one figure."""
+    return page.evaluate("""(name) => document.getElementById('figure-' + name).data.map(
+        (trace) => [trace.name, (trace.y || []).filter((y) => y !== null && y !== undefined).length])""", name)
+
+
+def tick_labels(page, name):
+    return page.evaluate("""(name) => [...document.querySelectorAll('#figure-' + name + ' .xtick text')].map(
+        (node) => node.textContent)""", name)
+
+
+def test_every_range_draws_lines_with_readable_ticks_for_a_young_and_an_old_team(page, live_server, team_setup):
+    """The 24 h range once drew one dot per series and ticks like 16:59:59.9995 for data a few minutes old."""
+    import re
+
+    old, young = team_setup["team_a"], team_setup["team_b"]
+    local, _, _ = usage_seed_fixtures(team=old)
+    usage_seed(team=old, count=3000, days=30)
+    seed_engine(local.deployment)
+    seed_engine_month(local.deployment)
+    young_local, _, _ = usage_seed_fixtures(team=young)
+    usage_seed(team=young, count=600, days=1 / 24, seed=3)  # the team's first request was an hour ago
+    seed_engine(young_local.deployment, minutes=60)
+    usage_rollup_run()
+    for user, password in (("alice", "pw-alice-123"), ("bob", "pw-bob-123")):
+        page.context.clear_cookies()
+        sign_in(page, live_server.url, user, password)
+        for range_ in ("1h", "24h", "7d", "30d"):
+            for path, names in TIME_FIGURES.items():
+                page.goto(f"{live_server.url}/dashboards/{path}?range={range_}")
+                for name in names:
+                    page.wait_for_function(
+                        "(name) => document.querySelector('#figure-' + name + ' .xtick text') !== null", arg=name)
+                    traces = figure_traces(page, name)
+                    drawn = [points for _, points in traces if points]
+                    assert drawn, (user, range_, name, traces)
+                    assert min(drawn) >= 2, (user, range_, name, traces)  # a line, never a lone dot
+                    labels = tick_labels(page, name)
+                    assert len(labels) >= 3, (user, range_, name, labels)
+                    assert not [label for label in labels if re.search(r"\d:\d\d\.\d", label)], labels
+        if user == "bob":
+            page.goto(f"{live_server.url}/dashboards/?range=24h")
+            page.wait_for_function("document.querySelector('#figure-requests .xtick text') !== null")
+            screenshot(page, "dashboards-young-team-24h")

@@ -180,7 +180,7 @@ def _baseline_channel(team, rows, channels):
 def _deployment_tokens(query):
     """Every key's tokens per deployment in the range (the denominator of a key's share of the GPU cost)."""
     whole = DashboardQuery(team=query.team, range=query.range, channel_id=query.channel_id,
-                           deployment_id=query.deployment_id, now=query.end)
+                           deployment_id=query.deployment_id, now=query.end, first=query.first)
     return {row["deployment_id"]: row["prompt_tokens"] + row["completion_tokens"]
             for row in usage_grouped(whole, by=("deployment_id",), columns=("prompt_tokens", "completion_tokens"))
             if row["deployment_id"] is not None}

@@ -14,7 +14,14 @@ def when(seconds):
     return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
-def figure(title, traces, *, y_title="", y_percent=False, barmode=None, empty="No data in this range yet"):
+def _instant(seconds):
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def figure(title, traces, *, y_title="", y_percent=False, barmode=None, empty="No data in this range yet",
+           x_range=None):
+    """`x_range`: (start, end) epoch seconds of a time axis. Set, the axis spans exactly the window drawn, so one
+    point does not leave plotly to zoom into a millisecond around it."""
     layout = {
         "title": {"text": title, "x": 0, "font": {"size": 14}}, "height": 300, "font": FONT,
         "margin": {"l": 55, "r": 10, "t": 40, "b": 40}, "legend": {"orientation": "h", "y": -0.2},
@@ -23,6 +30,8 @@ def figure(title, traces, *, y_title="", y_percent=False, barmode=None, empty="N
         "yaxis": {"title": {"text": y_title}, "rangemode": "tozero", "gridcolor": GRID, "zerolinecolor": "#d1d5db",
                   "ticksuffix": "%" if y_percent else ""},
     }
+    if x_range is not None:
+        layout["xaxis"].update(type="date", range=[_instant(x_range[0]), _instant(x_range[1])], nticks=8)
     if barmode:
         layout["barmode"] = barmode
     if not any(len(trace.get("x") or ()) for trace in traces):
@@ -31,12 +40,24 @@ def figure(title, traces, *, y_title="", y_percent=False, barmode=None, empty="N
     return {"data": traces, "layout": layout}
 
 
-def line(name, xs, ys, index=0, *, dash=None, mode="lines+markers"):
+def line(name, xs, ys, index=0, *, dash=None, mode="lines+markers", connect=False):
+    """`connect`: join points across steps without a value (engine samples, stored coarser as they age, leave
+    such steps; usage does not, so its empty steps stay gaps)."""
     style = {"color": COLORS[index % len(COLORS)], "width": 2}
     if dash:
         style["dash"] = dash
     return {"type": "scatter", "name": name, "x": [when(x) for x in xs], "y": ys, "mode": mode, "line": style,
-            "marker": {"size": 4}, "connectgaps": False}
+            "marker": {"size": 4}, "connectgaps": connect}
+
+
+def filled(series, steps, fill=0):
+    """{name: (xs, ys)} with every step of the window, `fill` where a series has no value: a count with no rollup
+    row in a step is a true zero, and drawn as one the series is a line even where traffic began a minute ago."""
+    result = {}
+    for name, (xs, ys) in series.items():
+        values = dict(zip(xs, ys))
+        result[name] = (list(steps), [values.get(t, fill) for t in steps])
+    return result
 
 
 def bars(name, xs, ys, index=0, *, text=None):

@@ -12,7 +12,7 @@ from panel.accounts.decorators import team_view
 from panel.accounts.models import TeamKey
 from panel.channels.models import Route
 from panel.dashboards.pages import Table, overview
-from panel.dashboards.selectors import RANGES, DashboardQuery, usage_grouped
+from panel.dashboards.selectors import RANGES, DashboardQuery, team_first_data, usage_grouped
 from panel.dashboards.views import REFRESH_MS
 
 
@@ -35,11 +35,12 @@ def my_usage_page(*, team, user, range_name, key=None):
     now = time.time()
     key_ids = frozenset([key.pk]) if key is not None else frozenset(
         my_keys(team=team, user=user).values_list("pk", flat=True))
-    page = overview(DashboardQuery(team=team, range=range_name, now=now, key_ids=key_ids))
+    first = team_first_data(team)
+    page = overview(DashboardQuery(team=team, range=range_name, now=now, key_ids=key_ids, first=first))
     page.tables = [table for table in page.tables if table.name != "keys" or key is None]
     if key is None:
         names = [route.model_name for route in routes_for(team=team, user=user)]
-        query = DashboardQuery(team=team, range=range_name, now=now, models=frozenset(names))
+        query = DashboardQuery(team=team, range=range_name, now=now, models=frozenset(names), first=first)
         totals = {row["model"]: row for row in usage_grouped(query, by=("model",))}
         rows = [[name, totals.get(name, {}).get("requests", 0),
                  totals.get(name, {}).get("prompt_tokens", 0) + totals.get(name, {}).get("completion_tokens", 0),

@@ -77,6 +77,10 @@ def _names(query):
     return channels, keys, deployments
 
 
+def _window(query):
+    return (query.chart_start, query.end)
+
+
 def _rate(part, whole):
     return round(100 * part / whole, 2) if whole else None
 
@@ -100,21 +104,22 @@ def overview(query):
     page = Page()
     rows = usage_by_step(query, by="channel_id", columns=("requests", "prompt_tokens", "completion_tokens"))
     name = lambda pk: channels.get(pk, "(no channel)")  # noqa: E731
-    series = fig.by_series(rows, "channel_id", lambda row: _per_minute(row["requests"], query, row["t"]), name)
+    series = fig.filled(fig.by_series(
+        rows, "channel_id", lambda row: _per_minute(row["requests"], query, row["t"]), name), query.steps())
     page.figures["requests"] = fig.figure("Requests per minute by channel", [
         fig.line(label, xs, ys, i) for i, (label, (xs, ys)) in enumerate(sorted(series.items()))],
-        y_title="requests / min")
-    series = fig.by_series(rows, "channel_id", lambda row: _per_minute(
-        row["prompt_tokens"] + row["completion_tokens"], query, row["t"]), name)
+        y_title="requests / min", x_range=_window(query))
+    series = fig.filled(fig.by_series(rows, "channel_id", lambda row: _per_minute(
+        row["prompt_tokens"] + row["completion_tokens"], query, row["t"]), name), query.steps())
     page.figures["tokens"] = fig.figure("Tokens per minute by channel", [
         fig.line(label, xs, ys, i) for i, (label, (xs, ys)) in enumerate(sorted(series.items()))],
-        y_title="tokens / min")
+        y_title="tokens / min", x_range=_window(query))
     steps = usage_by_step(query, columns=("requests", "errors", "fallbacks"))
     xs = [row["t"] for row in steps]
     page.figures["errors"] = fig.figure("Error and fallback rate", [
         fig.line("errors", xs, [_rate(row["errors"], row["requests"]) for row in steps], 5),
         fig.line("fallbacks", xs, [_rate(row["fallbacks"], row["requests"]) for row in steps], 2)],
-        y_title="% of requests", y_percent=True)
+        y_title="% of requests", y_percent=True, x_range=_window(query))
     totals = usage_totals(query)
     page.cards = [("Requests", f"{totals['requests']:,}", f"last {query.range}"),
                   ("Tokens", f"{totals['prompt_tokens'] + totals['completion_tokens']:,}",
@@ -149,17 +154,18 @@ def latency(query):
     traces = [fig.line(f"gateway p{int(q * 100)}", xs, [_ms(row["ttft"][q]) for row in steps], i)
               for i, q in enumerate(QUANTILES)]
     for i, (label, (exs, eys)) in enumerate(sorted(_engine_series(engine, "ttft", 0.95, deployments).items())):
-        traces.append(fig.line(f"engine p95 · {label}", exs, eys, 3 + i, dash="dot"))
-    page.figures["ttft"] = fig.figure("Time to first token (ms): gateway and engine", traces, y_title="ms")
+        traces.append(fig.line(f"engine p95 · {label}", exs, eys, 3 + i, dash="dot", connect=True))
+    page.figures["ttft"] = fig.figure("Time to first token (ms): gateway and engine", traces, y_title="ms",
+                                      x_range=_window(query))
     traces = []
     for q_index, q in enumerate(QUANTILES):
         for label, (exs, eys) in sorted(_engine_series(engine, "itl", q, deployments).items()):
-            traces.append(fig.line(f"p{int(q * 100)} · {label}", exs, eys, q_index))
-    page.figures["itl"] = fig.figure("Inter-token latency (ms, engine)", traces, y_title="ms",
+            traces.append(fig.line(f"p{int(q * 100)} · {label}", exs, eys, q_index, connect=True))
+    page.figures["itl"] = fig.figure("Inter-token latency (ms, engine)", traces, y_title="ms", x_range=_window(query),
                                      empty="No engine samples in this range: the scraper reads ready deployments")
     page.figures["latency"] = fig.figure("End-to-end latency (ms, gateway)", [
         fig.line(f"p{int(q * 100)}", xs, [_ms(row["latency"][q]) for row in steps], i)
-        for i, q in enumerate(QUANTILES)], y_title="ms")
+        for i, q in enumerate(QUANTILES)], y_title="ms", x_range=_window(query))
     rows = sorted(latency_by(query, by=("channel_id",)), key=lambda row: -row["requests"])
     page.tables.append(Table("latency", "Gateway latency by channel (ms)", [
         "channel", "requests", "with TTFT", "TTFT p50", "TTFT p95", "TTFT p99", "latency p50", "latency p95",
@@ -199,17 +205,17 @@ def cache(query):
             xs.append(row["t"])
             ys.append(round(100 * row["kv"], 2))
     page.figures["hit_rate"] = fig.figure("Prefix cache hit rate by deployment (engine)", [
-        fig.line(label, xs, ys, i) for i, (label, (xs, ys)) in enumerate(sorted(series.items()))],
-        y_title="% of prompt tokens", y_percent=True,
+        fig.line(label, xs, ys, i, connect=True) for i, (label, (xs, ys)) in enumerate(sorted(series.items()))],
+        y_title="% of prompt tokens", y_percent=True, x_range=_window(query),
         empty="No prefix-cache lookups in this range (the scraper reads ready deployments every few seconds)")
     page.figures["kv"] = fig.figure("KV cache usage by deployment (engine)", [
-        fig.line(label, xs, ys, i) for i, (label, (xs, ys)) in enumerate(sorted(kv.items()))],
-        y_title="% of KV cache", y_percent=True, empty="No engine samples in this range")
+        fig.line(label, xs, ys, i, connect=True) for i, (label, (xs, ys)) in enumerate(sorted(kv.items()))],
+        y_title="% of KV cache", y_percent=True, empty="No engine samples in this range", x_range=_window(query))
     steps = usage_by_step(query, columns=("prompt_tokens", "cached_tokens"))
     page.figures["cached_share"] = fig.figure("Share of prompt tokens served from cache (gateway usage)", [
         fig.line("cached share", [row["t"] for row in steps],
                  [_rate(row["cached_tokens"], row["prompt_tokens"]) for row in steps], 1)],
-        y_title="% of prompt tokens", y_percent=True)
+        y_title="% of prompt tokens", y_percent=True, x_range=_window(query))
     totals = engine_by_deployment(query, steps=engine)
     page.tables.append(Table("cache", "Prefix cache by deployment (engine)", [
         "deployment", "prefix queries (tokens)", "prefix hits (tokens)", "hit rate %", "mean KV usage %",

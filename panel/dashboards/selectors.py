@@ -19,14 +19,14 @@ from panel.dashboards.models import (
 )
 from panel.serving.models import Deployment
 
-# range → (span seconds, chart step seconds, rollup period read). A day is read from hour rows (24 points, 24 times
-# fewer rows than minutes: a busy team has a row per minute per channel, key and model), 30 days from day rows.
-RANGES = {
-    "1h": (HOUR, MINUTE, MINUTE),
-    "24h": (24 * HOUR, HOUR, HOUR),
-    "7d": (7 * 24 * HOUR, HOUR, HOUR),
-    "30d": (30 * 24 * HOUR, DAY, DAY),
-}
+# range → span seconds. The charts' step is the finest of STEPS that gives at most MAX_POINTS points over the
+# window they draw: the range, or less when the team's data is younger than the range (a team an hour old sees its
+# hour at minute steps in every range, not one dot a day). Each step reads the coarsest rollup rows that divide it:
+# 24 hours at 15-minute steps from minute rows, 7 days at hour steps from hour rows, 30 days from day rows.
+RANGES = {"1h": HOUR, "24h": 24 * HOUR, "7d": 7 * 24 * HOUR, "30d": 30 * 24 * HOUR}
+STEPS = (MINUTE, 5 * MINUTE, 15 * MINUTE, HOUR, DAY)
+MAX_POINTS = 200
+MIN_WINDOW = 15 * MINUTE  # a team a minute old still gets an axis of a quarter hour, with its points on a line
 QUANTILES = (0.5, 0.95, 0.99)
 COUNTS = ("requests", "errors", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens", "cost",
           "ttft_count", "ttft_sum_ms", "latency_sum_ms")
@@ -47,18 +47,26 @@ class DashboardQuery:
     # My usage: only these keys / these models (None: no such filter; empty: nothing matches)
     key_ids: frozenset | None = None
     models: frozenset | None = None
+    first: float | None = None  # epoch seconds of the team's first data (None: draw the whole range)
 
     @property
     def span(self):
-        return RANGES[self.range][0]
+        return RANGES[self.range]
+
+    @property
+    def window(self):
+        """Seconds the charts draw: the range, or since the team's first data when that is younger."""
+        if self.first is None:
+            return self.span
+        return min(self.span, max(self.end - self.first, MIN_WINDOW))
 
     @property
     def step(self):
-        return RANGES[self.range][1]
+        return next((step for step in STEPS if self.window / step <= MAX_POINTS), STEPS[-1])
 
     @property
     def period(self):
-        return RANGES[self.range][2]
+        return next(period for period in (DAY, HOUR, MINUTE) if self.step % period == 0)
 
     @property
     def end(self):
@@ -68,6 +76,15 @@ class DashboardQuery:
     def start(self):
         # Whole steps, so the first point is a full one and consecutive refreshes line up.
         return int((self.end - self.span) // self.step * self.step)
+
+    @property
+    def chart_start(self):
+        """Where the charts' x axis begins (a whole step)."""
+        return max(self.start, int((self.end - self.window) // self.step * self.step))
+
+    def steps(self):
+        """Every step start the charts draw, oldest first."""
+        return list(range(self.chart_start, int(self.end) + 1, self.step))
 
     def as_params(self):
         params = {"range": self.range}
@@ -98,7 +115,16 @@ def dashboard_query_parse(*, team, params):
         if not model.objects.filter(team=team, pk=int(raw)).exists():
             raise BadQuery(f"your team has no {name} with id {raw}")
         ids[f"{name}_id"] = int(raw)
-    return DashboardQuery(team=team, range=value, now=time.time(), **ids)
+    return DashboardQuery(team=team, range=value, now=time.time(), first=team_first_data(team), **ids)
+
+
+def team_first_data(team):
+    """Epoch seconds of the team's oldest usage minute or engine sample; None when it has neither."""
+    first_usage = (UsageRollup.objects.filter(team=team, period=MINUTE).order_by("start")
+                   .values_list("start", flat=True).first())
+    first_sample = EngineSample.objects.filter(team=team).order_by("at").values_list("at", flat=True).first()
+    found = [value for value in (first_usage, first_sample.timestamp() if first_sample else None) if value is not None]
+    return min(found) if found else None
 
 
 def _rollups(query):
