@@ -91,9 +91,12 @@ def test_it_deploys_serves_verifies_and_undeploys_from_the_terminal(start_worker
     assert "--enable-prefix-caching" in deployment.command and "--block-size" in deployment.command
 
     # The seeds' verification: /v1/models, then a chat completion with usage.
-    models = httpx.get(f"{deployment.base_url}/models", timeout=10).json()
+    # The engine answers only with its own key (the local channel's); without it, a 401.
+    assert httpx.get(f"{deployment.base_url}/models", timeout=10).status_code == 401
+    engine = {"Authorization": f"Bearer {deployment.engine_key()}"}
+    models = httpx.get(f"{deployment.base_url}/models", headers=engine, timeout=10).json()
     assert [m["id"] for m in models["data"]] == ["tiny-chat"]
-    reply = httpx.post(f"{deployment.base_url}/chat/completions", timeout=60, json={
+    reply = httpx.post(f"{deployment.base_url}/chat/completions", headers=engine, timeout=60, json={
         "model": "tiny-chat", "max_tokens": 8, "messages": [{"role": "user", "content": "Explain KV cache."}]})
     assert reply.status_code == 200
     assert reply.json()["usage"]["completion_tokens"] > 0
