@@ -172,6 +172,18 @@ DEPLOYMENT_STOP_GRACE_SECONDS = envint("TOKENWISE_DEPLOYMENT_STOP_GRACE_SECONDS"
 CREDENTIAL_ENV_PREFIX = "TOKENWISE_UPSTREAM_"
 CREDENTIAL_ENV_ALLOW = envlist("TOKENWISE_CREDENTIAL_ENV_ALLOW", ["TAOTOKEN_API_KEY"])
 
+# --- Outbound requests (panel/core/outbound.py): private, link-local and loopback ranges a channel, a benchmark or a
+# webhook may reach (CIDRs; none by default), and the panel's own origin, which none may.
+OUTBOUND_ALLOW_CIDRS = envlist("TOKENWISE_OUTBOUND_ALLOW", [])
+for _cidr in OUTBOUND_ALLOW_CIDRS:
+    try:
+        __import__("ipaddress").ip_network(_cidr, strict=False)
+    except ValueError:
+        raise EnvError(f"TOKENWISE_OUTBOUND_ALLOW: {_cidr!r} is not an address range (10.0.0.0/8, 127.0.0.1/32)") from None
+PANEL_PORT = envint("TOKENWISE_PORT", 8000, minimum=1, maximum=65535)
+PANEL_BIND = envstr("TOKENWISE_BIND", "127.0.0.1")
+PUBLIC_URL = envstr("TOKENWISE_PUBLIC_URL", "")
+
 # --- Gateway
 KEY_CACHE_SECONDS = envint("TOKENWISE_KEY_CACHE_SECONDS", 5, minimum=0)  # a revoked key stops within this
 ROUTE_CACHE_SECONDS = envint("TOKENWISE_ROUTE_CACHE_SECONDS", 5, minimum=0)

@@ -17,6 +17,7 @@ from django.core.cache import cache
 from django.db import transaction
 
 from panel.channels.models import Route, order_channels
+from panel.core import outbound
 from panel.core.redis_client import async_redis
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class Target:
     max_retries: int
     backoff: float
     channel: object  # the Channel row, for its prices (read once, with the route)
+    loopback_ok: bool = False  # the deployment's own local channel: the engine listens on this machine
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,10 @@ def target_for(channel):
     """The Target of a channel row: its key read (or the reason it cannot be) once, here, not per request."""
     problem = channel.misconfigured
     api_key = None
+    loopback_ok = channel.is_engine_channel
+    if not problem:  # the checks that need no DNS; the gateway's resolver checks every resolved address
+        refusal = outbound.static_refusal(channel.base_url, loopback_ok=loopback_ok)
+        problem = f"the panel does not call its base URL: {refusal}" if refusal else ""
     if not problem:
         try:
             api_key = channel.api_key()
@@ -87,7 +93,7 @@ def target_for(channel):
     return Target(id=channel.pk, name=channel.name, base_url=channel.base_url, model_id=channel.model_id,
                   api_key=api_key, credential_error=f"channel {channel.name} is misconfigured: {problem}"
                   if problem else "", timeout=float(channel.timeout_seconds), max_retries=int(channel.max_retries),
-                  backoff=float(channel.retry_backoff), channel=channel)
+                  backoff=float(channel.retry_backoff), channel=channel, loopback_ok=loopback_ok)
 
 
 def _load(team_id, model_name):

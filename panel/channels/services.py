@@ -26,7 +26,7 @@ from panel.channels.models import (
     RouteStrategy,
 )
 from panel.channels.routing import routing_changed
-from panel.core import crypto, safejson
+from panel.core import crypto, outbound, safejson
 from panel.env import EnvError
 
 log = logging.getLogger(__name__)
@@ -174,6 +174,10 @@ def is_loopback(url):
     return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
+def is_engine_channel(channel):
+    return channel.is_engine_channel
+
+
 def channel_check(channel, *, api_key=""):
     """Every rule for a channel about to be saved: ({field: [errors]}, [warnings]). Cleans base_url in place."""
     errors, warnings = {}, []
@@ -193,6 +197,9 @@ def channel_check(channel, *, api_key=""):
     warnings += url_warnings
     if not url_errors:
         channel.base_url = cleaned
+        refusal = outbound.url_refusal(cleaned, loopback_ok=is_engine_channel(channel))
+        if refusal:
+            add("base_url", [f"The panel does not call this address: {refusal}."])
     add("model_id", model_id_errors(channel.model_id))
     for field in LIMITS:
         add(field, number_errors(field, getattr(channel, field)))
@@ -356,11 +363,16 @@ def route_delete(*, route):
 
 # ------------------------------------------------------------------------------------------------- the Test button
 
-def _call(client, method, url, **kwargs):
-    """(status, body bytes, latency ms, exception) for one request; the body is read up to MAX_TEST_BODY."""
+def _call(client, method, url, *, loopback_ok=False, **kwargs):
+    """(status, body bytes, latency ms, exception) for one request; the body is read up to MAX_TEST_BODY. The
+    request goes to the address the outbound policy checked (no DNS rebinding between check and call)."""
     started = time.perf_counter()
     try:
-        with client.stream(method, url, **kwargs) as response:
+        url, headers, extensions = outbound.pinned(url, loopback_ok=loopback_ok)
+    except outbound.OutboundRefused as error:
+        return None, b"", 0.0, httpx.ConnectError(f"the panel does not call this address: {error}")
+    try:
+        with client.stream(method, url, headers=headers, extensions=extensions, **kwargs) as response:
             body = bytearray()
             for chunk in response.iter_bytes():
                 body += chunk
@@ -387,6 +399,12 @@ def channel_test(channel, *, timeout_cap=TEST_TIMEOUT_CAP):
               "timeout_seconds": timeout, "base_url": channel.base_url, "model_id": channel.model_id,
               "tested_at": timezone.now().isoformat()}
     credential_problem = ""
+    loopback_ok = is_engine_channel(channel)
+    refusal = outbound.url_refusal(channel.base_url, loopback_ok=loopback_ok)
+    if refusal:
+        result["kind"] = "credential"
+        result["diagnosis"] = f"No request was sent: the panel does not call this address: {refusal}."
+        return _test_store(channel, result, f"the panel does not call its base URL: {refusal}")
     try:
         key = channel.api_key()
     except CredentialError as error:
@@ -400,7 +418,7 @@ def channel_test(channel, *, timeout_cap=TEST_TIMEOUT_CAP):
     with httpx.Client(timeout=httpx.Timeout(timeout), transport=transport, follow_redirects=False,
                       headers=headers) as client:
         models_url = channel.base_url + "/models"
-        status, body, latency, error = _call(client, "GET", models_url)
+        status, body, latency, error = _call(client, "GET", models_url, loopback_ok=loopback_ok)
         step = {"name": "GET /models", "url": models_url, "status": status, "latency_ms": round(latency, 1),
                 "ok": status == 200, "detail": ""}
         result["steps"].append(step)
@@ -433,7 +451,7 @@ def channel_test(channel, *, timeout_cap=TEST_TIMEOUT_CAP):
         chat_url = channel.base_url + "/chat/completions"
         payload = {"model": channel.model_id, "messages": [{"role": "user", "content": "Reply with OK."}],
                    "max_tokens": 1, "stream": False}
-        status, body, latency, error = _call(client, "POST", chat_url, json=payload)
+        status, body, latency, error = _call(client, "POST", chat_url, json=payload, loopback_ok=loopback_ok)
         step = {"name": "chat completion (max_tokens 1)", "url": chat_url, "status": status,
                 "latency_ms": round(latency, 1), "ok": False, "detail": ""}
         result["steps"].append(step)

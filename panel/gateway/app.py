@@ -14,7 +14,7 @@ from django.utils import timezone
 from panel.budgets import enforcement as budgets
 from panel.channels.diagnosis import describe_upstream_error
 from panel.channels.routing import model_names, route_for
-from panel.core import safejson
+from panel.core import outbound, safejson
 from panel.gateway import fingerprint, metrics, rate_limits
 from panel.gateway.keys import key_lookup
 from panel.gateway.upstream import TRANSPORT_ERRORS, UpstreamError, first_success, open_stream, post_json, upstream_body
@@ -191,6 +191,9 @@ async def count_against_limits(key, cost, tokens):
                     key.id, type(error).__name__)
 
 
+HOP = outbound.HOP_HEADER.lower().encode()
+
+
 async def application(scope, receive, send):
     """The ASGI entry for every path under /v1/."""
     started = time.perf_counter()
@@ -198,6 +201,9 @@ async def application(scope, receive, send):
     endpoint = ENDPOINTS.get(path)
     exchange = Exchange(endpoint or path[:40], started)
     try:
+        if any(name == HOP for name, _ in scope["headers"]):
+            raise ClientError(508, "this request comes from a Tokenwise channel pointed at this panel; refused so "
+                                   "that it cannot loop", code="loop_detected")
         if path == "/v1/models":
             if scope["method"] != "GET":
                 raise ClientError(405, "use GET", code="method_not_allowed")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from django.conf import settings
 
-from panel.core import safejson
+from panel.core import outbound, safejson
 from panel.notifications.cooldown import channel_cooled_down
 
 RETRY_AFTER_CAP_SECONDS = 5.0
@@ -16,20 +16,29 @@ COOLDOWN_AFTER_FAILURES = 3
 COOLDOWN_SECONDS = 30.0
 
 _session = None
+_engine_session = None
 
 # aiohttp rather than httpx on the gateway's hot path: measured here, httpx's async client alone added about
 # 2 ms per streamed request, most of the gateway's overhead (docs/benchmarks.md).
 TRANSPORT_ERRORS = (aiohttp.ClientError, ConnectionError, OSError)
 
 
-def session():
-    """One connection pool per process (created inside the running event loop)."""
-    global _session
-    if _session is None or _session.closed:
-        connector = aiohttp.TCPConnector(limit=1000, keepalive_timeout=30, ttl_dns_cache=60)
-        _session = aiohttp.ClientSession(connector=connector, auto_decompress=True, raise_for_status=False,
-                                         json_serialize=json.dumps)
-    return _session
+def session(loopback_ok=False):
+    """One connection pool per process and policy (created inside the running event loop). Every address a name
+    resolves to is checked by the outbound policy before the connection (no DNS rebinding); only the
+    deployments' own local channels may reach this machine."""
+    global _session, _engine_session
+    current = _engine_session if loopback_ok else _session
+    if current is None or current.closed:
+        connector = aiohttp.TCPConnector(limit=1000, keepalive_timeout=30, ttl_dns_cache=60,
+                                         resolver=outbound.PolicyResolver(loopback_ok=loopback_ok))
+        current = aiohttp.ClientSession(connector=connector, auto_decompress=True, raise_for_status=False,
+                                        json_serialize=json.dumps)
+        if loopback_ok:
+            _engine_session = current
+        else:
+            _session = current
+    return current
 
 
 def timeouts(target):
@@ -93,7 +102,7 @@ def upstream_body(body, target, *, stream):
 
 def headers_for(target):
     return {"content-type": "application/json", "accept": "application/json, text/event-stream",
-            "authorization": f"Bearer {target.api_key}"}
+            "authorization": f"Bearer {target.api_key}", outbound.HOP_HEADER: "1"}
 
 
 def error_from_response(status, body_bytes, headers, *, secret=""):
@@ -127,7 +136,7 @@ def error_from_response(status, body_bytes, headers, *, secret=""):
 async def post_json(target, path, payload):
     """A non-streaming call. Returns the parsed body."""
     try:
-        async with session().post(target.base_url.rstrip("/") + path, data=json.dumps(payload).encode(),
+        async with session(target.loopback_ok).post(target.base_url.rstrip("/") + path, data=json.dumps(payload).encode(),
                                   headers=headers_for(target), timeout=timeouts(target)) as response:
             body = await response.read()
             status, headers = response.status, response.headers
@@ -159,7 +168,7 @@ async def stream_lines(response):
 
 async def open_stream(target, path, payload):
     try:
-        response = await session().post(target.base_url.rstrip("/") + path, data=json.dumps(payload).encode(),
+        response = await session(target.loopback_ok).post(target.base_url.rstrip("/") + path, data=json.dumps(payload).encode(),
                                         headers=headers_for(target), timeout=timeouts(target))
     except asyncio.TimeoutError:
         raise UpstreamError("timeout", f"no answer within {target.timeout:g} s") from None
