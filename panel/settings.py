@@ -157,6 +157,9 @@ STATIC_ROOT = Path(envstr("TOKENWISE_STATIC_ROOT", str(DATA_DIR / "static")))
 # plotly.js for the dashboards, served from the plotly package itself (no CDN): /static/plotly/plotly.min.js
 STATICFILES_DIRS += [("plotly", Path(__import__("plotly").__file__).resolve().parent / "package_data")]
 
+# Where models may be registered from (each folder with what is under it; the Hugging Face hub cache always counts).
+MODEL_ROOTS = envlist("TOKENWISE_MODEL_ROOTS", [str(MODELS_DIR)])
+
 # --- Engines (vLLM, AutoAWQ) live in their own venv; the panel only runs them as subprocesses.
 ENGINE_PYTHON = envstr("ENGINE_PYTHON", str(BASE_DIR / ".venv-engine" / "bin" / "python"))
 

@@ -29,6 +29,7 @@ os.environ.setdefault("TOKENWISE_JOB_HEARTBEAT_SECONDS", "1")
 # tests use as an engine's address. The outbound policy's tests set these back to the strict defaults.
 os.environ.setdefault("TOKENWISE_OUTBOUND_ALLOW", "127.0.0.0/8")
 os.environ.setdefault("TOKENWISE_PORT", str(_free_port()))
+os.environ.setdefault("TOKENWISE_MODEL_ROOTS", tempfile.gettempdir())  # tests build models in tmp_path
 os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 # Playwright's sync API runs an event loop in the test thread; the ORM calls made by fixtures are safe.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

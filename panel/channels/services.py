@@ -272,15 +272,38 @@ def channel_create(*, team, user=None, api_key="", **fields):
     return _channel_save(channel, api_key=api_key)
 
 
+def _origin(url):
+    try:
+        parts = urlsplit((url or "").strip())
+        return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return url
+
+
 @transaction.atomic
 def channel_update(*, channel, api_key="", **fields):
-    """Change a channel. An empty `api_key` keeps the stored key; a new one replaces it."""
+    """Change a channel. An empty `api_key` keeps the stored key; a new one replaces it, and is required when the
+    base URL moves to another origin (scheme, host, port), so a stored key never follows the URL to a new server.
+    The returned channel carries `.changes`: {field: (before, after)} for base_url and credential_kind."""
     unknown = set(fields) - set(CHANNEL_FIELDS)
     if unknown:
         raise TypeError(f"unknown channel fields: {sorted(unknown)}")
+    # As stored, not as given: a ModelForm has already written the new values onto the instance.
+    saved = Channel.objects.filter(pk=channel.pk).values("base_url", "credential_kind", "credential_ciphertext").first()
+    saved = saved or {"base_url": channel.base_url, "credential_kind": channel.credential_kind,
+                      "credential_ciphertext": channel.credential_ciphertext}
+    before = {"base_url": saved["base_url"], "credential_kind": saved["credential_kind"]}
+    had_stored_key = saved["credential_kind"] == CredentialKind.STORED and bool(saved["credential_ciphertext"])
     for name, value in fields.items():
         setattr(channel, name, value)
-    return _channel_save(channel, api_key=api_key)
+    if (had_stored_key and channel.credential_kind == CredentialKind.STORED and not api_key
+            and _origin(channel.base_url) != _origin(before["base_url"])):
+        raise ValidationError({"api_key": ["The base URL now points at another server: enter the key again (a stored "
+                                           "key is never sent to a new server without someone typing it)."]})
+    channel = _channel_save(channel, api_key=api_key)
+    channel.changes = {name: (value, getattr(channel, name)) for name, value in before.items()
+                       if value != getattr(channel, name)}
+    return channel
 
 
 @transaction.atomic
@@ -538,10 +561,11 @@ def _local_channel_sync(deployment):
         channel.credential_ciphertext, channel.credential_last4 = row.engine_key_ciphertext, ""
         channel.misconfigured = channel.credential_problem()
     channel.save()
-    route, _ = Route.objects.get_or_create(team=row.team, model_name=row.served_model_name,
-                                           defaults={"strategy": RouteStrategy.LOCAL_FIRST,
-                                                     "created_by": row.created_by})
-    if not route.routechannel_set.filter(channel=channel).exists():
+    route, created = Route.objects.get_or_create(team=row.team, model_name=row.served_model_name,
+                                                 defaults={"strategy": RouteStrategy.LOCAL_FIRST,
+                                                           "created_by": row.created_by})
+    joins = created or row.attach_to_route  # an existing route is the team's: joined only when an admin said so
+    if joins and not route.routechannel_set.filter(channel=channel).exists():
         last = route.routechannel_set.order_by("-position").values_list("position", flat=True).first()
         RouteChannel.objects.create(route=route, channel=channel, position=0 if last is None else last + 1)
     routing_changed(row.team_id)

@@ -199,7 +199,12 @@ async def application(scope, receive, send):
     started = time.perf_counter()
     path = scope["path"].rstrip("/")
     endpoint = ENDPOINTS.get(path)
-    exchange = Exchange(endpoint or path[:40], started)
+    if endpoint is None and path != "/v1/models":
+        # Not served: no usage record and no metric label, so a stranger cannot grow either at will.
+        await send_json(send, 404, error_body(f"no such endpoint: {path[:100]}", kind="invalid_request_error",
+                                              code="not_found"))
+        return
+    exchange = Exchange(endpoint or path, started)
     try:
         if any(name == HOP for name, _ in scope["headers"]):
             raise ClientError(508, "this request comes from a Tokenwise channel pointed at this panel; refused so "
