@@ -157,6 +157,9 @@ STATIC_ROOT = Path(envstr("TOKENWISE_STATIC_ROOT", str(DATA_DIR / "static")))
 # plotly.js for the dashboards, served from the plotly package itself (no CDN): /static/plotly/plotly.min.js
 STATICFILES_DIRS += [("plotly", Path(__import__("plotly").__file__).resolve().parent / "package_data")]
 
+# Where models may be registered from (each folder with what is under it; the Hugging Face hub cache always counts).
+MODEL_ROOTS = envlist("TOKENWISE_MODEL_ROOTS", [str(MODELS_DIR)])
+
 # --- Engines (vLLM, AutoAWQ) live in their own venv; the panel only runs them as subprocesses.
 ENGINE_PYTHON = envstr("ENGINE_PYTHON", str(BASE_DIR / ".venv-engine" / "bin" / "python"))
 
@@ -171,6 +174,18 @@ DEPLOYMENT_STOP_GRACE_SECONDS = envint("TOKENWISE_DEPLOYMENT_STOP_GRACE_SECONDS"
 # listed here; never from one the panel reads for itself (SECRET_KEY, DATABASE_URL, ...: panel/channels/credential_env.py).
 CREDENTIAL_ENV_PREFIX = "TOKENWISE_UPSTREAM_"
 CREDENTIAL_ENV_ALLOW = envlist("TOKENWISE_CREDENTIAL_ENV_ALLOW", ["TAOTOKEN_API_KEY"])
+
+# --- Outbound requests (panel/core/outbound.py): private, link-local and loopback ranges a channel, a benchmark or a
+# webhook may reach (CIDRs; none by default), and the panel's own origin, which none may.
+OUTBOUND_ALLOW_CIDRS = envlist("TOKENWISE_OUTBOUND_ALLOW", [])
+for _cidr in OUTBOUND_ALLOW_CIDRS:
+    try:
+        __import__("ipaddress").ip_network(_cidr, strict=False)
+    except ValueError:
+        raise EnvError(f"TOKENWISE_OUTBOUND_ALLOW: {_cidr!r} is not an address range (10.0.0.0/8, 127.0.0.1/32)") from None
+PANEL_PORT = envint("TOKENWISE_PORT", 8000, minimum=1, maximum=65535)
+PANEL_BIND = envstr("TOKENWISE_BIND", "127.0.0.1")
+PUBLIC_URL = envstr("TOKENWISE_PUBLIC_URL", "")
 
 # --- Gateway
 KEY_CACHE_SECONDS = envint("TOKENWISE_KEY_CACHE_SECONDS", 5, minimum=0)  # a revoked key stops within this

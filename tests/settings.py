@@ -25,6 +25,11 @@ os.environ.setdefault("TOKENWISE_HOST_NAME", "testhost")
 os.environ.setdefault("TOKENWISE_ENCRYPTION_KEYS", "uoCEune358PVvLlqWgU70DAPPWRL6mXgdqx-IrL8uVg=")  # fixed test key
 os.environ.setdefault("TOKENWISE_HOST_HEARTBEAT_SECONDS", "1")
 os.environ.setdefault("TOKENWISE_JOB_HEARTBEAT_SECONDS", "1")
+# The suite's fake providers listen on 127.0.0.1; the panel under test is not at the default port 8000, which the
+# tests use as an engine's address. The outbound policy's tests set these back to the strict defaults.
+os.environ.setdefault("TOKENWISE_OUTBOUND_ALLOW", "127.0.0.0/8")
+os.environ.setdefault("TOKENWISE_PORT", str(_free_port()))
+os.environ.setdefault("TOKENWISE_MODEL_ROOTS", tempfile.gettempdir())  # tests build models in tmp_path
 os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 # Playwright's sync API runs an event loop in the test thread; the ORM calls made by fixtures are safe.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

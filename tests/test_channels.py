@@ -330,7 +330,7 @@ def test_changes_bump_the_routing_version_after_commit(team_setup):
 
 # ------------------------------------------------------------------------------------------------ local channels
 
-def make_deployment(team, user, profile_name, *, served="tiny-served", state="pending", port=8123):
+def make_deployment(team, user, profile_name, *, served="tiny-served", state="pending", port=8123, **fields):
     from panel.registry.models import RegisteredModel
     from panel.serving.models import Deployment, ServingProfile
 
@@ -342,7 +342,8 @@ def make_deployment(team, user, profile_name, *, served="tiny-served", state="pe
                                               size_bytes=1))
     profile, _ = ServingProfile.objects.get_or_create(team=team, name=profile_name, defaults={"model": model})
     return Deployment.objects.create(team=team, profile=profile, created_by=user, state=state,
-                                     served_model_name=served, port=port, base_url=f"http://127.0.0.1:{port}/v1")
+                                     served_model_name=served, port=port, base_url=f"http://127.0.0.1:{port}/v1",
+                                     **fields)
 
 
 def set_state(deployment, state, **fields):
@@ -391,7 +392,7 @@ def test_local_channel_sync_joins_an_existing_route_and_avoids_a_taken_name(team
     team, alice = team_setup["team_a"], team_setup["alice"]
     cloud = remote(team, name="local-tiny-latency")  # someone named a cloud channel like that
     route = route_save(team=team, model_name="tiny-served", strategy=RouteStrategy.PRIORITY, entries=[(cloud, 0, 1)])
-    deployment = make_deployment(team, alice, "tiny-latency", state="ready")
+    deployment = make_deployment(team, alice, "tiny-latency", state="ready", attach_to_route=True)  # an admin's choice
     channel = local_channel_sync(deployment)
     assert channel.name == f"local-tiny-latency-{deployment.pk}" and channel.kind == ChannelKind.LOCAL
     assert [entry.channel for entry in route.entries()] == [cloud, channel]

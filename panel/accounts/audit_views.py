@@ -8,6 +8,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from panel.accounts.decorators import team_view
+from panel.core.csv_cells import csv_row
 from panel.accounts.models import Role
 from panel.audit.models import AuditAction, AuditEvent
 
@@ -57,6 +58,6 @@ def audit_csv(request):
     writer = csv.writer(response)
     writer.writerow(["at (UTC)", "actor", "action", "target", "address", "detail"])
     for event in _filtered(request).iterator():
-        writer.writerow([event.at.isoformat(), event.actor_name, event.action, event.target, event.address or "",
-                         event.detail])
+        writer.writerow(csv_row([event.at.isoformat(), event.actor_name, event.action, event.target,
+                                 event.address or "", event.detail]))
     return response

@@ -119,6 +119,9 @@ def channels_change(request, channel_id: int, body: ChannelChange):
     form = validated(ChannelForm, body, team=request.team, instance=channel)
     channel = channel_update(channel=channel, api_key=form.cleaned_data["api_key"], **form.channel_fields())
     _credential_audit(request, channel, before, form.cleaned_data["api_key"])
+    if channel.changes:
+        audit_record(action=AuditAction.CHANNEL_CHANGED, request=request, target=channel.name,
+                     **{name: f"{old} → {new}" for name, (old, new) in channel.changes.items()})
     return channel_out(channel)
 
 

@@ -3,10 +3,12 @@ launch, status, logs, stop."""
 import datetime
 from typing import Any, Literal
 
+from django.core.exceptions import ValidationError
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
+from panel.accounts.models import Role
 from panel.api.auth import allowed
 from panel.api.errors import errors
 from panel.api.form_bodies import schema_from_form, validated
@@ -190,8 +192,11 @@ def deployments_logs(request, deployment_id: int):
 def deployments_launch(request, profile_id: int, body: DeploymentLaunch):
     profile = get_object_or_404(_profiles(request), pk=profile_id)
     data = validated(LaunchForm, body).cleaned_data
+    if data["attach_to_route"] and not request.membership.allows(Role.ADMIN):
+        raise ValidationError({"attach_to_route": ["Only an admin may attach a deployment to the team's existing "
+                                                   "route."]})
     deployment = deployment_launch(team=request.team, user=request.user, profile=profile, host=data["host"],
-                                   restart_on_crash=data["restart_on_crash"])
+                                   restart_on_crash=data["restart_on_crash"], attach_to_route=data["attach_to_route"])
     audit_record(action=AuditAction.DEPLOYMENT_STARTED, request=request,
                  target=f"{profile.name} #{deployment.pk} on {deployment.host.host}")
     return Status(201, deployment_out(deployment))

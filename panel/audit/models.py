@@ -8,6 +8,8 @@ class AuditAction(models.TextChoices):
     KEY_ISSUED = "key_issued", "Key issued"
     KEY_REVOKED = "key_revoked", "Key revoked"
     CREDENTIAL_CHANGED = "credential_changed", "Channel credential changed"
+    CHANNEL_CHANGED = "channel_changed", "Channel base URL or credential kind changed"
+    SETTING_CHANGED = "setting_changed", "Installation setting changed"
     JOB_LAUNCHED = "job_launched", "Job launched"
     JOB_CANCELLED = "job_cancelled", "Job cancelled"
     DEPLOYMENT_STARTED = "deployment_started", "Deployment started"

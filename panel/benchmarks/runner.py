@@ -63,7 +63,8 @@ def request_body(endpoint, messages, max_tokens):
 async def one_request(session, endpoint, messages, max_tokens, timeout):
     """Send one streaming chat completion and time it. Never raises: a failure is a Sample with ok=False."""
     sample = Sample(ok=False, target=endpoint.label)
-    headers = {"Authorization": f"Bearer {endpoint.api_key}", "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {endpoint.api_key}", "Content-Type": "application/json",
+               "X-Tokenwise-Hop": "1"}  # the gateway refuses it: a target that is the panel itself cannot loop
     started = time.perf_counter()
     last = None
     chunks = 0
@@ -119,13 +120,14 @@ async def one_request(session, endpoint, messages, max_tokens, timeout):
 
 
 async def run_load(*, pick, prompts, max_tokens, requests, warmup=0, concurrency=1, request_rate=None,
-                   timeout=300.0, progress=None, seed=0):
+                   timeout=300.0, progress=None, seed=0, resolver=None):
     """Send `warmup` then `requests` streaming requests. `pick()` returns the Endpoint for the next request (a route
     spreads them over its channels); `prompts` is a list of message lists, cycled. Returns (samples, seconds) for
     the measured requests only. Stops early (without sending more) when `progress.stop` is set."""
     progress = progress or Progress()
     progress.total, progress.warmup = requests, warmup
-    connector = aiohttp.TCPConnector(limit=max(concurrency, 1) + 4, force_close=False)
+    # `resolver`: the outbound policy's (panel/core/outbound.py), so every resolved address is checked.
+    connector = aiohttp.TCPConnector(limit=max(concurrency, 1) + 4, force_close=False, resolver=resolver)
     async with aiohttp.ClientSession(connector=connector) as session:
         gate = asyncio.Semaphore(max(concurrency, 1))
 

@@ -12,6 +12,7 @@ from django.db import transaction
 from panel.benchmarks import runner, workload
 from panel.benchmarks.models import WORKLOAD_FIELDS, BenchmarkRun, TargetKind, WorkloadKind
 from panel.channels.models import Channel, CredentialError, Route, order_channels
+from panel.core import outbound
 from panel.jobs.models import JobState
 from panel.jobs.services import (
     job_cancel,
@@ -110,6 +111,9 @@ def _channel_endpoint(channel):
         raise TargetError(f"channel {channel.name} is disabled")
     if channel.misconfigured:
         raise TargetError(f"channel {channel.name} is misconfigured: {channel.misconfigured}")
+    refusal = outbound.static_refusal(channel.base_url, loopback_ok=channel.is_engine_channel)
+    if refusal:
+        raise TargetError(f"channel {channel.name}: the panel does not call its base URL: {refusal}")
     try:
         key = channel.api_key()
     except CredentialError as error:
@@ -160,12 +164,20 @@ def run_load_in_thread(*, pick, run, progress, on_beat, beat_seconds):
     every `beat_seconds` (heartbeats, cancel checks: they use the ORM). Returns (samples, seconds)."""
     outcome = {}
 
+    prompts = run_prompts(run)
+
+    async def load():
+        # Every resolved address is checked; the engines' own host name (the operator's setting) may be local.
+        resolver = outbound.PolicyResolver(engine_hosts={settings.ENGINE_ADVERTISE_HOST})
+        return await runner.run_load(
+            pick=pick, prompts=prompts, max_tokens=run.output_tokens, requests=run.requests,
+            warmup=run.warmup_requests, concurrency=run.concurrency, request_rate=run.request_rate,
+            timeout=settings.BENCHMARK_REQUEST_TIMEOUT_SECONDS, progress=progress, seed=run.pk or 0,
+            resolver=resolver)
+
     def body():
         try:
-            outcome["value"] = asyncio.run(runner.run_load(
-                pick=pick, prompts=run_prompts(run), max_tokens=run.output_tokens, requests=run.requests,
-                warmup=run.warmup_requests, concurrency=run.concurrency, request_rate=run.request_rate,
-                timeout=settings.BENCHMARK_REQUEST_TIMEOUT_SECONDS, progress=progress, seed=run.pk or 0))
+            outcome["value"] = asyncio.run(load())
         except BaseException as error:  # reported to the calling thread
             outcome["error"] = error
 

@@ -96,6 +96,14 @@ class Channel(models.Model):
     def is_local(self):
         return self.kind == ChannelKind.LOCAL
 
+    @property
+    def is_engine_channel(self):
+        """A local channel at its own deployment's address: the only kind the panel calls on this machine."""
+        deployment = self.deployment if self.deployment_id else None
+        return (self.kind == ChannelKind.LOCAL and deployment is not None and bool(deployment.base_url)
+                and deployment.team_id == self.team_id
+                and deployment.base_url.rstrip("/") == (self.base_url or "").rstrip("/"))
+
     def api_key(self):
         """The plaintext key to send upstream: "EMPTY" for none, the variable's value for env, the decrypted key for
         stored. CredentialError (with the reason in words) when it cannot be produced; never the ciphertext."""

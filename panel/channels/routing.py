@@ -17,6 +17,7 @@ from django.core.cache import cache
 from django.db import transaction
 
 from panel.channels.models import Route, order_channels
+from panel.core import outbound
 from panel.core.redis_client import async_redis
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class Target:
     connect_timeout: float = 5.0
     first_byte_timeout: float = 10.0
     idle_timeout: float = 15.0
+    loopback_ok: bool = False  # the deployment's own local channel: the engine listens on this machine
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,10 @@ def target_for(channel):
     """The Target of a channel row: its key read (or the reason it cannot be) once, here, not per request."""
     problem = channel.misconfigured
     api_key = None
+    loopback_ok = channel.is_engine_channel
+    if not problem:  # the checks that need no DNS; the gateway's resolver checks every resolved address
+        refusal = outbound.static_refusal(channel.base_url, loopback_ok=loopback_ok)
+        problem = f"the panel does not call its base URL: {refusal}" if refusal else ""
     if not problem:
         try:
             api_key = channel.api_key()
@@ -94,7 +100,7 @@ def target_for(channel):
                   backoff=float(channel.retry_backoff), channel=channel,
                   connect_timeout=float(channel.connect_timeout_seconds),
                   first_byte_timeout=float(channel.first_byte_timeout_seconds),
-                  idle_timeout=float(channel.idle_timeout_seconds))
+                  idle_timeout=float(channel.idle_timeout_seconds), loopback_ok=loopback_ok)
 
 
 def _load(team_id, model_name):

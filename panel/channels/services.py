@@ -26,7 +26,7 @@ from panel.channels.models import (
     RouteStrategy,
 )
 from panel.channels.routing import routing_changed
-from panel.core import crypto, safejson
+from panel.core import crypto, outbound, safejson
 from panel.env import EnvError
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,10 @@ def is_loopback(url):
     return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
+def is_engine_channel(channel):
+    return channel.is_engine_channel
+
+
 def channel_check(channel, *, api_key=""):
     """Every rule for a channel about to be saved: ({field: [errors]}, [warnings]). Cleans base_url in place."""
     errors, warnings = {}, []
@@ -196,6 +200,9 @@ def channel_check(channel, *, api_key=""):
     warnings += url_warnings
     if not url_errors:
         channel.base_url = cleaned
+        refusal = outbound.url_refusal(cleaned, loopback_ok=is_engine_channel(channel))
+        if refusal:
+            add("base_url", [f"The panel does not call this address: {refusal}."])
     add("model_id", model_id_errors(channel.model_id))
     for field in LIMITS:
         add(field, number_errors(field, getattr(channel, field)))
@@ -275,15 +282,38 @@ def channel_create(*, team, user=None, api_key="", **fields):
     return _channel_save(channel, api_key=api_key)
 
 
+def _origin(url):
+    try:
+        parts = urlsplit((url or "").strip())
+        return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return url
+
+
 @transaction.atomic
 def channel_update(*, channel, api_key="", **fields):
-    """Change a channel. An empty `api_key` keeps the stored key; a new one replaces it."""
+    """Change a channel. An empty `api_key` keeps the stored key; a new one replaces it, and is required when the
+    base URL moves to another origin (scheme, host, port), so a stored key never follows the URL to a new server.
+    The returned channel carries `.changes`: {field: (before, after)} for base_url and credential_kind."""
     unknown = set(fields) - set(CHANNEL_FIELDS)
     if unknown:
         raise TypeError(f"unknown channel fields: {sorted(unknown)}")
+    # As stored, not as given: a ModelForm has already written the new values onto the instance.
+    saved = Channel.objects.filter(pk=channel.pk).values("base_url", "credential_kind", "credential_ciphertext").first()
+    saved = saved or {"base_url": channel.base_url, "credential_kind": channel.credential_kind,
+                      "credential_ciphertext": channel.credential_ciphertext}
+    before = {"base_url": saved["base_url"], "credential_kind": saved["credential_kind"]}
+    had_stored_key = saved["credential_kind"] == CredentialKind.STORED and bool(saved["credential_ciphertext"])
     for name, value in fields.items():
         setattr(channel, name, value)
-    return _channel_save(channel, api_key=api_key)
+    if (had_stored_key and channel.credential_kind == CredentialKind.STORED and not api_key
+            and _origin(channel.base_url) != _origin(before["base_url"])):
+        raise ValidationError({"api_key": ["The base URL now points at another server: enter the key again (a stored "
+                                           "key is never sent to a new server without someone typing it)."]})
+    channel = _channel_save(channel, api_key=api_key)
+    channel.changes = {name: (value, getattr(channel, name)) for name, value in before.items()
+                       if value != getattr(channel, name)}
+    return channel
 
 
 @transaction.atomic
@@ -375,11 +405,16 @@ def route_delete(*, route):
 
 # ------------------------------------------------------------------------------------------------- the Test button
 
-def _call(client, method, url, **kwargs):
-    """(status, body bytes, latency ms, exception) for one request; the body is read up to MAX_TEST_BODY."""
+def _call(client, method, url, *, loopback_ok=False, **kwargs):
+    """(status, body bytes, latency ms, exception) for one request; the body is read up to MAX_TEST_BODY. The
+    request goes to the address the outbound policy checked (no DNS rebinding between check and call)."""
     started = time.perf_counter()
     try:
-        with client.stream(method, url, **kwargs) as response:
+        url, headers, extensions = outbound.pinned(url, loopback_ok=loopback_ok)
+    except outbound.OutboundRefused as error:
+        return None, b"", 0.0, httpx.ConnectError(f"the panel does not call this address: {error}")
+    try:
+        with client.stream(method, url, headers=headers, extensions=extensions, **kwargs) as response:
             body = bytearray()
             for chunk in response.iter_bytes():
                 body += chunk
@@ -406,6 +441,12 @@ def channel_test(channel, *, timeout_cap=TEST_TIMEOUT_CAP):
               "timeout_seconds": timeout, "base_url": channel.base_url, "model_id": channel.model_id,
               "tested_at": timezone.now().isoformat()}
     credential_problem = ""
+    loopback_ok = is_engine_channel(channel)
+    refusal = outbound.url_refusal(channel.base_url, loopback_ok=loopback_ok)
+    if refusal:
+        result["kind"] = "credential"
+        result["diagnosis"] = f"No request was sent: the panel does not call this address: {refusal}."
+        return _test_store(channel, result, f"the panel does not call its base URL: {refusal}")
     try:
         key = channel.api_key()
     except CredentialError as error:
@@ -419,7 +460,7 @@ def channel_test(channel, *, timeout_cap=TEST_TIMEOUT_CAP):
     with httpx.Client(timeout=httpx.Timeout(timeout), transport=transport, follow_redirects=False,
                       headers=headers) as client:
         models_url = channel.base_url + "/models"
-        status, body, latency, error = _call(client, "GET", models_url)
+        status, body, latency, error = _call(client, "GET", models_url, loopback_ok=loopback_ok)
         step = {"name": "GET /models", "url": models_url, "status": status, "latency_ms": round(latency, 1),
                 "ok": status == 200, "detail": ""}
         result["steps"].append(step)
@@ -452,7 +493,7 @@ def channel_test(channel, *, timeout_cap=TEST_TIMEOUT_CAP):
         chat_url = channel.base_url + "/chat/completions"
         payload = {"model": channel.model_id, "messages": [{"role": "user", "content": "Reply with OK."}],
                    "max_tokens": 1, "stream": False}
-        status, body, latency, error = _call(client, "POST", chat_url, json=payload)
+        status, body, latency, error = _call(client, "POST", chat_url, json=payload, loopback_ok=loopback_ok)
         step = {"name": "chat completion (max_tokens 1)", "url": chat_url, "status": status,
                 "latency_ms": round(latency, 1), "ok": False, "detail": ""}
         result["steps"].append(step)
@@ -539,10 +580,11 @@ def _local_channel_sync(deployment):
         channel.credential_ciphertext, channel.credential_last4 = row.engine_key_ciphertext, ""
         channel.misconfigured = channel.credential_problem()
     channel.save()
-    route, _ = Route.objects.get_or_create(team=row.team, model_name=row.served_model_name,
-                                           defaults={"strategy": RouteStrategy.LOCAL_FIRST,
-                                                     "created_by": row.created_by})
-    if not route.routechannel_set.filter(channel=channel).exists():
+    route, created = Route.objects.get_or_create(team=row.team, model_name=row.served_model_name,
+                                                 defaults={"strategy": RouteStrategy.LOCAL_FIRST,
+                                                           "created_by": row.created_by})
+    joins = created or row.attach_to_route  # an existing route is the team's: joined only when an admin said so
+    if joins and not route.routechannel_set.filter(channel=channel).exists():
         last = route.routechannel_set.order_by("-position").values_list("position", flat=True).first()
         RouteChannel.objects.create(route=route, channel=channel, position=0 if last is None else last + 1)
     routing_changed(row.team_id)

@@ -92,6 +92,9 @@ def channel_edit(request, channel_id):
                                                           channel.credential_last4):
                 audit_record(action=AuditAction.CREDENTIAL_CHANGED, request=request, target=channel.name,
                              credential=channel.credential_kind)
+            if channel.changes:
+                audit_record(action=AuditAction.CHANNEL_CHANGED, request=request, target=channel.name,
+                             **{name: f"{old} → {new}" for name, (old, new) in channel.changes.items()})
             for warning in channel.warnings:
                 messages.warning(request, warning)
             messages.success(request, f"Saved channel {channel.name}.")

@@ -12,6 +12,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
 from panel.accounts.decorators import team_view
+from panel.core.csv_cells import csv_row
 from panel.accounts.models import TeamKey
 from panel.channels.models import Channel
 from panel.dashboards.pages import TABS, dashboard_page, team_has_data
@@ -117,9 +118,9 @@ def export_csv(request):
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="tokenwise-{tab}-{table.name}-{query.range}.csv"'
     writer = csv.writer(response)
-    writer.writerow(table.columns)
+    writer.writerow(csv_row(table.columns))
     for row in table.rows:
-        writer.writerow(["" if value is None else value for value in row])
+        writer.writerow(csv_row(row))
     return response
 
 

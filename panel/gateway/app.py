@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from panel.budgets import enforcement as budgets
 from panel.channels.routing import model_names, route_for
-from panel.core import safejson
+from panel.core import outbound, safejson
 from panel.gateway import fingerprint, rate_limits
 from panel.gateway.exchange import Exchange
 from panel.gateway.keys import key_lookup
@@ -95,13 +95,24 @@ def parse_request(raw, endpoint):
     return body
 
 
+HOP = outbound.HOP_HEADER.lower().encode()
+
+
 async def application(scope, receive, send):
     """The ASGI entry for every path under /v1/."""
     started = time.perf_counter()
     path = scope["path"].rstrip("/")
     endpoint = ENDPOINTS.get(path)
-    exchange = Exchange(endpoint or path[:40], started)
+    if endpoint is None and path != "/v1/models":
+        # Not served: no usage record and no metric label, so a stranger cannot grow either at will.
+        await send_json(send, 404, error_body(f"no such endpoint: {path[:100]}", kind="invalid_request_error",
+                                              code="not_found"))
+        return
+    exchange = Exchange(endpoint or path, started)
     try:
+        if any(name == HOP for name, _ in scope["headers"]):
+            raise ClientError(508, "this request comes from a Tokenwise channel pointed at this panel; refused so "
+                                   "that it cannot loop", code="loop_detected")
         if path == "/v1/models":
             exchange.recorded = False  # a listing, not a request for an answer: no usage record
             if scope["method"] != "GET":
@@ -113,8 +124,6 @@ async def application(scope, receive, send):
                 {"id": name, "object": "model", "created": 0, "owned_by": "tokenwise"} for name in names]},
                 exchange.headers)
             return
-        if endpoint is None:
-            raise ClientError(404, f"no such endpoint: {scope['path']}", code="not_found")
         if scope["method"] != "POST":
             raise ClientError(405, "use POST", code="method_not_allowed")
         exchange.key = await authenticate(scope)

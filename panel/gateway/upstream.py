@@ -7,25 +7,34 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from panel.core import safejson
+from panel.core import outbound, safejson
 
 RETRY_AFTER_CAP_SECONDS = 5.0
 
 _session = None
+_engine_session = None
 
 # aiohttp rather than httpx on the gateway's hot path: measured here, httpx's async client alone added about
 # 2 ms per streamed request, most of the gateway's overhead (docs/benchmarks.md).
 TRANSPORT_ERRORS = (aiohttp.ClientError, ConnectionError, OSError)
 
 
-def session():
-    """One connection pool per process (created inside the running event loop)."""
-    global _session
-    if _session is None or _session.closed:
-        connector = aiohttp.TCPConnector(limit=1000, keepalive_timeout=30, ttl_dns_cache=60)
-        _session = aiohttp.ClientSession(connector=connector, auto_decompress=True, raise_for_status=False,
-                                         json_serialize=json.dumps)
-    return _session
+def session(loopback_ok=False):
+    """One connection pool per process and policy (created inside the running event loop). Every address a name
+    resolves to is checked by the outbound policy before the connection (no DNS rebinding); only the
+    deployments' own local channels may reach this machine."""
+    global _session, _engine_session
+    current = _engine_session if loopback_ok else _session
+    if current is None or current.closed:
+        connector = aiohttp.TCPConnector(limit=1000, keepalive_timeout=30, ttl_dns_cache=60,
+                                         resolver=outbound.PolicyResolver(loopback_ok=loopback_ok))
+        current = aiohttp.ClientSession(connector=connector, auto_decompress=True, raise_for_status=False,
+                                        json_serialize=json.dumps)
+        if loopback_ok:
+            _engine_session = current
+        else:
+            _session = current
+    return current
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,7 @@ def upstream_body(body, target, *, stream):
 
 def headers_for(target):
     return {"content-type": "application/json", "accept": "application/json, text/event-stream",
-            "authorization": f"Bearer {target.api_key}"}
+            "authorization": f"Bearer {target.api_key}", outbound.HOP_HEADER: "1"}
 
 
 def error_from_response(status, body_bytes, headers, *, secret=""):
@@ -101,7 +110,8 @@ async def send_request(target, path, payload, limits):
     """POST and wait for the response headers, at most `limits.first_byte` seconds."""
     try:
         async with asyncio.timeout(limits.first_byte):
-            return await session().post(target.base_url.rstrip("/") + path, data=json.dumps(payload).encode(),
+            return await session(target.loopback_ok).post(target.base_url.rstrip("/") + path,
+                                                          data=json.dumps(payload).encode(),
                                         headers=headers_for(target), timeout=client_timeout(target, limits))
     except aiohttp.ConnectionTimeoutError:
         raise UpstreamError("connection", f"no connection within {target.connect_timeout:g} s") from None

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from panel.core import crypto
+from panel.core import crypto, outbound
 from panel.core.crypto import CredentialError
 from panel.env import EnvError
 from panel.notifications.models import Delivery, DeliveryAttempt, DeliveryState, WebhookFormat
@@ -72,11 +72,16 @@ def _post(delivery):
                EVENT_HEADER: delivery.notification.kind, DELIVERY_HEADER: str(delivery.pk),
                SIGNATURE_HEADER: signature(secret, timestamp, body)}
     timeout = httpx.Timeout(settings.WEBHOOK_TIMEOUT_SECONDS)
+    try:  # to the address the outbound policy checked, resolved now (no DNS rebinding since the save)
+        url, pinned_headers, extensions = outbound.pinned(hook.url)
+    except outbound.OutboundRefused as error:
+        return None, f"not sent: the panel does not call this address: {error}"[:300], 0.0
+    headers.update(pinned_headers)
     try:
         # One deadline for the whole exchange: a receiver that trickles its answer is cut off too.
         with httpx.Client(timeout=timeout, follow_redirects=False,
                           transport=httpx.HTTPTransport(retries=0)) as client:
-            with client.stream("POST", hook.url, content=body, headers=headers) as answer:
+            with client.stream("POST", url, content=body, headers=headers, extensions=extensions) as answer:
                 deadline = started + settings.WEBHOOK_TIMEOUT_SECONDS
                 read = 0
                 for chunk in answer.iter_bytes():

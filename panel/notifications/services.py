@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from panel.core import crypto
+from panel.core import crypto, outbound
 from panel.env import EnvError
 from panel.notifications.models import (
     SUBSCRIBABLE,
@@ -71,6 +71,9 @@ def url_errors(url):
         return ["The URL has no host name."]
     if parts.username or parts.password:
         return ["Leave user names and passwords out of the URL: the signature header proves the sender."]
+    refusal = outbound.url_refusal(url)
+    if refusal:
+        return [f"The panel does not call this address: {refusal}."]
     return []
 
 

@@ -1,5 +1,6 @@
 """Registering models and running quantization jobs (llm-compressor or AutoAWQ)."""
 import logging
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -13,7 +14,7 @@ from panel.hosts.services import gpu_hosts_online
 from panel.jobs import diagnosis, processes
 from panel.jobs.runner import run_job
 from panel.jobs.services import job_cancel, job_created, job_enqueue
-from panel.registry.hub import NotInCache, looks_like_hub_id, resolve_hub_id
+from panel.registry.hub import NotInCache, hub_cache_dir, looks_like_hub_id, resolve_hub_id
 from panel.registry.inspection import CheckpointError, inspect_checkpoint
 from panel.registry.models import CalibrationSource, QuantizationJob, RegisteredModel
 from panel.registry.quality import engine_of, evaluation_after_quantization
@@ -41,9 +42,28 @@ def resolve_source(source):
     return folder, ""
 
 
+def model_roots():
+    """The folders models may be registered from: TOKENWISE_MODEL_ROOTS and the Hugging Face hub cache."""
+    return [Path(os.path.realpath(root)) for root in [*settings.MODEL_ROOTS, str(hub_cache_dir())]]
+
+
+def folder_check(folder, *, team):
+    """Refuse a folder outside the model roots, or one another team registered, in words that say nothing about
+    whether it exists (the same for any path outside)."""
+    real = Path(os.path.realpath(folder))
+    roots = model_roots()
+    if not any(real == root or root in real.parents for root in roots):
+        raise ValidationError(f"{folder} is outside the folders models are registered from "
+                              f"({', '.join(str(root) for root in roots)}): put the model there, or ask the "
+                              "operator to add its folder to TOKENWISE_MODEL_ROOTS.")
+    if RegisteredModel.objects.filter(path__in={str(folder), str(real)}).exclude(team=team).exists():
+        raise ValidationError(f"{folder} does not exist")  # another team's model: the words of a missing folder
+
+
 def model_register(*, team, user, source, name=""):
     """Inspect the checkpoint at `source` and register it for `team`. Raises ValidationError, saving nothing."""
     folder, hub_id = resolve_source(source)
+    folder_check(folder, team=team)
     try:
         facts = inspect_checkpoint(folder)
     except CheckpointError as error:

@@ -86,6 +86,10 @@ class LaunchForm(forms.Form):
     host = forms.ModelChoiceField(queryset=WorkerHost.objects.none(), required=False,
                                   empty_label="Pick the worker with the most free memory", label="Run on")
     restart_on_crash = forms.BooleanField(required=False, label="Restart on crash (with backoff, up to 3 times)")
+    attach_to_route = forms.BooleanField(
+        required=False, label="Attach to the existing route of the same name (admins)",
+        help_text="Without it, a route the team already has for this served name keeps its channels: the "
+                  "deployment's local channel is made but not added to it.")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -98,6 +98,9 @@ class Deployment(Job):
     # The engine's own key (vLLM's VLLM_API_KEY), random per start, encrypted like a channel's: only the
     # deployment's local channel (and the supervisor's readiness check) sends it.
     engine_key_ciphertext = models.TextField(blank=True)
+    # An admin said at launch that its local channel may join the team's existing route of the same served name;
+    # without it the channel is made but left off that route (no takeover of the team's traffic).
+    attach_to_route = models.BooleanField(default=False)
 
     class Meta(Job.Meta):
         pass

@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
+from panel.channels.models import Route
 from panel.channels.services import local_channel_sync
 from panel.core import crypto
 from panel.hosts.models import WorkerHost
@@ -61,7 +62,13 @@ def profile_check(profile, host=None):
 
 def deployment_warnings(deployment):
     """What the rules warned about when this deployment was launched on its host (shown after the launch)."""
-    return profile_check(deployment.profile, deployment.host).warnings
+    warnings = list(profile_check(deployment.profile, deployment.host).warnings)
+    if not deployment.attach_to_route and Route.objects.filter(team=deployment.team_id,
+                                                               model_name=deployment.served_model_name).exists():
+        warnings.append(f"The team already has a route for {deployment.served_model_name!r}: this deployment's "
+                        "local channel will not join it (an admin can add it to the route, or launch with "
+                        "\"Attach to the existing route\").")
+    return warnings
 
 
 def launch_argv(profile, *, port):
@@ -90,8 +97,10 @@ def host_pick(profile):
                or host.memory_available_bytes)
 
 
-def deployment_launch(*, team, user, profile, host=None, restart_on_crash=False, enqueue=True):
-    """Check the profile against the host (picked when not given) and queue its deployment there."""
+def deployment_launch(*, team, user, profile, host=None, restart_on_crash=False, enqueue=True, attach_to_route=False):
+    """Check the profile against the host (picked when not given) and queue its deployment there.
+    `attach_to_route` (an admin's choice, checked by the caller): its local channel joins the team's existing
+    route of the same served name; without it that route is left as it is."""
     if host is None:
         host = host_pick(profile)
     elif not host.is_online:
@@ -102,7 +111,8 @@ def deployment_launch(*, team, user, profile, host=None, restart_on_crash=False,
     with transaction.atomic():
         deployment = Deployment.objects.create(team=team, created_by=user, profile=profile, host=host,
                                                queue=f"gpu.{host.host}", served_model_name=profile.served_name,
-                                               restart_on_crash=restart_on_crash)
+                                               restart_on_crash=restart_on_crash,
+                                               attach_to_route=bool(attach_to_route))
         job_created(deployment, actor=user, reason=f"launch on {host.host} requested"
                     + "".join(f". Warning: {warning}" for warning in verdict.warnings))
         if enqueue:

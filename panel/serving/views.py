@@ -121,10 +121,14 @@ def deployment_create(request, profile_id):
     if not form.is_valid():
         messages.error(request, " ".join(m for ms in form.errors.values() for m in ms))
         return redirect("profile_detail", profile_id=profile.pk)
+    if form.cleaned_data["attach_to_route"] and not request.membership.allows(Role.ADMIN):
+        messages.error(request, "Only an admin may attach a deployment to the team's existing route.")
+        return redirect("profile_detail", profile_id=profile.pk)
     try:
         deployment = deployment_launch(team=request.team, user=request.user, profile=profile,
                                        host=form.cleaned_data["host"],
-                                       restart_on_crash=form.cleaned_data["restart_on_crash"])
+                                       restart_on_crash=form.cleaned_data["restart_on_crash"],
+                                       attach_to_route=form.cleaned_data["attach_to_route"])
     except ValidationError as error:
         for message in error.messages:
             messages.error(request, message)
