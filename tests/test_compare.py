@@ -198,7 +198,7 @@ def test_it_streams_columns_side_by_side_and_diagnoses_the_failing_ones(team_set
             assert {row.team_id for row in rows.values()} == {team_a.pk}
             assert rows[priced.pk].outcome == "ok" and rows[priced.pk].completion_tokens == 12
             assert rows[priced.pk].cost == Decimal("0.000027") and rows[priced.pk].stream is True
-            assert rows[hanging.pk].error_kind == "timeout" and rows[hanging.pk].status_code == 504
+            assert rows[hanging.pk].error_kind == "stalled" and rows[hanging.pk].status_code == 504
             assert rows[refused_key.pk].error_kind == "upstream_auth"
 
             # A follow-up: each column sends its own history; a failed turn is left out of it.

@@ -241,6 +241,7 @@ def test_it_cools_down_a_failing_channel(gateway, setup, primary, fallback):
     assert post(gateway, setup["raw"], CHAT).status_code == 200
     rows = records(4)
     assert [r.attempts for r in rows] == [2, 2, 2, 1]  # the fourth goes straight to the fallback
+    assert all(r.fell_back for r in rows)  # the first choice was cooled down: still a fallback
     assert time.monotonic() - started < 1
 
 

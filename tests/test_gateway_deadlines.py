@@ -105,3 +105,39 @@ def test_a_client_that_leaves_during_a_retry_backoff_gets_no_more_attempts(gatew
     [row] = records()
     assert (row.outcome, row.channel, row.attempts) == ("client_closed", setup["local"], 1)
     assert [(s["channel"], s["status"]) for s in row.attempt_trail] == [("local", 429)]
+
+
+# ------------------------------------------------------------------------------------------------ what the row says
+
+def test_a_failed_request_names_its_channel_in_the_row_the_log_and_the_request_id(gateway, setup, primary, fallback):
+    primary.behave("status_503")
+    fallback.behave("status_503")
+    response = post(gateway, setup["raw"], CHAT)
+    assert response.status_code == 502
+    [row] = records()
+    assert response.headers["x-request-id"] == row.request_id and row.request_id.startswith("req_")
+    assert row.channel == setup["cloud"] and [s["outcome"] for s in row.attempt_trail] == ["upstream_error"] * 4
+    [line] = [line for line in gateway.log().splitlines() if row.request_id in line]
+    for part in (f"…{setup['raw'][-4:]}", "route chat", "channel cloud", "status 502", "outcome error", " ms"):
+        assert part in line, line
+
+
+def test_listing_models_is_not_a_usage_row_and_a_refusal_is_logged(gateway, setup):
+    assert httpx.get(f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {setup['raw']}"}).status_code == 200
+    refused = post(gateway, "tw-wrong", CHAT)
+    assert refused.status_code == 401
+    [row] = records()  # the refusal only
+    assert row.status_code == 401 and refused.headers["x-request-id"] == row.request_id
+    assert any(row.request_id in line and "status 401" in line for line in gateway.log().splitlines())
+
+
+def test_a_stall_after_the_first_byte_is_upstream_stalled_not_the_clients_fault(gateway, setup, primary):
+    Channel.objects.filter(pk=setup["local"].pk).update(idle_timeout_seconds=0.5)
+    primary.behave("slow_drip", delay=2)  # the first event, then a gap past the idle budget
+    body = dict(CHAT, stream=True)
+    from tests.test_gateway import stream_events
+
+    events = stream_events(post(gateway, setup["raw"], body))
+    assert events[-1]["error"]["code"] == "stalled"
+    [row] = records()
+    assert (row.outcome, row.channel) == ("upstream_stalled", setup["local"])

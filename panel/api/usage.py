@@ -6,6 +6,7 @@ ID_SLACK ids because rows are not written in exact time order), so no page scans
 import base64
 import datetime
 from decimal import Decimal
+from typing import Any
 
 from django.db.models import Q
 from ninja import Field, Query, Router, Schema
@@ -20,7 +21,7 @@ router = Router(tags=["usage"])
 ID_SLACK = 2000  # as the rollup's overlap: writers may commit ids slightly out of time order
 FIELDS = ("id", "created_at", "key_id", "route_id", "channel_id", "endpoint", "model", "stream", "status_code",
           "outcome", "error_kind", "attempts", "fell_back", "prompt_tokens", "completion_tokens", "cached_tokens",
-          "ttft_ms", "latency_ms", "cost", "json_requested", "json_valid", "canary")
+          "ttft_ms", "latency_ms", "cost", "json_requested", "json_valid", "canary", "request_id", "attempt_trail")
 
 
 class UsageQuery(Schema):
@@ -58,6 +59,9 @@ class UsageRecord(Schema):
     json_requested: bool
     json_valid: bool | None
     canary: bool | None
+    request_id: str = Field(description="The x-request-id header of the answer.")
+    attempt_trail: list[dict[str, Any]] = Field(description="Each upstream attempt in order: channel, channel_id, "
+                                                "outcome, ms, status.")
 
 
 class UsagePage(Schema):

@@ -37,6 +37,7 @@ LABELS = {"model_id": "Model id", "base_url": "Base URL", "credential_kind": "Cr
           "retry_backoff": "Retry backoff (s)",
           "price_input_per_million": "Input / 1M tokens", "price_output_per_million": "Output / 1M tokens",
           "price_cached_per_million": "Cached input / 1M tokens"}
+BUDGETS_WITH_DEFAULTS = ("connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds")
 SECTIONS = [
     ("Upstream", ["name", "kind", "deployment", "base_url", "model_id", "enabled"]),
     ("Credential", ["credential_kind", "api_key", "credential_env"]),
@@ -63,6 +64,8 @@ class ChannelForm(forms.ModelForm):
         self.fields["deployment"].queryset = deployments.filter(team=team).select_related("profile")
         self.fields["deployment"].required = False
         self.fields["deployment"].empty_label = "None"
+        for name in BUDGETS_WITH_DEFAULTS:  # left empty (or left out by an older client): the current value
+            self.fields[name].required = False
         for name, field in self.fields.items():
             field.help_text = HELP.get(name, field.help_text)
             field.label = LABELS.get(name, field.label)
@@ -85,7 +88,12 @@ class ChannelForm(forms.ModelForm):
         return [(title, [self[name] for name in names]) for title, names in SECTIONS]
 
     def channel_fields(self):
-        return {name: self.cleaned_data[name] for name in CHANNEL_FIELDS}
+        fields = {name: self.cleaned_data[name] for name in CHANNEL_FIELDS}
+        for name in BUDGETS_WITH_DEFAULTS:
+            if fields[name] is None:
+                current = Channel.objects.filter(pk=self.instance.pk).values_list(name, flat=True).first()
+                fields[name] = current if current is not None else Channel._meta.get_field(name).default
+        return fields
 
 
 class RouteForm(forms.Form):

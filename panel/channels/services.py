@@ -206,12 +206,6 @@ def channel_check(channel, *, api_key=""):
     add("model_id", model_id_errors(channel.model_id))
     for field in LIMITS:
         add(field, number_errors(field, getattr(channel, field)))
-    if not any(errors.get(field) for field in ("first_byte_timeout_seconds", "idle_timeout_seconds",
-                                               "timeout_seconds")):
-        for field, words in (("first_byte_timeout_seconds", "first-byte"), ("idle_timeout_seconds", "idle")):
-            if getattr(channel, field) > channel.timeout_seconds:
-                add(field, [f"The {words} timeout cannot be longer than the total timeout "
-                            f"({channel.timeout_seconds:g} s)."])
     if channel.deployment_id and channel.deployment.team_id != channel.team_id:
         add("deployment", ["That deployment belongs to another team."])
     if channel.deployment_id and channel.kind != ChannelKind.LOCAL:

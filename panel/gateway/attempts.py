@@ -25,9 +25,10 @@ def backoff_delay(target, attempt, error):
 def limits_for(target, remaining, *, stream):
     """The attempt's budgets: the channel's, cut to what is left of the route's deadline. A stream's total is the
     channel's alone: once its first token has arrived the deadline no longer applies (the answer has started)."""
+    first_byte = min(target.first_byte_timeout, target.timeout)
     if remaining is None:
-        return Limits(first_byte=target.first_byte_timeout, total=target.timeout)
-    return Limits(first_byte=min(target.first_byte_timeout, remaining),
+        return Limits(first_byte=first_byte, total=target.timeout)
+    return Limits(first_byte=min(first_byte, remaining),
                   total=target.timeout if stream else min(target.timeout, remaining))
 
 
