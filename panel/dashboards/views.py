@@ -118,8 +118,7 @@ def export_csv(request):
     response["Content-Disposition"] = f'attachment; filename="tokenwise-{tab}-{table.name}-{query.range}.csv"'
     writer = csv.writer(response)
     writer.writerow(table.columns)
-    for row in table.rows:
-        writer.writerow(["" if value is None else value for value in row])
+    writer.writerows(table.csv_rows)
     return response
 
 
