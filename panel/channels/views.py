@@ -255,8 +255,13 @@ def canary_start_view(request, route_id):
 @team_view(Role.ADMIN)
 def canary_promote_view(request, route_id):
     route = _route(request, route_id)
+    reason = request.POST.get("override_reason", "").strip() if request.POST.get("override") else ""
+    if request.POST.get("override") and not (request.POST.get("confirm") and reason):
+        messages.error(request, "To promote without a passing verdict, tick the confirmation and give a reason "
+                                "(the audit log keeps it). Nothing was promoted.")
+        return redirect("route_detail", route_id=route.pk)
     try:
-        outcome = canary.canary_check_and_promote(route=route, request=request)
+        outcome = canary.canary_check_and_promote(route=route, request=request, override_reason=reason)
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
         return redirect("route_detail", route_id=route.pk)
