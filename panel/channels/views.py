@@ -60,6 +60,8 @@ def channel_create_view(request):
         else:
             audit_record(action=AuditAction.CREDENTIAL_CHANGED, request=request, target=channel.name,
                          credential=channel.credential_kind, created=True)
+            for note in form.notes:
+                messages.info(request, note)
             for warning in channel.warnings:
                 messages.warning(request, warning)
             messages.success(request, f"Saved channel {channel.name}. Press Test to check it answers.")
@@ -92,6 +94,8 @@ def channel_edit(request, channel_id):
                                                           channel.credential_last4):
                 audit_record(action=AuditAction.CREDENTIAL_CHANGED, request=request, target=channel.name,
                              credential=channel.credential_kind)
+            for note in form.notes:
+                messages.info(request, note)
             for warning in channel.warnings:
                 messages.warning(request, warning)
             messages.success(request, f"Saved channel {channel.name}.")
