@@ -188,7 +188,10 @@ def test_routes_and_a_canary_by_api(client, team_setup, owner_token):
     route_id = route.json()["id"]
     started = call(client, "post", f"/routes/{route_id}/canary", owner_token, {"channel": made[1], "percent": 5})
     assert started.status_code == 200 and started.json()["canary"]["state"] == "running"
-    promoted = call(client, "post", f"/routes/{route_id}/canary/promote", owner_token)
+    refused = call(client, "post", f"/routes/{route_id}/canary/promote", owner_token)  # no verdict yet
+    assert refused.status_code == 400 and "no passing verdict yet" in refused.json()["detail"]
+    promoted = call(client, "post", f"/routes/{route_id}/canary/promote?override_reason=checked+by+hand",
+                    owner_token)
     assert promoted.json()["canary"]["percent"] == 25
     back = call(client, "post", f"/routes/{route_id}/canary/rollback", owner_token, {"reason": "P99 doubled"})
     assert back.json()["canary"] == {**back.json()["canary"], "state": "rolled_back", "percent": 0,

@@ -83,3 +83,29 @@ def test_it_adds_tests_and_imports_channels(page, live_server, team_setup, monke
         expect(page.locator(".chain").first).to_contain_text("taotoken")
     finally:
         provider.close()
+
+
+def test_the_taotoken_preset_keeps_a_typed_key_and_asks_for_prices(page, live_server, team_setup):
+    """The preset once set "Environment variable", dropped a key typed into "API key" without a word and saved
+    prices of 0."""
+    sign_in(page, live_server.url, "alice", "pw-alice-123")
+    page.goto(f"{live_server.url}/channels/new/?preset=taotoken")
+    expect(page.locator("#id_credential_kind")).to_have_value("env")
+    for name in ("input", "output", "cached"):
+        expect(page.locator(f"#id_price_{name}_per_million")).to_have_value("")
+    page.fill("#id_api_key", GOOD_KEY)
+    page.click("button:has-text('Save channel')")
+    # All three prices are asked for at once; nothing is saved yet.
+    expect(page.locator(".field-error", has_text="Enter the provider's price per million tokens")).to_have_count(3)
+    assert not Channel.objects.exists()
+    page.fill("#id_api_key", GOOD_KEY)  # a password field is not sent back
+    page.fill("#id_price_input_per_million", "0.55")
+    page.fill("#id_price_output_per_million", "2.2")
+    page.fill("#id_price_cached_per_million", "0.11")
+    page.click("button:has-text('Save channel')")
+    expect(page.locator("h1")).to_have_text("taotoken")
+    expect(page.locator(".message.info")).to_contain_text("you typed an API key: it is stored here")
+    channel = Channel.objects.get(name="taotoken")
+    assert (channel.credential_kind, channel.credential_last4, channel.misconfigured) == ("stored", GOOD_KEY[-4:], "")
+    assert str(channel.price_output_per_million.normalize()) == "2.2"
+    screenshot(page, "channel-taotoken-key-kept")

@@ -280,7 +280,13 @@ def test_it_runs_the_canary_from_the_route_page(client, setup):
     assert "awq (candidate)</th><td>3</td><td>0</td><td>0 of 3</td><td>42 ms</td>" in page
     assert "Fewer than 20 candidate requests so far" in page
 
-    client.post(f"/channels/routes/{route.pk}/canary/promote/")  # too few requests to judge: the user decides
+    client.post(f"/channels/routes/{route.pk}/canary/promote/")  # too few requests to judge: no promotion
+    route.refresh_from_db()
+    assert route.canary_percent == 5
+    client.post(f"/channels/routes/{route.pk}/canary/promote/", {"override": "1", "override_reason": "looked"})
+    assert Route.objects.get(pk=route.pk).canary_percent == 5  # an override needs its confirmation
+    client.post(f"/channels/routes/{route.pk}/canary/promote/",
+                {"override": "1", "confirm": "1", "override_reason": "looked at the replies"})
     route.refresh_from_db()
     assert (route.canary_percent, route.canary_evidence) == (25, {})  # a new step, a new window
     RequestLog.objects.bulk_create([RequestLog(team=setup["team"], route=route, channel=candidate, canary=True,

@@ -129,3 +129,61 @@ def test_every_range_draws_lines_with_readable_ticks_for_a_young_and_an_old_team
             page.goto(f"{live_server.url}/dashboards/?range=24h")
             page.wait_for_function("document.querySelector('#figure-requests .xtick text') !== null")
             screenshot(page, "dashboards-young-team-24h")
+
+
+def tables_overflowing(page):
+    """Dashboard tables wider than their box (cut off behind a horizontal scroll)."""
+    return page.evaluate("""() => [...document.querySelectorAll('.dash-table')].filter((section) => {
+        const wrap = section.querySelector('.table-wrap');
+        return wrap && wrap.scrollWidth > wrap.clientWidth + 1; }).map((section) => section.dataset.table)""")
+
+
+def test_the_cost_tab_says_local_cost_is_unknown_without_a_gpu_price_and_prints_money(page, live_server,
+                                                                                       team_setup):
+    import re
+
+    from panel.channels.models import Channel
+    from panel.hosts.models import WorkerHost
+
+    team = team_setup["team_a"]
+    local, clouds, _ = usage_seed_fixtures(team=team)
+    Channel.objects.filter(pk=clouds[0].pk).update(enabled=True)  # a cloud channel the team could fall back on
+    usage_seed(team=team, count=400, days=1)
+    seed_engine(local.deployment)
+    usage_rollup_run()
+    sign_in(page, live_server.url, "alice", "pw-alice-123")
+    # Every wide table fits a 1280 px window, on every tab.
+    for path in ("", "latency/", "cache/", "cost/"):
+        page.goto(f"{live_server.url}/dashboards/{path}?range=24h")
+        expect(page.locator(".dash-table").first).to_be_visible()
+        assert tables_overflowing(page) == [], path
+    # Money with the currency's precision: never an exponent, on the page, in bars and in CSV.
+    text = page.locator("main").inner_text()
+    assert not re.search(r"\de-\d", text)
+    bar_labels = page.evaluate("""() => document.getElementById('figure-savings').data
+        .flatMap((trace) => trace.text || [])""")
+    assert bar_labels and all(re.fullmatch(r"[\d,]+\.\d{2,8}", label) for label in bar_labels), bar_labels
+    csv = page.request.get(f"{live_server.url}/dashboards/export.csv?tab=overview&range=24h&table=keys").text()
+    assert "cost" in csv.splitlines()[0] and not re.search(r"\de-\d", csv)
+    screenshot(page, "dashboards-cost")
+
+    # Only local traffic while a cloud channel with prices exists: the cloud figure comes from that baseline.
+    page.goto(f"{live_server.url}/dashboards/cost/?range=24h&channel={local.pk}")
+    cloud = page.locator(".card", has_text="Cloud / 1M tokens")
+    expect(cloud.locator(".stat-value")).not_to_have_text("—")
+    expect(cloud).to_contain_text("prices for the local tokens")
+
+    # No GPU price on the host: the local cost is unknown, and no savings are made up from a zero.
+    WorkerHost.objects.filter(pk=local.deployment.host_id).update(gpu_price_per_hour=None)
+    page.goto(f"{live_server.url}/dashboards/cost/?range=24h")
+    card = page.locator(".card", has_text="Local / 1M tokens")
+    expect(card.locator(".stat-value")).to_have_text("unknown")
+    expect(card.get_by_role("link", name="Set a GPU price")).to_have_attribute("href", "/workers/")
+    savings = page.locator(".card").filter(has=page.locator(".stat-label", has_text=re.compile("^Savings$")))
+    expect(savings.locator(".stat-value")).to_have_text("unknown")
+    expect(savings).to_contain_text("not computed: the local cost is unknown")
+    table = page.locator(".dash-table[data-table=savings]")
+    expect(table.locator("tr", has_text="savings %")).to_contain_text("unknown until a GPU price is set")
+    expect(table.locator("tr", has_text="actual cost")).to_contain_text("unknown")
+    assert Channel.objects.filter(team=team, kind="remote").exists()
+    screenshot(page, "dashboards-cost-no-gpu-price")

@@ -155,10 +155,12 @@ def canary_start(request, route_id: int, body: CanaryStart):
 
 
 @router.post("/routes/{route_id}/canary/promote", response=errors({200: RouteOut}),
-             summary="Check and promote: the guards first (a trip rolls back), then one step up")
+             summary="Check and promote: the guards first (a trip rolls back), then one step up if the step has a "
+                     "passing verdict; `override_reason` promotes without one, and the audit log keeps it")
 @allowed(like=pages.canary_promote_view)
-def canary_promote(request, route_id: int):
-    canary.canary_check_and_promote(route=_route(request, route_id), request=request)
+def canary_promote(request, route_id: int, override_reason: str = ""):
+    canary.canary_check_and_promote(route=_route(request, route_id), request=request,
+                                    override_reason=override_reason)
     return route_out(_fresh(_route(request, route_id)))
 
 

@@ -74,20 +74,40 @@ def _step(route, *, expect_percent, **changes):
     return bool(changed)
 
 
+class NoVerdict(ValidationError):
+    """A promotion asked for without a passing verdict (and without a confirmed override)."""
+
+
+def verdict_words(verdict):
+    """Why the current step has no passing verdict, in words ("" when it has one)."""
+    if not verdict or not verdict.get("candidate"):
+        return "the guards have not judged this step yet (no candidate requests checked)"
+    if verdict.get("problems"):
+        return "; ".join(verdict["problems"])
+    if not verdict.get("clean"):
+        return (f"the candidate has served {verdict['candidate']['requests']} of the {verdict['minimum']} requests "
+                "a verdict needs in this step")
+    return ""
+
+
 @transaction.atomic
-def canary_promote(*, route, request=None, actor=None, auto=False):
+def canary_promote(*, route, request=None, actor=None, auto=False, override_reason=""):
     """Move a running canary one step up (5 -> 25 -> 50 -> 100; at 100 it is complete). Returns the route, or
-    raises ValidationError when no canary runs."""
+    raises ValidationError when no canary runs. `override_reason`: a person promoted without a passing verdict and
+    confirmed it; the audit log keeps the reason and the numbers they overrode."""
     if route.canary_state != CanaryState.RUNNING:
         raise ValidationError("No canary is running on this route.")
-    before = route.canary_percent
+    before, evidence = route.canary_percent, route.canary_evidence
     after = next_step(before)
     state = CanaryState.COMPLETED if after >= 100 else CanaryState.RUNNING
     if not _step(route, expect_percent=before, canary_percent=after, canary_state=state,
                  canary_step_at=timezone.now(), canary_evidence={}, canary_checked_at=None):  # a new window
         raise ValidationError("The canary changed meanwhile; reload the page.")
+    override = {}
+    if override_reason:
+        override = {"override": True, "override_reason": override_reason[:500], "verdict": verdict_words(evidence)}
     _audit(AuditAction.CANARY_PROMOTED, route, request=request, actor=actor, percent_from=before, percent=after,
-           auto=auto)
+           auto=auto, **override)
     return route
 
 
@@ -206,14 +226,22 @@ def canary_check(*, route, now=None, request=None):
     return "watching"
 
 
-def canary_check_and_promote(*, route, request=None):
+def canary_check_and_promote(*, route, request=None, override_reason=""):
     """*Check and promote*: run the guards first (a trip rolls back, and nothing is promoted), then step up unless
-    the schedule did in the same check. Returns "rolled_back" or "promoted"; ValidationError when nothing runs."""
+    the schedule did in the same check. A step up needs a passing verdict (enough candidate requests in the step,
+    no guard tripped): without one it raises NoVerdict, unless a person confirmed an override with a reason, which
+    the audit log records. Returns "rolled_back" or "promoted"; ValidationError when nothing runs."""
     outcome = canary_check(route=route, request=request) if route.canary_state == CanaryState.RUNNING else None
     if outcome == "rolled_back":
         return outcome
-    if outcome != "promoted":
-        canary_promote(route=route, request=request)
+    if outcome == "promoted":
+        return outcome
+    override_reason = (override_reason or "").strip()
+    if route.canary_state == CanaryState.RUNNING and not route.canary_evidence.get("clean") and not override_reason:
+        raise NoVerdict(f"Not promoted: no passing verdict yet ({verdict_words(route.canary_evidence)}). Wait for "
+                        "more traffic, or promote without a verdict: confirm it and give a reason for the audit log.")
+    canary_promote(route=route, request=request,
+                   override_reason=override_reason if not route.canary_evidence.get("clean") else "")
     return "promoted"
 
 

@@ -1,8 +1,10 @@
+from decimal import Decimal
+
 from django import forms
 from django.core.exceptions import ValidationError
 
 from panel.channels import settings_json
-from panel.channels.models import Channel, CredentialKind, RouteStrategy
+from panel.channels.models import Channel, ChannelKind, CredentialKind, RouteStrategy
 from panel.channels.services import CHANNEL_FIELDS
 
 HELP = {
@@ -38,6 +40,7 @@ LABELS = {"model_id": "Model id", "base_url": "Base URL", "credential_kind": "Cr
           "price_input_per_million": "Input / 1M tokens", "price_output_per_million": "Output / 1M tokens",
           "price_cached_per_million": "Cached input / 1M tokens"}
 BUDGETS_WITH_DEFAULTS = ("connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds")
+PRICES = ("price_input_per_million", "price_output_per_million", "price_cached_per_million")
 SECTIONS = [
     ("Upstream", ["name", "kind", "deployment", "base_url", "model_id", "enabled"]),
     ("Credential", ["credential_kind", "api_key", "credential_env"]),
@@ -83,6 +86,32 @@ class ChannelForm(forms.ModelForm):
             self.fields["api_key"].help_text = ("For \"Stored here, encrypted\": the key alone, without \"Bearer\". It "
                                                 "is encrypted at rest and never shown again, only its last four "
                                                 "characters.")
+
+        if not self.instance.pk:  # a new channel's prices are asked for, not assumed to be 0
+            for name in PRICES:
+                self.initial[name] = ""
+        for name in PRICES:
+            self.fields[name].required = False
+        self.notes = []
+
+    def clean(self):
+        cleaned = super().clean()
+        kind = cleaned.get("credential_kind")
+        if cleaned.get("api_key") and kind in (CredentialKind.ENV, CredentialKind.NONE):
+            # A key typed into the form is kept, never dropped: the credential becomes the stored key.
+            was = CredentialKind(kind).label
+            cleaned["credential_kind"] = CredentialKind.STORED
+            self.instance.credential_kind = CredentialKind.STORED
+            self.notes.append(f"The credential was \"{was}\", but you typed an API key: it is stored here, "
+                              "encrypted, and the credential is now \"Stored here, encrypted\".")
+        for name in PRICES:
+            if cleaned.get(name) is None and name not in self.errors:
+                if cleaned.get("kind") == ChannelKind.REMOTE:
+                    self.add_error(name, "Enter the provider's price per million tokens (from its price page): the "
+                                         "Cost tab and budgets use it. Enter 0 if it is free.")
+                else:
+                    cleaned[name] = Decimal(0)  # a local channel's cost is its GPU hours
+        return cleaned
 
     def sections(self):
         return [(title, [self[name] for name in names]) for title, names in SECTIONS]

@@ -60,6 +60,8 @@ def channel_create_view(request):
         else:
             audit_record(action=AuditAction.CREDENTIAL_CHANGED, request=request, target=channel.name,
                          credential=channel.credential_kind, created=True)
+            for note in form.notes:
+                messages.info(request, note)
             for warning in channel.warnings:
                 messages.warning(request, warning)
             messages.success(request, f"Saved channel {channel.name}. Press Test to check it answers.")
@@ -95,6 +97,8 @@ def channel_edit(request, channel_id):
             if channel.changes:
                 audit_record(action=AuditAction.CHANNEL_CHANGED, request=request, target=channel.name,
                              **{name: f"{old} → {new}" for name, (old, new) in channel.changes.items()})
+            for note in form.notes:
+                messages.info(request, note)
             for warning in channel.warnings:
                 messages.warning(request, warning)
             messages.success(request, f"Saved channel {channel.name}.")
@@ -259,8 +263,13 @@ def canary_start_view(request, route_id):
 @team_view(Role.ADMIN)
 def canary_promote_view(request, route_id):
     route = _route(request, route_id)
+    reason = request.POST.get("override_reason", "").strip() if request.POST.get("override") else ""
+    if request.POST.get("override") and not (request.POST.get("confirm") and reason):
+        messages.error(request, "To promote without a passing verdict, tick the confirmation and give a reason "
+                                "(the audit log keeps it). Nothing was promoted.")
+        return redirect("route_detail", route_id=route.pk)
     try:
-        outcome = canary.canary_check_and_promote(route=route, request=request)
+        outcome = canary.canary_check_and_promote(route=route, request=request, override_reason=reason)
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
         return redirect("route_detail", route_id=route.pk)

@@ -51,8 +51,14 @@ class CostSummary:
         return sum(line.tokens for line in self.lines if line.kind == kind)
 
     @property
+    def local_unknown(self):
+        """A local channel whose host has no GPU price: its cost, and so every total and saving, is unknown (not
+        zero, which would make local serving look free)."""
+        return any(line.kind == "local" and line.cost is None for line in self.lines)
+
+    @property
     def local_cost(self):
-        return self._total("local")
+        return None if self.local_unknown else self._total("local")
 
     @property
     def cloud_cost(self):
@@ -68,7 +74,7 @@ class CostSummary:
 
     @property
     def actual(self):
-        return self.local_cost + self.cloud_cost
+        return None if self.local_cost is None else self.local_cost + self.cloud_cost
 
     @property
     def all_cloud(self):
@@ -79,11 +85,11 @@ class CostSummary:
 
     @property
     def savings(self):
-        return None if self.all_cloud is None else self.all_cloud - self.actual
+        return None if self.all_cloud is None or self.actual is None else self.all_cloud - self.actual
 
     @property
     def savings_share(self):
-        return self.savings / self.all_cloud if self.all_cloud else None
+        return self.savings / self.all_cloud if self.all_cloud and self.savings is not None else None
 
     @property
     def monthly_savings(self):
@@ -93,7 +99,17 @@ class CostSummary:
 
     @property
     def monthly_cost(self):
-        return self.actual * MONTH_SECONDS / self.span_seconds if self.span_seconds else None
+        return self.actual * MONTH_SECONDS / self.span_seconds if self.span_seconds and self.actual is not None \
+            else None
+
+    @property
+    def cloud_per_million(self):
+        """Cloud cost per million tokens: what the cloud channels charged, or, with no cloud traffic in the range,
+        what the baseline channel would charge for the local tokens."""
+        if self.cloud_tokens:
+            return self.per_million("remote")
+        local = [line.baseline for line in self.lines if line.kind == "local" and line.baseline is not None]
+        return sum(local) / self.local_tokens * 1_000_000 if local and self.local_tokens else None
 
     @property
     def break_even_tokens_per_hour(self):
@@ -107,6 +123,8 @@ class CostSummary:
         return hourly / baseline_per_token
 
     def per_million(self, kind):
+        if kind == "local" and self.local_unknown:
+            return None
         tokens = self._tokens(kind)
         return self._total(kind) / tokens * 1_000_000 if tokens else None
 

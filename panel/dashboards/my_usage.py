@@ -11,6 +11,7 @@ from django.views.decorators.http import require_GET
 from panel.accounts.decorators import team_view
 from panel.accounts.models import TeamKey
 from panel.channels.models import Route
+from panel.core.money import money
 from panel.dashboards.pages import Table, overview
 from panel.dashboards.selectors import RANGES, DashboardQuery, team_first_data, usage_grouped
 from panel.dashboards.views import REFRESH_MS
@@ -44,7 +45,7 @@ def my_usage_page(*, team, user, range_name, key=None):
         totals = {row["model"]: row for row in usage_grouped(query, by=("model",))}
         rows = [[name, totals.get(name, {}).get("requests", 0),
                  totals.get(name, {}).get("prompt_tokens", 0) + totals.get(name, {}).get("completion_tokens", 0),
-                 round(totals.get(name, {}).get("cost", 0) or 0, 6)] for name in names]
+                 money(totals.get(name, {}).get("cost", 0) or 0)] for name in names]
         page.tables.append(Table("routes", "Routes you may use (the whole team's traffic)",
                                  ["route", "requests", "tokens", "cost"], rows,
                                  note="Every request of the team to each route, through any key."))

@@ -2,8 +2,11 @@
 numbers, for one query. Views render this; the JSON endpoint returns it for live refresh."""
 from dataclasses import dataclass, field
 
+from django.urls import reverse
+
 from panel.accounts.models import TeamKey
 from panel.channels.models import Channel
+from panel.core.money import Money, money, money_text
 from panel.dashboards import figures as fig
 from panel.dashboards.cost import cost_summary
 from panel.dashboards.models import LATENCY_COLUMNS, TTFT_COLUMNS, EngineSample, UsageRollup
@@ -39,10 +42,25 @@ class Table:
         """Rows as the page shows them: (text, is a number); the CSV keeps the plain values."""
         return [[_display(value) for value in row] for row in self.rows]
 
+    @property
+    def headings(self):
+        """(column, is a number column): a column is numeric when its values are."""
+        shown = self.display_rows
+        return [(column, bool(shown) and all(row[i][1] or row[i][0] in ("", "—") for row in shown)
+                 and any(row[i][1] for row in shown)) for i, column in enumerate(self.columns)]
+
+    @property
+    def csv_rows(self):
+        """Rows as the CSV writes them: money with the currency's precision (csv would write 3.5e-05)."""
+        return [["" if value is None else str(value) if isinstance(value, Money) else value for value in row]
+                for row in self.rows]
+
 
 def _display(value):
     if value is None or value == "":
         return ("—" if value is None else "", False)
+    if isinstance(value, Money):
+        return (money_text(value), True)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return (str(value), False)
     if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
@@ -96,7 +114,7 @@ def _ms(value):
 
 
 def _money(value):
-    return None if value is None else round(value, 6)
+    return money(value)
 
 
 def overview(query):
@@ -126,7 +144,7 @@ def overview(query):
                    f"{totals['cached_tokens']:,} prompt tokens from cache"),
                   ("Error rate", _percent(_rate(totals["errors"], totals["requests"])),
                    f"{totals['fallbacks']:,} fallbacks"),
-                  ("Cost recorded", f"{totals['cost']:,.4f}", "cloud prices of the channels")]
+                  ("Cost recorded", money_text(totals["cost"]), "cloud prices of the channels")]
     columns = ["requests", "errors", "fallbacks", "prompt tokens", "completion tokens", "cached tokens", "cost"]
 
     def counts(row):
@@ -247,47 +265,65 @@ def cost(query):
     page = Page()
     summary = cost_summary(query)
     lines = summary.lines
+    unpriced = ", ".join(sorted(set(summary.missing_prices)))
+    local = [line for line in lines if line.kind == "local" and line.per_million is not None]
+    remote = [line for line in lines if line.kind == "remote"]
     page.figures["per_million"] = fig.figure("Cost per million tokens by channel", [
-        fig.bars("local (GPU hours)", [line.name for line in lines if line.kind == "local"],
-                 [_money(line.per_million) for line in lines if line.kind == "local"], 1),
-        fig.bars("cloud (channel prices)", [line.name for line in lines if line.kind == "remote"],
-                 [_money(line.per_million) for line in lines if line.kind == "remote"], 0)],
+        fig.bars("local (GPU hours)", [line.name for line in local], [_money(line.per_million) for line in local], 1,
+                 text=[_fmt_money(line.per_million) for line in local]),
+        fig.bars("cloud (channel prices)", [line.name for line in remote],
+                 [_money(line.per_million) for line in remote], 0,
+                 text=[_fmt_money(line.per_million) for line in remote])],
         y_title="cost / 1M tokens")
-    labels = ["actual", "all cloud"]
-    values = [_money(summary.actual), _money(summary.all_cloud)]
+    shown = [(label, value) for label, value in (("actual", summary.actual), ("all cloud", summary.all_cloud))
+             if value is not None]
     page.figures["savings"] = fig.figure(f"This range ({query.range}): actual cost against all-cloud", [
-        fig.bars("cost", labels if summary.all_cloud is not None else labels[:1],
-                 values if summary.all_cloud is not None else values[:1], 0,
-                 text=[_fmt_money(value) for value in values])],
+        fig.bars("cost", [label for label, _ in shown], [_money(value) for _, value in shown], 0,
+                 text=[_fmt_money(value) for _, value in shown])],
         y_title="cost", empty="No traffic in this range")
+    if summary.local_unknown:
+        page.figures["savings"]["layout"]["title"]["text"] = f"All-cloud cost ({query.range}); actual unknown"
     page.tables.append(Table("cost", "Cost by channel", [
         "channel", "kind", "requests", "tokens", "GPU hours", "price per hour", "cost", "cost / 1M tokens",
         "same tokens at the cloud baseline"],
         [[line.name, line.kind, line.requests, line.tokens, round(line.gpu_hours, 3) if line.kind == "local" else "",
-          _money(line.hourly) if line.hourly is not None else "", _money(line.cost), _money(line.per_million),
+          _money(line.hourly) if line.hourly is not None else ("unknown" if line.kind == "local" else ""),
+          _money(line.cost) if line.cost is not None else "unknown",
+          _money(line.per_million) if line.cost is not None or line.kind == "remote" else "unknown",
           _money(line.baseline) if line.kind == "local" else ""] for line in lines],
         note=("Local cost: the host's GPU price per hour × GPUs × the hours the deployment was up in this range. "
-              + (f"No GPU price on: {', '.join(sorted(set(summary.missing_prices)))} (set it on the Workers page)."
-                 if summary.missing_prices else ""))))
+              + (f"No GPU price on: {unpriced}: its local cost is unknown until a price is set on the Workers "
+                 "page, and no savings are computed." if unpriced else ""))))
     baseline = summary.baseline_channel
+    unknown = "unknown until a GPU price is set" if summary.local_unknown else None
     page.tables.append(Table("savings", "Savings against an all-cloud baseline", ["what", "value"], [
         ["baseline channel", baseline.name if baseline else "none: add a cloud channel with prices"],
-        ["local cost", _money(summary.local_cost)], ["cloud cost", _money(summary.cloud_cost)],
-        ["actual cost", _money(summary.actual)], ["all-cloud cost", _money(summary.all_cloud)],
-        ["savings", _money(summary.savings)], ["savings %", _rate(summary.savings or 0, summary.all_cloud or 0)],
-        ["monthly projection: cost", _money(summary.monthly_cost)],
-        ["monthly projection: savings", _money(summary.monthly_savings)],
-        ["local cost / 1M tokens", _money(summary.per_million("local"))],
+        ["local cost", _or(_money(summary.local_cost), unknown)], ["cloud cost", _money(summary.cloud_cost)],
+        ["actual cost", _or(_money(summary.actual), unknown)], ["all-cloud cost", _money(summary.all_cloud)],
+        ["savings", _or(_money(summary.savings), unknown)], ["savings %", _rate(summary.savings, summary.all_cloud)
+                                                          if summary.savings is not None else unknown],
+        ["monthly projection: cost", _or(_money(summary.monthly_cost), unknown)],
+        ["monthly projection: savings", _or(_money(summary.monthly_savings), unknown)],
+        ["local cost / 1M tokens", _or(_money(summary.per_million("local")), unknown)],
         ["break-even local load (tokens / hour)", _whole(summary.break_even_tokens_per_hour)],
         ["local load now (tokens / hour)", _whole(summary.local_tokens / (summary.span_seconds / 3600))
          if summary.span_seconds else None],
-        ["cloud cost / 1M tokens", _money(summary.per_million("remote"))]],
+        ["cloud cost / 1M tokens", _money(summary.cloud_per_million)]],
         note="Monthly projection: this range's numbers scaled to 30 days."))
-    page.cards = [("Local / 1M tokens", _fmt_money(summary.per_million("local")), "GPU hours ÷ tokens served"),
-                  ("Cloud / 1M tokens", _fmt_money(summary.per_million("remote")), "channel prices"),
-                  ("Savings", _percent(_rate(summary.savings or 0, summary.all_cloud or 0))
-                   if summary.all_cloud else "—", f"{_fmt_money(summary.savings)} against all-cloud"),
-                  ("Monthly projection", _fmt_money(summary.monthly_savings), "savings at this range's rate")]
+    price_link = ("Set a GPU price", reverse("hosts")) if summary.local_unknown else None
+    cloud_hint = "channel prices" if summary.cloud_tokens else (
+        f"{baseline.name}'s prices for the local tokens" if baseline else "add a cloud channel with prices")
+    savings = summary.savings
+    page.cards = [
+        ("Local / 1M tokens", "unknown" if summary.local_unknown else _fmt_money(summary.per_million("local")),
+         f"until a GPU price is set for {unpriced}" if unpriced else "GPU hours ÷ tokens served", price_link),
+        ("Cloud / 1M tokens", _fmt_money(summary.cloud_per_million), cloud_hint),
+        ("Savings", _percent(_rate(savings, summary.all_cloud)) if savings is not None and summary.all_cloud
+         else ("unknown" if summary.local_unknown else "—"),
+         f"{_fmt_money(savings)} against all-cloud" if savings is not None else
+         "not computed: the local cost is unknown" if summary.local_unknown else "no cloud baseline", price_link),
+        ("Monthly projection", _fmt_money(summary.monthly_savings) if savings is not None else "unknown"
+         if summary.local_unknown else "—", "savings at this range's rate")]
     return page
 
 
@@ -301,6 +337,10 @@ def _engine_series(steps, name, quantile, deployments):
         xs.append(row["t"])
         ys.append(_seconds_ms(value))
     return series
+
+
+def _or(value, fallback):
+    return fallback if value is None else value
 
 
 def _whole(value):
@@ -324,4 +364,4 @@ def _fmt_ms(value):
 
 
 def _fmt_money(value):
-    return "—" if value is None else f"{value:,.2f}"
+    return money_text(value)

@@ -119,7 +119,7 @@ def export_csv(request):
     response["Content-Disposition"] = f'attachment; filename="tokenwise-{tab}-{table.name}-{query.range}.csv"'
     writer = csv.writer(response)
     writer.writerow(csv_row(table.columns))
-    for row in table.rows:
+    for row in table.csv_rows:
         writer.writerow(csv_row(row))
     return response
 

@@ -9,6 +9,14 @@ from panel.serving.models import ServingProfile
 from panel.serving.profile_fields import FIELDS_BY_NAME
 from panel.serving.services import profile_values
 
+DEFAULT_MAX_MODEL_LEN = FIELDS_BY_NAME["max_model_len"].default
+
+
+def model_default_length(model):
+    """A new profile's max model length: the model's own positions, up to the usual 8,192."""
+    return min(model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_MODEL_LEN)
+
+
 PROFILE_FIELDS = ["name", "model", "served_model_name", "dtype", "quantization", "quantization_bits", "max_model_len",
                   "enable_prefix_caching", "block_size", "gpu_memory_utilization", "swap_space", "max_num_seqs",
                   "max_num_batched_tokens", "enable_chunked_prefill", "tensor_parallel_size",
@@ -48,6 +56,18 @@ class ServingProfileForm(forms.ModelForm):
             # GPU value).
             self.initial["block_size"] = 32
         self.fields["model"].label = "Model"
+        if not self.instance.pk:
+            # The default length comes from the chosen model (the demo model has 4,096 positions), not 8,192.
+            self.fields["max_model_len"].required = False
+            self.fields["max_model_len"].widget.attrs["placeholder"] = (
+                f"the model's own, up to {DEFAULT_MAX_MODEL_LEN:,}")
+            self.fields["max_model_len"].help_text += (f" Empty: the model's own length (max_position_embeddings), "
+                                                       f"up to {DEFAULT_MAX_MODEL_LEN:,}.")
+            models = list(self.fields["model"].queryset[:2])
+            if len(models) == 1 and "model" not in self.initial:
+                self.initial["model"] = models[0].pk  # the team's only model (a fresh install: the demo model)
+            if "max_model_len" not in self.initial:
+                self.initial["max_model_len"] = model_default_length(models[0]) if len(models) == 1 else ""
 
     def sections(self):
         return [(title, [self[name] for name in names]) for title, names in SECTIONS]
@@ -62,11 +82,16 @@ class ServingProfileForm(forms.ModelForm):
     def clean(self):
         cleaned = super().clean()
         model = cleaned.get("model")
-        if model is None or self.errors:
+        if model is None:
             return cleaned
-
-        profile = ServingProfile(team=self.team, model=model,
-                                 **{name: cleaned.get(name) for name in PROFILE_FIELDS if name != "model"})
+        if cleaned.get("max_model_len") is None and "max_model_len" not in self.errors:
+            cleaned["max_model_len"] = model_default_length(model)
+        # Every rule runs even when a field was refused above (that field takes its default for the rules), so
+        # the form answers every problem at once, not one round per submit.
+        blank = ServingProfile()
+        profile = ServingProfile(team=self.team, model=model, **{
+            name: cleaned[name] if name in cleaned and name not in self.errors else getattr(blank, name)
+            for name in PROFILE_FIELDS if name != "model"})
         values = profile_values(profile)
         try:
             configfile.launch_argv(values, model_path=model.path, port=8000,
@@ -76,6 +101,8 @@ class ServingProfileForm(forms.ModelForm):
             return cleaned
         verdict = rules.check_profile(values, model=model)
         for field, messages in verdict.errors.items():
+            if field in self.errors:
+                continue  # already refused, with its own reason
             for message in messages:
                 self.add_error(field if field in self.fields else None, message)
         self.warnings = list(verdict.warnings)

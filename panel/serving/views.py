@@ -88,13 +88,21 @@ def profile_import_view(request):
     return render(request, "serving/home.html", _home_context(request, form), status=400)
 
 
+def _command_preview(profile):
+    """The launch command; without a fixed port it says where the port goes (picked at launch), not 8000."""
+    argv = launch_argv(profile, port=profile.port or 0)
+    if profile.port is None:
+        argv[argv.index("--port") + 1] = "<picked at launch>"
+    return " ".join(argv)
+
+
 @team_view()
 def profile_detail(request, profile_id):
     profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
     context = {
         "profile": profile,
         "values": profile_values(profile),
-        "command": " ".join(launch_argv(profile, port=profile.port or 8000)),
+        "command": _command_preview(profile),
         "verdict": profile_check(profile),
         "launch_form": LaunchForm(),
         "deployments": profile.deployments.select_related("host")[:20],
