@@ -49,3 +49,19 @@ def test_metrics_need_the_token_unless_bound_to_loopback(client, settings):
     assert answer.status_code == 403 and "TOKENWISE_METRICS_TOKEN" in answer.content.decode()
     settings.METRICS_TOKEN = "s3cret-token"
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-token").status_code == 200
+
+
+def test_an_oversized_benchmark_is_refused_with_clear_errors(team_setup):
+    from panel.benchmarks.forms import BenchmarkForm
+
+    def errors(**values):
+        data = {"workload": "synthetic", "input_tokens": 128, "output_tokens": 16, "requests": 10,
+                "warmup_requests": 0, "concurrency": 4, **values}
+        form = BenchmarkForm(data, team=team_setup["team_a"])
+        assert not form.is_valid()
+        return form.errors
+
+    seen = errors(requests=10000, warmup_requests=100, input_tokens=32768, concurrency=1024)
+    assert {"requests", "input_tokens", "concurrency"} <= set(seen)
+    assert "at most" in " ".join(errors(requests=5000, input_tokens=16384)["input_tokens"])
+    assert "input_tokens" not in errors(requests=100, input_tokens=1024)
