@@ -65,3 +65,10 @@ def test_an_oversized_benchmark_is_refused_with_clear_errors(team_setup):
     assert {"requests", "input_tokens", "concurrency"} <= set(seen)
     assert "at most" in " ".join(errors(requests=5000, input_tokens=16384)["input_tokens"])
     assert "input_tokens" not in errors(requests=100, input_tokens=1024)
+
+
+def test_stored_upstream_words_are_redacted():
+    from panel.benchmarks.services import summary_redacted
+
+    summary = summary_redacted({"first_error": "HTTP 401: Incorrect API key provided: sk-live-0123456789abcdef"})
+    assert "0123456789abcdef" not in summary["first_error"] and "sk-••••" in summary["first_error"]
