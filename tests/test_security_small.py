@@ -72,3 +72,17 @@ def test_stored_upstream_words_are_redacted():
 
     summary = summary_redacted({"first_error": "HTTP 401: Incorrect API key provided: sk-live-0123456789abcdef"})
     assert "0123456789abcdef" not in summary["first_error"] and "sk-••••" in summary["first_error"]
+
+
+def test_the_compose_web_service_trusts_forwarded_headers_only_from_configured_proxies():
+    import yaml
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "compose.yaml").read_text()
+    assert "forwarded-allow-ips='*'" not in text
+    compose = yaml.safe_load(text)
+    web = next(service for service in compose["services"].values()
+               if "uvicorn" in str(service.get("command", "")))
+    assert "--forwarded-allow-ips=${TOKENWISE_TRUSTED_PROXIES}" in web["command"].replace("$$", "$")
+    assert web["environment"]["TOKENWISE_TRUSTED_PROXIES"] == "${TOKENWISE_TRUSTED_PROXIES:-127.0.0.1}"
+    assert web["environment"]["TOKENWISE_BIND"] == "0.0.0.0"  # so /metrics needs its token there
