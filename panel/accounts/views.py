@@ -25,7 +25,7 @@ from panel.accounts.services import (
     member_setup_user,
     team_switch,
 )
-from panel.accounts.throttle import signin_blocked, signin_failed, signin_succeeded
+from panel.accounts.throttle import signin_blocked
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 
@@ -45,13 +45,6 @@ class LoginView(auth_views.LoginView):
             return self.render_to_response(self.get_context_data(form=form), status=429)
         return super().post(request, *args, **kwargs)
 
-    def form_invalid(self, form):
-        signin_failed(self.request.POST.get("username", ""), self.request.META.get("REMOTE_ADDR", ""))
-        return super().form_invalid(form)
-
-    def form_valid(self, form):
-        signin_succeeded(form.get_user().get_username(), self.request.META.get("REMOTE_ADDR", ""))
-        return super().form_valid(form)
 
 
 @require_POST
