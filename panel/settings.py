@@ -133,6 +133,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = ["panel.accounts.backends.ThrottledModelBackend"]  # the sign-in throttle, admin included
 SIGNIN_MAX_FAILURES = envint("TOKENWISE_SIGNIN_MAX_FAILURES", 5, minimum=1)
 SIGNIN_WINDOW_SECONDS = envint("TOKENWISE_SIGNIN_WINDOW_SECONDS", 900, minimum=10)
 LOGIN_URL = "login"

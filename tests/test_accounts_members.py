@@ -46,16 +46,28 @@ def test_it_lists_members_for_admins_only(client, people):
         assert 'href="/members/"' not in client.get(reverse("home")).content.decode()
 
 
-def test_it_adds_an_existing_user_by_username_or_by_email(client, people):
+def accept(client, user, team):
+    from panel.accounts.models import Invitation
+
+    client.force_login(user)
+    invitation = Invitation.objects.get(team=team, user=user)
+    assert client.post(reverse("invitation_accept", args=[invitation.pk])).status_code == 302
+
+
+def test_it_invites_an_existing_user_by_username_or_by_email(client, people):
     client.force_login(people["adam"])
     response = client.post(reverse("member_invite"), {"who": "carl@example.com", "role": "viewer"})
     assert response.status_code == 302
-    assert m(people["team_a"], "carl").role == Role.VIEWER
+    assert not Membership.objects.filter(team=people["team_a"], user__username="carl").exists()  # not yet
     [event] = audits(AuditAction.MEMBER_ADDED)
     assert (event.actor, event.target, event.detail) == (people["adam"], "carl", {"role": "viewer",
-                                                                                 "new_account": False})
+                                                                                 "new_account": False,
+                                                                                 "invited": True})
+    accept(client, get_user_model().objects.get(username="carl"), people["team_a"])
+    assert m(people["team_a"], "carl").role == Role.VIEWER
     client.force_login(people["alice"])
     assert client.post(reverse("member_invite"), {"who": "bob", "role": "admin"}).status_code == 302
+    accept(client, people["bob"], people["team_a"])
     assert m(people["team_a"], "bob").role == Role.ADMIN
     assert m(people["team_b"], "bob").role == Role.OWNER  # untouched in his own team
 

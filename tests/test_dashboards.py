@@ -307,11 +307,17 @@ def test_it_exposes_the_gateways_own_metrics(client, settings):
 
 def test_it_lets_admins_set_a_hosts_gpu_price_on_the_workers_page(client, team_setup):
     host = WorkerHost.objects.create(name="gpu@box", host="box", kind="gpu")
-    client.force_login(team_setup["alice"])
+    client.force_login(team_setup["alice"])  # a team's owner: the price counts in every team's costs
+    assert 'id="gpu-prices"' not in client.get(reverse("hosts")).content.decode()
+    assert client.post(reverse("host_price", args=[host.pk]), {"gpu_price_per_hour": "9"}).status_code == 403
+    team_setup["alice"].is_superuser = True
+    team_setup["alice"].save()
     assert 'id="gpu-prices"' in client.get(reverse("hosts")).content.decode()
     response = client.post(reverse("host_price", args=[host.pk]), {"gpu_price_per_hour": "2.75", "gpu_count": "4"},
                            follow=True)
     assert "box: 2.75 per GPU-hour" in response.content.decode()
+    from panel.audit.models import AuditAction, AuditEvent
+    assert AuditEvent.objects.get(action=AuditAction.SETTING_CHANGED).detail["price"] == "None → 2.75"
     host.refresh_from_db()
     assert (host.gpu_price_per_hour, host.gpu_count) == (Decimal("2.75"), 4)
     response = client.post(reverse("host_price", args=[host.pk]), {"gpu_price_per_hour": "-1", "gpu_count": "0"},

@@ -15,8 +15,10 @@ PUBLIC = {
     "logout": "signing out",
     "switch_team": "login_required; checks membership itself (404 for a team the user is not in)",
     "no_team": "login_required; for users in no team",
-    "metrics": "Prometheus scrapes it without a session: bearer TOKENWISE_METRICS_TOKEN when set, else private network",
+    "metrics": "Prometheus scrapes it without a session: bearer TOKENWISE_METRICS_TOKEN, or only on loopback",
     "account_setup": "an invited person's one-time set-password link (they have no password to sign in with yet)",
+    "invitation_accept": "login_required; an invitation is found only among the signed-in account's own (the "
+                         "invited account may be in no team yet)",
 }
 
 

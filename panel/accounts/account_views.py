@@ -6,6 +6,7 @@ from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
 from panel.accounts.forms import TokenForm
+from panel.accounts.services import invitations_for
 from panel.accounts.tokens import token_issue, token_revoke, tokens_of
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
@@ -15,7 +16,8 @@ def _page(request, form=None, raw_token=None, status=200):
     return render(request, "accounts/account.html", {
         "tokens": tokens_of(user=request.user, team=request.team),
         "form": form or TokenForm(actor_role=request.membership.role), "raw_token": raw_token,
-        "api_url": request.build_absolute_uri("/api/v1/")}, status=status)
+        "api_url": request.build_absolute_uri("/api/v1/"), "invitations": invitations_for(user=request.user)},
+        status=status)
 
 
 @team_view()

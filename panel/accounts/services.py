@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.utils.encoding import force_bytes, force_str
 from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
 
-from panel.accounts.models import Membership, Role, Team
+from panel.accounts.models import Invitation, Membership, Role, Team
 
 SESSION_TEAM_KEY = "tokenwise_team_id"
 
@@ -143,7 +143,31 @@ def member_invite(*, team, actor, who, role):
         # link, and no other team's admin may (they would pick the password and so enter the first team).
         raise ValidationError(f"{user.get_username()} was invited to another team and has not set a password yet; "
                               "invite them again once they have.")
+    if not created:
+        # An existing account joins only when it accepts, signed in: whoever set its password (an earlier invite
+        # link) cannot be let into this team by its email address alone.
+        if Invitation.objects.filter(team=team, user=user).exists():
+            raise ValidationError(f"{user.get_username()} is already invited to {team}.")
+        return Invitation.objects.create(team=team, user=user, role=role, invited_by=actor.user), False
     return Membership.objects.create(team=team, user=user, role=role), created
+
+
+def invitations_for(*, user):
+    """The invitations waiting for `user` to accept."""
+    return list(Invitation.objects.filter(user=user).select_related("team", "invited_by").order_by("created_at"))
+
+
+@transaction.atomic
+def invitation_accept(*, invitation_id, user):
+    """The signed-in `user` accepts their invitation: the membership is made and the invitation removed. Another
+    user's invitation is not found (ValidationError)."""
+    invitation = Invitation.objects.select_for_update().filter(pk=invitation_id, user=user).first()
+    if invitation is None:
+        raise ValidationError("That invitation is not yours, or it was already used.")
+    membership, _ = Membership.objects.get_or_create(team=invitation.team, user=user,
+                                                     defaults={"role": invitation.role})
+    invitation.delete()
+    return membership
 
 
 def member_setup_link(*, user):

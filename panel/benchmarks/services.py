@@ -11,6 +11,7 @@ from django.db import transaction
 
 from panel.benchmarks import runner, workload
 from panel.benchmarks.models import WORKLOAD_FIELDS, BenchmarkRun, TargetKind, WorkloadKind
+from panel.channels.diagnosis import redact
 from panel.channels.models import Channel, CredentialError, Route, order_channels
 from panel.core import outbound
 from panel.jobs.models import JobState
@@ -210,7 +211,13 @@ def benchmark_measure(run, *, on_beat=None):
 
     samples, seconds = run_load_in_thread(pick=pick, run=run, progress=progress, on_beat=beat,
                                           beat_seconds=settings.JOB_HEARTBEAT_SECONDS)
-    return runner.summarize(samples, seconds), progress
+    return summary_redacted(runner.summarize(samples, seconds)), progress
+
+
+def summary_redacted(summary):
+    """A run's summary as stored: its upstream words through the same redaction as the channel Test's."""
+    summary["first_error"] = redact(summary.get("first_error") or "")
+    return summary
 
 
 def benchmark_execute(*, run_id, worker):

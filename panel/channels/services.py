@@ -521,6 +521,10 @@ def channel_test(channel, *, timeout_cap=TEST_TIMEOUT_CAP):
 
 
 def _test_store(channel, result, credential_problem):
+    # Stored upstream words go through the one redaction (a provider may echo the key it refused).
+    result["diagnosis"] = diagnosis.redact(result.get("diagnosis") or "")
+    for step in result["steps"]:
+        step["detail"] = diagnosis.redact(step.get("detail") or "")
     result["latency_ms"] = round(sum(step["latency_ms"] for step in result["steps"]), 1)
     now = timezone.now()
     Channel.objects.filter(pk=channel.pk).update(last_test=result, last_tested_at=now,

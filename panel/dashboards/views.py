@@ -127,11 +127,14 @@ def export_csv(request):
 @require_GET
 def metrics(request):
     """The panel's Prometheus metrics. Not a team view: Prometheus has no session. With TOKENWISE_METRICS_TOKEN set,
-    it needs `Authorization: Bearer <token>`; without it, it is open (serve it on a private network only)."""
+    it needs `Authorization: Bearer <token>`; without it, it answers only while the panel is bound to loopback
+    (TOKENWISE_BIND), so an installation reachable from elsewhere does not publish its model names and traffic."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-
     token = settings.METRICS_TOKEN
+    if not token and settings.PANEL_BIND not in ("127.0.0.1", "::1", "localhost"):
+        return HttpResponse("set TOKENWISE_METRICS_TOKEN: the panel listens beyond this machine\n", status=403,
+                            content_type="text/plain")
     if token:
         sent = request.headers.get("Authorization", "")
         if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):

@@ -1,4 +1,5 @@
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -44,8 +45,13 @@ def engine_check_create(request, host_id):
 @require_POST
 @team_view(Role.ADMIN)
 def host_price(request, host_id):
-    """The GPU price of a host (the Cost dashboard's local cost). Hosts are the installation's: admins set it."""
+    """The GPU price of a host (the Cost dashboard's local cost). Hosts are the installation's, and their price
+    counts in every team's costs: only a superuser sets it, and each change is audited."""
     host = get_object_or_404(WorkerHost, pk=host_id)
+    if not request.user.is_superuser:
+        audit_record(action=AuditAction.REFUSED, request=request, target=request.path[:300], needed="superuser")
+        raise PermissionDenied("GPU prices are the installation's: only a superuser sets them.")
+    before = (host.gpu_price_per_hour, host.gpu_count)
     form = GpuPriceForm(request.POST)
     if not form.is_valid():
         problems = "; ".join(f"{form.fields[name].label}: {' '.join(errors)}" for name, errors in form.errors.items())
@@ -53,6 +59,8 @@ def host_price(request, host_id):
         return redirect("hosts")
     host_price_set(host=host, **form.cleaned_data)
     price = form.cleaned_data["gpu_price_per_hour"]
+    audit_record(action=AuditAction.SETTING_CHANGED, request=request, target=f"GPU price of {host.host}",
+                 price=f"{before[0]} → {price}", gpus=f"{before[1]} → {form.cleaned_data['gpu_count']}")
     messages.success(request, f"{host.host}: {'no GPU price' if price is None else f'{price} per GPU-hour'}.")
     return redirect("hosts")
 
