@@ -12,7 +12,7 @@ from tests.browser import screenshot, sign_in
 def test_the_engine_check_log_leaves_the_autoawq_banner_out_and_the_full_log_downloads(page, live_server,
                                                                                         team_setup):
     # The banner exactly as AutoAWQ prints it on import in the engine venv.
-    banner = subprocess.run([settings.ENGINE_PYTHON, "-c", "import awq"], capture_output=True, text=True,
+    banner = subprocess.run([settings.ENGINE_PYTHON, "-c", "import awq"], capture_output=True, text=True, check=False,
                             timeout=300).stderr
     assert "AutoAWQ is officially deprecated" in banner
     log = "probing the engine venv\n" + banner + "torch 2.x imported\nvllm imported\n"

@@ -9,7 +9,6 @@ from django.conf import settings
 from django.db import models
 
 from panel.jobs.log_text import log_without_banners
-
 from panel.notifications.models import EventKind
 
 

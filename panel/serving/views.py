@@ -13,18 +13,16 @@ from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
 from panel.serving.models import Deployment, ServingProfile
 from panel.serving.profile_fields import PRESETS
 from panel.serving.services import (
+    EXPORTS,
     deployment_launch,
     deployment_stop,
     deployment_warnings,
     launch_argv,
-    EXPORTS,
     profile_check,
     profile_export_file,
     profile_import,
     profile_values,
 )
-
-
 
 
 def _home_context(request, import_form):
