@@ -30,6 +30,7 @@ urlpatterns = [
     path("workers/<int:host_id>/check/", hosts.engine_check_create, name="engine_check_create"),
     path("workers/checks/<int:check_id>/", hosts.engine_check_detail, name="engine_check"),
     path("workers/checks/<int:check_id>/live/", hosts.engine_check_live, name="engine_check_live"),
+    path("workers/checks/<int:check_id>/log.txt", hosts.engine_check_log, name="engine_check_log"),
     path("admin/", admin.site.urls),
     path("", include("panel.registry.urls")),
     path("", include("panel.serving.urls")),

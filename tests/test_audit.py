@@ -99,6 +99,6 @@ def test_it_records_deployment_start_and_stop(client, team_setup):
     client.force_login(team_setup["alice"])
     client.post(reverse("deployment_create", args=[profile.pk]))
     deployment = Deployment.objects.get()
-    client.post(reverse("deployment_stop", args=[deployment.pk]))
+    client.post(reverse("deployment_stop", args=[deployment.pk]), {"confirmed": "1"})
     assert actions(without_signins=True) == [AuditAction.DEPLOYMENT_STARTED, AuditAction.DEPLOYMENT_STOPPED]
     assert AuditEvent.objects.get(action=AuditAction.DEPLOYMENT_STARTED).target == f"p #{deployment.pk} on h"

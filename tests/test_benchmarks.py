@@ -430,3 +430,16 @@ def test_it_refuses_bad_ladder_and_sweep_forms(client, team_setup, tiny_model):
                                                                    p99_target_ms=1000))
     assert response.status_code == 400 and "No GPU worker is online" in response.content.decode()
     assert not ladders.Ladder.objects.exists() and not ladders.Sweep.objects.exists()
+
+
+def test_it_says_what_the_prompt_token_count_includes():
+    """"Input tokens 128" produced 203 prompt tokens without a word on why."""
+    from django.template.loader import render_to_string
+
+    from panel.benchmarks.forms import BenchmarkForm
+
+    help_text = str(BenchmarkForm.base_fields["input_tokens"].help_text)
+    assert "chat template" in help_text and "engine reported" in help_text
+    html = render_to_string("benchmarks/_metrics.html", {"run": {"result": {"mean_prompt_tokens": 203,
+                                                                               "mean_output_tokens": 64}}})
+    assert "203 tokens (as the engine counted them: the prompt text plus the chat template" in html

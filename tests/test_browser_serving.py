@@ -32,6 +32,14 @@ def test_it_creates_launches_watches_and_stops_a_deployment(page, live_server, t
     expect(page.locator("table.kv")).to_contain_text("Prefix caching")
     expect(page.locator(".job-status")).to_contain_text("serving tiny at http://127.0.0.1:")
     screenshot(page, "deployment-ready")
+    asked = []
+    page.once("dialog", lambda dialog: asked.append(dialog.message) or dialog.dismiss())
+    page.click("button:has-text('Stop')")  # dismissed: nothing stops
+    assert asked and "Stop tiny" in asked[0]
+    expect(page.locator(".job-status .pill")).to_have_text("Ready")
+    page.once("dialog", lambda dialog: dialog.accept())
     page.click("button:has-text('Stop')")
     expect(page.locator(".job-status .pill")).to_have_text("Stopped", timeout=60000)
+    expect(page.locator("#deployment-stopping")).to_have_count(0)  # the notice goes once it has stopped
+    expect(page.locator(".message", has_text="Stopping")).to_have_count(0)
     screenshot(page, "deployment-stopped")

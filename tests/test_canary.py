@@ -12,10 +12,17 @@ from django.core.exceptions import ValidationError
 from django.test import override_settings
 from django.utils import timezone
 
-from panel.audit.models import AuditAction, AuditEvent
-from panel.channels.canary import canary_check, canary_guards, canary_promote, canary_start, canary_stop, p99
-from panel.channels.models import CanaryState, Channel, Route, RouteChannel
 from panel.accounts.keys import key_issue
+from panel.audit.models import AuditAction, AuditEvent
+from panel.channels.canary import (
+    canary_check,
+    canary_guards,
+    canary_promote,
+    canary_start,
+    canary_stop,
+    p99,
+)
+from panel.channels.models import CanaryState, Channel, Route, RouteChannel
 from panel.usage.models import RequestLog
 from tests import gateway_server
 from tests.conftest import panel_env, wait_until

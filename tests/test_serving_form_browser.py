@@ -42,3 +42,18 @@ def test_the_profile_form_defaults_from_the_model_and_answers_every_error_at_onc
     expect(command).to_contain_text("--port <picked at launch>")
     expect(command).not_to_contain_text("--port 8000")
     screenshot(page, "profile-detail")
+
+
+def test_the_model_list_says_who_registered_each_model_and_where_its_folder_is(page, live_server, team_setup,
+                                                                              tmp_path):
+    from panel.registry.demo_model import build_demo_model
+
+    path = tmp_path / "demo"
+    build_demo_model(path)
+    model_register(team=team_setup["team_a"], user=team_setup["alice"], source=str(path), name="demo")
+    sign_in(page, live_server.url, "alice", "pw-alice-123")
+    page.click("nav.sidebar >> text=Models")
+    origin = page.locator("tr", has_text="demo").locator(".model-origin")
+    expect(origin).to_contain_text("registered by alice")
+    expect(origin).to_contain_text(str(path))
+    screenshot(page, "models")

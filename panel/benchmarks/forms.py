@@ -19,7 +19,11 @@ class WorkloadForm(forms.Form):
                                    help_text="JSONL ({\"prompt\": ...} or {\"messages\": [...]} per line) or plain "
                                              "text, one prompt per line. Used with “Uploaded file”.")
     input_tokens = forms.IntegerField(min_value=1, max_value=16384, initial=128, label="Input tokens",
-                                      help_text="Synthetic prompts only: about this many tokens each.")
+                                      help_text="Synthetic prompts only: about this many tokens of text each. The "
+                                                "engine counts more: the chat template wraps every message in role "
+                                                "markers (tens of tokens with the demo model's template), and the "
+                                                "count depends on the tokenizer. The result shows the prompt "
+                                                "tokens the engine reported.")
     output_tokens = forms.IntegerField(min_value=1, max_value=8192, initial=64, label="Output tokens",
                                        help_text="max_tokens of every request (vLLM targets produce exactly this).")
     shared_system_prompt = forms.BooleanField(required=False, label="Share one system prompt (prefix caching)")

@@ -10,7 +10,6 @@ from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels import canary, settings_json
-from panel.core.crypto import encryption_problem
 from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm
 from panel.channels.models import Channel, Route
 from panel.channels.services import (
@@ -22,6 +21,7 @@ from panel.channels.services import (
     route_delete,
     route_save,
 )
+from panel.core.crypto import encryption_problem
 from panel.registry.quality import served_model_quality
 
 

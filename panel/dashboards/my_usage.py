@@ -13,7 +13,12 @@ from panel.accounts.models import TeamKey
 from panel.channels.models import Route
 from panel.core.money import money
 from panel.dashboards.pages import Table, overview
-from panel.dashboards.selectors import RANGES, DashboardQuery, team_first_data, usage_grouped
+from panel.dashboards.selectors import (
+    RANGES,
+    DashboardQuery,
+    team_first_data,
+    usage_grouped,
+)
 from panel.dashboards.views import REFRESH_MS
 
 

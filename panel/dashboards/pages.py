@@ -9,7 +9,12 @@ from panel.channels.models import Channel
 from panel.core.money import Money, money, money_text
 from panel.dashboards import figures as fig
 from panel.dashboards.cost import cost_summary
-from panel.dashboards.models import LATENCY_COLUMNS, TTFT_COLUMNS, EngineSample, UsageRollup
+from panel.dashboards.models import (
+    LATENCY_COLUMNS,
+    TTFT_COLUMNS,
+    EngineSample,
+    UsageRollup,
+)
 from panel.dashboards.selectors import (
     QUANTILES,
     engine_by_deployment,

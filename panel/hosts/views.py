@@ -1,6 +1,8 @@
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
@@ -68,10 +70,21 @@ def host_price(request, host_id):
 @team_view()
 def engine_check_detail(request, check_id):
     check = get_object_or_404(EngineCheck.objects.select_related("host"), pk=check_id, team=request.team)
-    return render(request, "hosts/check.html", {"job": check, "events": job_events(check)})
+    return render(request, "hosts/check.html", {"job": check, "events": job_events(check),
+                                                "log_url": reverse("engine_check_log", args=[check.pk])})
 
 
 @team_view()
 def engine_check_live(request, check_id):
     check = get_object_or_404(EngineCheck.objects.select_related("host"), pk=check_id, team=request.team)
-    return render(request, "hosts/_check_live.html", {"job": check, "events": job_events(check)})
+    return render(request, "hosts/_check_live.html", {"job": check, "events": job_events(check),
+                                                      "log_url": reverse("engine_check_log", args=[check.pk])})
+
+
+@team_view()
+def engine_check_log(request, check_id):
+    """The engine check's whole log as text, banners and all."""
+    check = get_object_or_404(EngineCheck, pk=check_id, team=request.team)
+    response = HttpResponse(check.log_tail, content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="engine-check-{check.pk}.log"'
+    return response

@@ -8,6 +8,7 @@ consequences that must land with a state (a deployment's local channel) override
 from django.conf import settings
 from django.db import models
 
+from panel.jobs.log_text import log_without_banners
 from panel.notifications.models import EventKind
 
 
@@ -73,6 +74,11 @@ class Job(models.Model):
     class Meta:
         abstract = True
         ordering = ["-created_at"]
+
+    @property
+    def log_shown(self):
+        """The log as a page shows it: third-party banners left out (log_tail keeps them)."""
+        return log_without_banners(self.log_tail)
 
     @property
     def is_active(self):

@@ -24,7 +24,7 @@ from panel.registry.services import (
 
 @team_view()
 def model_list(request):
-    models = RegisteredModel.objects.filter(team=request.team).select_related("parent")
+    models = RegisteredModel.objects.filter(team=request.team).select_related("parent", "created_by")
     return render(request, "registry/model_list.html", {"models": models, "form": ModelRegisterForm()})
 
 
@@ -41,7 +41,7 @@ def model_create(request):
         else:
             messages.success(request, f"Registered {model.name}.")
             return redirect("model_detail", model_id=model.pk)
-    models = RegisteredModel.objects.filter(team=request.team).select_related("parent")
+    models = RegisteredModel.objects.filter(team=request.team).select_related("parent", "created_by")
     return render(request, "registry/model_list.html", {"models": models, "form": form}, status=400)
 
 

@@ -13,18 +13,16 @@ from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
 from panel.serving.models import Deployment, ServingProfile
 from panel.serving.profile_fields import PRESETS
 from panel.serving.services import (
+    EXPORTS,
     deployment_launch,
     deployment_stop,
     deployment_warnings,
     launch_argv,
-    EXPORTS,
     profile_check,
     profile_export_file,
     profile_import,
     profile_values,
 )
-
-
 
 
 def _home_context(request, import_form):
@@ -171,10 +169,12 @@ def deployment_live(request, deployment_id):
 @team_view(Role.MEMBER)
 def deployment_stop_view(request, deployment_id):
     deployment = _deployment(request, deployment_id)
-    if deployment_stop(deployment=deployment, user=request.user):
+    if request.POST.get("confirmed") != "1":
+        messages.error(request, "Stop needs a confirmation: press Stop and confirm. The deployment still runs.")
+    elif deployment_stop(deployment=deployment, user=request.user):
+        # No flash message: the live region says "Stopping…" while it stops, and no more once it has stopped.
         audit_record(action=AuditAction.DEPLOYMENT_STOPPED, request=request,
                      target=f"{deployment.profile.name} #{deployment.pk}")
-        messages.info(request, "Stopping: the engine gets SIGTERM, then SIGKILL after a grace period.")
     else:
         messages.error(request, f"The deployment is already {deployment.get_state_display().lower()}.")
     return redirect("deployment_detail", deployment_id=deployment.pk)
