@@ -271,3 +271,40 @@ def test_a_counter_outage_neither_breaks_the_answer_nor_loses_its_usage_row(pric
     text = b"".join(step[1] for step in steps if step[0] == "body")
     assert b"error" not in text and (b"data: [DONE]" in text) is stream
     assert "request not counted against the limits of key" in caplog.text and "ConnectionError" in caplog.text
+
+
+def test_a_budget_set_after_the_spend_refuses_the_next_request_at_once(gateway, priced):
+    """Why the old case kept answering for about 50 s: a team without a budget was not counted in Redis at all, so
+    a budget set later read 0 until the once-a-minute reconciliation rebuilt the counters from the usage records.
+    Now every request is counted, and setting a budget counts the month's recorded spend at once."""
+    for _ in range(2):
+        assert ask(gateway, priced["raw_app"]).status_code == 200  # 48 tokens, no budget yet
+    logged(2)
+    budget_set(team=priced["team"], key=priced["app"], tokens_per_month=40, user=priced["alice"])
+    refused = ask(gateway, priced["raw_app"])  # no reconciliation in between
+    assert refused.status_code == 402 and "48 tokens this month" in refused.json()["error"]["message"]
+    assert ask(gateway, priced["raw_batch"]).status_code == 200  # another key of the team is not affected
+
+
+def test_overshoot_is_bounded_by_the_requests_in_flight(gateway, priced):
+    """16 concurrent streams against a budget smaller than one of them: all were admitted before any finished, so
+    the overshoot is at most their own tokens, and the next request is refused at once."""
+    import concurrent.futures
+
+    priced["fake"].behave("slow_drip", delay=0.02)
+    budget_set(team=priced["team"], key=priced["app"], tokens_per_month=10, user=priced["alice"])
+
+    def stream():
+        with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=dict(CHAT, stream=True), timeout=30,
+                          headers={"Authorization": f"Bearer {priced['raw_app']}"}) as response:
+            return response.status_code, b"".join(response.iter_bytes())
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: stream(), range(16)))
+    admitted = sum(1 for status, _ in answers if status == 200)
+    assert admitted >= 1 and all(status in (200, 402) for status, _ in answers)
+    refused = ask(gateway, priced["raw_app"])
+    assert refused.status_code == 402
+    logged(17)
+    spent = sum(r.prompt_tokens + r.completion_tokens for r in RequestLog.objects.filter(key=priced["app"]))
+    assert spent <= 16 * 24 and spent == admitted * 24  # the overshoot: only what was already in flight
