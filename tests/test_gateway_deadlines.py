@@ -141,3 +141,33 @@ def test_a_stall_after_the_first_byte_is_upstream_stalled_not_the_clients_fault(
     assert events[-1]["error"]["code"] == "stalled"
     [row] = records()
     assert (row.outcome, row.channel) == ("upstream_stalled", setup["local"])
+
+
+# ------------------------------------------------------------------------------------------------ a Redis outage
+
+@pytest.fixture
+def gateway_without_redis(transactional_db):
+    from django.db import connection
+
+    from tests.fake_upstream import closed_port
+    from tests.gateway_server import GatewayServer
+
+    server = GatewayServer(connection.settings_dict["NAME"], REDIS_URL=f"redis://127.0.0.1:{closed_port()}/0",
+                           TOKENWISE_BUDGET_CACHE_SECONDS="0")
+    yield server
+    server.stop()
+
+
+def test_a_redis_outage_fails_open_on_rate_limits_and_budgets_and_keeps_the_usage_rows(gateway_without_redis, setup):
+    from panel.accounts.models import TeamKey
+    from panel.budgets.models import Budget
+
+    TeamKey.objects.filter(pk=setup["key"].pk).update(rpm_limit=100, tpm_limit=100_000)
+    Budget.objects.create(team=setup["team"], key=setup["key"], tokens_per_month=1000)
+    for stream in (False, True):
+        response = post(gateway_without_redis, setup["raw"], dict(CHAT, stream=stream))
+        assert response.status_code == 200, response.text
+    rows = records(2)
+    assert all(row.outcome == "ok" and row.key_id == setup["key"].pk for row in rows)
+    log = gateway_without_redis.log()
+    assert "letting the request through" in log and "Traceback" not in log

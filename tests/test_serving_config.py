@@ -268,7 +268,8 @@ def test_it_builds_the_seeds_launch_command():
                     "--quantization", "awq", "--max-model-len", "8192", "--block-size", "16",
                     "--gpu-memory-utilization", "0.9", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
                     "--enable-chunked-prefill", "--enable-prefix-caching", "--tensor-parallel-size", "2",
-                    "--pipeline-parallel-size", "1", "--host", "127.0.0.1", "--port", "8000"]
+                    "--pipeline-parallel-size", "1", "--enable-prompt-tokens-details", "--host", "127.0.0.1",
+                    "--port", "8000"]
 
 
 def test_it_leaves_quantization_to_a_quantized_checkpoint_and_says_no_when_off():

@@ -3,16 +3,19 @@
 Budgets are cached per team for TOKENWISE_BUDGET_CACHE_SECONDS like keys are (panel/gateway/keys.py), so a request
 costs no database query; the spend is one Redis MGET before and one pipeline after, and neither happens for a team
 that has no budget. A request that starts under the budget is let finish, so the last one may overshoot it."""
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from decimal import Decimal
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from redis.exceptions import RedisError
 
 from panel.budgets.counters import TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds, month_of
 from panel.budgets.models import Budget
+from panel.budgets.services import ALERT_AT, budget_crossed
 from panel.core.redis_client import async_redis
 
 log = logging.getLogger(__name__)
@@ -91,20 +94,69 @@ async def refusal(key):
     return None
 
 
-async def count(key, cost, tokens):
-    """Add a finished request's cost and tokens to the month's counters (teams without budgets skip this)."""
-    if key is None or (cost <= 0 and tokens <= 0) or await budgets_for(key.team_id) is None:
+async def count(key, cost, tokens, *, team_id=None):
+    """Add a finished request's cost and tokens to the month's counters of its team and key (`key` None: a request
+    made inside the panel, counted against `team_id`). Counted whether or not a budget exists yet, so a budget set
+    later counts this month's spend at once. A request that takes a budget past 80% or 100% raises that notice
+    (once a month, through panel/notifications) in the background."""
+    team_id = key.team_id if key is not None else team_id
+    if team_id is None or (cost <= 0 and tokens <= 0):
         return
     month = month_of()
     units = money_units(cost)
+    scopes = [("team", team_id)] + ([("key", key.id)] if key is not None else [])
     try:
         pipe = async_redis().pipeline(transaction=False)
-        for scope, ident in (("team", key.team_id), ("key", key.id)):
+        for scope, ident in scopes:
             money_key, tokens_key = counter_keys(month, scope, ident)
             pipe.incrby(money_key, units)
             pipe.incrby(tokens_key, tokens)
             pipe.expire(money_key, TTL_SECONDS)
             pipe.expire(tokens_key, TTL_SECONDS)
-        await pipe.execute()
+        results = await pipe.execute()
     except (RedisError, OSError) as error:
         log.warning("budget counters not updated (%s); the reconciliation will catch up", type(error).__name__)
+        return
+    budgets = await budgets_for(team_id)
+    if budgets is None:
+        return
+    limits_of = {("team", team_id): budgets.team, **({("key", key.id): budgets.keys.get(key.id)} if key else {})}
+    for index, (scope, ident) in enumerate(scopes):
+        limits = limits_of.get((scope, ident))
+        if limits is None:
+            continue
+        money, tokens_now = money_from_units(results[4 * index]), int(results[4 * index + 1])
+        levels = crossed(limits, before=(money - money_from_units(units), tokens_now - tokens),
+                         after=(money, tokens_now))
+        if levels:
+            task = asyncio.ensure_future(sync_to_async(budget_crossed, thread_sensitive=False)(
+                team_id=team_id, key_id=ident if scope == "key" else None, levels=levels, month=month))
+            _pending.add(task)
+            task.add_done_callback(_pending.discard)
+
+
+_pending = set()  # notices being raised: kept referenced until done
+
+
+def crossed(limits, *, before, after):
+    """The notice levels ("alert" at 80%, "exhausted" at 100%) that went from below to at-or-above."""
+    levels = []
+    for level, share in (("alert", ALERT_AT), ("exhausted", Decimal(1))):
+        for limit, old, new in ((limits.money, before[0], after[0]), (limits.tokens, before[1], after[1])):
+            if limit is not None and old < limit * share <= new:
+                levels.append(level)
+                break
+    return levels
+
+
+async def team_refusal(team_id):
+    """None if the team may spend (panel traffic such as Compare, which has no key), else the refusal's words."""
+    return await refusal(PanelTraffic(team_id))
+
+
+@dataclass(frozen=True)
+class PanelTraffic:
+    """A request made inside the panel: it counts against its team's budget only."""
+
+    team_id: int
+    id: None = None

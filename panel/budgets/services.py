@@ -55,6 +55,14 @@ def budget_set(*, team, key=None, money_per_month=None, tokens_per_month=None, u
         budget = Budget(team=team, key=key)
     budget.money_per_month, budget.tokens_per_month, budget.updated_by = money_per_month, tokens_per_month, user
     budget.save()
+
+    def count_past_spend():
+        try:
+            budget_counters_raise(team_id=team.pk)
+        except (redis.RedisError, OSError):  # the reconciliation catches up
+            pass
+
+    transaction.on_commit(count_past_spend)
     return before, _limits(budget)
 
 
@@ -173,18 +181,50 @@ def budgets_reconcile(*, month=None):
             if use.budget is None or use.level == "ok":
                 continue
             levels = [BudgetNotice.Level.ALERT] + ([BudgetNotice.Level.EXHAUSTED] if use.level == "exhausted" else [])
-            for level in levels:
-                try:
-                    with transaction.atomic():
-                        notice, new = BudgetNotice.objects.get_or_create(budget=use.budget, month=month, level=level)
-                        if new:  # the webhooks hear of it in the notice's own transaction
-                            _budget_notify(team, use, level, month)
-                except IntegrityError:  # another reconciliation got there first
-                    continue
-                if not new:
-                    continue
-                created.append(notice)
-                audit_record(action=AuditAction.BUDGET_ALERT if level == BudgetNotice.Level.ALERT
-                             else AuditAction.BUDGET_EXHAUSTED, team=team, target=use.name, month=month,
-                             money=f"{use.money:.2f}", tokens=use.tokens, **_limits(use.budget))
+            created += _notices_raise(team, use, levels, month)
     return created
+
+
+def _notices_raise(team, use, levels, month):
+    """Record, notify and audit each of `levels` for `use`'s budget, unless already recorded this month."""
+    created = []
+    for level in levels:
+        try:
+            with transaction.atomic():
+                notice, new = BudgetNotice.objects.get_or_create(budget=use.budget, month=month, level=level)
+                if new:  # the webhooks hear of it in the notice's own transaction
+                    _budget_notify(team, use, level, month)
+        except IntegrityError:  # another process got there first
+            continue
+        if not new:
+            continue
+        created.append(notice)
+        audit_record(action=AuditAction.BUDGET_ALERT if level == BudgetNotice.Level.ALERT
+                     else AuditAction.BUDGET_EXHAUSTED, team=team, target=use.name, month=month,
+                     money=f"{use.money:.2f}", tokens=use.tokens, **_limits(use.budget))
+    return created
+
+
+def budget_crossed(*, team_id, key_id, levels, month):
+    """The gateway saw a request take a budget (the team's, or `key_id`'s) past `levels` ("alert", "exhausted"):
+    raise those notices now, in that order, once a month. Returns the notices created."""
+    team = Team.objects.filter(pk=team_id).first()
+    if team is None:
+        return []
+    uses = [use for use in budget_usage(team=team, recorded=False, month=month)
+            if (use.scope, use.ident) == (("key", key_id) if key_id else ("team", team_id))]
+    if not uses or uses[0].budget is None:
+        return []
+    return _notices_raise(team, uses[0], levels, month)
+
+
+def budget_counters_raise(*, team_id, month=None):
+    """Raise the team's Redis counters to at least the usage records' sums for the month (a budget just set counts
+    the spend that came before it at once)."""
+    month = month or month_of()
+    client = _redis()
+    raise_script = client.register_script(RAISE_TO_AT_LEAST)
+    for (scope, ident), (money, tokens) in budget_spend_recorded(team_id=team_id, month=month).items():
+        money_key, tokens_key = counter_keys(month, scope, ident)
+        raise_script(keys=[money_key], args=[money_units(money), TTL_SECONDS])
+        raise_script(keys=[tokens_key], args=[tokens, TTL_SECONDS])

@@ -9,6 +9,7 @@ import json
 import time
 from dataclasses import dataclass
 
+from panel.budgets import enforcement as budgets
 from panel.channels.diagnosis import describe_upstream_error
 from panel.gateway.attempts import first_success
 from panel.gateway.exchange import Exchange, cost_of
@@ -40,6 +41,8 @@ class Column:
 def diagnosis_of(error, column):
     """The troubleshooting wording for a failed request (channels/diagnosis.py), never a stack trace."""
     target = column.targets[-1] if column.targets else None
+    if error.kind == "budget_exceeded":
+        return f"Refused: {error}."
     if error.status:
         body = error.body or json.dumps({"error": {"message": str(error)}})
         return describe_upstream_error(status=error.status, body=body,
@@ -113,6 +116,9 @@ async def stream_chat(column, payload, *, team_id):
     first_token_at = first_event_at = None
     try:
         try:
+            spent = await budgets.team_refusal(team_id)
+            if spent is not None:  # the panel's own traffic counts against the team's budget too
+                raise UpstreamError("budget_exceeded", spent, status=402, retryable=False, client_fault=True)
             target, opened = await first_success(
                 list(column.targets), lambda target, limits: open_stream(
                     target, CHAT_PATH, upstream_body(body, target, stream=True), limits),

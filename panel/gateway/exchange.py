@@ -79,10 +79,11 @@ class Exchange:
         fields = self.fields
         fields["cost"] = cost_of(self.target, fields["prompt_tokens"], fields["completion_tokens"],
                                  fields["cached_tokens"])
-        if self.key is not None:
+        if self.key is not None or self.team_id is not None:
             # Shielded: a client that leaves mid-count does not undo it (the relay is cancelled, the count is not).
             await asyncio.shield(count_against_limits(self.key, fields["cost"],
-                                                      fields["prompt_tokens"] + fields["completion_tokens"]))
+                                                      fields["prompt_tokens"] + fields["completion_tokens"],
+                                                      team_id=self.team_id))
 
     async def finish(self):
         try:
@@ -109,11 +110,13 @@ class Exchange:
                         fields["error_kind"] or "-", fields["latency_ms"])
 
 
-async def count_against_limits(key, cost, tokens):
-    """Add a request's tokens to its key's per-minute window and its cost and tokens to the budget counters."""
+async def count_against_limits(key, cost, tokens, *, team_id=None):
+    """Add a request's tokens to its key's per-minute window and its cost and tokens to the budget counters (a
+    request made inside the panel, without a key, to its team's)."""
     try:
-        await rate_limits.count_tokens(key, tokens)
-        await budgets.count(key, cost, tokens)
+        if key is not None:
+            await rate_limits.count_tokens(key, tokens)
+        await budgets.count(key, cost, tokens, team_id=team_id)
     except Exception as error:  # a Redis outage must not turn a good answer into an error
-        log.warning("request not counted against key %s's limits (%s); the budget reconciliation catches up",
-                    key.id, type(error).__name__)
+        log.warning("request not counted against the limits of key %s / team %s (%s); the budget reconciliation "
+                    "catches up", key.id if key else "-", team_id, type(error).__name__)

@@ -2,9 +2,14 @@
 
 A fixed one-minute window: one Lua script checks both counters and counts the request; the tokens a request
 used are added when it ends. A key over either limit gets 429 with Retry-After = the seconds left in the window."""
+import logging
 import time
 
+from redis.exceptions import RedisError
+
 from panel.core.redis_client import async_redis
+
+log = logging.getLogger(__name__)
 
 CHECK = """
 local requests = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -44,7 +49,12 @@ async def admit(key):
     if not key.rpm_limit and not key.tpm_limit:
         return None
     minute, retry_after = window()
-    verdict = await check_script()(keys=_keys(key.id, minute), args=[key.rpm_limit or 0, key.tpm_limit or 0])
+    try:
+        verdict = await check_script()(keys=_keys(key.id, minute), args=[key.rpm_limit or 0, key.tpm_limit or 0])
+    except (RedisError, OSError) as error:  # fail open: a Redis outage must not refuse every keyed request
+        log.warning("rate limits of key %s unreadable (%s); letting the request through", key.id,
+                    type(error).__name__)
+        return None
     if verdict == 0:
         return None
     return ("requests per minute" if verdict == 1 else "tokens per minute"), retry_after
