@@ -3,6 +3,7 @@ forms that refuse bad input and save nothing."""
 import json
 import shutil
 import struct
+import tempfile
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -160,7 +161,8 @@ def test_it_registers_a_model_and_shows_its_page(client, team_setup, demo_model)
 @pytest.mark.parametrize("source, message", [
     ("", "This field is required"),
     ("models/qwen/7b", "neither an absolute path nor a hub id"),
-    ("/nonexistent/model", "does not exist"),
+    ("/nonexistent/model", "is outside the folders models are registered from"),
+    (tempfile.gettempdir() + "/nonexistent/model", "does not exist"),
     ("nobody/nothing", "is not in the local hub cache"),
 ])
 def test_it_refuses_bad_sources_and_saves_nothing(client, team_setup, source, message):
@@ -175,7 +177,12 @@ def test_it_refuses_a_duplicate_name(team_setup, demo_model):
     model_register(team=team_setup["team_a"], user=None, source=str(demo_model), name="tiny")
     with pytest.raises(ValidationError, match="already has a model named 'tiny'"):
         model_register(team=team_setup["team_a"], user=None, source=str(demo_model), name="tiny")
-    model_register(team=team_setup["team_b"], user=None, source=str(demo_model), name="tiny")  # other team: fine
+    # Another team may use the name, but not team A's folder (it reads as missing: nothing to learn from).
+    with pytest.raises(ValidationError, match="does not exist"):
+        model_register(team=team_setup["team_b"], user=None, source=str(demo_model), name="tiny")
+    copy = demo_model.parent / "tiny-copy"
+    shutil.copytree(demo_model, copy)
+    model_register(team=team_setup["team_b"], user=None, source=str(copy), name="tiny")
     assert RegisteredModel.objects.count() == 2
 
 

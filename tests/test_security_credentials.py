@@ -59,10 +59,12 @@ def test_the_prefix_and_the_list_are_allowed(team_setup, monkeypatch):
 def test_the_api_refuses_a_panel_secret_with_the_reason(client, team_setup):
     raw = token_for(team_setup["alice"], team_setup["team_a"])
     body = {"name": "cloud", "kind": "remote", "base_url": "https://attacker.example/v1", "model_id": "m",
-            "credential_kind": "env", "credential_env": "TOKENWISE_ENCRYPTION_KEYS"}
+            "credential_kind": "env", "credential_env": "TOKENWISE_ENCRYPTION_KEYS",
+            "price_input_per_million": "1", "price_output_per_million": "2", "price_cached_per_million": "0.5"}
     answer = client.post("/api/v1/channels", data=json.dumps(body), content_type="application/json", **bearer(raw))
     assert answer.status_code == 400
-    assert "panel's own configuration" in answer.json()["errors"]["credential_env"][0]
+    errors = answer.json()["errors"]
+    assert "panel's own configuration" in errors.get("credential_env", [""])[0], errors
     assert not Channel.objects.exists()
 
 
