@@ -1,7 +1,6 @@
 """The gateway's answers: a non-streamed one in one piece, a stream relayed event by event. Both go through
 `first_success` (panel/gateway/attempts.py) until one channel answers; after the first byte of a stream has reached
 the client, a failure becomes an SSE error event."""
-import asyncio
 import json
 import time
 
