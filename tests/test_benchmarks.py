@@ -158,7 +158,7 @@ def test_it_refuses_bad_input_with_a_clear_message_and_saves_nothing(client, tea
     client.force_login(team_setup["alice"])
     cases = [
         ({"requests": 0}, "Ensure this value is greater than or equal to 1"),
-        ({"concurrency": 5000}, "less than or equal to 1024"),
+        ({"concurrency": 5000}, "less than or equal to 256"),
         ({"request_rate": "-1"}, "greater than or equal to 0.001"),
         ({"workload": "file"}, "Upload a prompt file"),
         ({"workload": "file", "prompts_file": SimpleUploadedFile("p.jsonl", b'{"prompt": "a"}\n{oops}\n')},

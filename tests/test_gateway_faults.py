@@ -67,13 +67,22 @@ def test_without_a_fallback_the_client_gets_a_clean_error_naming_the_channel(gat
     assert took < seconds, took
     [row] = records()
     assert row.channel == budgets["local"] and row.attempts == attempts and fallback.requests == []
-    assert row.outcome in ("error", "upstream_stalled") and row.request_id == response.headers["x-request-id"]
+    assert row.outcome in ("error", "upstream_stalled", "upstream_cut") and row.request_id == response.headers["x-request-id"]
     assert [s["channel"] for s in row.attempt_trail] == ["local"] * attempts
 
 
 def test_a_slow_drip_is_relayed_not_cut(gateway, budgets, primary, fallback):
+    Channel.objects.filter(pk=budgets["local"].pk).update(timeout_seconds=30)
     primary.behave("slow_drip", delay=0.2)  # under the idle budget of 1 s: a slow channel, not a stalled one
     events = stream_events(post(gateway, budgets["raw"], dict(CHAT, stream=True)))
     assert events[-1] == "[DONE]"
     [row] = records()
     assert (row.outcome, row.channel, row.attempts, row.fell_back) == ("ok", budgets["local"], 1, False)
+
+
+def test_a_stream_past_the_channels_total_time_says_so(gateway, budgets, primary, fallback):
+    primary.behave("slow_drip", delay=0.2)  # every gap within the idle budget, the whole stream past the 2 s total
+    events = stream_events(post(gateway, budgets["raw"], dict(CHAT, stream=True)))
+    assert events[-1]["error"]["message"] == "the stream ran past the channel's total time", events[-1]
+    [row] = records()
+    assert (row.outcome, row.channel) == ("upstream_stalled", budgets["local"])

@@ -165,10 +165,13 @@ async def stream_lines(response, idle):
     """The stream's lines; UpstreamError("stalled") when no line comes within `idle` seconds."""
     content = response.content
     while True:
+        waiting = asyncio.timeout(idle)
         try:
-            async with asyncio.timeout(idle):
+            async with waiting:
                 raw = await content.readline()
         except TimeoutError:
+            if not waiting.expired():
+                raise  # the channel's total time (aiohttp's own timeout), not a silence between chunks
             raise stalled(idle, "no next chunk") from None
         if not raw:
             return
