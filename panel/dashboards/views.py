@@ -2,6 +2,7 @@
 Prometheus /metrics."""
 import csv
 import hmac
+import os
 
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse
@@ -12,9 +13,9 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
 from panel.accounts.decorators import team_view
-from panel.core.csv_cells import csv_row
 from panel.accounts.models import TeamKey
 from panel.channels.models import Channel
+from panel.core.csv_cells import csv_row
 from panel.dashboards.pages import TABS, dashboard_page, team_has_data
 from panel.dashboards.selectors import RANGES, BadQuery, dashboard_query_parse
 from panel.gateway.metrics import registry
@@ -140,4 +141,15 @@ def metrics(request):
         if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
             return HttpResponse("a bearer token is needed (TOKENWISE_METRICS_TOKEN)\n", status=401,
                                 content_type="text/plain", headers={"WWW-Authenticate": "Bearer"})
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(generate_latest(metrics_registry()), content_type=CONTENT_TYPE_LATEST)
+
+
+def metrics_registry():
+    """The counters of this process or, when the web server runs several (panel/web.py), of all of them."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return registry
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    every_process = CollectorRegistry()
+    multiprocess.MultiProcessCollector(every_process)
+    return every_process
