@@ -9,7 +9,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from panel.benchmarks import estimate, metrics, ownership, runner, vllm_json
-from panel.benchmarks.ladder_table import ladder_table, noise_verdict, spread
+from panel.benchmarks.ladder import ladder_table
+from panel.benchmarks.ladder_table import noise_verdict, spread
 from panel.benchmarks.models import BenchmarkRun, Ladder, StepProfile
 from panel.channels.models import Channel, Route, RouteChannel
 from panel.jobs.models import JobState

@@ -11,12 +11,12 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import close_old_connections, transaction
 
+from panel.benchmarks import ladder_table as table
 from panel.benchmarks import services
-from panel.benchmarks.ladder_table import (  # noqa: F401  (the ladder's table, re-exported for its callers)
+from panel.benchmarks.ladder_table import (  # noqa: F401  (re-exported for the ladder's callers)
     cost_per_million,
     ladder_figure,
     ladder_price,
-    ladder_table,
     step_quality,
 )
 from panel.benchmarks.models import BenchmarkRun, Ladder, StepProfile, Sweep, TargetKind
@@ -382,6 +382,11 @@ def _run_steps(job, *, worker, plan, record):
         raise
     job.result = record(outcomes)
     return job_succeed(job, result=job.result)
+
+
+def ladder_table(ladder):
+    """The ladder's comparison table (ladder_table.py): one row per step, with its spread and noise verdict."""
+    return table.ladder_table(ladder, STEPS)
 
 
 def ladder_execute(*, ladder_id, worker):

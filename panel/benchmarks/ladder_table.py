@@ -32,16 +32,15 @@ def _gain(current, previous):
     return f"{current / previous - 1:+.0%}"
 
 
-def ladder_table(ladder):
-    from panel.benchmarks.ladder import STEPS
-
+def ladder_table(ladder, steps):
+    """One row per step of `steps` ((key, label, what, use), ladder.STEPS)."""
     outcomes = {outcome["step"]: outcome for outcome in (ladder.result or {}).get("steps", [])}
     runs = {run.pk: run for run in ladder.runs.all()}
     profiles = {profile.pk: profile for profile in ServingProfile.objects.filter(
         pk__in=[o.get("profile_id") for o in outcomes.values() if o.get("profile_id")]).select_related("model")}
     price = ladder_price(ladder)
     rows, previous, baseline = [], None, None
-    for key, label, what, use in STEPS:
+    for key, label, what, use in steps:
         outcome = outcomes.get(key, {"status": "pending" if ladder.is_active else "not run", "reason": ""})
         run = runs.get(outcome.get("run_id"))
         step_runs = [runs[pk] for pk in outcome.get("run_ids") or ([run.pk] if run else []) if pk in runs]

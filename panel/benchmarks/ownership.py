@@ -5,23 +5,12 @@ removed with the job."""
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from panel.channels.models import Channel, Route
+from panel.channels.models import Channel, Route, listed_channels, listed_routes
 from panel.channels.routing import routing_changed
 from panel.serving.models import Deployment, ServingProfile
 
-
-def _step_served_names(team):
-    return ServingProfile.objects.filter(team=team, benchmark_step__isnull=False).values("served_model_name")
-
-
-def visible_channels(team):
-    """The team's channels without those of ladder and sweep steps."""
-    return Channel.objects.filter(team=team).exclude(deployment__profile__benchmark_step__isnull=False)
-
-
-def visible_routes(team):
-    """The team's routes without those a ladder or sweep step brought up."""
-    return Route.objects.filter(team=team).exclude(model_name__in=_step_served_names(team))
+visible_channels = listed_channels  # the team's channels without those of ladder and sweep steps
+visible_routes = listed_routes  # the team's routes without those a ladder or sweep step brought up
 
 
 def job_remove(job):

@@ -9,10 +9,9 @@ from panel.accounts.decorators import team_view
 from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
-from panel.benchmarks.ownership import visible_channels, visible_routes
 from panel.channels import canary, settings_json
 from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm
-from panel.channels.models import Channel, Route
+from panel.channels.models import Channel, Route, listed_channels, listed_routes
 from panel.channels.services import (
     PRESETS,
     channel_create,
@@ -44,8 +43,8 @@ def _routes(request):
 @team_view()
 def channel_list(request):
     # A ladder's or sweep's step channels and routes are the job's own (panel/benchmarks/ownership.py).
-    channels = visible_channels(request.team).select_related("deployment")
-    routes = visible_routes(request.team).prefetch_related("routechannel_set__channel")
+    channels = listed_channels(request.team).select_related("deployment")
+    routes = listed_routes(request.team).prefetch_related("routechannel_set__channel")
     context = {"channels": channels, "routes": routes, "presets": PRESETS,
                "encryption_problem": encryption_problem()}
     return _render(request, "channels/list.html", context)
