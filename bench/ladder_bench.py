@@ -26,8 +26,8 @@ from tests.conftest import wait_until
 
 @pytest.mark.timeout(3600)
 def test_ladder_on_this_machine(start_worker, team_setup, tmp_path):
-    from panel.registry.demo_model import build_demo_model
     from panel.hosts.models import WorkerHost
+    from panel.registry.demo_model import build_demo_model
 
     team, alice = team_setup["team_a"], team_setup["alice"]
     path = tmp_path / "tiny"
@@ -65,7 +65,7 @@ def test_ladder_on_this_machine(start_worker, team_setup, tmp_path):
             if row.get("gain_vs_baseline") and row["gain_vs_baseline"] != gain:
                 gain += f" ({row['gain_vs_baseline']} vs baseline)"
             lines.append(f"| {row['label']} | {row['weights_bytes'] / 1e6:.1f} MB | {row['throughput']:.1f} | {gain} | "
-                         f"{f['ttft_p50_ms']:.0f} / {f['ttft_p99_ms']:.0f} ms | {f['e2e_p99_ms']:.0f} ms | "
+                         f"{f['median_ttft_ms']:.0f} / {f['p99_ttft_ms']:.0f} ms | {f['p99_e2el_ms']:.0f} ms | "
                          f"{row['cost_per_million']:.2f} |")
         else:
             lines.append(f"| {row['label']} | {row['status']}: {row['reason']} | | | | | |")

@@ -28,12 +28,13 @@ def run_now(run):
 
 
 def assert_sane(result, requests):
-    assert result["requests"] == requests and result["errors"] == 0 and result["ok"] == requests
-    assert result["request_throughput"] > 0 and result["output_tokens_per_s"] > 0
-    for family in ("ttft", "itl", "e2e"):
-        p50, p95, p99 = (result[f"{family}_p{p}_ms"] for p in (50, 95, 99))
-        assert 0 < p50 <= p95 <= p99, (family, p50, p95, p99)
-    assert result["ttft_p50_ms"] <= result["e2e_p50_ms"]
+    assert result["requests"] == requests and result["failed"] == 0 and result["completed"] == requests
+    assert result["request_throughput"] > 0 and result["output_throughput"] > 0
+    for family in ("ttft", "tpot", "itl", "e2el"):
+        median, p90, p99 = (result[f"{stat}_{family}_ms"] for stat in ("median", "p90", "p99"))
+        assert 0 < median <= p90 <= p99, (family, median, p90, p99)
+        assert result[f"mean_{family}_ms"] > 0 and result[f"std_{family}_ms"] >= 0
+    assert result["median_ttft_ms"] <= result["median_e2el_ms"]
 
 
 def test_it_measures_a_fake_channel_and_leaves_the_warm_up_out(team_setup):
@@ -48,9 +49,10 @@ def test_it_measures_a_fake_channel_and_leaves_the_warm_up_out(team_setup):
     assert sent == 23  # 3 warm-up + 20 measured
     result = run.result
     assert_sane(result, 20)
-    assert result["output_tokens"] == 20 * 10  # max_tokens caps the fake's 12 words
+    assert result["total_output_tokens"] == 20 * 10  # max_tokens caps the fake's 12 words
     # 10 content chunks 2 ms apart: 9 gaps per request, each at least the fake's delay
-    assert result["itl_p50_ms"] >= 2
+    assert result["median_itl_ms"] >= 2 and result["median_tpot_ms"] >= 2
+    assert result["request_goodput"] is None  # no SLO set
     assert result["targets"] == {"cloud": 20}
     assert run.progress == 100 and run.phase == "done"
 
@@ -62,7 +64,7 @@ def test_it_counts_failed_requests_as_errors(team_setup):
         fake.behave("status_503", times=3)
         run = run_now(benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk,
                                        requests=10, warmup_requests=0, concurrency=1, enqueue=False))
-        assert run.result["errors"] == 3 and run.result["ok"] == 7
+        assert run.result["failed"] == 3 and run.result["completed"] == 7
         assert run.result["first_error"].startswith("HTTP 503")
         assert run.result["error_kinds"] == {"HTTP 503": 3}
         fake.behave("refuse")
@@ -70,7 +72,7 @@ def test_it_counts_failed_requests_as_errors(team_setup):
                                           requests=3, warmup_requests=0, enqueue=False))
     assert failed.state == JobState.FAILED and failed.failure_kind == "all_requests_failed"
     assert "all 3 requests failed" in failed.failure_reason
-    assert failed.result["errors"] == 3 and failed.result["ok"] == 0  # the errors that explain it, with it
+    assert failed.result["failed"] == 3 and failed.result["completed"] == 0  # the errors that explain it, with it
 
 
 def test_it_spreads_a_route_over_its_channels_by_weight(team_setup):
@@ -136,10 +138,10 @@ def test_it_computes_percentiles_that_never_cross():
     values = [0.1, 0.2, 0.3, 0.4, 10.0]
     assert runner.percentile(values, 50) == 0.3
     assert runner.percentile(values, 50) <= runner.percentile(values, 95) <= runner.percentile(values, 99) <= 10.0
-    summary = runner.summarize([runner.Sample(ok=True, ttft=0.1, e2e=0.5, gaps=[0.1] * 4, output_tokens=5),
+    summary = runner.summarize([runner.Sample(ok=True, ttft=0.1, latency=0.5, itl=[0.1] * 4, output_tokens=5),
                                 runner.Sample(ok=False, error="HTTP 429: slow down")], 2.0)
-    assert summary["request_throughput"] == 0.5 and summary["output_tokens_per_s"] == 2.5
-    assert summary["errors"] == 1 and summary["error_rate"] == 0.5 and summary["error_kinds"] == {"HTTP 429": 1}
+    assert summary["request_throughput"] == 0.5 and summary["output_throughput"] == 2.5
+    assert summary["failed"] == 1 and summary["error_rate"] == 0.5 and summary["error_kinds"] == {"HTTP 429": 1}
 
 
 def post_run(client, channel, **changes):
@@ -198,14 +200,14 @@ def test_it_launches_from_the_page_audits_it_and_compares_runs(client, team_setu
                      name="synthetic run")
         second = run_now(BenchmarkRun.objects.get(name="synthetic run"))
     assert first.state == second.state == JobState.SUCCEEDED
-    assert second.result["mean_prompt_tokens"] > first.result["mean_prompt_tokens"]
+    assert second.result["mean_input_tokens"] > first.result["mean_input_tokens"]
 
     page = client.get(reverse("benchmark_run", args=[first.pk])).content.decode()
-    assert "Output tokens/s" in page and "Time to first token" in page and "data-live-done" in page
+    assert "Output token throughput" in page and "TPOT" in page and "data-live-done" in page
     compare = client.get(reverse("benchmark_compare") + f"?run={first.pk}&run={second.pk}")
     assert compare.status_code == 200
     html = compare.content.decode()
-    assert "file run" in html and "synthetic run" in html and "End-to-end p99" in html
+    assert "file run" in html and "synthetic run" in html and "P99 E2EL" in html
     assert html.count("data-plotly") == 2 and "plotly/plotly.min.js" in html
 
     for query, message in [("?run=abc", "run must be a run number"), (f"?run={first.pk}", "Pick 2 to 6"),
@@ -347,9 +349,9 @@ def test_it_refuses_a_ladder_for_a_quantized_model_or_bad_sizes(team_setup, tiny
 
 
 def test_it_picks_the_best_sweep_value_within_the_latency_target():
-    points = [(4, {"output_tokens_per_s": 100, "e2e_p99_ms": 800}),
-              (16, {"output_tokens_per_s": 300, "e2e_p99_ms": 1900}),
-              (64, {"output_tokens_per_s": 420, "e2e_p99_ms": 5200})]
+    points = [(4, {"output_throughput": 100, "p99_e2el_ms": 800}),
+              (16, {"output_throughput": 300, "p99_e2el_ms": 1900}),
+              (64, {"output_throughput": 420, "p99_e2el_ms": 5200})]
     assert ladders.sweep_best(points, 2000)[0] == 16
     assert ladders.sweep_best(points, 6000)[0] == 64
     best, why = ladders.sweep_best(points, 500)
@@ -403,9 +405,9 @@ def test_it_paces_requests_at_a_request_rate(team_setup):
                                          enqueue=False))
         closed = run_now(benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk,
                                           requests=20, warmup_requests=0, concurrency=20, enqueue=False))
-    assert paced.result["ok"] == closed.result["ok"] == 20
+    assert paced.result["completed"] == closed.result["completed"] == 20
     # 20 Poisson arrivals at 10/s take about 2 s; the closed loop sends all 20 at once.
-    assert paced.result["seconds"] > 0.8 > closed.result["seconds"]
+    assert paced.result["duration"] > 0.8 > closed.result["duration"]
     assert "10 req/s" in paced.workload_summary
 
 
@@ -418,7 +420,8 @@ def test_it_refuses_bad_ladder_and_sweep_forms(client, team_setup, tiny_model):
     base = {"workload": "builtin", "input_tokens": 32, "output_tokens": 8, "requests": 5, "warmup_requests": 1,
             "concurrency": 2}
     response = client.post(reverse("benchmark_ladder_create"), dict(
-        base, model=tiny_model.pk, small_max_num_seqs=8, large_max_num_seqs=4, max_model_len=512))
+        base, model=tiny_model.pk, small_max_num_seqs=8, large_max_num_seqs=4, max_model_len=512, concurrency=16,
+        repeats=3))
     assert response.status_code == 400 and "must be above the small one" in response.content.decode()
     profile = ServingProfile.objects.create(team=team_setup["team_a"], name="p", model=tiny_model, block_size=32)
     for values, message in [("4", "Give 2 to 8"), ("a, b", "whole numbers")]:
@@ -440,6 +443,6 @@ def test_it_says_what_the_prompt_token_count_includes():
 
     help_text = str(BenchmarkForm.base_fields["input_tokens"].help_text)
     assert "chat template" in help_text and "engine reported" in help_text
-    html = render_to_string("benchmarks/_metrics.html", {"run": {"result": {"mean_prompt_tokens": 203,
+    html = render_to_string("benchmarks/_metrics.html", {"run": {"result": {"mean_input_tokens": 203,
                                                                                "mean_output_tokens": 64}}})
-    assert "203 tokens (as the engine counted them: the prompt text plus the chat template" in html
+    assert "mean 203 per request, as the engine counted them: the prompt text plus the chat template" in html

@@ -23,8 +23,8 @@ WORKLOAD = dict(workload="synthetic", input_tokens=48, output_tokens=16, request
 @pytest.fixture
 def engine_setup(start_worker, team_setup, tmp_path):
     """The tiny demo model registered for team A, a real GPU worker (the CPU engine) and a default worker."""
-    from panel.registry.demo_model import build_demo_model
     from panel.hosts.models import WorkerHost
+    from panel.registry.demo_model import build_demo_model
 
     path = tmp_path / "tiny"
     build_demo_model(path)
@@ -59,8 +59,8 @@ def test_it_sweeps_max_num_seqs_with_a_real_benchmark_at_each_value(engine_setup
         assert run.deployment.profile.max_num_seqs == int(run.step.split("=")[1])
     one, four = runs["max_num_seqs=1"].result, runs["max_num_seqs=4"].result
     # Four requests in flight: one sequence at a time queues them, four batch them.
-    assert four["output_tokens_per_s"] > one["output_tokens_per_s"]
-    assert one["e2e_p99_ms"] > four["e2e_p99_ms"]
+    assert four["output_throughput"] > one["output_throughput"]
+    assert one["p99_e2el_ms"] > four["p99_e2el_ms"]
     assert sweep.result["best"] == 4 and "within the 600,000 ms target" in sweep.result["best_reason"]
     assert not Deployment.objects.exclude(state=DeploymentState.STOPPED).exists()
 
@@ -88,7 +88,7 @@ def test_it_climbs_the_ladder_on_the_cpu_engine(engine_setup, team_setup, live_s
     assert serves_awq is (check.result["awq_cpu_kernel"] is True)  # a CPU host: the kernel decides
     ladder = ladders.ladder_launch(team=team, user=team_setup["alice"], model=engine_setup, small_max_num_seqs=2,
                                    large_max_num_seqs=16, max_model_len=512, extra_args="--enforce-eager",
-                                   gpu_price_per_hour=Decimal("1.50"),
+                                   gpu_price_per_hour=Decimal("1.50"), repeats=2,
                                    **dict(WORKLOAD, shared_system_prompt=True, concurrency=8))
     ladder = wait_final(Ladder, ladder.pk, 600)
     assert ladder.state == JobState.SUCCEEDED, (ladder.failure_reason, ladder.result)
@@ -115,11 +115,19 @@ def test_it_climbs_the_ladder_on_the_cpu_engine(engine_setup, team_setup, live_s
         assert deployment.state == DeploymentState.STOPPED
         # What the engine's own log says it applied: the ladder's steps really differ.
         assert deployment.verification["prefix_caching"] is (key != "baseline")
-        expected = 1.5 / (run.result["output_tokens_per_s"] * 3600 / 1e6)
+        expected = 1.5 / (rows[key]["throughput"] * 3600 / 1e6)
         assert rows[key]["cost_per_million"] == pytest.approx(expected)
         assert rows[key]["weights_bytes"] == engine_setup.size_bytes
     assert rows["batching"]["profile"].max_num_seqs == 16 and rows["batching"]["profile"].enable_chunked_prefill
     assert rows["prefix"]["gain_vs_previous"].endswith("%") and "gain_vs_previous" not in rows["baseline"]
+    # Two measurements per step on the same engine: each step's figure comes with its range.
+    for key in ("baseline", "prefix", "batching"):
+        assert len(steps[key]["run_ids"]) == 2 and rows[key]["repeats"] == 2
+        assert rows[key]["low"] <= rows[key]["throughput"] <= rows[key]["high"]
+    # The steps' channels and routes are the ladder's own: not on the team's lists.
+    from panel.benchmarks.ownership import visible_channels, visible_routes
+    assert not visible_channels(team).filter(name__startswith="local-ladder").exists()
+    assert not visible_routes(team).filter(model_name__startswith="ladder-").exists()
     assert not Deployment.objects.exclude(state=DeploymentState.STOPPED).exists()
 
     sign_in(page, live_server.url, "alice", "pw-alice-123")

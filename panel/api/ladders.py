@@ -60,7 +60,9 @@ def _step_out(row):
     run = row.get("run")
     return {"key": row["key"], "label": row["label"], "status": row["status"], "reason": row["reason"],
             "run_id": run.pk if run is not None else None, "profile_id": row["profile"].pk if row["profile"] else None,
-            "output_tokens_per_s": row.get("throughput"), "gain_vs_previous": row.get("gain_vs_previous"),
+            "output_throughput": row.get("throughput"),
+            "output_throughput_range": [row.get("low"), row.get("high")] if row.get("throughput") else None,
+            "noise": row.get("noise", ""), "gain_vs_previous": row.get("gain_vs_previous"),
             "gain_vs_baseline": row.get("gain_vs_baseline"), "cost_per_million": row.get("cost_per_million")}
 
 

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from panel.benchmarks import workload
 from panel.benchmarks.ladder import sweep_values_parse
 from panel.benchmarks.models import WORKLOAD_FIELDS, WorkloadKind
-from panel.channels.models import Channel, Route
+from panel.benchmarks.ownership import visible_channels, visible_routes
 from panel.registry.models import RegisteredModel
 from panel.serving.configfile import ConfigFileError, validate_extra_args
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
@@ -35,6 +35,12 @@ class WorkloadForm(forms.Form):
     request_rate = forms.FloatField(required=False, min_value=0.001, max_value=1000, label="Request rate (req/s)",
                                     help_text="Empty: closed loop at the concurrency. Set: Poisson arrivals.")
 
+    slo_ttft_ms = forms.FloatField(required=False, min_value=0.001, max_value=3_600_000, label="TTFT SLO (ms)",
+                                   help_text="Goodput counts the requests within every SLO set (vLLM's --goodput).")
+    slo_tpot_ms = forms.FloatField(required=False, min_value=0.001, max_value=3_600_000, label="TPOT SLO (ms)")
+    slo_e2el_ms = forms.FloatField(required=False, min_value=0.001, max_value=3_600_000, label="E2EL SLO (ms)",
+                                   help_text="End-to-end latency. Empty SLOs are not checked.")
+
     def clean(self):
         data = super().clean()
         data["prompts"], data["prompts_name"] = [], ""
@@ -60,6 +66,12 @@ class WorkloadForm(forms.Form):
         return {name: self.cleaned_data[name] for name in WORKLOAD_FIELDS}
 
 
+class ImportForm(forms.Form):
+    result_file = forms.FileField(label="vLLM result file", help_text="The JSON that `vllm bench serve "
+                                  "--save-result` wrote; it becomes a run you can compare with your own.")
+    title = forms.CharField(max_length=200, required=False, label="Name", help_text="Optional.")
+
+
 class BenchmarkForm(WorkloadForm):
     name = forms.CharField(max_length=200, required=False, help_text="Optional, to find it when comparing.")
     target = forms.ChoiceField(label="Target", help_text="A ready deployment, a channel, or a route of this team.")
@@ -71,8 +83,8 @@ class BenchmarkForm(WorkloadForm):
         deployments = Deployment.objects.filter(team=team, state=DeploymentState.READY).select_related("profile")
         self.fields["target"].choices = [
             ("Deployments (ready)", [(f"deployment:{d.pk}", str(d)) for d in deployments]),
-            ("Channels", [(f"channel:{c.pk}", c.name) for c in Channel.objects.filter(team=team, enabled=True)]),
-            ("Routes", [(f"route:{r.pk}", r.model_name) for r in Route.objects.filter(team=team)]),
+            ("Channels", [(f"channel:{c.pk}", c.name) for c in visible_channels(team).filter(enabled=True)]),
+            ("Routes", [(f"route:{r.pk}", r.model_name) for r in visible_routes(team)]),
         ]
 
     def clean_target(self):
@@ -94,13 +106,32 @@ class LadderForm(WorkloadForm):
                                             label="GPU price per hour",
                                             help_text="For the cost per million tokens. Empty: the host's price.")
 
+    repeats = forms.IntegerField(required=False, min_value=1, max_value=10, initial=3, label="Repeats per step",
+                                 help_text="Each step is measured this many times on the same engine, so its "
+                                           "figure comes with a spread and a gain within it reads as noise.")
+
     field_order = ["model", "small_max_num_seqs", "large_max_num_seqs", "max_model_len", "extra_args",
-                   "gpu_price_per_hour"]
+                   "gpu_price_per_hour", "repeats"]
 
     def __init__(self, *args, team, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["model"].queryset = RegisteredModel.objects.filter(team=team, quantization={})
-        self.fields["concurrency"].initial = 8
+        # A workload that exercises what the steps change: one system prompt shared by every request (what the
+        # prefix-caching step reuses) and more requests in flight than the small max_num_seqs (what the batching
+        # step lifts), measured long enough to be more than a second or two.
+        self.fields["workload"].initial = WorkloadKind.SYNTHETIC
+        self.fields["shared_system_prompt"].initial = True
+        self.fields["input_tokens"].initial = 256
+        self.fields["requests"].initial = 48
+        self.fields["concurrency"].initial = 16
+
+    def clean(self):
+        data = super().clean()
+        small, concurrency = data.get("small_max_num_seqs"), data.get("concurrency")
+        if small and concurrency and concurrency <= small:
+            self.add_error("concurrency", f"Send more requests at once than the small max_num_seqs ({small}): "
+                                          "at or below it, the batching step has nothing to lift.")
+        return data
 
     def clean_extra_args(self):
         text = self.cleaned_data.get("extra_args") or ""
@@ -118,11 +149,15 @@ class SweepForm(WorkloadForm):
     p99_target_ms = forms.IntegerField(min_value=1, max_value=3_600_000, initial=5000, label="P99 target (ms)",
                                        help_text="End-to-end P99 latency the best value must stay within.")
 
-    field_order = ["profile", "values", "p99_target_ms"]
+    repeats = forms.IntegerField(required=False, min_value=1, max_value=10, initial=1, label="Repeats per value",
+                                 help_text="Measurements per value on the same engine.")
+
+    field_order = ["profile", "values", "p99_target_ms", "repeats"]
 
     def __init__(self, *args, team, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["profile"].queryset = ServingProfile.objects.filter(team=team).select_related("model")
+        self.fields["profile"].queryset = ServingProfile.objects.filter(team=team, benchmark_step__isnull=True
+                                                                        ).select_related("model")
         self.fields["concurrency"].initial = 16
 
     def clean_values(self):

@@ -11,8 +11,15 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import close_old_connections, transaction
 
+from panel.benchmarks import ladder_table as table
 from panel.benchmarks import services
-from panel.benchmarks.models import BenchmarkRun, Ladder, Sweep, TargetKind
+from panel.benchmarks.ladder_table import (  # noqa: F401  (re-exported for the ladder's callers)
+    cost_per_million,
+    ladder_figure,
+    ladder_price,
+    step_quality,
+)
+from panel.benchmarks.models import BenchmarkRun, Ladder, StepProfile, Sweep, TargetKind
 from panel.hosts.models import WorkerHost
 from panel.jobs.models import JobState
 from panel.jobs.services import (
@@ -25,7 +32,6 @@ from panel.jobs.services import (
     job_heartbeat,
     job_succeed,
 )
-from panel.registry.quality import compare, latest_evaluation
 from panel.registry.schemes import SCHEMES, host_serves
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
 from panel.serving.services import (
@@ -40,6 +46,7 @@ from panel.serving.services import (
 log = logging.getLogger(__name__)
 
 MAX_SWEEP_VALUES = 8
+MAX_REPEATS = 10
 
 # The usual order of tuning work, each step adding one thing to the one before it; then FP8 instead of the
 # quantized weights, and speculative decoding, each measured where the host's engine can serve it.
@@ -189,7 +196,7 @@ def ladder_profiles(ladder, host):
 
 
 def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_max_num_seqs=64, max_model_len=2048,
-                  extra_args="", gpu_price_per_hour=Decimal(0), enqueue=True, **workload_given):
+                  extra_args="", gpu_price_per_hour=Decimal(0), repeats=3, enqueue=True, **workload_given):
     """Validate and queue a ladder for `model` (an unquantized model of the team)."""
 
     problems = {}
@@ -204,6 +211,8 @@ def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_m
                                      f"(what {model.name} was trained for).")
     if gpu_price_per_hour is None or gpu_price_per_hour < 0:
         problems["gpu_price_per_hour"] = "The price per GPU hour cannot be negative."
+    if not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+        problems["repeats"] = f"Repeats must be a whole number from 1 to {MAX_REPEATS}."
     values = services.workload_values(**workload_given)
     try:
         services.workload_check(values)
@@ -213,7 +222,7 @@ def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_m
         raise ValidationError(problems)
     ladder = Ladder(team=team, created_by=user, model=model, small_max_num_seqs=small_max_num_seqs,
                     large_max_num_seqs=large_max_num_seqs, max_model_len=max_model_len, extra_args=extra_args,
-                    gpu_price_per_hour=gpu_price_per_hour, queue="default", **values)
+                    gpu_price_per_hour=gpu_price_per_hour, repeats=repeats, queue="default", **values)
     host = host or ladder_host(ladder)
     with transaction.atomic():
         ladder.host = host
@@ -252,29 +261,35 @@ class StepRunner:
             raise Cancelled()
 
     def measure(self, *, profile, step, progress):
-        """Deploy `profile`, benchmark it, stop it. Returns (run or None, reason when there is no run)."""
+        """Deploy `profile`, benchmark it `job.repeats` times, stop it. Returns (runs, reason when a measurement
+        is missing); each repeat is its own run (warm-up included), so the step's figure comes with a spread."""
         if self.job.host is None:
-            return None, "Not launched: the worker host was removed."
+            return [], "Not launched: the worker host was removed."
         try:
             self.job.host.refresh_from_db()  # its last_seen: an old copy would look offline after a long step
             deployment = deployment_launch(team=self.job.team, user=self.job.created_by, profile=profile,
                                            host=self.job.host)
         except ValidationError as error:
-            return None, "Not launched: " + " ".join(error.messages)
+            return [], "Not launched: " + " ".join(error.messages)
+        runs = []
         try:
             reason = self._wait_ready(deployment, step, progress)
             if reason:
-                return None, reason
-            run = services.benchmark_launch(
-                team=self.job.team, user=self.job.created_by, target_kind=TargetKind.DEPLOYMENT,
-                target_id=deployment.pk, name=f"{self.job} · {step}", step=step, enqueue=False,
-                **{type(self.job)._meta.model_name: self.job}, **self.job.workload_fields())
-            job_claim(run, worker=self.worker)
-            self._measure(run, step, progress)
-            run.refresh_from_db()
-            if run.state != JobState.SUCCEEDED:
-                return run, f"The benchmark failed: {run.failure_reason}"
-            return run, ""
+                return [], reason
+            repeats = max(getattr(self.job, "repeats", 1) or 1, 1)
+            for repeat in range(repeats):
+                label = f"{step} ({repeat + 1} of {repeats})" if repeats > 1 else step
+                run = services.benchmark_launch(
+                    team=self.job.team, user=self.job.created_by, target_kind=TargetKind.DEPLOYMENT,
+                    target_id=deployment.pk, name=f"{self.job} · {label}", step=step, enqueue=False,
+                    **{type(self.job)._meta.model_name: self.job}, **self.job.workload_fields())
+                job_claim(run, worker=self.worker)
+                self._measure(run, label, progress)
+                run.refresh_from_db()
+                runs.append(run)
+                if run.state != JobState.SUCCEEDED:
+                    return runs, f"The benchmark failed: {run.failure_reason}"
+            return runs, ""
         finally:
             self._stop(deployment, step)
 
@@ -313,7 +328,7 @@ class StepRunner:
             job_cancel(run, actor=None)
             job_cancelled(run)
             raise Cancelled()
-        if summary["ok"] == 0:
+        if summary["completed"] == 0:
             services.benchmark_fail_all_requests(run, summary)
             return
         job_succeed(run, result=summary)
@@ -329,11 +344,15 @@ class StepRunner:
 
 
 def _save_profile(job, name, fields):
-    """A profile for one step (kept, so the page links to exactly what was measured)."""
+    """A profile for one step (kept, so the page links to exactly what was measured), owned by the job: its
+    deployment's channel and route are hidden from the team's lists and removed with the job."""
     from django.utils.text import slugify
 
-    return ServingProfile.objects.create(team=job.team, created_by=job.created_by, name=name[:100],
-                                         served_model_name=slugify(name)[:200], **fields)
+    with transaction.atomic():
+        profile = ServingProfile.objects.create(team=job.team, created_by=job.created_by, name=name[:100],
+                                                served_model_name=slugify(name)[:200], **fields)
+        StepProfile.objects.create(profile=profile, **{type(job)._meta.model_name: job})
+    return profile
 
 
 def _run_steps(job, *, worker, plan, record):
@@ -348,9 +367,9 @@ def _run_steps(job, *, worker, plan, record):
             outcome = {"step": step, "status": "skipped", "reason": skip}
             if fields is not None:
                 profile = _save_profile(job, name, fields)
-                run, reason = steps.measure(profile=profile, step=step, progress=progress)
+                runs, reason = steps.measure(profile=profile, step=step, progress=progress)
                 outcome.update(status="failed" if reason else "measured", reason=reason, profile_id=profile.pk,
-                               run_id=run.pk if run else None)
+                               run_id=runs[0].pk if runs else None, run_ids=[run.pk for run in runs])
             outcomes.append(outcome)
             type(job).objects.filter(pk=job.pk).update(result=record(outcomes))
             close_old_connections()
@@ -365,80 +384,19 @@ def _run_steps(job, *, worker, plan, record):
     return job_succeed(job, result=job.result)
 
 
+def ladder_table(ladder):
+    """The ladder's comparison table (ladder_table.py): one row per step, with its spread and noise verdict."""
+    return table.ladder_table(ladder, STEPS)
+
+
 def ladder_execute(*, ladder_id, worker):
     """Body of the ladder task."""
     ladder = Ladder.objects.select_related("model", "host", "team", "created_by").get(pk=ladder_id)
     plan = [(key, f"ladder {ladder.pk} · {key}", fields, skip)
             for key, _, _, _, fields, skip in ladder_profiles(ladder, ladder.host)]
-    return _run_steps(ladder, worker=worker, plan=plan, record=lambda outcomes: {"steps": outcomes})
-
-
-def ladder_table(ladder):
-    """The comparison table for this ladder: one row per step with its real figures, the gain over the step
-    before and the cost per million output tokens at the host's price."""
-    outcomes = {outcome["step"]: outcome for outcome in (ladder.result or {}).get("steps", [])}
-    runs = {run.pk: run for run in ladder.runs.all()}
-    profiles = {profile.pk: profile for profile in ServingProfile.objects.filter(
-        pk__in=[o.get("profile_id") for o in outcomes.values() if o.get("profile_id")]).select_related("model")}
-    price = ladder_price(ladder)
-    rows, previous, baseline = [], None, None
-    for key, label, what, use in STEPS:
-        outcome = outcomes.get(key, {"status": "pending" if ladder.is_active else "not run", "reason": ""})
-        run = runs.get(outcome.get("run_id"))
-        profile = profiles.get(outcome.get("profile_id"))
-        row = {"key": key, "label": label, "what": what, "use": use, "status": outcome["status"],
-               "reason": outcome.get("reason", ""), "run": run, "profile": profile,
-               "quality": step_quality(ladder.model, profile.model) if profile else None}
-        figures = run.result if run is not None and run.state == JobState.SUCCEEDED else None
-        if figures:
-            throughput = figures["output_tokens_per_s"]
-            row.update(throughput=throughput, figures=figures, weights_bytes=profile.model.size_bytes if profile
-                       else None)
-            devices = (profile.tensor_parallel_size * profile.pipeline_parallel_size) if profile else 1
-            row["cost_per_million"] = cost_per_million(price, devices, throughput)
-            if previous:
-                row["gain_vs_previous"] = f"{throughput / previous - 1:+.0%}"
-            if baseline and previous != baseline:
-                row["gain_vs_baseline"] = f"{throughput / baseline - 1:+.0%}"
-            previous = throughput
-            baseline = baseline or throughput
-        rows.append(row)
-    return rows
-
-
-def step_quality(parent, model):
-    """The quality report's numbers for the model a step served: its own measurement and, for a quantized
-    child, the comparison with the ladder's model (None when it was never measured)."""
-    evaluation = latest_evaluation(model)
-    if evaluation is None:
-        return None
-    return compare(evaluation, latest_evaluation(parent) if model.pk != parent.pk else None)
-
-
-def ladder_price(ladder):
-    """The price of one GPU hour: the ladder's own, else the host's price when the hosts page records one."""
-    if ladder.gpu_price_per_hour:
-        return Decimal(ladder.gpu_price_per_hour)
-    host_price = getattr(ladder.host, "gpu_price_per_hour", None) if ladder.host else None
-    return Decimal(host_price) if host_price else Decimal(0)
-
-
-def cost_per_million(price_per_hour, devices, tokens_per_second):
-    """price per GPU hour × GPUs / millions of tokens per hour."""
-    if not price_per_hour or not tokens_per_second:
-        return None
-    return float(price_per_hour) * devices / (tokens_per_second * 3600 / 1_000_000)
-
-
-def ladder_figure(rows):
-    import plotly.graph_objects as go
-
-    measured = [row for row in rows if row.get("throughput")]
-    figure = go.Figure(go.Bar(x=[row["label"] for row in measured], y=[row["throughput"] for row in measured],
-                              text=[f"{row['throughput']:.1f}" for row in measured], marker_color="#2f6fed"))
-    figure.update_layout(title="Output tokens per second by step", yaxis_title="tok/s", height=320,
-                         margin=dict(l=50, r=20, t=50, b=60))
-    return json.loads(figure.to_json())
+    planned = len([step for step in plan if step[2] is not None])
+    return _run_steps(ladder, worker=worker, plan=plan,
+                      record=lambda outcomes: {"steps": outcomes, "planned": planned})
 
 
 def sweep_values_parse(text):
@@ -452,7 +410,8 @@ def sweep_values_parse(text):
     return values
 
 
-def sweep_launch(*, team, user, profile, values, p99_target_ms, host=None, enqueue=True, **workload_given):
+def sweep_launch(*, team, user, profile, values, p99_target_ms, host=None, repeats=1, enqueue=True,
+                 **workload_given):
     """Validate and queue a sweep of `profile` over max_num_seqs `values` (a list or "4, 16, 64")."""
 
     values = values if isinstance(values, list) else sweep_values_parse(values)
@@ -461,12 +420,14 @@ def sweep_launch(*, team, user, profile, values, p99_target_ms, host=None, enque
     if not isinstance(p99_target_ms, int) or not 1 <= p99_target_ms <= 3_600_000:
         raise ValidationError({"p99_target_ms": "The P99 target must be a whole number of milliseconds, "
                                                 "1 to 3,600,000."})
+    if not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+        raise ValidationError({"repeats": f"Repeats must be a whole number from 1 to {MAX_REPEATS}."})
     values_checked = services.workload_values(**workload_given)
     services.workload_check(values_checked)
     host = host or host_pick(profile)
     with transaction.atomic():
         sweep = Sweep.objects.create(team=team, created_by=user, profile=profile, host=host, values=values,
-                                     p99_target_ms=p99_target_ms, queue="default", **values_checked)
+                                     p99_target_ms=p99_target_ms, repeats=repeats, queue="default", **values_checked)
         job_created(sweep, actor=user, reason=f"max_num_seqs sweep of {profile.name} over {values} requested")
         if enqueue:
             job_enqueue(sweep, "panel.benchmarks.tasks.run_sweep")
@@ -519,14 +480,14 @@ def sweep_best(points, target_ms):
     """(value, reason): the value with the highest output tokens/s whose end-to-end P99 is within `target_ms`."""
     if not points:
         return None, "No value was measured."
-    within = [(value, result) for value, result in points if (result.get("e2e_p99_ms") or 0) <= target_ms]
+    within = [(value, result) for value, result in points if (result.get("p99_e2el_ms") or 0) <= target_ms]
     if not within:
-        value, result = min(points, key=lambda point: point[1].get("e2e_p99_ms") or 0)
+        value, result = min(points, key=lambda point: point[1].get("p99_e2el_ms") or 0)
         return None, (f"No value met the P99 target of {target_ms:,} ms; the lowest P99 was "
-                      f"{result['e2e_p99_ms']:,.0f} ms at max_num_seqs={value}.")
-    value, result = max(within, key=lambda point: point[1].get("output_tokens_per_s") or 0)
-    return value, (f"max_num_seqs={value}: {result['output_tokens_per_s']:,.1f} output tokens/s with P99 "
-                   f"{result['e2e_p99_ms']:,.0f} ms, within the {target_ms:,} ms target.")
+                      f"{result['p99_e2el_ms']:,.0f} ms at max_num_seqs={value}.")
+    value, result = max(within, key=lambda point: point[1].get("output_throughput") or 0)
+    return value, (f"max_num_seqs={value}: {result['output_throughput']:,.1f} output tokens/s with P99 "
+                   f"{result['p99_e2el_ms']:,.0f} ms, within the {target_ms:,} ms target.")
 
 
 def sweep_figure(sweep):
@@ -536,13 +497,13 @@ def sweep_figure(sweep):
     points = sweep_points(sweep)
     best = (sweep.result or {}).get("best")
     figure = go.Figure(go.Scatter(
-        x=[run.result.get("e2e_p99_ms") for _, run in points], y=[run.result.get("output_tokens_per_s")
+        x=[run.result.get("p99_e2el_ms") for _, run in points], y=[run.result.get("output_throughput")
                                                                   for _, run in points],
         mode="lines+markers+text", text=[f"max_num_seqs={value}" for value, _ in points],
         textposition="top center", marker=dict(size=[16 if value == best else 9 for value, _ in points],
                                                color=["#1a9850" if value == best else "#2f6fed"
                                                       for value, _ in points])))
-    slowest = max((run.result.get("e2e_p99_ms") or 0 for _, run in points), default=0)
+    slowest = max((run.result.get("p99_e2el_ms") or 0 for _, run in points), default=0)
     if sweep.p99_target_ms <= 3 * slowest:
         figure.add_vline(x=sweep.p99_target_ms, line_dash="dash", line_color="#d73027",
                          annotation_text=f"P99 target {sweep.p99_target_ms:,} ms")

@@ -26,6 +26,10 @@ class Workload(models.Model):
     warmup_requests = models.PositiveIntegerField(default=2)
     concurrency = models.PositiveIntegerField(default=4)
     request_rate = models.FloatField(null=True, blank=True)  # requests/s; empty = closed loop at `concurrency`
+    # Service-level objectives for goodput (vLLM's --goodput ttft:.. tpot:.. e2el:..), in ms; empty = not set.
+    slo_ttft_ms = models.FloatField(null=True, blank=True)
+    slo_tpot_ms = models.FloatField(null=True, blank=True)
+    slo_e2el_ms = models.FloatField(null=True, blank=True)
 
     class Meta:
         abstract = True
@@ -43,7 +47,16 @@ class Workload(models.Model):
             what = f"built-in prompts, ≤ {self.output_tokens} tokens out"
         load = (f"{self.request_rate:g} req/s (≤ {self.concurrency} in flight)" if self.request_rate
                 else f"concurrency {self.concurrency}")
-        return f"{self.requests} requests ({self.warmup_requests} warm-up) · {what} · {load}"
+        slo = self.goodput_slo
+        goodput = (" · goodput SLO " + ", ".join(f"{key.upper()} ≤ {value:g} ms" for key, value in slo.items())
+                   if slo else "")
+        return f"{self.requests} requests ({self.warmup_requests} warm-up) · {what} · {load}{goodput}"
+
+    @property
+    def goodput_slo(self):
+        """{"ttft": ms, "tpot": ms, "e2el": ms} for the SLOs that are set."""
+        return {key: getattr(self, f"slo_{key}_ms") for key in ("ttft", "tpot", "e2el")
+                if getattr(self, f"slo_{key}_ms")}
 
     def workload_fields(self):
         """The workload as keyword arguments, to give a ladder's or sweep's steps the same one."""
@@ -51,13 +64,15 @@ class Workload(models.Model):
 
 
 WORKLOAD_FIELDS = ("workload", "prompts", "prompts_name", "input_tokens", "output_tokens", "shared_system_prompt",
-                   "requests", "warmup_requests", "concurrency", "request_rate")
+                   "requests", "warmup_requests", "concurrency", "request_rate", "slo_ttft_ms", "slo_tpot_ms",
+                   "slo_e2el_ms")
 
 
 class TargetKind(models.TextChoices):
     DEPLOYMENT = "deployment", "Deployment"
     CHANNEL = "channel", "Channel"
     ROUTE = "route", "Route"
+    IMPORTED = "imported", "Imported result"
 
 
 class Ladder(Job, Workload):
@@ -71,6 +86,7 @@ class Ladder(Job, Workload):
     max_model_len = models.PositiveIntegerField(default=2048)
     extra_args = models.CharField(max_length=1000, blank=True)
     gpu_price_per_hour = models.DecimalField(max_digits=10, decimal_places=4, default=Decimal(0))
+    repeats = models.PositiveSmallIntegerField(default=3)  # measurements per step, for a spread
 
     class Meta(Job.Meta):
         pass
@@ -86,6 +102,7 @@ class Sweep(Job, Workload):
     host = models.ForeignKey("hosts.WorkerHost", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     values = models.JSONField(default=list)  # max_num_seqs values, ascending
     p99_target_ms = models.PositiveIntegerField(default=5000)  # end-to-end P99 latency
+    repeats = models.PositiveSmallIntegerField(default=1)  # measurements per value
 
     class Meta(Job.Meta):
         pass
@@ -95,8 +112,8 @@ class Sweep(Job, Workload):
 
 
 class BenchmarkRun(Job, Workload):
-    """One measured load against a deployment, a channel or a route. `result` holds the figures
-    (runner.summarize): throughput, output tokens/s, TTFT / inter-token / end-to-end p50/p95/p99, errors."""
+    """One measured load against a deployment, a channel or a route, or a result imported from `vllm bench serve
+    --save-result`. `result` holds the figures in vLLM's terms (metrics.summarize)."""
 
     name = models.CharField(max_length=200, blank=True)
     target_kind = models.CharField(max_length=12, choices=TargetKind.choices)
@@ -120,3 +137,12 @@ class BenchmarkRun(Job, Workload):
     @property
     def title(self):
         return self.name or f"Run #{self.pk} · {self.target_label}"
+
+
+class StepProfile(models.Model):
+    """A serving profile a ladder or sweep step made for itself. Its deployment's local channel and route are the
+    job's own: hidden from the Channels page and the benchmark targets, and removed with the job."""
+
+    profile = models.OneToOneField("serving.ServingProfile", on_delete=models.CASCADE, related_name="benchmark_step")
+    ladder = models.ForeignKey(Ladder, null=True, blank=True, on_delete=models.CASCADE, related_name="step_profiles")
+    sweep = models.ForeignKey(Sweep, null=True, blank=True, on_delete=models.CASCADE, related_name="step_profiles")

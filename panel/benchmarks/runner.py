@@ -1,9 +1,11 @@
 """Load generation for a benchmark run: plain asyncio + aiohttp, no Django. Every request streams, so the first
-content byte gives TTFT and the gaps between content chunks give the inter-token latency.
+chunk with tokens gives TTFT and the chunks after it the per-token gaps (panel/benchmarks/metrics.py: the figures
+in `vllm bench serve`'s terms).
 
-`run_load` sends warm-up requests first (not counted: a cold engine's first requests are slow), then the measured ones, either
-closed-loop (`concurrency` requests in flight) or open-loop (`request_rate` new requests per second, Poisson
-arrivals, at most `concurrency` in flight). `summarize` turns the samples into the figures a run records."""
+`run_load` sends warm-up requests first (not counted: a cold engine's first requests are slow), then the measured
+ones, either closed-loop (`concurrency` requests in flight) or open-loop (`request_rate` new requests per second,
+Poisson arrivals, at most `concurrency` in flight). `summarize` turns the samples into the figures a run records
+(metrics.summarize)."""
 import asyncio
 import random
 import time
@@ -11,9 +13,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from panel.benchmarks import metrics
 from panel.core import safejson
-
-PERCENTILES = (50, 95, 99)
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,9 @@ class Endpoint:
 class Sample:
     ok: bool
     error: str = ""
-    ttft: float | None = None  # seconds to the first content chunk
-    e2e: float | None = None  # seconds to the end of the stream
-    gaps: list = field(default_factory=list)  # seconds between successive content chunks
+    ttft: float | None = None  # seconds to the first chunk that carries tokens
+    latency: float | None = None  # seconds to the last chunk with choices (vLLM's end-to-end latency)
+    itl: list = field(default_factory=list)  # per-token gaps (metrics.chunk_itls)
     prompt_tokens: int = 0
     output_tokens: int = 0
     target: str = ""
@@ -57,7 +58,68 @@ def request_body(endpoint, messages, max_tokens):
             "temperature": 0, "stream_options": {"include_usage": True}}
     if endpoint.vllm:
         body["ignore_eos"] = True  # vLLM's extension: produce exactly max_tokens, as the workload asked
+        # vLLM's extension: every chunk carries the running completion_tokens, so a chunk's token count is exact
+        body["stream_options"]["continuous_usage_stats"] = True
     return body
+
+
+class StreamReader:
+    """Turns network reads of an SSE stream into chunk arrivals: every read that brings content is one arrival,
+    with the tokens it brought (from the running completion_tokens when the server sends it with each chunk, else
+    one per content event)."""
+
+    def __init__(self):
+        self.buffer = b""
+        self.arrivals = []  # (seconds, tokens)
+        self.last_choice_at = None
+        self.completion_tokens = None  # the server's running count, when it sends one
+        self.counted = 0  # tokens attributed to arrivals so far
+        self.prompt_tokens = 0
+        self.events = 0
+        self.done = False
+
+    def feed(self, data, at):
+        """Add the bytes of one read, received `at` seconds after sending. Returns an error string or ""."""
+        self.buffer += data
+        content_events, usage_seen = 0, False
+        while b"\n" in self.buffer:
+            raw, self.buffer = self.buffer.split(b"\n", 1)
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                self.done = True
+                break
+            try:
+                event = safejson.loads(payload)
+            except ValueError:
+                return "malformed stream event"
+            if not isinstance(event, dict):
+                return "malformed stream event"
+            if "error" in event:
+                return f"error event: {str(event['error'])[:200]}"
+            usage = event.get("usage") or {}
+            if usage:
+                self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                if usage.get("completion_tokens") is not None:
+                    self.completion_tokens = int(usage["completion_tokens"])
+                    usage_seen = True
+            choices = event.get("choices") or []
+            if choices:
+                self.last_choice_at = at
+            for choice in choices:
+                if (choice.get("delta") or {}).get("content"):
+                    content_events += 1
+        if content_events:
+            self.events += content_events
+            if usage_seen and self.completion_tokens is not None and self.completion_tokens > self.counted:
+                tokens = self.completion_tokens - self.counted
+            else:
+                tokens = content_events
+            self.counted += tokens
+            self.arrivals.append((at, tokens))
+        return ""
 
 
 async def one_request(session, endpoint, messages, max_tokens, timeout):
@@ -66,8 +128,7 @@ async def one_request(session, endpoint, messages, max_tokens, timeout):
     headers = {"Authorization": f"Bearer {endpoint.api_key}", "Content-Type": "application/json",
                "X-Tokenwise-Hop": "1"}  # the gateway refuses it: a target that is the panel itself cannot loop
     started = time.perf_counter()
-    last = None
-    chunks = 0
+    reader = StreamReader()
     try:
         async with session.post(endpoint.base_url.rstrip("/") + "/chat/completions",
                                 json=request_body(endpoint, messages, max_tokens), headers=headers,
@@ -76,45 +137,28 @@ async def one_request(session, endpoint, messages, max_tokens, timeout):
                 text = (await response.text())[:300]
                 sample.error = f"HTTP {response.status}: {text}"
                 return sample
-            async for raw in response.content:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            async for data in response.content.iter_any():
+                error = reader.feed(data, time.perf_counter() - started)
+                if error:
+                    sample.error = error
+                    return sample
+                if reader.done:
                     break
-                try:
-                    event = safejson.loads(data)
-                except ValueError:
-                    sample.error = "malformed stream event"
-                    return sample
-                if "error" in event:
-                    sample.error = f"error event: {str(event['error'])[:200]}"
-                    return sample
-                usage = event.get("usage") or {}
-                if usage:
-                    sample.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                    sample.output_tokens = int(usage.get("completion_tokens") or 0)
-                for choice in event.get("choices") or []:
-                    if (choice.get("delta") or {}).get("content"):
-                        now = time.perf_counter()
-                        if last is None:
-                            sample.ttft = now - started
-                        else:
-                            sample.gaps.append(now - last)
-                        last = now
-                        chunks += 1
     except asyncio.TimeoutError:
         sample.error = f"timed out after {timeout:g} s"
         return sample
     except (aiohttp.ClientError, OSError) as error:
         sample.error = f"connection error: {type(error).__name__}: {error}"[:300]
         return sample
-    sample.e2e = time.perf_counter() - started
-    if sample.ttft is None:
+    if not reader.arrivals:
         sample.error = "the stream ended without any content"
         return sample
-    sample.output_tokens = sample.output_tokens or chunks  # upstreams without usage: one chunk ~ one token
+    sample.ttft = reader.arrivals[0][0]
+    sample.latency = max(reader.last_choice_at or 0.0, reader.arrivals[-1][0])
+    sample.itl = metrics.chunk_itls(reader.arrivals)
+    sample.prompt_tokens = reader.prompt_tokens
+    # upstreams without usage: one content event ~ one token
+    sample.output_tokens = reader.completion_tokens or reader.counted
     sample.ok = True
     return sample
 
@@ -167,51 +211,8 @@ async def run_load(*, pick, prompts, max_tokens, requests, warmup=0, concurrency
         return samples, time.perf_counter() - started
 
 
-def percentile(values, p):
-    """Linear interpolation between closest ranks (numpy's default), so p50 <= p95 <= p99 always holds."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * p / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+percentile = metrics.percentile
 
 
-def _ms_percentiles(name, values):
-    return {f"{name}_p{p}_ms": (None if percentile(values, p) is None else round(percentile(values, p) * 1000, 3))
-            for p in PERCENTILES}
-
-
-def summarize(samples, seconds):
-    """The figures a run records, from its measured samples and wall time."""
-    ok = [sample for sample in samples if sample.ok]
-    errors = [sample for sample in samples if not sample.ok]
-    seconds = max(seconds, 1e-9)
-    output_tokens = sum(sample.output_tokens for sample in ok)
-    prompt_tokens = sum(sample.prompt_tokens for sample in ok)
-    error_kinds = {}
-    for sample in errors:
-        kind = sample.error.split(":")[0]
-        error_kinds[kind] = error_kinds.get(kind, 0) + 1
-    targets = {}
-    for sample in samples:
-        if sample.target:
-            targets[sample.target] = targets.get(sample.target, 0) + 1
-    summary = {
-        "requests": len(samples), "ok": len(ok), "errors": len(errors),
-        "error_rate": round(len(errors) / len(samples), 4) if samples else 0.0,
-        "error_kinds": error_kinds, "first_error": errors[0].error if errors else "",
-        "seconds": round(seconds, 3),
-        "request_throughput": round(len(ok) / seconds, 3),
-        "output_tokens_per_s": round(output_tokens / seconds, 2),
-        "total_tokens_per_s": round((output_tokens + prompt_tokens) / seconds, 2),
-        "output_tokens": output_tokens, "prompt_tokens": prompt_tokens,
-        "mean_prompt_tokens": round(prompt_tokens / len(ok), 1) if ok else 0,
-        "mean_output_tokens": round(output_tokens / len(ok), 1) if ok else 0,
-        "targets": targets,
-    }
-    summary.update(_ms_percentiles("ttft", [sample.ttft for sample in ok]))
-    summary.update(_ms_percentiles("itl", [gap for sample in ok for gap in sample.gaps]))
-    summary.update(_ms_percentiles("e2e", [sample.e2e for sample in ok]))
-    return summary
+def summarize(samples, seconds, slo=None):
+    return metrics.summarize(samples, seconds, slo)

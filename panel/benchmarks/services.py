@@ -46,6 +46,11 @@ def workload_check(values):
     rate = values.get("request_rate")
     if rate is not None and not (isinstance(rate, (int, float)) and 0 < rate <= MAX_REQUEST_RATE):
         problems["request_rate"] = f"Request rate must be more than 0 and at most {MAX_REQUEST_RATE:g} per second."
+    for key in ("ttft", "tpot", "e2el"):
+        slo = values.get(f"slo_{key}_ms")
+        if slo is not None and not (isinstance(slo, (int, float)) and not isinstance(slo, bool)
+                                    and 0 < slo <= 3_600_000):
+            problems[f"slo_{key}_ms"] = f"The {key.upper()} SLO must be more than 0 and at most 3,600,000 ms."
     kind = values.get("workload")
     if kind not in WorkloadKind.values:
         problems["workload"] = f"Workload must be one of {', '.join(WorkloadKind.values)}."
@@ -211,7 +216,7 @@ def benchmark_measure(run, *, on_beat=None):
 
     samples, seconds = run_load_in_thread(pick=pick, run=run, progress=progress, on_beat=beat,
                                           beat_seconds=settings.JOB_HEARTBEAT_SECONDS)
-    return summary_redacted(runner.summarize(samples, seconds)), progress
+    return summary_redacted(runner.summarize(samples, seconds, run.goodput_slo)), progress
 
 
 def summary_redacted(summary):
@@ -251,7 +256,7 @@ def benchmark_perform(run):
         job_cancelled(run)
         return False
     summary["wall_seconds"] = round(time.monotonic() - started, 1)
-    if summary["ok"] == 0:
+    if summary["completed"] == 0:
         benchmark_fail_all_requests(run, summary)
         return False
     return job_succeed(run, result=summary)
@@ -270,16 +275,19 @@ def benchmark_cancel(*, run, user):
     return job_cancel(run, actor=user)
 
 
-METRICS = (  # (result key, label, unit, higher is better)
+METRICS = (  # (result key, label, unit, higher is better): vLLM's names for the figures
     ("request_throughput", "Request throughput", "req/s", True),
-    ("output_tokens_per_s", "Output tokens/s", "tok/s", True),
-    ("ttft_p50_ms", "TTFT p50", "ms", False), ("ttft_p95_ms", "TTFT p95", "ms", False),
-    ("ttft_p99_ms", "TTFT p99", "ms", False),
-    ("itl_p50_ms", "Inter-token p50", "ms", False), ("itl_p95_ms", "Inter-token p95", "ms", False),
-    ("itl_p99_ms", "Inter-token p99", "ms", False),
-    ("e2e_p50_ms", "End-to-end p50", "ms", False), ("e2e_p95_ms", "End-to-end p95", "ms", False),
-    ("e2e_p99_ms", "End-to-end p99", "ms", False),
-    ("errors", "Errors", "", False),
+    ("request_goodput", "Request goodput", "req/s", True),
+    ("output_throughput", "Output token throughput", "tok/s", True),
+    ("mean_ttft_ms", "Mean TTFT", "ms", False), ("median_ttft_ms", "Median TTFT", "ms", False),
+    ("p99_ttft_ms", "P99 TTFT", "ms", False),
+    ("mean_tpot_ms", "Mean TPOT", "ms", False), ("median_tpot_ms", "Median TPOT", "ms", False),
+    ("p99_tpot_ms", "P99 TPOT", "ms", False),
+    ("mean_itl_ms", "Mean ITL", "ms", False), ("median_itl_ms", "Median ITL", "ms", False),
+    ("p99_itl_ms", "P99 ITL", "ms", False),
+    ("mean_e2el_ms", "Mean E2EL", "ms", False), ("median_e2el_ms", "Median E2EL", "ms", False),
+    ("p99_e2el_ms", "P99 E2EL", "ms", False),
+    ("failed", "Failed requests", "", False),
 )
 
 
@@ -300,15 +308,15 @@ def runs_compare_figures(runs):
     import plotly.graph_objects as go
 
     names = [f"#{run.pk} {run.name or run.target_label}"[:40] for run in runs]
-    throughput = go.Figure(go.Bar(x=names, y=[run.result.get("output_tokens_per_s") for run in runs],
+    throughput = go.Figure(go.Bar(x=names, y=[run.result.get("output_throughput") for run in runs],
                                   marker_color="#2f6fed"))
-    throughput.update_layout(title="Output tokens per second", yaxis_title="tok/s", height=320,
+    throughput.update_layout(title="Output token throughput", yaxis_title="tok/s", height=320,
                              margin=dict(l=50, r=20, t=50, b=80))
     latency = go.Figure()
-    for family, title in (("ttft", "TTFT"), ("itl", "Inter-token"), ("e2e", "End-to-end")):
-        for p in runner.PERCENTILES:
-            latency.add_trace(go.Bar(name=f"{title} p{p}", x=names,
-                                     y=[run.result.get(f"{family}_p{p}_ms") for run in runs]))
+    for family, title in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL")):
+        for stat in ("median", "p99"):
+            latency.add_trace(go.Bar(name=f"{stat.capitalize()} {title}", x=names,
+                                     y=[run.result.get(f"{stat}_{family}_ms") for run in runs]))
     latency.update_layout(title="Latency percentiles", yaxis_title="ms", yaxis_type="log", barmode="group",
                           height=380, margin=dict(l=50, r=20, t=50, b=80))
     return [json.loads(throughput.to_json()), json.loads(latency.to_json())]

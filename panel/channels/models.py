@@ -258,3 +258,20 @@ def order_channels(strategy, entries, *, rng=random):
             usable.remove(first)
             usable.insert(0, first)
     return [entry.channel for entry in usable]
+
+
+# A config ladder's or sweep's steps bring up deployments whose local channel and route are the job's own
+# (panel/benchmarks/ownership.py marks the step's serving profile): the team's lists leave them out. By lookup
+# names only, so this layer imports nothing above it.
+STEP_CHANNEL = {"deployment__profile__benchmark_step__isnull": False}
+
+
+def listed_channels(team):
+    """The team's channels as its lists show them: without those of ladder and sweep steps."""
+    return Channel.objects.filter(team=team).exclude(**STEP_CHANNEL)
+
+
+def listed_routes(team):
+    """The team's routes as its lists show them: without those a ladder or sweep step brought up."""
+    step_models = Channel.objects.filter(team=team, **STEP_CHANNEL).values("model_id")
+    return Route.objects.filter(team=team).exclude(model_name__in=step_models)

@@ -11,7 +11,7 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels import canary, settings_json
 from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm
-from panel.channels.models import Channel, Route
+from panel.channels.models import Channel, Route, listed_channels, listed_routes
 from panel.channels.services import (
     PRESETS,
     channel_create,
@@ -42,7 +42,10 @@ def _routes(request):
 
 @team_view()
 def channel_list(request):
-    context = {"channels": _channels(request), "routes": _routes(request), "presets": PRESETS,
+    # A ladder's or sweep's step channels and routes are the job's own (panel/benchmarks/ownership.py).
+    channels = listed_channels(request.team).select_related("deployment")
+    routes = listed_routes(request.team).prefetch_related("routechannel_set__channel")
+    context = {"channels": channels, "routes": routes, "presets": PRESETS,
                "encryption_problem": encryption_problem()}
     return _render(request, "channels/list.html", context)
 
