@@ -99,6 +99,39 @@ def test_hosts_and_engine_checks_by_api(client, setup):
         "pending")
 
 
+
+def test_a_hosts_gpu_price_is_set_by_api_by_a_superuser_only_validated_and_audited(client, setup):
+    host, path = setup["host"], f"/hosts/{setup['host'].pk}/gpu-price"
+    price = {"gpu_price_per_hour": "1.25", "gpu_count": 2}
+    for raw in (setup["owner"], setup["viewer"]):  # a team's owner is not the installation's superuser
+        refused = call(client, "put", path, raw, price)
+        assert refused.status_code == 403, refused.content
+    assert "only a superuser" in call(client, "put", path, setup["owner"], price).json()["detail"]
+    assert AuditEvent.objects.filter(action=AuditAction.REFUSED, target=API + path).count() == 3
+    host.refresh_from_db()
+    assert (host.gpu_price_per_hour, host.gpu_count) == (None, None)
+
+    setup["alice"].is_superuser = True
+    setup["alice"].save(update_fields=["is_superuser"])
+    for bad, field in (({"gpu_price_per_hour": "-1"}, "gpu_price_per_hour"), ({"gpu_count": 0}, "gpu_count"),
+                       ({"gpu_price_per_hour": "1.23456"}, "gpu_price_per_hour")):
+        answer = call(client, "put", path, setup["owner"], bad)
+        assert answer.status_code == 400 and field in str(answer.json()), (bad, answer.content)
+    host.refresh_from_db()
+    assert (host.gpu_price_per_hour, host.gpu_count) == (None, None)
+    assert not AuditEvent.objects.filter(action=AuditAction.SETTING_CHANGED).exists()
+
+    answer = call(client, "put", path, setup["owner"], price)
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["gpu_price_per_hour"] in ("1.25", "1.2500", 1.25) and answer.json()["gpu_count"] == 2
+    host.refresh_from_db()
+    assert (str(host.gpu_price_per_hour), host.gpu_count) == ("1.2500", 2)
+    [event] = AuditEvent.objects.filter(action=AuditAction.SETTING_CHANGED)
+    assert event.target == "GPU price of box" and "None → 1.25" in str(event.detail)
+    cleared = call(client, "put", path, setup["owner"], {"gpu_price_per_hour": None, "gpu_count": None})
+    assert cleared.status_code == 200 and cleared.json()["gpu_price_per_hour"] is None
+    assert call(client, "put", "/hosts/999999/gpu-price", setup["owner"], price).status_code == 404
+
 def test_a_quality_report_is_cancelled_on_the_page_and_by_api(client, setup):
     team = setup["team_a"]
     first = EvaluationJob.objects.create(team=team, model=setup["model"], queue="gpu")

@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from panel.channels.models import Channel, Route
+from tests.fake_upstream import content_text
 from tests.test_gateway import CHAT, fallback, gateway, post, primary, records, setup  # noqa: F401 (fixtures)
 
 
@@ -171,3 +172,46 @@ def test_a_redis_outage_fails_open_on_rate_limits_and_budgets_and_keeps_the_usag
     assert all(row.outcome == "ok" and row.key_id == setup["key"].pk for row in rows)
     log = gateway_without_redis.log()
     assert "letting the request through" in log and "Traceback" not in log
+
+
+# ------------------------------------------------------------------------- a non-streamed answer is watched as a stream
+
+def test_a_non_streamed_answer_that_drips_past_the_first_byte_budget_is_answered_not_fallen_back(
+        gateway, setup, primary, fallback):
+    Channel.objects.filter(pk=setup["local"].pk).update(first_byte_timeout_seconds=1, idle_timeout_seconds=1,
+                                                        timeout_seconds=30)
+    primary.chunks, primary.chunk_delay = 10, 0.3  # about 3 s in all, a token every 0.3 s
+    started = time.monotonic()
+    response = post(gateway, setup["raw"], CHAT)
+    assert response.status_code == 200, response.text
+    assert time.monotonic() - started > 2.5
+    answer = response.json()
+    assert answer["object"] == "chat.completion" and answer["model"] == "chat"
+    assert answer["choices"][0]["message"] == {"role": "assistant", "content": content_text(10)}
+    assert answer["choices"][0]["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] == 10
+    assert primary.requests[0].json["stream"] is True and fallback.requests == []
+    [row] = records()
+    assert (row.outcome, row.channel, row.fell_back, row.completion_tokens) == ("ok", setup["local"], False, 10)
+    assert row.prompt_tokens == answer["usage"]["prompt_tokens"] > 0
+
+
+@pytest.mark.parametrize("behaviour", ["hang_before_headers", "hang_after_headers"])
+def test_a_non_streamed_request_to_a_true_hang_still_falls_back(gateway, setup, primary, fallback, behaviour):
+    Channel.objects.filter(pk=setup["local"].pk).update(first_byte_timeout_seconds=1, idle_timeout_seconds=1)
+    primary.behave(behaviour)
+    started = time.monotonic()
+    response = post(gateway, setup["raw"], CHAT)
+    assert response.status_code == 200 and time.monotonic() - started < 2.5
+    assert response.json()["choices"][0]["message"]["content"] == content_text(fallback.chunks)
+    [row] = records()
+    assert [(s["channel"], s["outcome"]) for s in row.attempt_trail] == [("local", "stalled"), ("cloud", "ok")]
+
+
+def test_a_non_streamed_answer_that_stops_dripping_is_a_stall(gateway, setup, primary, fallback):
+    Route.objects.filter(pk=setup["route"].pk).update(fallback_on_error=False)
+    Channel.objects.filter(pk=setup["local"].pk).update(first_byte_timeout_seconds=1, idle_timeout_seconds=0.5)
+    primary.behave("slow_drip", delay=2)  # the first token in time, then a silence past the idle budget
+    response = post(gateway, setup["raw"], CHAT)
+    assert response.status_code == 504 and response.json()["error"]["code"] == "stalled"
+    [row] = records()
+    assert (row.outcome, row.channel) == ("upstream_stalled", setup["local"])

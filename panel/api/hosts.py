@@ -4,17 +4,20 @@ import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
 from panel.api.auth import allowed
 from panel.api.errors import Invalid, errors
+from panel.api.form_bodies import schema_from_form, validated
 from panel.api.schemas import JobEventOut, JobOut, job_events_out
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.hosts import views as pages
+from panel.hosts.forms import GpuPriceForm
 from panel.hosts.models import EngineCheck, WorkerHost
-from panel.hosts.services import engine_check_launch
+from panel.hosts.services import engine_check_launch, host_price_set
 from panel.jobs.services import job_events
 
 router = Router(tags=["workers"])
@@ -65,6 +68,28 @@ def host_out(host):
 @allowed(like=pages.host_list)
 def hosts_list(request):
     return [host_out(host) for host in WorkerHost.objects.order_by("kind", "host", "name")]
+
+
+GpuPriceIn = schema_from_form(GpuPriceForm, "GpuPriceIn")
+
+
+@router.put("/hosts/{host_id}/gpu-price", response=errors({200: HostOut}),
+            summary="Set a host's GPU price per hour and GPU count (superusers only: it counts in every team's costs)")
+@allowed(like=pages.host_price)
+def hosts_price_set(request, host_id: int, body: GpuPriceIn):
+    """As the Workers page's price form: hosts are the installation's, so only a superuser sets their price (any
+    other caller gets 403, and the refusal is audited); both fields empty clears the price. Each change is audited
+    with its before and after."""
+    host = get_object_or_404(WorkerHost, pk=host_id)
+    if not request.user.is_superuser:
+        audit_record(action=AuditAction.REFUSED, request=request, target=request.path[:300], needed="superuser")
+        raise PermissionDenied("GPU prices are the installation's: only a superuser sets them.")
+    data = validated(GpuPriceForm, body).cleaned_data
+    before = (host.gpu_price_per_hour, host.gpu_count)
+    host_price_set(host=host, **data)
+    audit_record(action=AuditAction.SETTING_CHANGED, request=request, target=f"GPU price of {host.host}",
+                 price=f"{before[0]} → {data['gpu_price_per_hour']}", gpus=f"{before[1]} → {data['gpu_count']}")
+    return host_out(host)
 
 
 @router.post("/hosts/{host_id}/engine-checks", response=errors({201: EngineCheckOut}),

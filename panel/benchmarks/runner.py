@@ -9,6 +9,7 @@ Poisson arrivals, at most `concurrency` in flight). `summarize` turns the sample
 import asyncio
 import random
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -51,6 +52,9 @@ class Progress:
     warmup_done: int = 0
     errors: int = 0
     stop: bool = False
+    # (endpoint label, prompt tokens, output tokens) of each finished request, warm-up included, for the budget
+    # counting of the heartbeat thread (panel/benchmarks/spend.py)
+    spent: deque = field(default_factory=deque)
 
 
 def request_body(endpoint, messages, max_tokens):
@@ -179,7 +183,10 @@ async def run_load(*, pick, prompts, max_tokens, requests, warmup=0, concurrency
             async with gate:
                 if progress.stop:
                     return None
-                return await one_request(session, pick(), prompts[index % len(prompts)], max_tokens, timeout)
+                endpoint = pick()
+                sample = await one_request(session, endpoint, prompts[index % len(prompts)], max_tokens, timeout)
+                progress.spent.append((endpoint.label, sample.prompt_tokens, sample.output_tokens))
+                return sample
 
         # Warm-up: the same kind of requests, awaited and thrown away (first-request compilation, cold caches).
         async def warm(index):

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from panel.benchmarks import runner, workload
+from panel.benchmarks import runner, spend, workload
 from panel.benchmarks.models import WORKLOAD_FIELDS, BenchmarkRun, TargetKind, WorkloadKind
 from panel.channels.diagnosis import redact
 from panel.channels.models import Channel, CredentialError, Route, order_channels
@@ -34,6 +34,10 @@ MAX_REQUEST_RATE = 1000.0
 
 class TargetError(Exception):
     """The target cannot be benchmarked now; the message says why in words."""
+
+
+class BudgetSpent(TargetError):
+    """The team's monthly budget is spent: a benchmark does not start."""
 
 
 def workload_check(values):
@@ -92,6 +96,8 @@ def benchmark_launch(*, team, user, target_kind, target_id, name="", ladder=None
     field, target, label = target_of(team=team, target_kind=target_kind, target_id=target_id)
     values = workload_values(**workload_given)
     workload_check(values)
+    if ladder is None and sweep is None:  # a ladder's or sweep's later runs are stopped when they start instead
+        spend.launch_check(team.pk)
     with transaction.atomic():
         run = BenchmarkRun.objects.create(team=team, created_by=user, name=name[:200], target_kind=target_kind,
                                           target_label=label[:300], queue="default", ladder=ladder, sweep=sweep,
@@ -165,6 +171,9 @@ def run_picker(run):
     return lambda: endpoints[order_channels(strategy, entries)[0].pk]
 
 
+BUDGET_CHECK_SECONDS = 1.0  # how often a running benchmark counts its spend and checks the team's budget
+
+
 def run_load_in_thread(*, pick, run, progress, on_beat, beat_seconds):
     """Run the asyncio load in its own thread (its own event loop, no ORM) while this thread calls `on_beat`
     every `beat_seconds` (heartbeats, cancel checks: they use the ORM). Returns (samples, seconds)."""
@@ -209,13 +218,22 @@ def benchmark_measure(run, *, on_beat=None):
     about every heartbeat; it may set `progress.stop`."""
     pick = run_picker(run)
     progress = runner.Progress()
+    budget = spend.RunSpend(run)
+    if budget.check():
+        raise BudgetSpent(budget.refusal)  # not a single request
 
-    def beat():
-        if on_beat:
+    last_beat = [time.monotonic()]
+
+    def beat():  # every second: the budget; every heartbeat period: the caller's beat
+        budget.flush(progress)  # counts against the team's budget; stops the load once it is spent
+        if on_beat and time.monotonic() - last_beat[0] >= settings.JOB_HEARTBEAT_SECONDS - 0.01:
+            last_beat[0] = time.monotonic()
             on_beat(progress)
 
     samples, seconds = run_load_in_thread(pick=pick, run=run, progress=progress, on_beat=beat,
-                                          beat_seconds=settings.JOB_HEARTBEAT_SECONDS)
+                                          beat_seconds=min(settings.JOB_HEARTBEAT_SECONDS, BUDGET_CHECK_SECONDS))
+    budget.flush(progress)
+    progress.budget_refusal = budget.refusal
     return summary_redacted(runner.summarize(samples, seconds, run.goodput_slo)), progress
 
 
@@ -246,12 +264,24 @@ def benchmark_perform(run):
 
     try:
         summary, progress = benchmark_measure(run, on_beat=beat)
+    except BudgetSpent as error:
+        job_fail(run, kind="budget_exceeded", reason=f"not started: {error}; benchmarks count against the team's "
+                                                     "budget")
+        return False
     except TargetError as error:
         job_fail(run, kind="target_unavailable", reason=str(error))
         return False
     except Exception as error:  # the run must not stay "running" until the reaper finds it
         job_fail(run, kind="internal_error", reason=f"{type(error).__name__}: {error}")
         raise
+    if progress.budget_refusal:
+        summary["wall_seconds"] = round(time.monotonic() - started, 1)
+        with transaction.atomic():
+            job_fail(run, kind="budget_exceeded", reason=f"stopped after {summary['requests']} requests: "
+                                                         f"{progress.budget_refusal}; benchmarks count against the "
+                                                         "team's budget")
+            BenchmarkRun.objects.filter(pk=run.pk).update(result=summary)
+        return False
     if progress.stop:
         job_cancelled(run)
         return False

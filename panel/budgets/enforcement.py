@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 from panel.budgets.counters import TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds, month_of
 from panel.budgets.models import Budget
 from panel.budgets.services import ALERT_AT, budget_crossed
-from panel.core.redis_client import async_redis
+from panel.core.redis_client import async_redis, sync_redis
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,12 @@ async def refusal(key):
     except (RedisError, OSError) as error:  # fail open: the reconciliation still records the spend
         log.warning("budget counters unreadable (%s); letting the request through", type(error).__name__)
         return None
+    return verdict(scopes, values, month)
+
+
+def verdict(scopes, values, month):
+    """The refusal's words for the first of `scopes` ((scope, ident, Limits)) whose counters (`values`: money and
+    tokens per scope, as MGET gives them) reached its limit, else None."""
     currency = getattr(settings, "TOKENWISE_CURRENCY", "USD")
     for index, (scope, _, limits) in enumerate(scopes):
         whose = "this team's" if scope == "team" else "this key's"
@@ -160,3 +166,55 @@ class PanelTraffic:
 
     team_id: int
     id: None = None
+
+
+# ---------------------------------------------------------------------------------------- without an event loop
+# For panel traffic sent outside the gateway's event loop (the benchmark runner: its load runs in an event loop of
+# its own, and the async Redis client above belongs to the loop that first used it), through a plain Redis client.
+
+def team_limits_sync(team_id):
+    row = Budget.objects.filter(team_id=team_id, key__isnull=True).values("money_per_month",
+                                                                          "tokens_per_month").first()
+    return None if row is None else Limits(row["money_per_month"], row["tokens_per_month"])
+
+
+def team_refusal_sync(team_id):
+    """As `team_refusal`, from plain (non-async) code. Fails open when Redis is unreachable, as the gateway does."""
+    limits = team_limits_sync(team_id)
+    if limits is None:
+        return None
+    month = month_of()
+    try:
+        values = sync_redis().mget(counter_keys(month, "team", team_id))
+    except (RedisError, OSError) as error:
+        log.warning("budget counters unreadable (%s); letting the panel's traffic through", type(error).__name__)
+        return None
+    return verdict([("team", team_id, limits)], values, month)
+
+
+def team_count_sync(team_id, cost, tokens):
+    """As `count` for panel traffic (no key), from plain code: the team's counters, and its 80 % and spent notices
+    when this spend crosses them."""
+    if cost <= 0 and tokens <= 0:
+        return
+    month = month_of()
+    units = money_units(cost)
+    money_key, tokens_key = counter_keys(month, "team", team_id)
+    try:
+        pipe = sync_redis().pipeline(transaction=False)
+        pipe.incrby(money_key, units)
+        pipe.incrby(tokens_key, tokens)
+        pipe.expire(money_key, TTL_SECONDS)
+        pipe.expire(tokens_key, TTL_SECONDS)
+        money_now, tokens_now = pipe.execute()[:2]
+    except (RedisError, OSError) as error:
+        log.warning("budget counters not updated (%s); the reconciliation will catch up", type(error).__name__)
+        return
+    limits = team_limits_sync(team_id)
+    if limits is None:
+        return
+    money_now = money_from_units(money_now)
+    levels = crossed(limits, before=(money_now - money_from_units(units), int(tokens_now) - tokens),
+                     after=(money_now, int(tokens_now)))
+    if levels:
+        budget_crossed(team_id=team_id, key_id=None, levels=levels, month=month)

@@ -1,5 +1,5 @@
 """Calling one upstream channel once, within the attempt's time budgets: connect, first byte (the first stream event;
-for a non-streamed request, the answer's headers), idle (between two chunks) and total. The retry loop, fallback and
+a non-streamed request is asked for as a stream too), idle (between two chunks) and total. The retry loop, fallback and
 cooldowns are in panel/gateway/attempts.py."""
 import asyncio
 import json
@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from panel.core import outbound, safejson
+from panel.gateway.assemble import Assembly
 
 RETRY_AFTER_CAP_SECONDS = 5.0
 
@@ -132,10 +133,64 @@ async def refusal(target, response):
 
 
 async def post_json(target, path, payload, limits):
-    """A non-streaming call. Returns the parsed body."""
-    response = await send_request(target, path, payload, limits)
+    """A non-streamed answer. Asked for as a stream and assembled (panel/gateway/assemble.py), so that the first-byte
+    budget runs to the first token and the idle budget between tokens, as for a stream: an engine sends a
+    non-streamed answer's headers only when the whole answer is ready, so a long answer would read as a hang. A
+    channel that answers the stream request with one JSON body anyway is read as before. Returns the parsed body."""
+    began = asyncio.get_running_loop().time()
+    response = await send_request(target, path, as_stream(payload), limits)
     if response.status != 200:
         raise await refusal(target, response)
+    if "text/event-stream" not in response.headers.get("content-type", ""):
+        return await whole_body(target, response)
+    opened = await first_event(target, response, limits, began)
+    assembly = Assembly()
+    finished = False
+    try:
+        async for line in chain_lines(opened):
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                finished = True
+                break
+            event = parse_event(data)
+            if event is None:
+                raise UpstreamError("malformed", "the channel's stream has an event that is not JSON")
+            if "error" in event:
+                raise UpstreamError("error_event", "the channel sent an error event mid-answer")
+            assembly.add(event)
+        if not finished:
+            raise UpstreamError("cut", "the channel's stream ended without [DONE]")
+        async for _ in opened.lines:  # to the end, so the connection goes back to the pool
+            pass
+    except TimeoutError:
+        response.close()
+        raise UpstreamError("stalled", "the answer ran past the channel's total time") from None
+    except TRANSPORT_ERRORS as error:
+        response.close()
+        raise UpstreamError("cut", f"the channel's stream broke ({type(error).__name__})") from None
+    except UpstreamError:
+        response.close()
+        raise
+    response.release()
+    return assembly.answer(chat=path.endswith("/chat/completions"))
+
+
+def as_stream(payload):
+    payload = dict(payload, stream=True)
+    payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
+    return payload
+
+
+async def chain_lines(opened):
+    for line in opened.first:
+        yield line
+    async for line in opened.lines:
+        yield line
+
+
+async def whole_body(target, response):
     try:
         async with asyncio.timeout(target.idle_timeout):
             body = await response.read()
@@ -180,11 +235,16 @@ async def stream_lines(response, idle):
 
 async def open_stream(target, path, payload, limits):
     """POST a streaming request and read up to its first event, all within `limits.first_byte` seconds."""
-    loop = asyncio.get_running_loop()
-    began = loop.time()
+    began = asyncio.get_running_loop().time()
     response = await send_request(target, path, payload, limits)
     if response.status != 200:
         raise await refusal(target, response)
+    return await first_event(target, response, limits, began)
+
+
+async def first_event(target, response, limits, began):
+    """Read a 200 stream up to its first event, within what is left of `limits.first_byte` since `began`."""
+    loop = asyncio.get_running_loop()
     lines = stream_lines(response, target.idle_timeout)
     first = []
     try:
