@@ -246,3 +246,27 @@ def test_responses_and_embeddings_pass_through_to_an_openai_channel_with_usage_r
             for row in rows[:3]] == [("responses", False, 5, 6, 2), ("responses", True, 3, 6, 2),
                                      ("embeddings", False, 3, 0, 0)]
     assert rows[0].cost == (Decimal(5 - 2) * 1 + Decimal(6) * 2) / 10**6 and rows[3].status_code == 400
+
+
+def test_a_messages_request_falls_back_from_a_failing_chat_channel_to_a_messages_one(gateway, setup, chat_fake,
+                                                                                    anthropic_fake):
+    route_to(setup["team"], "mixed", setup["chat"], setup["cloud"])
+    chat_fake.behave("status_503")
+    reply = client_for(gateway, setup["raw"]).messages.create(model="mixed", max_tokens=50, messages=REVIEW)
+    assert reply.content[0].text == "alpha bravo charlie delta echo foxtrot"
+    [row] = records()
+    assert (row.outcome, row.channel, row.fell_back, row.attempts) == ("ok", setup["cloud"], True, 3)
+    assert [step["outcome"] for step in row.attempt_trail] == ["upstream_error", "upstream_error", "ok"]
+
+
+def test_a_stream_cut_after_its_first_event_ends_with_an_anthropic_error_event(gateway, setup, anthropic_fake):
+    anthropic_fake.behave("cut_stream", times=1, after=3)
+    with httpx.stream("POST", f"{gateway.url}/v1/messages", headers={"x-api-key": setup["raw"]}, timeout=30,
+                      json={"model": "claude", "max_tokens": 50, "stream": True, "messages": REVIEW}) as response:
+        lines = [line for line in response.iter_lines() if line]
+    events = [line[7:] for line in lines if line.startswith("event: ")]
+    assert events == ["message_start", "ping", "content_block_start", "error"]
+    error = json.loads(lines[-1][6:])
+    assert error["type"] == "error" and error["error"]["type"] == "api_error"
+    [row] = records()
+    assert (row.outcome, row.status_code, row.stream) == ("upstream_cut", 502, True)
