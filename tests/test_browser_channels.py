@@ -34,7 +34,7 @@ def test_it_adds_tests_and_imports_channels(page, live_server, team_setup, monke
         page.click("button:has-text('Save channel')")
         expect(page.locator("h1")).to_have_text("taotoken")
         expect(page.locator("table.kv")).to_contain_text("${TAOTOKEN_API_KEY}")
-        expect(page.locator("table.kv")).to_contain_text("OpenAI chat completions only")
+        expect(page.locator("table.kv")).to_contain_text("OpenAI chat")
 
         page.click("button:has-text('Test')")
         expect(page.locator(".test-result .pill").first).to_have_text("Failed")

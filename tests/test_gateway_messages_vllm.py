@@ -56,8 +56,8 @@ def test_it_serves_the_anthropic_sdk_from_the_local_engine_passed_through_and_tr
         client = anthropic.Anthropic(base_url=gateway.url, api_key=raw, max_retries=0)
         reply = client.messages.create(model="tiny-chat", max_tokens=6, system="Be brief.", messages=ASK)
         usage = reply.usage  # vLLM counts the prefix-cache blocks it filled as cache writes, not as input_tokens
-    assert reply.model == "tiny-chat" and usage.output_tokens > 0
-    assert usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens > 0
+        assert reply.model == "tiny-chat" and usage.output_tokens > 0
+        assert usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens > 0
         assert client.messages.count_tokens(model="tiny-chat", messages=ASK).input_tokens > 0
 
         async def streamed():

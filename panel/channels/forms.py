@@ -14,8 +14,8 @@ HELP = {
     "base_url": "The API root, ending in /v1: http://127.0.0.1:8000/v1, https://taotoken.net/api/v1. The client "
                 "appends /chat/completions and /models.",
     "model_id": "The model name sent upstream, as GET /models lists it.",
-    "apis": "What the server speaks. A request in the other API is translated (Anthropic Messages to chat "
-            "completions, or back); what cannot be translated is refused with a 400 naming it.",
+    "apis": "The APIs the server speaks (a local vLLM speaks both). A request in the other one is translated "
+            "(Anthropic Messages to OpenAI chat completions, or back); what cannot be is refused with a 400 naming it.",
     "credential_kind": "Where the key comes from. A local vLLM checks none (EMPTY).",
     "credential_env": "For \"Environment variable\": the variable the panel reads the key from, e.g. TAOTOKEN_API_KEY.",
     "connect_timeout_seconds": "How long connecting to the server may take.",

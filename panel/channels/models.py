@@ -26,9 +26,9 @@ class ChannelApis(models.TextChoices):
     """The APIs a channel's upstream speaks. A request in an API the channel does not speak is translated
     (panel/gateway/translation.py)."""
 
-    CHAT = "chat", "OpenAI chat completions only"
-    MESSAGES = "messages", "Anthropic Messages only"
-    BOTH = "both", "Both (e.g. a local vLLM)"
+    CHAT = "chat", "OpenAI chat"
+    MESSAGES = "messages", "Anthropic Messages"
+    BOTH = "both", "Both"
 
 
 class CredentialKind(models.TextChoices):

@@ -16,9 +16,9 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='channel',
             name='apis',
-            field=models.CharField(choices=[('chat', 'OpenAI chat completions only'),
-                                            ('messages', 'Anthropic Messages only'),
-                                            ('both', 'Both (e.g. a local vLLM)')], default='chat', max_length=10),
+            field=models.CharField(choices=[('chat', 'OpenAI chat'),
+                                            ('messages', 'Anthropic Messages'),
+                                            ('both', 'Both')], default='chat', max_length=10),
         ),
         migrations.AddField(
             model_name='channel',
