@@ -1,13 +1,18 @@
 """Gateway overhead against a fake streaming upstream on this machine (not a test; results in docs/benchmarks.md).
 
   .venv/bin/python bench/gateway_bench.py [--requests 300] [--seconds 10] [--litellm /path/to/venv/bin/litellm]
+                                          [--messages-only]
 
 1. TTFT at concurrency 1: time to the first content event of a 20-chunk stream, calling the fake upstream
    directly and through the gateway (p50/p95, and the difference = what the gateway adds).
 2. Requests per second at concurrency 16 with 20-chunk streams (wrk), directly, through the gateway and, when
    --litellm is given, through LiteLLM's proxy configured for the same upstream.
+3. The Messages row: TTFT (to the first text delta) of an Anthropic Messages stream through the gateway to the same
+   chat-only upstream, translated both ways, at concurrency 1 and 16, beside the chat stream directly and through
+   the gateway at the same concurrency. --messages-only runs this part alone (no wrk needed).
 Each server runs as its own process with one worker; the load generator runs on the same 2 cores."""
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -78,6 +83,53 @@ def ttft(url, headers, count):
     return {"p50_ms": statistics.median(times) * 1000, "p95_ms": times[int(len(times) * 0.95)] * 1000}
 
 
+MESSAGES_BODY = {"model": "chat", "stream": True, "max_tokens": 64,
+                 "messages": [{"role": "user", "content": "tell me about prefix caching in one paragraph"}]}
+
+
+async def _ttft_concurrent(url, headers, body, marker, count, concurrency):
+    times = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        async def one():
+            started = time.perf_counter()
+            first = None
+            async with client.stream("POST", url, json=body, headers=headers) as response:
+                async for line in response.aiter_lines():
+                    if first is None and marker in line:
+                        first = time.perf_counter() - started
+            return first
+
+        async def worker(requests):
+            for _ in range(requests):
+                times.append(await one())
+
+        await asyncio.gather(*(one() for _ in range(concurrency * 2)))  # warm-up: connections open
+        await asyncio.gather(*(worker(max(1, count // concurrency)) for _ in range(concurrency)))
+    times.sort()
+    return {"p50_ms": statistics.median(times) * 1000, "p95_ms": times[int(len(times) * 0.95)] * 1000}
+
+
+def messages_rows(upstream_url, gateway_url, key, count):
+    """TTFT at concurrency 1 and 16: chat directly, chat through the gateway, Messages through the gateway
+    (translated to the chat-only upstream and back)."""
+    auth = {"Authorization": f"Bearer {key}"}
+    rows = {}
+    for concurrency in (1, 16):
+        direct = dict(BODY, model="fake-model")
+        rows[f"c{concurrency}"] = {
+            "direct_chat": asyncio.run(_ttft_concurrent(f"{upstream_url}/chat/completions", {}, direct, '"content"',
+                                                        count, concurrency)),
+            "gateway_chat": asyncio.run(_ttft_concurrent(f"{gateway_url}/v1/chat/completions", auth,
+                                                         dict(BODY, model="chat"), '"content"', count, concurrency)),
+            "gateway_messages": asyncio.run(_ttft_concurrent(f"{gateway_url}/v1/messages", {"x-api-key": key},
+                                                             MESSAGES_BODY, "text_delta", count, concurrency))}
+        row = rows[f"c{concurrency}"]
+        row["added_by_messages_p50_ms"] = row["gateway_messages"]["p50_ms"] - row["direct_chat"]["p50_ms"]
+        row["translation_over_chat_p50_ms"] = row["gateway_messages"]["p50_ms"] - row["gateway_chat"]["p50_ms"]
+    return rows
+
+
 def rps(url, key, seconds, connections=16):
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT % (json.dumps(BODY), key))
@@ -116,6 +168,7 @@ def main():
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--litellm", help="path to the litellm command of a venv with litellm[proxy]")
+    parser.add_argument("--messages-only", action="store_true", help="only the Messages row (3.)")
     args = parser.parse_args()
     results = {}
     up_port, gw_port = free_port(), free_port()
@@ -129,6 +182,11 @@ def main():
                     ready_url=f"http://127.0.0.1:{gw_port}/login/")
     auth = {"Authorization": f"Bearer {key}"}
     try:
+        if args.messages_only:
+            print(json.dumps(messages_rows(upstream_url, f"http://127.0.0.1:{gw_port}", key, args.requests),
+                             indent=2))
+            return
+        results["messages"] = messages_rows(upstream_url, f"http://127.0.0.1:{gw_port}", key, args.requests)
         direct_body = dict(BODY, model="fake-model")
         BODY.update(direct_body)
         results["direct_ttft"] = ttft(f"{upstream_url}/chat/completions", {}, args.requests)

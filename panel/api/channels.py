@@ -29,6 +29,8 @@ class ChannelOut(Schema):
     deployment_id: int | None
     base_url: str
     model_id: str
+    apis: str = Field(description="What the upstream speaks: chat (OpenAI chat completions), messages (Anthropic "
+                                  "Messages) or both.")
     credential_kind: str
     credential_env: str
     credential: str = Field(description="How the key is provided, with a stored key's last four characters only.")
@@ -43,6 +45,7 @@ class ChannelOut(Schema):
     price_input_per_million: Decimal
     price_output_per_million: Decimal
     price_cached_per_million: Decimal
+    price_cache_write_per_million: Decimal | None
     enabled: bool
     misconfigured: str
     warnings: list[str] = []

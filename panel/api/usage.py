@@ -21,7 +21,8 @@ router = Router(tags=["usage"])
 ID_SLACK = 2000  # as the rollup's overlap: writers may commit ids slightly out of time order
 FIELDS = ("id", "created_at", "key_id", "route_id", "channel_id", "endpoint", "model", "stream", "status_code",
           "outcome", "error_kind", "attempts", "fell_back", "prompt_tokens", "completion_tokens", "cached_tokens",
-          "ttft_ms", "latency_ms", "cost", "json_requested", "json_valid", "canary", "request_id", "attempt_trail")
+          "cache_write_tokens", "ttft_ms", "latency_ms", "cost", "json_requested", "json_valid", "canary", "request_id",
+          "attempt_trail")
 
 
 class UsageQuery(Schema):
@@ -53,6 +54,9 @@ class UsageRecord(Schema):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    cache_write_tokens: int | None = Field(None, description="Prompt tokens written to the provider's prompt cache "
+                                                             "(Anthropic's cache creation tokens); part of "
+                                                             "prompt_tokens. Empty where the provider did not say.")
     ttft_ms: float | None
     latency_ms: float
     cost: Decimal

@@ -4,7 +4,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from panel.channels import settings_json
-from panel.channels.models import Channel, ChannelKind, CredentialKind, RouteStrategy
+from panel.channels.models import Channel, ChannelApis, ChannelKind, CredentialKind, RouteStrategy
 from panel.channels.services import CHANNEL_FIELDS
 
 HELP = {
@@ -14,6 +14,8 @@ HELP = {
     "base_url": "The API root, ending in /v1: http://127.0.0.1:8000/v1, https://taotoken.net/api/v1. The client "
                 "appends /chat/completions and /models.",
     "model_id": "The model name sent upstream, as GET /models lists it.",
+    "apis": "The APIs the server speaks (a local vLLM speaks both). A request in the other one is translated "
+            "(Anthropic Messages to OpenAI chat completions, or back); what cannot be is refused with a 400 naming it.",
     "credential_kind": "Where the key comes from. A local vLLM checks none (EMPTY).",
     "credential_env": "For \"Environment variable\": the variable the panel reads the key from, e.g. TAOTOKEN_API_KEY.",
     "connect_timeout_seconds": "How long connecting to the server may take.",
@@ -30,6 +32,8 @@ HELP = {
     "price_output_per_million": "Price per million completion tokens (USD).",
     "price_cached_per_million": "Cached prompt tokens are billed at this price instead of the input price; set it "
                                 "to the input price if the provider gives no discount.",
+    "price_cache_write_per_million": "For providers that charge for writing the prompt cache (Anthropic's cache "
+                                     "creation tokens). Empty: cache writes are billed at the input price.",
     "enabled": "Disabled channels are skipped by every route.",
 }
 LABELS = {"model_id": "Model id", "base_url": "Base URL", "credential_kind": "Credential",
@@ -38,15 +42,17 @@ LABELS = {"model_id": "Model id", "base_url": "Base URL", "credential_kind": "Cr
           "idle_timeout_seconds": "Idle timeout (s)",
           "retry_backoff": "Retry backoff (s)",
           "price_input_per_million": "Input / 1M tokens", "price_output_per_million": "Output / 1M tokens",
-          "price_cached_per_million": "Cached input / 1M tokens"}
+          "price_cached_per_million": "Cached input / 1M tokens",
+          "price_cache_write_per_million": "Cache write / 1M tokens", "apis": "APIs"}
 BUDGETS_WITH_DEFAULTS = ("connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds")
 PRICES = ("price_input_per_million", "price_output_per_million", "price_cached_per_million")
 SECTIONS = [
-    ("Upstream", ["name", "kind", "deployment", "base_url", "model_id", "enabled"]),
+    ("Upstream", ["name", "kind", "deployment", "base_url", "model_id", "apis", "enabled"]),
     ("Credential", ["credential_kind", "api_key", "credential_env"]),
     ("Timeouts and retries", ["connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds",
                               "timeout_seconds", "max_retries", "retry_backoff", "priority", "weight"]),
-    ("Prices", ["price_input_per_million", "price_output_per_million", "price_cached_per_million"]),
+    ("Prices", ["price_input_per_million", "price_output_per_million", "price_cached_per_million",
+                "price_cache_write_per_million"]),
 ]
 
 
@@ -69,12 +75,16 @@ class ChannelForm(forms.ModelForm):
         self.fields["deployment"].empty_label = "None"
         for name in BUDGETS_WITH_DEFAULTS:  # left empty (or left out by an older client): the current value
             self.fields[name].required = False
+        self.fields["apis"].required = False  # left out by an older client: the current value (new: chat)
         for name, field in self.fields.items():
             field.help_text = HELP.get(name, field.help_text)
             field.label = LABELS.get(name, field.label)
         if self.instance.pk:  # 0.550000 -> 0.55, 120.0 -> 120
             for name in ("price_input_per_million", "price_output_per_million", "price_cached_per_million"):
                 self.initial[name] = format(getattr(self.instance, name).normalize(), "f")
+            if self.instance.price_cache_write_per_million is not None:
+                self.initial["price_cache_write_per_million"] = format(
+                    self.instance.price_cache_write_per_million.normalize(), "f")
             for name in ("connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds",
                          "timeout_seconds", "retry_backoff"):
                 value = getattr(self.instance, name)
@@ -118,6 +128,9 @@ class ChannelForm(forms.ModelForm):
 
     def channel_fields(self):
         fields = {name: self.cleaned_data[name] for name in CHANNEL_FIELDS}
+        if not fields["apis"]:
+            current = Channel.objects.filter(pk=self.instance.pk).values_list("apis", flat=True).first()
+            fields["apis"] = current or (ChannelApis.BOTH if fields["kind"] == ChannelKind.LOCAL else ChannelApis.CHAT)
         for name in BUDGETS_WITH_DEFAULTS:
             if fields[name] is None:
                 current = Channel.objects.filter(pk=self.instance.pk).values_list(name, flat=True).first()

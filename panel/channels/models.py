@@ -22,6 +22,15 @@ class ChannelKind(models.TextChoices):
     REMOTE = "remote", "Remote provider"
 
 
+class ChannelApis(models.TextChoices):
+    """The APIs a channel's upstream speaks. A request in an API the channel does not speak is translated
+    (panel/gateway/translation.py)."""
+
+    CHAT = "chat", "OpenAI chat"
+    MESSAGES = "messages", "Anthropic Messages"
+    BOTH = "both", "Both"
+
+
 class CredentialKind(models.TextChoices):
     NONE = "none", "None (EMPTY, for a local vLLM)"
     STORED = "stored", "Stored here, encrypted"
@@ -59,6 +68,7 @@ class Channel(models.Model):
                                    related_name="channels")
     base_url = models.CharField(max_length=300)
     model_id = models.CharField(max_length=200)
+    apis = models.CharField(max_length=10, choices=ChannelApis.choices, default=ChannelApis.CHAT)
     credential_kind = models.CharField(max_length=10, choices=CredentialKind.choices, default=CredentialKind.NONE)
     credential_ciphertext = models.TextField(blank=True)
     credential_last4 = models.CharField(max_length=4, blank=True)
@@ -76,6 +86,9 @@ class Channel(models.Model):
     price_input_per_million = _price()
     price_output_per_million = _price()
     price_cached_per_million = _price()
+    # Input tokens written to a provider's prompt cache (Anthropic's cache_creation_input_tokens); empty: billed at
+    # the input price, for providers that charge nothing extra.
+    price_cache_write_per_million = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     enabled = models.BooleanField(default=True)
     misconfigured = models.TextField(blank=True)  # why the gateway must not call it; blank = ok
     last_test = models.JSONField(default=dict, blank=True)
@@ -152,14 +165,23 @@ class Channel(models.Model):
             return f"${{{self.credential_env}}}"
         return EMPTY_KEY
 
-    def cost(self, prompt_tokens, completion_tokens, cached_tokens=0):
-        """The price of one request in the panel's currency. Cached tokens are part of the prompt tokens and are
-        billed at the cached price instead of the input price."""
+    def speaks(self, api):
+        """Whether the upstream speaks `api` ("chat" or "messages") itself, without translation."""
+        return self.apis == ChannelApis.BOTH or self.apis == api
+
+    def cost(self, prompt_tokens, completion_tokens, cached_tokens=0, cache_write_tokens=0):
+        """The price of one request in the panel's currency. Cached tokens (reads) and cache writes are part of the
+        prompt tokens and are billed at the cached and cache-write prices instead of the input price (writes at
+        the input price when the channel has no cache-write price)."""
         prompt = max(int(prompt_tokens or 0), 0)
         cached = min(max(int(cached_tokens or 0), 0), prompt)
+        written = min(max(int(cache_write_tokens or 0), 0), prompt - cached)
         completion = max(int(completion_tokens or 0), 0)
-        total = (Decimal(prompt - cached) * self.price_input_per_million
+        write_price = self.price_input_per_million if self.price_cache_write_per_million is None else (
+            self.price_cache_write_per_million)
+        total = (Decimal(prompt - cached - written) * self.price_input_per_million
                  + Decimal(cached) * self.price_cached_per_million
+                 + Decimal(written) * write_price
                  + Decimal(completion) * self.price_output_per_million)
         return total / MILLION
 
@@ -168,8 +190,11 @@ class Channel(models.Model):
         def plain(value):
             return format(value.normalize(), "f") if value else "0"
 
-        return (f"input {plain(self.price_input_per_million)} · output {plain(self.price_output_per_million)} · "
+        text = (f"input {plain(self.price_input_per_million)} · output {plain(self.price_output_per_million)} · "
                 f"cached input {plain(self.price_cached_per_million)}")
+        if self.price_cache_write_per_million is not None:
+            text += f" · cache write {plain(self.price_cache_write_per_million)}"
+        return text
 
     @property
     def test_ok(self):

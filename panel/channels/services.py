@@ -18,6 +18,7 @@ from panel.channels.credential_env import env_name_refusal
 from panel.channels.models import (
     EMPTY_KEY,
     Channel,
+    ChannelApis,
     ChannelKind,
     CredentialError,
     CredentialKind,
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 TAOTOKEN = {"name": "taotoken", "kind": ChannelKind.REMOTE, "base_url": "https://taotoken.net/api/v1",
             "credential_kind": CredentialKind.ENV, "credential_env": "TAOTOKEN_API_KEY",
-            "model_id": "qwen2.5-7b-instruct"}
+            "model_id": "qwen2.5-7b-instruct", "apis": ChannelApis.CHAT}
 PRESETS = {"taotoken": {"label": "TaoToken", "description": "TaoToken's unified key and API: base URL "
                         "https://taotoken.net/api/v1, key read from TAOTOKEN_API_KEY.", "values": TAOTOKEN}}
 
@@ -57,7 +58,9 @@ LIMITS = {  # field: (minimum, maximum, words)
     "price_input_per_million": (0, 999_999, ""),
     "price_output_per_million": (0, 999_999, ""),
     "price_cached_per_million": (0, 999_999, ""),
+    "price_cache_write_per_million": (0, 999_999, ""),
 }
+OPTIONAL = ("price_cache_write_per_million",)  # empty is allowed: see the field
 TEST_TIMEOUT_CAP = 20.0  # the Test button runs in a page request: it waits at most this long per step
 MAX_TEST_BODY = 2 * 1024 * 1024
 
@@ -205,7 +208,10 @@ def channel_check(channel, *, api_key=""):
             add("base_url", [f"The panel does not call this address: {refusal}."])
     add("model_id", model_id_errors(channel.model_id))
     for field in LIMITS:
-        add(field, number_errors(field, getattr(channel, field)))
+        if not (field in OPTIONAL and getattr(channel, field) is None):
+            add(field, number_errors(field, getattr(channel, field)))
+    if channel.apis not in ChannelApis.values:
+        add("apis", ["Choose the APIs the server speaks."])
     if channel.deployment_id and channel.deployment.team_id != channel.team_id:
         add("deployment", ["That deployment belongs to another team."])
     if channel.deployment_id and channel.kind != ChannelKind.LOCAL:
@@ -235,10 +241,10 @@ def channel_check(channel, *, api_key=""):
 
 # ------------------------------------------------------------------------------------------------- channels
 
-CHANNEL_FIELDS = ("name", "kind", "deployment", "base_url", "model_id", "credential_kind", "credential_env",
+CHANNEL_FIELDS = ("name", "kind", "deployment", "base_url", "model_id", "apis", "credential_kind", "credential_env",
                   "connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds",
                   "timeout_seconds", "max_retries", "retry_backoff", "priority", "weight", "price_input_per_million",
-                  "price_output_per_million", "price_cached_per_million", "enabled")
+                  "price_output_per_million", "price_cached_per_million", "price_cache_write_per_million", "enabled")
 
 
 def _channel_save(channel, *, api_key):
@@ -573,6 +579,7 @@ def _local_channel_sync(deployment):
                           created_by=row.created_by)
     channel.deployment, channel.base_url, channel.model_id = row, row.base_url.rstrip("/"), row.served_model_name
     channel.enabled, channel.misconfigured = True, ""
+    channel.apis = ChannelApis.BOTH  # vLLM serves /v1/messages beside /v1/chat/completions
     if row.engine_key_ciphertext:  # the engine's own key: the same ciphertext, sent only by this channel
         channel.credential_kind, channel.credential_env = CredentialKind.STORED, ""
         channel.credential_ciphertext, channel.credential_last4 = row.engine_key_ciphertext, ""

@@ -1,7 +1,9 @@
-"""The unified OpenAI-compatible gateway: /v1/chat/completions, /v1/completions, /v1/models.
+"""The unified gateway: /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models, and
+Anthropic's /v1/messages and /v1/messages/count_tokens.
 
 A plain ASGI application mounted in front of Django (panel/asgi.py): no middleware, no ORM query that a cache
-can answer, usage written by a background thread. One team key, one base URL, every model."""
+can answer, usage written by a background thread. One team key, one base URL, every model. Which API each channel
+is called in, and the translation between chat completions and Messages, is panel/gateway/apis.py's."""
 import asyncio
 import time
 
@@ -11,12 +13,16 @@ from django.utils import timezone
 from panel.budgets import enforcement as budgets
 from panel.channels.routing import model_names, route_for
 from panel.core import outbound, safejson
-from panel.gateway import fingerprint, rate_limits
+from panel.gateway import fingerprint, messages_api, rate_limits, token_count
+from panel.gateway.apis import Passage
 from panel.gateway.exchange import Exchange
 from panel.gateway.keys import key_lookup
 from panel.gateway.responses import error_body, json_requested, plain_response, send_json, stream_response
+from panel.gateway.translation import NotTranslatable
 
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/messages": "messages",
+             "/v1/messages/count_tokens": "count_tokens", "/v1/responses": "responses", "/v1/embeddings": "embeddings"}
+ANTHROPIC_ENDPOINTS = ("messages", "count_tokens")  # Anthropic's error shape, and the key in x-api-key
 
 
 class ClientError(Exception):
@@ -40,7 +46,9 @@ async def read_body(receive, limit):
             return b"".join(chunks)
 
 
-def bearer(scope):
+def bearer(scope, anthropic=False):
+    if anthropic and (raw := messages_api.api_key(scope)):
+        return raw
     for name, value in scope["headers"]:
         if name == b"authorization":
             text = value.decode("latin-1").strip()
@@ -51,12 +59,13 @@ def bearer(scope):
                                   code="invalid_api_key", kind="authentication_error")
             raise ClientError(401, "Authorization must be 'Bearer <team key>'", code="invalid_api_key",
                               kind="authentication_error")
-    raise ClientError(401, "missing API key: send 'Authorization: Bearer <team key>'", code="missing_api_key",
-                      kind="authentication_error")
+    raise ClientError(401, "missing API key: send 'x-api-key: <team key>' or 'Authorization: Bearer <team key>'"
+                      if anthropic else "missing API key: send 'Authorization: Bearer <team key>'",
+                      code="missing_api_key", kind="authentication_error")
 
 
-async def authenticate(scope):
-    raw = bearer(scope)
+async def authenticate(scope, anthropic=False):
+    raw = bearer(scope, anthropic)
     key = await key_lookup(raw) if raw else None
     if key is None:
         raise ClientError(401, "invalid API key", code="invalid_api_key", kind="authentication_error")
@@ -79,10 +88,18 @@ def parse_request(raw, endpoint):
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise ClientError(400, "'model' is required (a string)", code="missing_model")
+    if endpoint in ANTHROPIC_ENDPOINTS:
+        try:
+            return messages_api.parse_messages_request(body, count_only=endpoint == "count_tokens")
+        except messages_api.MessagesRequestError as error:
+            raise ClientError(400, str(error), code="invalid_request") from None
     if endpoint == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ClientError(400, "'messages' must be a non-empty list of message objects", code="invalid_messages")
+    elif endpoint in ("responses", "embeddings"):
+        if not isinstance(body.get("input"), (str, list)) or not body["input"]:
+            raise ClientError(400, "'input' is required (a string or a list)", code="invalid_input")
     elif not isinstance(body.get("prompt"), (str, list)):
         raise ClientError(400, "'prompt' is required (a string or a list)", code="invalid_prompt")
     if "stream" in body and not isinstance(body["stream"], bool):
@@ -126,7 +143,7 @@ async def application(scope, receive, send):
             return
         if scope["method"] != "POST":
             raise ClientError(405, "use POST", code="method_not_allowed")
-        exchange.key = await authenticate(scope)
+        exchange.key = await authenticate(scope, endpoint in ANTHROPIC_ENDPOINTS)
         body = parse_request(await read_body(receive, settings.GATEWAY_MAX_BODY_BYTES), endpoint)
         exchange.fields.update(fingerprint.system_prompt_hashes(body))  # hashes only, never the prompt
         exchange.fields.update(model=body["model"][:200], stream=bool(body.get("stream")),
@@ -139,6 +156,10 @@ async def application(scope, receive, send):
             raise ClientError(404, f"model {body['model']!r} is not served here: GET /v1/models lists the models "
                                    "of your team", code="model_not_found")
         exchange.route_id, exchange.route_name = route.route_id, route.model_name
+        if endpoint == "count_tokens":
+            exchange.recorded = False  # a count, not a request for an answer: no usage record, no budget
+            await until_disconnect(exchange, token_count.respond(exchange, route, body, send), receive)
+            return
         refused = await rate_limits.admit(exchange.key)
         if refused is not None:
             which, retry_after = refused
@@ -147,14 +168,19 @@ async def application(scope, receive, send):
                               headers=[(b"retry-after", str(retry_after).encode())])
         if (spent := await budgets.refusal(exchange.key)) is not None:  # 402: SDKs do not retry it, unlike 429
             raise ClientError(402, spent, code="budget_exceeded", kind="insufficient_quota")
-        upstream_path = "/chat/completions" if endpoint == "chat" else "/completions"
-        respond = stream_response if body.get("stream") else plain_response
-        await until_disconnect(exchange, respond(exchange, route, body, upstream_path, send), receive)
+        passage = Passage(endpoint, body)
+        try:
+            passage.choose(route.ordered(exchange.fields))
+        except NotTranslatable as error:
+            raise ClientError(400, str(error), code="not_translatable") from None
+        respond = stream_response if passage.stream else plain_response
+        await until_disconnect(exchange, respond(exchange, route, passage, send), receive)
     except ClientError as error:
         exchange.fail(error.status, error.code)
         if error.status != 499:
-            await send_json(send, error.status, error_body(str(error), kind=error.kind, code=error.code),
-                            headers=[*error.headers, *exchange.headers])
+            payload = (messages_api.error_body(error.status, str(error)) if endpoint in ANTHROPIC_ENDPOINTS
+                       else error_body(str(error), kind=error.kind, code=error.code))
+            await send_json(send, error.status, payload, headers=[*error.headers, *exchange.headers])
     finally:
         await exchange.finish()
 

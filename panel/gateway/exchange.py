@@ -16,8 +16,8 @@ log = logging.getLogger("panel.gateway")
 OUTCOME_FOR_KIND = {"stalled": "upstream_stalled", "cut": "upstream_cut", "client_closed": "client_closed"}
 
 
-def cost_of(target, prompt, completion, cached):
-    return Decimal(0) if target is None else target.channel.cost(prompt, completion, cached)
+def cost_of(target, prompt, completion, cached, cache_write=0):
+    return Decimal(0) if target is None else target.channel.cost(prompt, completion, cached, cache_write)
 
 
 def new_request_id():
@@ -32,7 +32,7 @@ class Exchange:
         self.request_id = new_request_id()
         self.fields = {"endpoint": endpoint, "model": "", "stream": False, "status_code": 200, "outcome": "ok",
                        "error_kind": "", "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
-                       "ttft_ms": None, "json_requested": False, "json_valid": None}
+                       "cache_write_tokens": None, "ttft_ms": None, "json_requested": False, "json_valid": None}
         self.log = {"attempts": 0, "fell_back": False, "rate_limited": 0, "trail": [], "current": None}
         self.key = None
         self.team_id = None  # for a request made inside the panel (Compare), which has no key
@@ -61,6 +61,10 @@ class Exchange:
         details = usage_data.get("prompt_tokens_details") or {}
         self.fields["cached_tokens"] = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
 
+    def take_usage(self, usage):
+        """The usage fields of an answer in any API (panel/gateway/apis.py turns each into these names)."""
+        self.fields.update(usage)
+
     def fail(self, status, kind, outcome=None):
         self.fields.update(status_code=status, outcome=outcome or OUTCOME_FOR_KIND.get(kind, "error"),
                            error_kind=kind[:40])
@@ -78,7 +82,7 @@ class Exchange:
         self.settled = True
         fields = self.fields
         fields["cost"] = cost_of(self.target, fields["prompt_tokens"], fields["completion_tokens"],
-                                 fields["cached_tokens"])
+                                 fields["cached_tokens"], fields["cache_write_tokens"] or 0)
         if self.key is not None or self.team_id is not None:
             # Shielded: a client that leaves mid-count does not undo it (the relay is cancelled, the count is not).
             await asyncio.shield(count_against_limits(self.key, fields["cost"],

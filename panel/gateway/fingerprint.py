@@ -106,8 +106,15 @@ def _hash(text):
 
 
 def system_prompt(body):
-    """The text of the leading system (or developer) messages of a chat request, or "" when there is none."""
+    """The text of the leading system (or developer) messages of a chat request, or of a Messages request's
+    `system`, or "" when there is none."""
     parts = []
+    system = body.get("system")
+    if isinstance(system, str):
+        parts.append(system)
+    elif isinstance(system, list):
+        parts.extend(block["text"] for block in system
+                     if isinstance(block, dict) and isinstance(block.get("text"), str))
     for message in body.get("messages") or ():
         if not isinstance(message, dict) or message.get("role") not in ("system", "developer"):
             break

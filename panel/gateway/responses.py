@@ -6,14 +6,11 @@ import time
 
 from panel.channels.diagnosis import describe_upstream_error
 from panel.core import safejson
+from panel.gateway.apis import openai_error_body as error_body
 from panel.gateway.attempts import first_success
-from panel.gateway.upstream import TRANSPORT_ERRORS, UpstreamError, open_stream, post_json, upstream_body
+from panel.gateway.upstream import TRANSPORT_ERRORS, UpstreamError, open_stream, post_json
 
 STATUS_FOR_KIND = {"stalled": 504, "deadline": 504, "rate_limited": 429, "misconfigured": 502, "no_channel": 503}
-
-
-def error_body(message, *, kind, code):
-    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
 
 
 async def send_json(send, status, body, headers=()):
@@ -29,36 +26,35 @@ def json_requested(body):
     return isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema")
 
 
-def upstream_failure(exchange, error):
-    """The client-facing error after every channel failed."""
+def upstream_failure(exchange, error, passage=None):
+    """The client-facing error after every channel failed, in the client's API."""
     status = error.status if error.client_fault and error.status else STATUS_FOR_KIND.get(error.kind, 502)
     exchange.fail(status, error.kind)
     words = describe_upstream_error(status=error.status, body=error.body) if error.status else str(error)
-    return status, error_body(f"{error} ({words})" if words and words != str(error) else str(error),
-                              kind="upstream_error", code=error.kind)
+    message = f"{error} ({words})" if words and words != str(error) else str(error)
+    if passage is not None:
+        return status, passage.error_body(status, message, kind="upstream_error", code=error.kind)
+    return status, error_body(message, kind="upstream_error", code=error.kind)
 
 
-async def plain_response(exchange, route, body, path, send):
+async def plain_response(exchange, route, passage, send):
     async def attempt(target, limits):
-        data = await post_json(target, path, upstream_body(body, target, stream=False), limits)
-        if not isinstance(data, dict) or "choices" not in data:
-            raise UpstreamError("malformed", "the channel's answer has no choices")
-        return data
+        api, path, payload = passage.request(target, stream=False)
+        return passage.answer(target, await post_json(target, path, payload, limits, api))
 
     try:
-        target, data = await first_success(route.ordered(exchange.fields), attempt,
-                                           fallback_on_error=route.fallback_on_error, log=exchange.log,
-                                           deadline=route.deadline)
+        target, (data, usage) = await first_success(passage.targets, attempt,
+                                                    fallback_on_error=route.fallback_on_error, log=exchange.log,
+                                                    deadline=route.deadline)
     except UpstreamError as error:
-        status, payload = upstream_failure(exchange, error)
+        status, payload = upstream_failure(exchange, error, passage)
         await send_json(send, status, payload, exchange.headers)
         return
     exchange.target = target
-    exchange.usage_from(data)
+    exchange.take_usage(usage)
     exchange.fields["ttft_ms"] = (time.perf_counter() - exchange.started) * 1000
     if exchange.fields["json_requested"]:
         exchange.fields["json_valid"] = is_json(content_of(data))
-    data["model"] = body["model"]
     await exchange.settle()
     await send_json(send, 200, data, exchange.headers)
     exchange.responded = True
@@ -84,25 +80,85 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-
                (b"x-accel-buffering", b"no")]
 
 
-async def stream_response(exchange, route, body, path, send):
-    client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+async def stream_response(exchange, route, passage, send):
+    def attempt(target, limits):
+        api, path, payload = passage.request(target, stream=True)
+        return open_stream(target, path, payload, limits, api)
+
     try:
         target, opened = await first_success(
-            route.ordered(exchange.fields),
-            lambda target, limits: open_stream(target, path, upstream_body(body, target, stream=True), limits),
-            fallback_on_error=route.fallback_on_error, log=exchange.log, deadline=route.deadline, stream=True)
+            passage.targets, attempt, fallback_on_error=route.fallback_on_error,
+            log=exchange.log, deadline=route.deadline, stream=True)
     except UpstreamError as error:
-        status, payload = upstream_failure(exchange, error)
+        status, payload = upstream_failure(exchange, error, passage)
         await send_json(send, status, payload, exchange.headers)
         return
     exchange.target = target
+    adapter = passage.stream_adapter(target, exchange)
     try:
-        await relay_stream(exchange, opened, body["model"], client_wants_usage, send)
+        if adapter is None:
+            client_wants_usage = bool((passage.body.get("stream_options") or {}).get("include_usage"))
+            await relay_stream(exchange, opened, passage.model, client_wants_usage, send)
+        else:
+            await relay_events(exchange, opened, adapter, send)
     finally:
         if exchange.fields["outcome"] == "ok" and opened.response.content.at_eof():
             opened.response.release()  # keep-alive: the next request reuses the connection
         else:
             opened.response.close()
+
+
+def stream_failure(error):
+    """Any failure after the first byte, as the UpstreamError the client's error event names."""
+    if isinstance(error, TimeoutError):
+        return UpstreamError("stalled", "the stream ran past the channel's total time")
+    if isinstance(error, TRANSPORT_ERRORS):
+        return UpstreamError("cut", f"the channel's stream broke ({type(error).__name__})")
+    if not isinstance(error, UpstreamError):
+        return UpstreamError("malformed", "the channel's stream has an event that is not JSON")
+    return error
+
+
+async def relay_events(exchange, opened, adapter, send):
+    """Relay a stream through an adapter of panel/gateway/apis.py (translated, or in an API other than chat); after
+    the first byte a failure becomes the client's API's error event."""
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + exchange.headers})
+
+    async def settle():
+        if not exchange.fields["completion_tokens"]:
+            exchange.fields["completion_tokens"] = adapter.pieces
+        await exchange.settle()
+
+    async def forward(line):
+        out = adapter.feed(line)
+        if adapter.finished:
+            await settle()  # before the last event: a client may stop reading there
+        if out:
+            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+
+    try:
+        for line in opened.first:
+            await forward(line)
+        if not adapter.finished:
+            async for line in opened.lines:
+                await forward(line)
+                if adapter.finished:
+                    break
+        if not adapter.finished:
+            raise UpstreamError("cut", "the channel's stream ended before its last event")
+    except Exception as error:  # any failure after the first byte ends the stream with an error event
+        error = stream_failure(error)
+        exchange.fail(502, error.kind)
+        await send({"type": "http.response.body", "body": adapter.failure(error), "more_body": True})
+    await settle()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    exchange.responded = True
+    if adapter.finished:
+        try:
+            async for _ in opened.lines:  # read to the end, so the connection goes back to the pool
+                pass
+        except (UpstreamError, *TRANSPORT_ERRORS):
+            pass
 
 
 async def relay_stream(exchange, opened, model_name, client_wants_usage, send):
@@ -158,12 +214,7 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send):
         if not finished:
             raise UpstreamError("cut", "the channel's stream ended without [DONE]")
     except Exception as error:  # any failure after the first byte ends the stream with an error event
-        if isinstance(error, TimeoutError):
-            error = UpstreamError("stalled", "the stream ran past the channel's total time")
-        elif isinstance(error, TRANSPORT_ERRORS):
-            error = UpstreamError("cut", f"the channel's stream broke ({type(error).__name__})")
-        elif not isinstance(error, UpstreamError):
-            error = UpstreamError("malformed", "the channel's stream has an event that is not JSON")
+        error = stream_failure(error)
         exchange.fail(502, error.kind)
         event = {"error": {"message": str(error), "type": "upstream_error", "code": error.kind}}
         await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",

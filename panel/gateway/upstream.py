@@ -70,9 +70,20 @@ def upstream_body(body, target, *, stream):
     return payload
 
 
-def headers_for(target):
-    return {"content-type": "application/json", "accept": "application/json, text/event-stream",
-            "authorization": f"Bearer {target.api_key}", outbound.HOP_HEADER: "1"}
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+def headers_for(target, api="chat"):
+    """The request headers. A Messages call carries the key as Anthropic clients send it (x-api-key, with the API
+    version); a channel that speaks only Messages (Anthropic's own API) gets no Bearer beside it, which it would
+    read as a different kind of credential."""
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+               "authorization": f"Bearer {target.api_key}", outbound.HOP_HEADER: "1"}
+    if api == "messages":
+        headers.update({"x-api-key": target.api_key or "", "anthropic-version": ANTHROPIC_VERSION})
+        if target.channel is not None and not target.channel.speaks("chat"):
+            del headers["authorization"]
+    return headers
 
 
 def error_from_response(status, body_bytes, headers, *, secret=""):
@@ -107,13 +118,14 @@ def stalled(seconds, what):
     return UpstreamError("stalled", f"{what} within {seconds:g} s")
 
 
-async def send_request(target, path, payload, limits):
+async def send_request(target, path, payload, limits, api="chat"):
     """POST and wait for the response headers, at most `limits.first_byte` seconds."""
     try:
         async with asyncio.timeout(limits.first_byte):
             return await session(target.loopback_ok).post(target.base_url.rstrip("/") + path,
                                                           data=json.dumps(payload).encode(),
-                                        headers=headers_for(target), timeout=client_timeout(target, limits))
+                                                          headers=headers_for(target, api),
+                                                          timeout=client_timeout(target, limits))
     except aiohttp.ConnectionTimeoutError:
         raise UpstreamError("connection", f"no connection within {target.connect_timeout:g} s") from None
     except TimeoutError:
@@ -132,16 +144,18 @@ async def refusal(target, response):
     return error_from_response(response.status, body, response.headers, secret=target.api_key)
 
 
-async def post_json(target, path, payload, limits):
-    """A non-streamed answer. Asked for as a stream and assembled (panel/gateway/assemble.py), so that the first-byte
-    budget runs to the first token and the idle budget between tokens, as for a stream: an engine sends a
-    non-streamed answer's headers only when the whole answer is ready, so a long answer would read as a hang. A
-    channel that answers the stream request with one JSON body anyway is read as before. Returns the parsed body."""
+async def post_json(target, path, payload, limits, api="chat"):
+    """A non-streamed answer. A chat or completions request is asked for as a stream and assembled
+    (panel/gateway/assemble.py), so that the first-byte budget runs to the first token and the idle budget between
+    tokens, as for a stream: an engine sends a non-streamed answer's headers only when the whole answer is ready, so
+    a long answer would read as a hang. A channel that answers the stream request with one JSON body anyway is read
+    as before; other calls (Messages, embeddings, responses, token counts) are plain. Returns the parsed body."""
     began = asyncio.get_running_loop().time()
-    response = await send_request(target, path, as_stream(payload), limits)
+    assembled = api == "chat" and path.endswith(("/chat/completions", "/completions"))
+    response = await send_request(target, path, as_stream(payload) if assembled else payload, limits, api)
     if response.status != 200:
         raise await refusal(target, response)
-    if "text/event-stream" not in response.headers.get("content-type", ""):
+    if not assembled or "text/event-stream" not in response.headers.get("content-type", ""):
         return await whole_body(target, response)
     opened = await first_event(target, response, limits, began)
     assembly = Assembly()
@@ -233,10 +247,10 @@ async def stream_lines(response, idle):
         yield raw.decode("utf-8", "replace").rstrip("\r\n")
 
 
-async def open_stream(target, path, payload, limits):
+async def open_stream(target, path, payload, limits, api="chat"):
     """POST a streaming request and read up to its first event, all within `limits.first_byte` seconds."""
     began = asyncio.get_running_loop().time()
-    response = await send_request(target, path, payload, limits)
+    response = await send_request(target, path, payload, limits, api)
     if response.status != 200:
         raise await refusal(target, response)
     return await first_event(target, response, limits, began)

@@ -33,6 +33,9 @@ class RequestLog(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)
+    # Prompt tokens written to the provider's prompt cache (Anthropic's cache_creation_input_tokens), part of
+    # prompt_tokens like cached_tokens. Nullable: adding it is an ALTER TABLE, not a copy of the table.
+    cache_write_tokens = models.PositiveIntegerField(null=True, blank=True)
     ttft_ms = models.FloatField(null=True, blank=True)
     latency_ms = models.FloatField()
     cost = models.DecimalField(max_digits=14, decimal_places=8, default=0)

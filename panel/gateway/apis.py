@@ -1,0 +1,347 @@
+"""The APIs a request crosses on its way: the client's (chat, completions, messages, responses, embeddings) and, for
+each channel, the one it is sent in (Channel.apis says what the channel speaks).
+
+Where the channel speaks the client's API the body passes through with the channel's model id; between OpenAI chat
+completions and Anthropic Messages it is translated (panel/gateway/translation.py), and the answer, whole or as a
+stream, is translated back. Completions, responses and embeddings pass through to channels that speak the OpenAI API
+only. A channel the request cannot reach is skipped; when none is left the client gets a 400 naming the reason."""
+import json
+import time
+
+from django.conf import settings
+
+from panel.core import safejson
+from panel.gateway import messages_api, translation
+from panel.gateway.upstream import UpstreamError, upstream_body
+
+CHAT, COMPLETIONS, MESSAGES, RESPONSES, EMBEDDINGS = "chat", "completions", "messages", "responses", "embeddings"
+PATHS = {CHAT: "/chat/completions", COMPLETIONS: "/completions", MESSAGES: "/messages", RESPONSES: "/responses",
+         EMBEDDINGS: "/embeddings"}
+OPENAI_ONLY = (COMPLETIONS, RESPONSES, EMBEDDINGS)  # passed through, never translated
+# max_tokens for a chat request without one, sent to a channel that speaks only Messages (where it is required).
+DEFAULT_MAX_TOKENS = 4096
+
+
+def openai_error_body(message, *, kind, code):
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+
+
+def speaks(target, api):
+    return target.channel.speaks(CHAT if api in OPENAI_ONLY else api)
+
+
+# ------------------------------------------------------------------------------------------------- usage
+
+def openai_usage(usage):
+    usage = usage if isinstance(usage, dict) else {}
+    details = usage.get("prompt_tokens_details")
+    return {"prompt_tokens": int(usage.get("prompt_tokens") or 0),
+            "completion_tokens": int(usage.get("completion_tokens") or 0),
+            "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0}
+
+
+def messages_usage(usage):
+    """Anthropic counts input_tokens without the cache reads and writes; the usage record's prompt_tokens has them
+    all (as OpenAI's does), cached_tokens the reads and cache_write_tokens the writes."""
+    usage = usage if isinstance(usage, dict) else {}
+    read = int(usage.get("cache_read_input_tokens") or 0)
+    written = int(usage.get("cache_creation_input_tokens") or 0)
+    return {"prompt_tokens": int(usage.get("input_tokens") or 0) + read + written,
+            "completion_tokens": int(usage.get("output_tokens") or 0), "cached_tokens": read,
+            "cache_write_tokens": written}
+
+
+def responses_usage(usage):
+    usage = usage if isinstance(usage, dict) else {}
+    details = usage.get("input_tokens_details")
+    return {"prompt_tokens": int(usage.get("input_tokens") or 0),
+            "completion_tokens": int(usage.get("output_tokens") or 0),
+            "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0}
+
+
+# ------------------------------------------------------------------------------------------------- one request
+
+class Passage:
+    """One request's way to its channels: for each channel the API it is sent in, the body, and the answer turned
+    back into the client's API."""
+
+    def __init__(self, client_api, body):
+        self.client_api = client_api
+        self.body = body
+        self.model = body["model"]
+        self.stream = bool(body.get("stream"))
+        self._translated = {}  # upstream API -> the translated body (the model id set per channel)
+        self.targets = []  # the route's channels this request can go to, in order (`choose`)
+
+    def upstream_api(self, target):
+        """The API to call `target` in; NotTranslatable when the request cannot go to it."""
+        if speaks(target, self.client_api):
+            return self.client_api
+        if self.client_api in OPENAI_ONLY:
+            raise translation.NotTranslatable(
+                f"/v1/{self.client_api} is passed only to channels that speak the OpenAI API; this route's channel "
+                f"{target.name} speaks only the Anthropic Messages API")
+        return MESSAGES if self.client_api == CHAT else CHAT
+
+    def _body_in(self, api):
+        if api not in self._translated:
+            if self.client_api == MESSAGES:
+                self._translated[api] = translation.messages_request_to_chat(self.body, model_id="")
+            else:
+                self._translated[api] = translation.chat_request_to_messages(
+                    self.body, model_id="", default_max_tokens=min(DEFAULT_MAX_TOKENS, settings.GATEWAY_MAX_TOKENS))
+        return self._translated[api]
+
+    def choose(self, targets):
+        """Keep the targets the request can be sent to, in order; NotTranslatable (the last reason) when none."""
+        usable, refusal = [], None
+        for target in targets:
+            try:
+                api = self.upstream_api(target)
+                if api != self.client_api:
+                    self._body_in(api)
+            except translation.NotTranslatable as error:
+                refusal = error
+                continue
+            usable.append(target)
+        if not usable and refusal is not None:
+            raise refusal
+        self.targets = usable
+
+    def request(self, target, *, stream):
+        """(upstream API, path, payload) for one attempt on `target`."""
+        api = self.upstream_api(target)
+        if api in (CHAT, COMPLETIONS) and api == self.client_api:
+            payload = upstream_body(self.body, target, stream=stream)
+        elif api == self.client_api:
+            payload = dict(self.body, model=target.model_id)
+        else:
+            payload = dict(self._body_in(api), model=target.model_id)
+        return api, PATHS[api], payload
+
+    def answer(self, target, data):
+        """(the client's body, the usage fields) of a channel's whole answer; UpstreamError("malformed") when it is
+        not an answer of the API it was asked in or cannot be translated."""
+        api = self.upstream_api(target)
+        if not isinstance(data, dict):
+            raise UpstreamError("malformed", "the channel's answer is not a JSON object")
+        if api in (CHAT, COMPLETIONS) and "choices" not in data:
+            raise UpstreamError("malformed", "the channel's answer has no choices")
+        if api == MESSAGES and (data.get("type") != "message" or not isinstance(data.get("content"), list)):
+            raise UpstreamError("malformed", "the channel's answer is not a Messages response")
+        if api == RESPONSES and not isinstance(data.get("output"), list):
+            raise UpstreamError("malformed", "the channel's answer has no output")
+        if api == EMBEDDINGS and not isinstance(data.get("data"), list):
+            raise UpstreamError("malformed", "the channel's answer has no embeddings")
+        usage = (messages_usage if api == MESSAGES else responses_usage if api == RESPONSES else openai_usage)(
+            data.get("usage"))
+        try:
+            if api == CHAT and self.client_api == MESSAGES:
+                data = translation.chat_response_to_messages(data, model=self.model)
+            elif api == MESSAGES and self.client_api == CHAT:
+                data = translation.messages_response_to_chat(data, model=self.model)
+        except translation.MalformedAnswer as error:
+            raise UpstreamError("malformed", str(error)) from None
+        data["model"] = self.model
+        return data, usage
+
+    def stream_adapter(self, target, exchange):
+        """How the channel's stream reaches the client; None for chat or completions passed through (the relay of
+        panel/gateway/responses.py does that itself)."""
+        api = self.upstream_api(target)
+        if api == self.client_api and api in (CHAT, COMPLETIONS):
+            return None
+        if api == MESSAGES and self.client_api == MESSAGES:
+            return MessagesPassthrough(exchange, self.model)
+        if api == CHAT:
+            return ChatToMessages(exchange, self.model)
+        if api == MESSAGES:
+            return MessagesToChat(exchange, self.model,
+                                  wants_usage=bool((self.body.get("stream_options") or {}).get("include_usage")))
+        return ResponsesPassthrough(exchange, self.model)
+
+    def error_body(self, status, message, *, kind, code):
+        """An error body in the client's API."""
+        if self.client_api == MESSAGES:
+            return messages_api.error_body(status, message)
+        return openai_error_body(message, kind=kind, code=code)
+
+
+# ------------------------------------------------------------------------------------------------- streams
+
+def _event_of(line):
+    """The JSON object of an SSE data line, None for any other line or [DONE]."""
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if not data or data == "[DONE]":
+        return None
+    try:
+        event = safejson.loads(data)
+    except ValueError:
+        raise UpstreamError("malformed", "the channel's stream has an event that is not JSON") from None
+    if not isinstance(event, dict):
+        raise UpstreamError("malformed", "an event that is not a JSON object")
+    return event
+
+
+def _is_done(line):
+    return line.startswith("data:") and line[5:].strip() == "[DONE]"
+
+
+class StreamAdapter:
+    """One channel stream on its way to the client: `feed(line)` gives what to send for one upstream line (and
+    sets the exchange's usage and first-token time), `finished` once the stream's last event was seen, and
+    `failure(error)` the error event in the client's API."""
+
+    def __init__(self, exchange, model):
+        self.exchange = exchange
+        self.model = model
+        self.finished = False
+        self.pieces = 0  # content deltas sent, the completion's size when the channel reports no usage
+
+    def content_arrived(self):
+        self.pieces += 1
+        if self.exchange.fields["ttft_ms"] is None:
+            self.exchange.fields["ttft_ms"] = (time.perf_counter() - self.exchange.started) * 1000
+
+    def failure(self, error):
+        event = {"error": {"message": str(error), "type": "upstream_error", "code": error.kind}}
+        return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+def _messages_failure(error):
+    return messages_api.sse_event("error", {"type": "error", "error": {"type": "api_error", "message": str(error)}})
+
+
+def _raise_error_event(event):
+    error = event.get("error")
+    message = error.get("message") if isinstance(error, dict) else error
+    raise UpstreamError("error_event", f"the channel sent an error event mid-stream: {message or 'no message'}")
+
+
+class MessagesPassthrough(StreamAdapter):
+    """A Messages stream to a Messages client: the events as they come, the model renamed, the usage read."""
+
+    def __init__(self, exchange, model):
+        super().__init__(exchange, model)
+        self.usage = {}
+
+    def feed(self, line):
+        event = _event_of(line)
+        if event is None:
+            return []
+        kind = event.get("type")
+        if kind == "error":
+            _raise_error_event(event)
+        if kind == "message_start" and isinstance(event.get("message"), dict):
+            event["message"]["model"] = self.model
+            self.usage.update(event["message"].get("usage") or {})
+        elif kind == "message_delta":
+            self.usage.update(event.get("usage") or {})
+        elif kind == "content_block_delta":
+            self.content_arrived()
+        self.exchange.take_usage(messages_usage(self.usage))
+        self.finished = kind == "message_stop"
+        return [messages_api.sse_event(kind or "message", event)]
+
+    failure = staticmethod(_messages_failure)
+
+
+class ChatToMessages(StreamAdapter):
+    """A chat completions stream to a Messages client, translated event by event."""
+
+    def __init__(self, exchange, model):
+        super().__init__(exchange, model)
+        self.converter = translation.ChatStreamToMessages(model=model)
+        self.started = False
+
+    def feed(self, line):
+        if not line.startswith("data:"):
+            return []
+        events = []
+        if not self.started:
+            self.started = True
+            events += self.converter.start() + [("ping", {"type": "ping"})]
+        if _is_done(line):
+            self.finished = True
+            events += self.converter.finish()
+        elif (chunk := _event_of(line)) is not None:
+            if "error" in chunk:
+                _raise_error_event(chunk)
+            if chunk.get("usage"):
+                self.exchange.take_usage(openai_usage(chunk["usage"]))
+            try:
+                translated = self.converter.feed(chunk)
+            except translation.MalformedAnswer as error:
+                raise UpstreamError("malformed", str(error)) from None
+            for name, _ in translated:
+                if name == "content_block_delta":
+                    self.content_arrived()
+            events += translated
+        return [messages_api.sse_event(name, data) for name, data in events]
+
+    failure = staticmethod(_messages_failure)
+
+
+class MessagesToChat(StreamAdapter):
+    """A Messages stream to a chat client, translated into chat completion chunks and [DONE]."""
+
+    def __init__(self, exchange, model, *, wants_usage):
+        super().__init__(exchange, model)
+        self.converter = translation.MessagesStreamToChat(model=model)
+        self.wants_usage = wants_usage
+        self.usage = {}
+
+    def feed(self, line):
+        event = _event_of(line)
+        if event is None:
+            return []
+        kind = event.get("type")
+        if kind == "error":
+            _raise_error_event(event)
+        if kind == "message_start":
+            self.usage.update((event.get("message") or {}).get("usage") or {})
+        elif kind == "message_delta":
+            self.usage.update(event.get("usage") or {})
+        self.exchange.take_usage(messages_usage(self.usage))
+        out = []
+        for chunk in self.converter.feed(event):
+            choices = chunk.get("choices")
+            if not choices and not self.wants_usage:
+                continue  # the usage chunk the client did not ask for
+            delta = (choices[0].get("delta") or {}) if choices else {}
+            if delta.get("content") or delta.get("tool_calls"):
+                self.content_arrived()
+            out.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        if kind == "message_stop":
+            self.finished = True
+            out.append(b"data: [DONE]\n\n")
+        return out
+
+
+class ResponsesPassthrough(StreamAdapter):
+    """A /v1/responses stream passed through: its named events as they come, the usage read from the last one."""
+
+    ENDS = ("response.completed", "response.failed", "response.incomplete")
+
+    def feed(self, line):
+        event = _event_of(line)
+        if event is None:
+            return []
+        kind = event.get("type") or "message"
+        if kind == "error":
+            _raise_error_event(event)
+        if kind == "response.output_text.delta":
+            self.content_arrived()
+        response = event.get("response")
+        if isinstance(response, dict):
+            response["model"] = self.model
+            if kind in self.ENDS:
+                self.exchange.take_usage(responses_usage(response.get("usage")))
+        self.finished = kind in self.ENDS
+        return [f"event: {kind}\ndata: {json.dumps(event)}\n\n".encode()]
+
+    def failure(self, error):
+        event = {"type": "error", "code": error.kind, "message": str(error), "param": None}
+        return f"event: error\ndata: {json.dumps(event)}\n\n".encode()
