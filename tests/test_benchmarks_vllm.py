@@ -277,3 +277,21 @@ def test_the_ladder_and_sweep_forms_show_the_estimate(team_setup, tiny_model, li
     page.fill("#id_values", "4, 8, 16, 32, 64")
     assert page.locator("[data-estimate-steps]").inner_text() == "5"
     screenshot(page, "benchmarks-sweep-form")
+
+
+def test_a_running_ladder_shows_the_time_left(client, team_setup, tiny_model):  # noqa: F811
+    started = timezone.now() - timezone.timedelta(seconds=600)
+    ladder = Ladder.objects.create(team=team_setup["team_a"], model=tiny_model, state=JobState.RUNNING,
+                                   started_at=started, heartbeat_at=timezone.now(),
+                                   result={"planned": 4, "steps": [{"step": "baseline", "status": "measured"},
+                                                                   {"step": "awq", "status": "skipped"},
+                                                                   {"step": "prefix", "status": "measured"}]})
+    # Two steps done in 10 minutes: two more to go at that pace.
+    assert estimate.time_left(ladder, steps_total=4, steps_done=2) == pytest.approx(600, abs=5)
+    client.force_login(team_setup["alice"])
+    html = client.get(reverse("benchmark_ladder", args=[ladder.pk])).content.decode()
+    assert "Time left: about 1" in html and "Remove ladder" not in html  # about 10 min; not while it runs
+    ladder.state = JobState.SUCCEEDED
+    ladder.save()
+    html = client.get(reverse("benchmark_ladder", args=[ladder.pk])).content.decode()
+    assert "Time left" not in html and "Remove ladder" in html

@@ -1,5 +1,6 @@
 """Benchmark runs (as on Benchmarks): start one against a ready deployment, a channel or a route, follow it, cancel
-it, and read its results (throughput, TTFT, inter-token and end-to-end percentiles, errors by kind)."""
+it, and read its results (in `vllm bench serve`'s terms and key names: throughput, goodput, TTFT, TPOT, ITL and
+E2EL mean/median/std/P90/P99; errors by kind)."""
 from typing import Any
 
 from django.shortcuts import get_object_or_404
@@ -32,7 +33,8 @@ class BenchmarkOut(JobOut):
     target_label: str
     workload: str
     workload_summary: str
-    result: dict[str, Any] = Field(description="The measured summary once the run has finished.")
+    result: dict[str, Any] = Field(description="The measured summary once the run has finished, under the keys "
+                                                   "`vllm bench serve --save-result` uses (mean_ttft_ms, ...).")
 
 
 class BenchmarkDetail(BenchmarkOut):

@@ -67,8 +67,8 @@ class WorkloadForm(forms.Form):
 
 
 class ImportForm(forms.Form):
-    result_file = forms.FileField(label="vLLM result file", help_text="The JSON that `vllm bench serve "
-                                  "--save-result` wrote; it becomes a run you can compare with your own.")
+    result_file = forms.FileField(label="vLLM result file", help_text="The JSON that “vllm bench serve "
+                                  "--save-result” wrote; it becomes a run you can compare with your own.")
     title = forms.CharField(max_length=200, required=False, label="Name", help_text="Optional.")
 
 
