@@ -24,7 +24,10 @@ ASK = [{"role": "user", "content": "Read src/app.py"}]
 
 @pytest.fixture
 def deployment(launch_tiny, team_setup):
-    return launch_tiny(team_setup["team_a"])
+    # A named tool choice needs a tool-call parser set (vLLM refuses it otherwise); the arguments are then decoded
+    # to the tool's schema, which is what makes them reliable from the tiny model.
+    return launch_tiny(team_setup["team_a"],
+                       extra_args="--enforce-eager --enable-auto-tool-choice --tool-call-parser hermes")
 
 
 def speak(channel, apis):
