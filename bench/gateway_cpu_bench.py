@@ -10,7 +10,7 @@ CPU ms per request. The fixed cost and the cost per chunk come from the two size
 The upstream and the load generator run in other processes and are not counted.
 
 --profile runs the gateway under pyinstrument (`pip install pyinstrument`) for a separate pass of 20-chunk streams
-and writes its text report (the event loop's thread) to the file given."""
+and writes its text report (the event loop's thread; wall-clock samples) to the file given."""
 import argparse
 import asyncio
 import json
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import psutil
-from gateway_bench import free_port, prepare_panel, start, stop
+from gateway_bench import ROOT, free_port, prepare_panel, start, stop
 
 UPSTREAM_CHUNKS = 200
 
@@ -74,7 +74,31 @@ def idle_cpu_per_second(process, seconds=2.0):
     return (cpu_seconds(process) - before) / seconds
 
 
+def serve_profiled(port, report):
+    """The gateway as one uvicorn process under pyinstrument, until SIGTERM; then the report of the event loop's
+    thread. (uvicorn re-raises the signal it caught once it has shut down, which would end the process before the
+    report is written: the signal is handled here instead.)"""
+    import contextlib
+    import signal
+
+    import uvicorn
+    from pyinstrument import Profiler
+
+    server = uvicorn.Server(uvicorn.Config("panel.asgi:application", port=port, loop="uvloop", http="httptools",
+                                           access_log=False, log_level="warning"))
+    server.capture_signals = contextlib.nullcontext
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    profiler = Profiler(interval=0.0005)
+    profiler.start()
+    server.run()
+    profiler.stop()
+    Path(report).write_text(profiler.output_text(show_all=False))
+
+
 def main():
+    if sys.argv[1:2] == ["--serve-profiled"]:
+        serve_profiled(int(sys.argv[2]), sys.argv[3])
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=4)
@@ -105,8 +129,8 @@ def main():
         if args.profile:
             gw_port = free_port()
             report = Path(args.profile).resolve()
-            gateway = start([sys.executable, "-m", "pyinstrument", "--async-mode", "disabled", "-r", "text",
-                             "--show-all", "-o", str(report), *server, "--port", str(gw_port)], env=env,
+            gateway = start([sys.executable, __file__, "--serve-profiled", str(gw_port), str(report)],
+                            env=dict(env, PYTHONPATH=str(ROOT)),
                             ready_url=f"http://127.0.0.1:{gw_port}/login/")
             try:
                 asyncio.run(send(f"http://127.0.0.1:{gw_port}/v1/chat/completions", key, args.requests,

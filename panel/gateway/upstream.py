@@ -231,21 +231,36 @@ class OpenStream:
     first: list = field(default_factory=list)
 
 
+MAX_LINE_BYTES = 4 * 1024 * 1024  # an upstream line longer than this is not a stream event
+
+
 async def stream_lines(response, idle):
-    """The stream's lines; UpstreamError("stalled") when no line comes within `idle` seconds."""
+    """The stream's lines (without their line ends); UpstreamError("stalled") when nothing comes within `idle`
+    seconds. Read by network block, not by line: one deadline per block (an event and its blank line usually arrive
+    together), which is most of what relaying a chunk costs the gateway."""
     content = response.content
+    pending = b""
     while True:
         waiting = asyncio.timeout(idle)
         try:
             async with waiting:
-                raw = await content.readline()
+                block = await content.readany()
         except TimeoutError:
             if not waiting.expired():
                 raise  # the channel's total time (aiohttp's own timeout), not a silence between chunks
             raise stalled(idle, "no next chunk") from None
-        if not raw:
+        if not block:
+            if pending:
+                yield pending.decode("utf-8", "replace").rstrip("\r")
             return
-        yield raw.decode("utf-8", "replace").rstrip("\r\n")
+        pending += block
+        if b"\n" not in block:
+            if len(pending) > MAX_LINE_BYTES:
+                raise UpstreamError("malformed", f"the channel sent a line longer than {MAX_LINE_BYTES} bytes")
+            continue
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            yield raw.decode("utf-8", "replace").rstrip("\r")
 
 
 async def open_stream(target, path, payload, limits, api="chat"):
