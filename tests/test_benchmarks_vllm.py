@@ -15,6 +15,7 @@ from panel.benchmarks.models import BenchmarkRun, Ladder, StepProfile
 from panel.channels.models import Channel, Route, RouteChannel
 from panel.jobs.models import JobState
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
+from tests.api_helpers import bearer, token_for
 from tests.browser import screenshot, sign_in
 from tests.test_benchmarks import tiny_model  # noqa: F401  (fixture)
 
@@ -222,7 +223,15 @@ def test_step_channels_and_routes_are_the_jobs_own(client, team_setup, tiny_mode
     targets = page.inner_text("#id_target")
     assert "my-cloud" in targets and "local-ladder" not in targets and profile.served_model_name not in targets
 
+    # Nor in the management API's lists, nor the dashboards' channel filter.
+    raw = token_for(team_setup["alice"], team)
+    api_channels = [item["name"] for item in client.get("/api/v1/channels", **bearer(raw)).json()]
+    api_routes = [item["model_name"] for item in client.get("/api/v1/routes", **bearer(raw)).json()]
+    assert api_channels == ["my-cloud"] and api_routes == ["chat"]
     client.force_login(team_setup["alice"])
+    dashboards = client.get(reverse("dashboards")).content.decode()
+    assert "my-cloud" in dashboards and "local-ladder" not in dashboards
+
     response = client.post(reverse("benchmark_remove", args=["ladder", ladder.pk]))
     assert response.status_code == 302
     assert not Ladder.objects.filter(pk=ladder.pk).exists() and not BenchmarkRun.objects.filter(pk=run.pk).exists()

@@ -16,7 +16,7 @@ from panel.audit.services import audit_record
 from panel.channels import settings_json
 from panel.channels import views as pages
 from panel.channels.forms import ChannelForm, ImportForm
-from panel.channels.models import Channel, CredentialKind, Route
+from panel.channels.models import Channel, CredentialKind, Route, listed_channels
 from panel.channels.services import channel_create, channel_delete, channel_test, channel_update
 
 router = Router(tags=["channels"])
@@ -94,7 +94,7 @@ def _credential_audit(request, channel, before, api_key, created=False):
 @router.get("/channels", response=errors({200: list[ChannelOut]}))
 @allowed(like=pages.channel_list)
 def channels_list(request):
-    return [channel_out(channel) for channel in Channel.objects.filter(team=request.team).order_by("name")]
+    return [channel_out(channel) for channel in listed_channels(request.team).order_by("name")]
 
 
 @router.get("/channels/{channel_id}", response=errors({200: ChannelOut}))

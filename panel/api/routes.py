@@ -13,7 +13,7 @@ from panel.api.form_bodies import schema_from_form, validated
 from panel.channels import canary
 from panel.channels import views as pages
 from panel.channels.forms import CanaryForm
-from panel.channels.models import Channel, Route, RouteStrategy
+from panel.channels.models import Channel, Route, RouteStrategy, listed_routes
 from panel.channels.services import route_delete, route_save
 
 router = Router(tags=["routes and canaries"])
@@ -114,7 +114,7 @@ def _save(request, route, body):
 @router.get("/routes", response=errors({200: list[RouteOut]}))
 @allowed(like=pages.channel_list)
 def routes_list(request):
-    routes = Route.objects.filter(team=request.team).select_related("canary_channel").order_by("model_name")
+    routes = listed_routes(request.team).select_related("canary_channel").order_by("model_name")
     return [route_out(route) for route in routes]
 
 

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET
 
 from panel.accounts.decorators import team_view
 from panel.accounts.models import TeamKey
-from panel.channels.models import Channel
+from panel.channels.models import listed_channels
 from panel.core.csv_cells import csv_row
 from panel.dashboards.pages import TABS, dashboard_page, team_has_data
 from panel.dashboards.selectors import RANGES, BadQuery, dashboard_query_parse
@@ -25,7 +25,7 @@ REFRESH_MS = 5000
 
 
 def _filters(team):
-    return {"channels": Channel.objects.filter(team=team).order_by("name"),
+    return {"channels": listed_channels(team).order_by("name"),
             "deployments": Deployment.objects.filter(team=team).select_related("profile").order_by("-created_at")[:50],
             "keys": TeamKey.objects.filter(team=team)}
 
