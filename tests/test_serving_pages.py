@@ -150,3 +150,21 @@ def test_launching_awq_on_a_cpu_host_nobody_checked_warns_and_says_how_to_find_o
     out = StringIO()
     call_command("deploy", str(profile.pk), stdout=out)
     assert "warning: Nobody has checked this host's engine yet" in out.getvalue()
+
+
+def test_every_refused_engine_flag_is_shown_on_the_form_with_its_reason_and_nothing_is_saved(client, team_setup,
+                                                                                               model):
+    import html
+
+    from panel.serving.engine_flags import REFUSED
+
+    client.force_login(team_setup["alice"])
+    for flag, reason in [*REFUSED.items(), ("--bogus-flag", "is not among the engine flags Tokenwise allows")]:
+        if configfile._owned_by(flag) is not None:  # --host, --port ...: the profile's own settings say why
+            reason = "which the profile already sets"
+        response = client.post(reverse("profile_create"), form_data(model, extra_args=f"--enforce-eager {flag} x"))
+        page = response.content.decode()
+        assert response.status_code == 400, flag
+        assert html.escape(flag) in page and html.escape(reason) in page, (flag, reason)
+        assert "field-error" in page
+    assert ServingProfile.objects.count() == 0

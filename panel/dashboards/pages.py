@@ -165,6 +165,9 @@ def overview(query):
     grouped = sorted(usage_grouped(query, by=("model",)), key=lambda row: -row["requests"])[:TOP]
     page.tables.append(Table("models", f"Top {TOP} models", ["model"] + columns,
                              [[row["model"]] + counts(row) for row in grouped]))
+    from panel.dashboards.requests import failures_table  # it builds on this module's Table
+
+    page.tables.append(failures_table(query, channels))
     return page
 
 
@@ -212,7 +215,7 @@ def latency(query):
 
 
 def cache(query):
-    channels, _, deployments = _names(query)
+    channels, keys, deployments = _names(query)
     page = Page()
     engine = engine_by_step(query, histograms=False)
     series = {}
@@ -252,6 +255,9 @@ def cache(query):
         "channel", "prompt tokens", "cached tokens", "cached %"],
         [[channels.get(row["channel_id"], "(no channel)"), row["prompt_tokens"], row["cached_tokens"],
           _rate(row["cached_tokens"], row["prompt_tokens"])] for row in rows]))
+    from panel.dashboards.requests import hit_rate_tables  # it builds on this module's Table
+
+    page.tables.extend(hit_rate_tables(query, channels, keys))
     page.tables.append(Table("gaps", "Recent scrape gaps", ["at (UTC)", "deployment", "warning"],
                              [[sample.at.strftime("%Y-%m-%d %H:%M:%S"), deployments.get(sample.deployment_id, "?"),
                                sample.warning] for sample in scrape_gaps(query)],

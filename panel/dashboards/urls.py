@@ -1,6 +1,6 @@
 from django.urls import path
 
-from panel.dashboards import my_usage, views
+from panel.dashboards import my_usage, requests, views
 from panel.hosts import views as hosts
 
 urlpatterns = [
@@ -9,6 +9,8 @@ urlpatterns = [
     path("dashboards/cache/", views.cache, name="dashboards_cache"),
     path("dashboards/cost/", views.cost, name="dashboards_cost"),
     path("dashboards/data/", views.data, name="dashboards_data"),
+    path("dashboards/requests/", requests.request_list, name="requests"),
+    path("dashboards/requests/<str:request_id>/", requests.request_detail, name="request_detail"),
     path("dashboards/export.csv", views.export_csv, name="dashboards_csv"),
     path("metrics", views.metrics, name="metrics"),
     path("usage/mine/", my_usage.my_usage, name="my_usage"),

@@ -22,6 +22,9 @@ COOLDOWN_SECONDS = 30.0
 PROBE_SECONDS = 60.0  # a probe that never ended (its client left, its process died) frees the channel after this
 FAILURES_TTL_SECONDS = 3600  # consecutive failures older than this are forgotten
 REDIS_RETRY_SECONDS = 5.0
+# A set of channels that Redis showed with no failure on record is taken as clean for this long without asking
+# again (the hot path's round trip), so a channel that starts failing in another process is seen here this late.
+CLEAN_SECONDS = 0.5
 
 # KEYS: per channel its fails, cool and probe keys. ARGV: threshold, probe ms.
 # Returns per channel: 0 usable, 1 resting (try last), 2 usable and this request is its probe; then failure counts.
@@ -99,6 +102,7 @@ class Cooldown:
         self._scripts = None
         self.redis_down_until = 0.0
         self.on_record = set()  # channels with failures on record in Redis, as this process last saw them
+        self.clean_until = {}  # tuple of channel ids -> monotonic time until which it is taken as clean
 
     def client(self):
         return self._client if self._client is not None else async_redis()
@@ -124,6 +128,9 @@ class Cooldown:
         targets = list(targets)
         if not targets or not self.redis_usable():
             return self.local.order(targets)
+        ids = tuple(target.id for target in targets)
+        if self.clean_until.get(ids, 0) > time.monotonic():
+            return targets
         keys = [name for target in targets for name in _keys(target.id)]
         try:
             states, counts = await self.scripts()[1](
@@ -136,11 +143,16 @@ class Cooldown:
                 self.on_record.add(target.id)
             else:
                 self.on_record.discard(target.id)
+        if not any(int(count) for count in counts):
+            if len(self.clean_until) > 10_000:
+                self.clean_until.clear()
+            self.clean_until[ids] = time.monotonic() + CLEAN_SECONDS
         resting = {target.id for target, state in zip(targets, states) if int(state) == 1}
         return sorted(targets, key=lambda target: target.id in resting)
 
     async def failed(self, channel_id):
         """Count a failed request: (consecutive failures, True when it starts a rest)."""
+        self.clean_until.clear()
         if self.redis_usable():
             try:
                 failures, began = await self.scripts()[2](
