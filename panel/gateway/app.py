@@ -9,6 +9,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from panel.budgets import enforcement as budgets
+from panel.channels import rules
 from panel.channels.routing import model_names, route_for
 from panel.core import outbound, safejson
 from panel.gateway import fingerprint, rate_limits
@@ -139,6 +140,9 @@ async def application(scope, receive, send):
             raise ClientError(404, f"model {body['model']!r} is not served here: GET /v1/models lists the models "
                                    "of your team", code="model_not_found")
         exchange.route_id, exchange.route_name = route.route_id, route.model_name
+        if route.rules:
+            facts = rules.request_facts(api=endpoint, body=body, headers=scope["headers"], key_id=exchange.key.id)
+            route, exchange.fields["route_rule_id"] = rules.route_for_request(route, facts)
         refused = await rate_limits.admit(exchange.key)
         if refused is not None:
             which, retry_after = refused
