@@ -299,6 +299,24 @@ class RouteRule(models.Model):
     def __str__(self):
         return f"{self.route} rule {self.name}"
 
+    @property
+    def conditions_text(self):
+        """The rule's conditions in words, for the pages and the audit log."""
+        parts = []
+        if self.api:
+            parts.append(f"API is {RuleApi(self.api).label}")
+        if self.tools:
+            parts.append("has tools" if self.tools == RuleTools.WITH else "has no tools")
+        if self.tokens_over is not None:
+            parts.append(f"over {self.tokens_over:,} input tokens")
+        if self.tokens_under is not None:
+            parts.append(f"under {self.tokens_under:,} input tokens")
+        if self.header_name:
+            parts.append(f"header {self.header_name} = {self.header_value!r}")
+        if self.key_id is not None:
+            parts.append(f"key {self.key.name}")
+        return " and ".join(parts)
+
     def channel_list(self):
         """The rule's channels, in the order they are tried."""
         return [link.channel for link in self.routerulechannel_set.select_related("channel").order_by("position",

@@ -10,10 +10,13 @@ from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Count, Max, Sum
+from django.utils import timezone
 
 from panel.channels.models import RouteRule, RouteRuleChannel, RuleApi, RuleTools
 from panel.channels.routing import routing_changed
+from panel.core.money import money
+from panel.usage.models import RequestLog
 
 CHARS_PER_TOKEN = 4  # the usual rule of thumb for English text and code with BPE tokenizers
 MESSAGE_OVERHEAD_TOKENS = 4  # the chat template's role markers around each message
@@ -111,24 +114,6 @@ def route_for_request(route, facts):
     """(the RouteTargets to try, the id of the rule that chose them or None) for one request on a cached route."""
     rule = first_match(route.rules, facts)
     return (route, None) if rule is None else (route.with_rule(rule), rule.id)
-
-
-def describe(rule):
-    """The rule's conditions in words, for the pages."""
-    parts = []
-    if rule.api:
-        parts.append(f"API is {RuleApi(rule.api).label}")
-    if rule.tools:
-        parts.append("has tools" if rule.tools == RuleTools.WITH else "has no tools")
-    if rule.tokens_over is not None:
-        parts.append(f"over {rule.tokens_over:,} input tokens")
-    if rule.tokens_under is not None:
-        parts.append(f"under {rule.tokens_under:,} input tokens")
-    if rule.header_name:
-        parts.append(f"header {rule.header_name} = {rule.header_value!r}")
-    if rule.key_id is not None:
-        parts.append(f"key {rule.key.name if rule.key else rule.key_id}")
-    return " and ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------- changes
@@ -237,3 +222,20 @@ def rule_move(*, rule, offset):
     target = min(max(index + offset, 0), len(ids) - 1)
     ids.insert(target, ids.pop(index))
     rules_reorder(route=rule.route, rule_ids=ids)
+
+
+def rule_traffic(route, *, since=None):
+    """This month's requests, tokens and cost of a route by the rule that took them ([] rows, the route's own list
+    last as rule None): what the route page's table shows."""
+    if since is None:
+        since = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    totals = {row["route_rule"]: row for row in RequestLog.objects.filter(route=route, created_at__gte=since)
+              .values("route_rule").annotate(requests=Count("id"), input_tokens=Sum("prompt_tokens"),
+                                             output_tokens=Sum("completion_tokens"), cost=Sum("cost"))}
+    rows = []
+    for rule in [*route.rules.select_related("key").order_by("position", "pk"), None]:
+        found = totals.get(rule.pk if rule else None, {})
+        rows.append({"rule": rule, "name": rule.name if rule else "No rule matched (the route's own channels)",
+                     "requests": found.get("requests", 0), "input_tokens": found.get("input_tokens") or 0,
+                     "output_tokens": found.get("output_tokens") or 0, "cost": money(found.get("cost") or 0)})
+    return rows
