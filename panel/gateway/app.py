@@ -12,7 +12,7 @@ from panel.budgets import enforcement as budgets
 from panel.channels import rules
 from panel.channels.routing import model_names, route_for
 from panel.core import outbound, safejson
-from panel.gateway import fingerprint, rate_limits
+from panel.gateway import fingerprint, rate_limits, sessions
 from panel.gateway.exchange import Exchange
 from panel.gateway.keys import key_lookup
 from panel.gateway.responses import error_body, json_requested, plain_response, send_json, stream_response
@@ -151,6 +151,9 @@ async def application(scope, receive, send):
                               headers=[(b"retry-after", str(retry_after).encode())])
         if (spent := await budgets.refusal(exchange.key)) is not None:  # 402: SDKs do not retry it, unlike 429
             raise ClientError(402, spent, code="budget_exceeded", kind="insufficient_quota")
+        # after the refusals: a refused request is no turn of a session
+        exchange.fields.update(await sessions.session_fields(team_id=exchange.key.team_id, key_id=exchange.key.id,
+                                                             body=body, headers=scope["headers"]))
         upstream_path = "/chat/completions" if endpoint == "chat" else "/completions"
         respond = stream_response if body.get("stream") else plain_response
         await until_disconnect(exchange, respond(exchange, route, body, upstream_path, send), receive)
