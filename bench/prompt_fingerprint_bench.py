@@ -53,6 +53,33 @@ def main():
         same = statistics.median(per_request_us(size, dynamic=False, rounds=rounds) for _ in range(5))
         changing = statistics.median(per_request_us(size, dynamic=True, rounds=rounds) for _ in range(5))
         print(f"| {size // 1024} KB | {same:.0f} | {changing:.0f} |")
+    # Agent sessions hash every prompt's prefix blocks (one running HMAC over the whole prompt, every request).
+    print()
+    print("| agent prompt (tools, system, messages) | prefix-block hashes (µs) |")
+    print("| --- | --- |")
+    for turns in (5, 20, 60):
+        body = agent_body(turns)
+        rounds = max(20, args.rounds // turns)
+        took = statistics.median(prefix_us(body, rounds) for _ in range(5))
+        size = sum(len(block) for block in fingerprint.prompt_blocks(body))
+        print(f"| {turns} turns, {size // 1024} KB | {took:.0f} |")
+
+
+def agent_body(turns):
+    messages = [{"role": "system", "content": SENTENCE * 20}, {"role": "user", "content": "Review main.py"}]
+    for turn in range(turns):
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{turn}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": f"c{turn}", "content": f"def f{turn}(): pass\n" * 40}]
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    return {"messages": messages, "tools": tools}
+
+
+def prefix_us(body, rounds):
+    started = time.perf_counter()
+    for _ in range(rounds):
+        fingerprint.prefix_hashes(body)
+    return (time.perf_counter() - started) / rounds * 1e6
 
 
 if __name__ == "__main__":

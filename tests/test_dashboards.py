@@ -258,7 +258,7 @@ def test_it_serves_every_tab_its_json_and_every_table_as_csv(client, traffic):
     usage_rollup_run()
     client = signed_in(client, traffic["vera"])  # a viewer reads dashboards
     for tab, url in (("overview", "dashboards"), ("latency", "dashboards_latency"), ("cache", "dashboards_cache"),
-                     ("cost", "dashboards_cost")):
+                     ("cost", "dashboards_cost"), ("agents", "dashboards_agents")):
         for range_ in ("1h", "24h", "7d", "30d"):
             page = client.get(reverse(url), {"range": range_})
             assert page.status_code == 200, (tab, range_)
@@ -282,7 +282,7 @@ def test_it_serves_every_tab_its_json_and_every_table_as_csv(client, traffic):
     filtered = client.get(reverse("dashboards_data"), {"tab": "overview", "range": "1h",
                                                        "channel": traffic["cloud"].pk}).json()
     assert {trace["name"] for trace in filtered["figures"]["requests"]["data"]} == {"cloud"}
-    assert set(TABS) == {"overview", "latency", "cache", "cost"}
+    assert set(TABS) == {"overview", "latency", "cache", "cost", "agents"}
 
 
 def test_it_exposes_the_gateways_own_metrics(client, settings):

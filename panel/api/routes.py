@@ -1,5 +1,5 @@
-"""Routes and their canaries (as on a route's page): list, one, create, replace, delete; start a canary, check and
-promote it, roll it back, stop it."""
+"""Routes, their rules and their canaries (as on a route's page): list, one, create, replace, delete; add, replace,
+reorder and delete a rule; start a canary, check and promote it, roll it back, stop it."""
 import datetime
 from typing import Any, Literal
 
@@ -7,13 +7,16 @@ from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
+from panel.accounts.models import TeamKey
 from panel.api.auth import allowed
 from panel.api.errors import Invalid, errors
 from panel.api.form_bodies import schema_from_form, validated
-from panel.channels import canary
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
+from panel.channels import canary, rules
 from panel.channels import views as pages
 from panel.channels.forms import CanaryForm
-from panel.channels.models import Channel, Route, RouteStrategy, listed_routes
+from panel.channels.models import Channel, Route, RouteRule, RouteStrategy, RuleApi, RuleTools, listed_routes
 from panel.channels.services import route_delete, route_save
 
 router = Router(tags=["routes and canaries"])
@@ -39,6 +42,44 @@ class CanaryOut(Schema):
     checked_at: datetime.datetime | None
 
 
+class RuleChannelOut(Schema):
+    channel_id: int
+    channel: str
+
+
+class RuleOut(Schema):
+    id: int
+    position: int
+    name: str
+    conditions: str
+    tokens_under: int | None
+    tokens_over: int | None
+    tools: str
+    header_name: str
+    header_value: str
+    key_id: int | None
+    api: str
+    channels: list[RuleChannelOut]
+
+
+class RuleIn(Schema):
+    name: str = Field(..., max_length=100)
+    tokens_under: int | None = Field(None, ge=1, le=rules.TOKEN_LIMIT, description="The input-token estimate is "
+                                     "below this.")
+    tokens_over: int | None = Field(None, ge=1, le=rules.TOKEN_LIMIT, description="The input-token estimate is "
+                                    "above this.")
+    tools: Literal[tuple(RuleTools.values)] = Field("", description="\"with\", \"without\" or \"\" (either).")
+    header_name: str = Field("", max_length=100)
+    header_value: str = Field("", max_length=300)
+    key_id: int | None = Field(None, ge=1, le=2**53, description="A key of this team.")
+    api: Literal[("", *RuleApi.values)] = ""
+    channels: list[int] = Field(..., max_length=20, description="Channel ids of this team, in the order tried.")
+
+
+class RuleOrder(Schema):
+    rule_ids: list[int] = Field(..., max_length=200, description="Every rule of the route, once, in the new order.")
+
+
 class RouteOut(Schema):
     id: int
     model_name: str
@@ -47,6 +88,7 @@ class RouteOut(Schema):
     deadline_seconds: float
     enabled: bool
     channels: list[RouteChannelOut]
+    rules: list[RuleOut]
     canary: CanaryOut
 
 
@@ -79,12 +121,21 @@ def route_out(route):
             "enabled": route.enabled,
             "channels": [{"channel_id": entry.channel_id, "channel": entry.channel.name, "position": entry.position,
                           "weight": entry.weight} for entry in route.entries()],
+            "rules": [rule_out(rule) for rule in route.rules.select_related("key").order_by("position", "pk")],
             "canary": {"state": route.canary_state, "channel_id": route.canary_channel_id,
                        "channel": route.canary_channel.name if route.canary_channel else None,
                        "percent": route.canary_percent, "auto": route.canary_auto,
                        "started_at": route.canary_started_at, "step_at": route.canary_step_at,
                        "reason": route.canary_reason, "evidence": route.canary_evidence or {},
                        "checked_at": route.canary_checked_at}}
+
+
+def rule_out(rule):
+    return {"id": rule.pk, "position": rule.position, "name": rule.name, "conditions": rule.conditions_text,
+            "tokens_under": rule.tokens_under, "tokens_over": rule.tokens_over, "tools": rule.tools,
+            "header_name": rule.header_name, "header_value": rule.header_value, "key_id": rule.key_id,
+            "api": rule.api, "channels": [{"channel_id": channel.pk, "channel": channel.name}
+                                          for channel in rule.channel_list()]}
 
 
 def _route(request, route_id):
@@ -181,3 +232,78 @@ def canary_stop(request, route_id: int):
     route = _route(request, route_id)
     canary.canary_stop(route=route, request=request)
     return route_out(_fresh(route))
+
+
+def _rule_save(request, route, rule, body):
+    found = {channel.pk: channel for channel in Channel.objects.filter(team=request.team, pk__in=body.channels)}
+    problems = {}
+    unknown = [ident for ident in body.channels if ident not in found]
+    if unknown:
+        problems["channels"] = [f"Your team has no channel with id {unknown[0]}."]
+    key = None
+    if body.key_id is not None:
+        key = TeamKey.objects.filter(team=request.team, pk=body.key_id).first()
+        if key is None:
+            problems["key_id"] = [f"Your team has no key with id {body.key_id}."]
+    if problems:  # with the service's own problems, so that every one is reported at once
+        checked = rules.rule_check(route=route, name=body.name, tokens_under=body.tokens_under,
+                                   tokens_over=body.tokens_over, tools=body.tools, header_name=body.header_name,
+                                   header_value=body.header_value, key=None, api=body.api,
+                                   channels=[found[ident] for ident in body.channels if ident in found])
+        problems.update({field: messages for field, messages in checked.items()
+                         if field not in problems and not (field == "channels" and unknown)})
+        raise Invalid({"key_id" if field == "key" else field: messages for field, messages in problems.items()})
+    saved = rules.rule_save(route=route, rule=rule, name=body.name, tokens_under=body.tokens_under,
+                            tokens_over=body.tokens_over, tools=body.tools, header_name=body.header_name,
+                            header_value=body.header_value, key=key, api=body.api,
+                            channels=[found[ident] for ident in body.channels])
+    audit_record(action=AuditAction.ROUTE_RULE_CHANGED, request=request, target=route.model_name, rule=saved.name,
+                 change="created" if rule is None else "changed", conditions=saved.conditions_text,
+                 channels=[channel.name for channel in saved.channel_list()])
+    return saved
+
+
+def _rule(route, rule_id):
+    return get_object_or_404(RouteRule, pk=rule_id, route=route)
+
+
+@router.get("/routes/{route_id}/rules", response=errors({200: list[RuleOut]}))
+@allowed(like=pages.route_detail)
+def rules_list(request, route_id: int):
+    return [rule_out(rule) for rule in _route(request, route_id).rules.select_related("key").order_by("position")]
+
+
+@router.post("/routes/{route_id}/rules", response=errors({201: RuleOut}),
+             summary="Add a rule (tried after the route's other rules)")
+@allowed(like=pages.rule_create_view)
+def rules_create(request, route_id: int, body: RuleIn):
+    return Status(201, rule_out(_rule_save(request, _route(request, route_id), None, body)))
+
+
+@router.put("/routes/{route_id}/rules/{rule_id}", response=errors({200: RuleOut}), summary="Replace a rule")
+@allowed(like=pages.rule_edit_view)
+def rules_replace(request, route_id: int, rule_id: int, body: RuleIn):
+    route = _route(request, route_id)
+    return rule_out(_rule_save(request, route, _rule(route, rule_id), body))
+
+
+@router.put("/routes/{route_id}/rule-order", response=errors({200: list[RuleOut]}),
+            summary="Put the route's rules in a new order")
+@allowed(like=pages.rule_move_view)
+def rules_reorder(request, route_id: int, body: RuleOrder):
+    route = _route(request, route_id)
+    rules.rules_reorder(route=route, rule_ids=body.rule_ids)
+    audit_record(action=AuditAction.ROUTE_RULE_CHANGED, request=request, target=route.model_name, change="reordered",
+                 order=list(route.rules.order_by("position").values_list("name", flat=True)))
+    return [rule_out(rule) for rule in route.rules.select_related("key").order_by("position")]
+
+
+@router.delete("/routes/{route_id}/rules/{rule_id}", response=errors({204: None}))
+@allowed(like=pages.rule_delete_view)
+def rules_delete(request, route_id: int, rule_id: int):
+    route = _route(request, route_id)
+    rule = _rule(route, rule_id)
+    rules.rule_delete(rule=rule)
+    audit_record(action=AuditAction.ROUTE_RULE_CHANGED, request=request, target=route.model_name, rule=rule.name,
+                 change="deleted")
+    return Status(204, None)

@@ -28,6 +28,7 @@ class AuditAction(models.TextChoices):
     TOKEN_ISSUED = "token_issued", "Access token issued"
     TOKEN_REVOKED = "token_revoked", "Access token revoked"
     WEBHOOK_CHANGED = "webhook_changed", "Webhook changed"
+    ROUTE_RULE_CHANGED = "route_rule_changed", "Route rule changed"
     REFUSED = "refused", "Authorization refused"
 
 

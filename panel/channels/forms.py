@@ -3,8 +3,9 @@ from decimal import Decimal
 from django import forms
 from django.core.exceptions import ValidationError
 
+from panel.accounts.models import TeamKey
 from panel.channels import settings_json
-from panel.channels.models import Channel, ChannelApis, ChannelKind, CredentialKind, RouteStrategy
+from panel.channels.models import Channel, ChannelApis, ChannelKind, CredentialKind, RouteStrategy, RuleApi, RuleTools
 from panel.channels.services import CHANNEL_FIELDS
 
 HELP = {
@@ -225,3 +226,48 @@ class CanaryForm(forms.Form):
         used = route.routechannel_set.values_list("channel_id", flat=True)
         self.fields["channel"].queryset = Channel.objects.filter(team=route.team_id, enabled=True).exclude(
             pk__in=list(used))
+
+
+RULE_CHANNEL_SLOTS = 4
+
+
+class RuleForm(forms.Form):
+    """A routing rule: its conditions (blank ones do not count) and up to four channels, tried in order."""
+
+    name = forms.CharField(max_length=100, help_text="How the route page and the usage records name it.")
+    api = forms.ChoiceField(choices=[("", "Any")] + RuleApi.choices, required=False, label="API")
+    tools = forms.ChoiceField(choices=RuleTools.choices, required=False, label="Tools")
+    tokens_over = forms.IntegerField(required=False, min_value=1, label="Over (input tokens)")
+    tokens_under = forms.IntegerField(required=False, min_value=1, label="Under (input tokens)")
+    header_name = forms.CharField(required=False, max_length=100, label="Header",
+                                  help_text="e.g. x-workload; the request must carry it with the value beside.")
+    header_value = forms.CharField(required=False, max_length=300, label="Header value")
+    key = forms.ModelChoiceField(queryset=TeamKey.objects.none(), required=False, label="Key", empty_label="Any")
+
+    def __init__(self, *args, route, rule=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.route = route
+        self.fields["key"].queryset = TeamKey.objects.filter(team=route.team_id, revoked_at=None).order_by("name")
+        channels = Channel.objects.filter(team=route.team_id).order_by("name")
+        chosen = rule.channel_list() if rule else []
+        for slot in range(RULE_CHANNEL_SLOTS):
+            self.fields[f"channel_{slot}"] = forms.ModelChoiceField(
+                queryset=channels, required=slot == 0, empty_label="—",
+                label="First channel" if slot == 0 else "Then", initial=chosen[slot].pk if slot < len(chosen) else None)
+        if rule is not None:
+            self.initial.update(name=rule.name, api=rule.api, tools=rule.tools, tokens_over=rule.tokens_over,
+                                tokens_under=rule.tokens_under, header_name=rule.header_name,
+                                header_value=rule.header_value, key=rule.key)
+
+    def channel_fields(self):
+        return [self[f"channel_{slot}"] for slot in range(RULE_CHANNEL_SLOTS)]
+
+    def rule_fields(self):
+        """The keyword arguments of rule_save from what parsed (a field that did not parse counts as blank)."""
+        data = getattr(self, "cleaned_data", {})
+        channels = [data.get(f"channel_{slot}") for slot in range(RULE_CHANNEL_SLOTS)]
+        return {"name": data.get("name", self.data.get("name", "")), "api": data.get("api") or "",
+                "tools": data.get("tools") or "", "tokens_over": data.get("tokens_over"),
+                "tokens_under": data.get("tokens_under"), "header_name": data.get("header_name") or "",
+                "header_value": data.get("header_value") or "", "key": data.get("key"),
+                "channels": [channel for channel in channels if channel is not None]}

@@ -300,3 +300,76 @@ def listed_routes(team):
     """The team's routes as its lists show them: without those a ladder or sweep step brought up."""
     step_models = Channel.objects.filter(team=team, **STEP_CHANNEL).values("model_id")
     return Route.objects.filter(team=team).exclude(model_name__in=step_models)
+
+
+class RuleApi(models.TextChoices):
+    CHAT = "chat", "Chat completions"
+    COMPLETIONS = "completions", "Completions"
+    MESSAGES = "messages", "Anthropic Messages"
+    RESPONSES = "responses", "Responses"
+    EMBEDDINGS = "embeddings", "Embeddings"
+
+
+class RuleTools(models.TextChoices):
+    ANY = "", "Either"
+    WITH = "with", "Has tools"
+    WITHOUT = "without", "Has no tools"
+
+
+class RouteRule(models.Model):
+    """A condition on a request, tried in `position` order before the route's own channels: the first rule whose
+    every set condition holds sends the request to its own ordered channels (panel/channels/rules.py)."""
+
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="rules")
+    position = models.PositiveIntegerField(default=0)
+    name = models.CharField(max_length=100)
+    # Conditions: a blank one does not count; every set one must hold.
+    tokens_under = models.PositiveIntegerField(null=True, blank=True)  # the input-token estimate is below this
+    tokens_over = models.PositiveIntegerField(null=True, blank=True)  # the input-token estimate is above this
+    tools = models.CharField(max_length=10, choices=RuleTools.choices, default=RuleTools.ANY, blank=True)
+    header_name = models.CharField(max_length=100, blank=True)  # lower case; the request carries it ...
+    header_value = models.CharField(max_length=300, blank=True)  # ... with exactly this value
+    key = models.ForeignKey("accounts.TeamKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    api = models.CharField(max_length=20, choices=RuleApi.choices, blank=True)
+    channels = models.ManyToManyField(Channel, through="RouteRuleChannel", related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["position", "pk"]
+
+    def __str__(self):
+        return f"{self.route} rule {self.name}"
+
+    @property
+    def conditions_text(self):
+        """The rule's conditions in words, for the pages and the audit log."""
+        parts = []
+        if self.api:
+            parts.append(f"API is {RuleApi(self.api).label}")
+        if self.tools:
+            parts.append("has tools" if self.tools == RuleTools.WITH else "has no tools")
+        if self.tokens_over is not None:
+            parts.append(f"over {self.tokens_over:,} input tokens")
+        if self.tokens_under is not None:
+            parts.append(f"under {self.tokens_under:,} input tokens")
+        if self.header_name:
+            parts.append(f"header {self.header_name} = {self.header_value!r}")
+        if self.key_id is not None:
+            parts.append(f"key {self.key.name}")
+        return " and ".join(parts)
+
+    def channel_list(self):
+        """The rule's channels, in the order they are tried."""
+        return [link.channel for link in self.routerulechannel_set.select_related("channel").order_by("position",
+                                                                                                       "pk")]
+
+
+class RouteRuleChannel(models.Model):
+    rule = models.ForeignKey(RouteRule, on_delete=models.CASCADE)
+    channel = models.ForeignKey(Channel, on_delete=models.CASCADE)
+    position = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["position", "pk"]
+        constraints = [models.UniqueConstraint(fields=["rule", "channel"], name="channel_once_per_rule")]

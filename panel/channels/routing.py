@@ -9,14 +9,14 @@ long. One Redis GET per team per interval; if Redis is unreachable the TTL alone
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
-from panel.channels.models import Route, order_channels
+from panel.channels.models import Route, RouteStrategy, order_channels
 from panel.core import outbound
 from panel.core.redis_client import async_redis
 
@@ -54,6 +54,22 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class CachedRule:
+    """A RouteRule as the gateway keeps it: its conditions (what `rules.matches` reads) and its channels."""
+
+    id: int
+    name: str
+    tokens_under: int | None
+    tokens_over: int | None
+    tools: str
+    header_name: str
+    header_value: str
+    key_id: int | None
+    api: str
+    entries: tuple
+
+
+@dataclass(frozen=True)
 class RouteTargets:
     route_id: int
     model_name: str
@@ -63,6 +79,13 @@ class RouteTargets:
     canary: Target | None = None  # the candidate channel while a canary is active
     canary_percent: int = 0
     deadline: float = 45.0  # seconds for every attempt, retry and fallback until the answer starts
+    rules: tuple = ()  # CachedRule, in the order they are tried
+
+    def with_rule(self, rule):
+        """The route as a request that matched `rule` sees it: the rule's channels in the rule's order, with the
+        route's fallback, deadline and cooldowns. A canary compares its candidate with the route's own channels,
+        so it does not apply here."""
+        return replace(self, strategy=RouteStrategy.PRIORITY, entries=rule.entries, canary=None, canary_percent=0)
 
     def ordered(self, fields=None, rng=random):
         """The targets for one request, in the order the route's strategy gives. With an active canary,
@@ -110,12 +133,21 @@ def _load(team_id, model_name):
         return None
     entries = [Entry(channel=link.channel, position=link.position, weight=link.weight, target=target_for(link.channel))
                for link in route.entries() if link.channel_id != route.canary_channel_id]
+    rules = tuple(
+        CachedRule(id=rule.pk, name=rule.name, tokens_under=rule.tokens_under, tokens_over=rule.tokens_over,
+                   tools=rule.tools, header_name=rule.header_name, header_value=rule.header_value,
+                   key_id=rule.key_id, api=rule.api,
+                   entries=tuple(Entry(channel=link.channel, position=link.position, weight=1,
+                                       target=target_for(link.channel))
+                                 for link in rule.routerulechannel_set.all()))
+        for rule in route.rules.prefetch_related("routerulechannel_set__channel").order_by("position", "pk"))
     canary = None
     if route.canary_active and route.canary_channel.enabled:
         canary = target_for(route.canary_channel)
     return RouteTargets(route_id=route.pk, model_name=route.model_name, strategy=route.strategy,
                         fallback_on_error=route.fallback_on_error, entries=tuple(entries), canary=canary,
-                        canary_percent=route.canary_percent if canary else 0, deadline=float(route.deadline_seconds))
+                        canary_percent=route.canary_percent if canary else 0, deadline=float(route.deadline_seconds),
+                        rules=rules)
 
 
 def _load_names(team_id):

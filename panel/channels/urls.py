@@ -18,4 +18,8 @@ urlpatterns = [
     path("channels/routes/<int:route_id>/canary/start/", views.canary_start_view, name="canary_start"),
     path("channels/routes/<int:route_id>/canary/promote/", views.canary_promote_view, name="canary_promote"),
     path("channels/routes/<int:route_id>/canary/stop/", views.canary_stop_view, name="canary_stop"),
+    path("channels/routes/<int:route_id>/rules/new/", views.rule_create_view, name="rule_create"),
+    path("channels/routes/<int:route_id>/rules/<int:rule_id>/edit/", views.rule_edit_view, name="rule_edit"),
+    path("channels/routes/<int:route_id>/rules/<int:rule_id>/move/", views.rule_move_view, name="rule_move"),
+    path("channels/routes/<int:route_id>/rules/<int:rule_id>/delete/", views.rule_delete_view, name="rule_delete"),
 ]

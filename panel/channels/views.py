@@ -3,15 +3,16 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
 from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
-from panel.channels import canary, settings_json
-from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm
-from panel.channels.models import Channel, Route, listed_channels, listed_routes
+from panel.channels import canary, rules, settings_json
+from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm, RuleForm
+from panel.channels.models import Channel, Route, RouteRule, listed_channels, listed_routes
 from panel.channels.services import (
     PRESETS,
     channel_create,
@@ -236,7 +237,7 @@ def route_detail(request, route_id):
 
 
 def _route_context(route, form):
-    return {"route": route, "entries": route.entries(), "canary_form": form,
+    return {"route": route, "entries": route.entries(), "canary_form": form, "rule_rows": rules.rule_traffic(route),
             "stable_percent": 100 - route.canary_percent,
             "candidate_quality": served_model_quality(route.canary_channel),
             "guards": {"json": settings.CANARY_JSON_FAILURE_PERCENT, "errors": settings.CANARY_ERROR_PERCENT,
@@ -296,3 +297,66 @@ def canary_stop_view(request, route_id):
     else:
         messages.info(request, f"Canary stopped: {route.model_name} goes to its own channels only.")
     return redirect("route_detail", route_id=route.pk)
+
+
+# ------------------------------------------------------------------------------------------------- routing rules
+
+@team_view(Role.ADMIN)
+def rule_create_view(request, route_id):
+    return _rule_form(request, _route(request, route_id), None)
+
+
+@team_view(Role.ADMIN)
+def rule_edit_view(request, route_id, rule_id):
+    route = _route(request, route_id)
+    return _rule_form(request, route, get_object_or_404(RouteRule, pk=rule_id, route=route))
+
+
+def _rule_form(request, route, rule):
+    form = RuleForm(request.POST or None, route=route, rule=rule)
+    if request.method == "POST":
+        valid = form.is_valid()
+        fields = form.rule_fields()
+        try:
+            if not valid:  # report the service's problems too, so every error shows at once
+                raise ValidationError(rules.rule_check(route=route, **fields) or {})
+            saved = rules.rule_save(route=route, rule=rule, **fields)
+        except ValidationError as error:
+            for field, problems in getattr(error, "message_dict", {}).items():
+                target = "channel_0" if field == "channels" else field
+                if target == "__all__" or target not in form.fields:
+                    target = None
+                if target is None or target not in form.errors:
+                    form.add_error(target, problems)
+        else:
+            audit_record(action=AuditAction.ROUTE_RULE_CHANGED, request=request, target=route.model_name,
+                         rule=saved.name, change="created" if rule is None else "changed",
+                         conditions=saved.conditions_text, channels=[c.name for c in saved.channel_list()])
+            messages.success(request, f"Saved the rule {saved.name}.")
+            return redirect("route_detail", route_id=route.pk)
+    status = 400 if request.method == "POST" else 200
+    return _render(request, "channels/rule_form.html", {"form": form, "route": route, "rule": rule}, status=status)
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def rule_move_view(request, route_id, rule_id):
+    route = _route(request, route_id)
+    rule = get_object_or_404(RouteRule, pk=rule_id, route=route)
+    offset = -1 if request.POST.get("direction") == "up" else 1
+    rules.rule_move(rule=rule, offset=offset)
+    audit_record(action=AuditAction.ROUTE_RULE_CHANGED, request=request, target=route.model_name, rule=rule.name,
+                 change="moved up" if offset < 0 else "moved down")
+    return redirect(f"{reverse('route_detail', args=[route.pk])}#rules")
+
+
+@require_POST
+@team_view(Role.ADMIN)
+def rule_delete_view(request, route_id, rule_id):
+    route = _route(request, route_id)
+    rule = get_object_or_404(RouteRule, pk=rule_id, route=route)
+    rules.rule_delete(rule=rule)
+    audit_record(action=AuditAction.ROUTE_RULE_CHANGED, request=request, target=route.model_name, rule=rule.name,
+                 change="deleted")
+    messages.info(request, f"Deleted the rule {rule.name}.")
+    return redirect(f"{reverse('route_detail', args=[route.pk])}#rules")

@@ -134,7 +134,7 @@ def cost_summary(query: DashboardQuery):
     rows = usage_grouped(query, by=("channel_id", "deployment_id", "local"), columns=TOKEN_COLUMNS)
     channels = Channel.objects.filter(team=query.team).in_bulk()
     summary = CostSummary(span_seconds=query.end - query.start)
-    summary.baseline_channel = _baseline_channel(query.team, rows, channels)
+    summary.baseline_channel = baseline_channel(query.team, rows, channels)
     deployments = Deployment.objects.filter(pk__in={row["deployment_id"] for row in rows if row["local"]}) \
         .select_related("host").in_bulk()
     unfiltered = _deployment_tokens(query) if query.key_id is not None else {}
@@ -183,7 +183,7 @@ def deployment_up_hours(deployment, *, since, until):
     return max(ended - began, 0) / 3600
 
 
-def _baseline_channel(team, rows, channels):
+def baseline_channel(team, rows, channels):
     carried = {}
     for row in rows:
         if not row["local"] and row["channel_id"] in channels:

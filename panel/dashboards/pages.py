@@ -8,6 +8,7 @@ from panel.accounts.models import TeamKey
 from panel.channels.models import Channel
 from panel.core.money import Money, money, money_text
 from panel.dashboards import figures as fig
+from panel.dashboards.agents import agents as agents_page
 from panel.dashboards.cost import cost_summary
 from panel.dashboards.models import (
     LATENCY_COLUMNS,
@@ -30,7 +31,7 @@ from panel.dashboards.selectors import (
 )
 from panel.serving.models import Deployment
 
-TABS = {"overview": "Overview", "latency": "Latency", "cache": "Cache", "cost": "Cost"}
+TABS = {"overview": "Overview", "latency": "Latency", "cache": "Cache", "cost": "Cost", "agents": "Agents"}
 TOP = 10
 
 
@@ -89,6 +90,8 @@ def team_has_data(team):
 
 def dashboard_page(*, tab, query):
     """The figures, tables and cards of one tab for one query."""
+    if tab == "agents":
+        return agents_page(query, page=Page, table=Table)
     return {"overview": overview, "latency": latency, "cache": cache, "cost": cost}[tab](query)
 
 

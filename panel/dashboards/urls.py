@@ -8,6 +8,7 @@ urlpatterns = [
     path("dashboards/latency/", views.latency, name="dashboards_latency"),
     path("dashboards/cache/", views.cache, name="dashboards_cache"),
     path("dashboards/cost/", views.cost, name="dashboards_cost"),
+    path("dashboards/agents/", views.agents, name="dashboards_agents"),
     path("dashboards/data/", views.data, name="dashboards_data"),
     path("dashboards/requests/", requests.request_list, name="requests"),
     path("dashboards/requests/<str:request_id>/", requests.request_detail, name="request_detail"),

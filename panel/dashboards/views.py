@@ -44,7 +44,7 @@ def _page(request, tab):
         return _bad(request, error, tab)
     context = {"tab": tab, "tabs": TABS, "query": query, "ranges": RANGES, "params": urlencode(query.as_params()),
                "refresh_ms": REFRESH_MS, "refresh_seconds": REFRESH_MS // 1000, **_filters(request.team)}
-    if not team_has_data(request.team):
+    if tab != "agents" and not team_has_data(request.team):  # the Agents tab reads the usage records themselves
         context["empty"] = True
         return render(request, "dashboards/page.html", context)
     page = dashboard_page(tab=tab, query=query)
@@ -75,6 +75,12 @@ def cache(request):
 @team_view()
 def cost(request):
     return _page(request, "cost")
+
+
+@require_GET
+@team_view()
+def agents(request):
+    return _page(request, "agents")
 
 
 def _tab(request):

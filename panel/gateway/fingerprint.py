@@ -6,6 +6,7 @@ Many raw hashes under one shape hash = one prompt whose dynamic part keeps every
 prefix. The hashes are HMACs keyed by SECRET_KEY, so a stored hash cannot be checked against a guessed prompt."""
 import hashlib
 import hmac
+import json
 import re
 from functools import lru_cache
 
@@ -143,3 +144,79 @@ def system_prompt_hashes(body):
             _shapes.clear()
         shape = _shapes[raw] = _hash(mask(text))
     return {"system_prompt_hash": raw, "system_prompt_shape_hash": shape}
+
+
+# --- prefix blocks: how much of a prompt repeats an earlier one, without the text ----------------------------------
+
+MAX_BLOCKS = 512  # a longer prompt is compared on its first 512 blocks
+PROMPT_CHUNK_CHARS = 2048  # a completions prompt (one string) is cut into blocks of this size
+
+
+def prompt_blocks(body):
+    """The prompt of a request as blocks in the order a model reads them: the tools, the (Anthropic) system
+    prompt, then one block per message; a completions prompt in fixed-size pieces. OpenAI chat, completions and
+    Anthropic Messages bodies alike."""
+    blocks = []
+    tools = body.get("tools") or body.get("functions")
+    if tools:
+        blocks.append(json.dumps(tools, sort_keys=True, ensure_ascii=False))
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        blocks.append(system)
+    elif isinstance(system, list) and system:
+        blocks.append(json.dumps(system, sort_keys=True, ensure_ascii=False))
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        blocks.extend(_message_block(message) for message in messages)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = "\x00".join(item for item in prompt if isinstance(item, str))
+    if isinstance(prompt, str):
+        blocks.extend(prompt[start:start + PROMPT_CHUNK_CHARS] for start in range(0, len(prompt),
+                                                                                  PROMPT_CHUNK_CHARS))
+    return blocks[:MAX_BLOCKS]
+
+
+def _message_block(message):
+    """A message as one block: its fields in the order sent, strings as they are (a JSON dump of every message
+    cost three times the hashing), anything else as JSON."""
+    if not isinstance(message, dict):
+        return json.dumps(message, ensure_ascii=False)
+    parts = []
+    for name, value in message.items():
+        parts.append(str(name))
+        parts.append(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+    return "\x00".join(parts)
+
+
+def prefix_hashes(body):
+    """(hashes, ends): hashes[i] is a keyed hash of blocks 0..i together (so two prompts share hashes[i] exactly
+    when their first i+1 blocks are the same) and ends[i] the characters up to the end of block i. One pass of one
+    HMAC over the prompt; the text is never kept."""
+    running = hmac.new(_prefix_key(), digestmod=hashlib.sha256)
+    hashes, ends, total = [], [], 0
+    for block in prompt_blocks(body):
+        data = block.encode("utf-8", "replace")
+        running.update(len(data).to_bytes(4, "big"))
+        running.update(data)
+        hashes.append(running.copy().hexdigest()[:HASH_CHARS])
+        total += len(block)
+        ends.append(total)
+    return hashes, ends
+
+
+@lru_cache(maxsize=1)
+def _prefix_key():
+    return hashlib.sha256(b"tokenwise-prompt-prefix:" + settings.SECRET_KEY.encode()).digest()
+
+
+def shared_blocks(hashes, earlier):
+    """How many leading blocks `hashes` shares with `earlier` (both from prefix_hashes)."""
+    low, high = 0, min(len(hashes), len(earlier))
+    while low < high:  # chained hashes: equal at i means equal at every block before i
+        middle = (low + high + 1) // 2
+        if hashes[middle - 1] == earlier[middle - 1]:
+            low = middle
+        else:
+            high = middle - 1
+    return low

@@ -47,10 +47,20 @@ class RequestLog(models.Model):
     system_prompt_shape_hash = models.CharField(max_length=16, blank=True, default="")
     # The canary arm this request was assigned to (None: the route had no running canary).
     canary = models.BooleanField(null=True, blank=True)
+    # The route's rule that chose the channels (None: the route's own list, or no route).
+    route_rule = models.ForeignKey("channels.RouteRule", null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    # The agent session the request belongs to (panel/gateway/sessions.py): its id, this request's turn in it and
+    # the share of this request's prompt that repeats the previous turn's prompt (from keyed prefix-block hashes).
+    session_id = models.CharField(max_length=64, blank=True, default="")
+    session_turn = models.PositiveIntegerField(null=True, blank=True)
+    repeated_share = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["team", "created_at"], name="gateway_req_team_id_333225_idx"),
                    # the API's usage export walks a team's rows by id (keyset pagination)
-                   models.Index(fields=["team", "id"], name="usage_team_id_keyset_idx")]
+                   models.Index(fields=["team", "id"], name="usage_team_id_keyset_idx"),
+                   # the Agents dashboard reads a team's sessions
+                   models.Index(fields=["team", "session_id"], name="usage_team_session_idx")]
         db_table = "gateway_requestlog"  # created by the gateway app, which held the model first
