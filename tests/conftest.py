@@ -1,9 +1,11 @@
 """Test set-up: a private data dir, a private Redis (a real redis-server), a SQLite test database in a file
 so that real worker processes share it, and helpers to start real Celery workers."""
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -130,8 +132,8 @@ def start_worker(transactional_db):
 def launch_tiny(start_worker, tmp_path):
     """Start the tiny demo model on the real CPU engine for a team, through a real gpu worker, and wait until the
     deployment is ready (~40 s). Profile fields can be overridden: launch_tiny(team, enable_prefix_caching=True)."""
-    from panel.registry.demo_model import build_demo_model
     from panel.hosts.models import WorkerHost
+    from panel.registry.demo_model import build_demo_model
     from panel.registry.services import model_register
     from panel.serving.models import Deployment, DeploymentState, ServingProfile
     from panel.serving.services import deployment_launch
@@ -164,6 +166,25 @@ def wait_until(predicate, *, seconds=30, interval=0.2, message="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {seconds} s waiting for {message}")
+
+
+def run_coroutine(coroutine):
+    """asyncio.run in a thread of its own: the session's Playwright (tests/browser.py) keeps an event loop running in
+    the main thread once a browser test has run, and asyncio.run refuses to start beside it."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = asyncio.run(coroutine)
+        except BaseException as error:  # re-raised in the test's thread
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, name="test-coroutine")
+    worker.start()
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 # One Chromium for the whole run: the fixtures live here, not in each browser test module, because a second

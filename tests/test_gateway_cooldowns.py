@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from panel.gateway.cooldowns import CLEAN_SECONDS, COOLDOWN_AFTER_FAILURES, Cooldown
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, run_coroutine
 from tests.fake_upstream import closed_port
 from tests.test_gateway import CHAT, fallback, gateway, post, primary, records, setup  # noqa: F401 (fixtures)
 
@@ -39,7 +39,7 @@ def test_a_channel_that_failed_in_one_process_rests_in_every_other():
         assert ids(await b.order([FLAKY, STEADY])) == [102, 101]
         assert ids(await a.order([FLAKY, STEADY])) == [102, 101]
         assert await b.failed(FLAKY.id) == (4, False)  # tried last and failing again: the rest goes on, not announced
-    asyncio.run(scenario())
+    run_coroutine(scenario())
 
 
 def test_after_the_rest_one_request_across_all_processes_probes_the_channel_and_its_success_clears_it():
@@ -55,7 +55,7 @@ def test_after_the_rest_one_request_across_all_processes_probes_the_channel_and_
         for process in (a, b, a, b):
             assert ids(await process.order([FLAKY, STEADY])) == [101, 102]
         assert await b.failed(FLAKY.id) == (1, False)  # the count starts over
-    asyncio.run(scenario())
+    run_coroutine(scenario())
 
 
 def test_a_failed_probe_rests_the_channel_again_in_every_process():
@@ -71,7 +71,7 @@ def test_a_failed_probe_rests_the_channel_again_in_every_process():
         await asyncio.sleep(0.4)
         assert ids(await a.order([FLAKY, STEADY])) == [101, 102]  # after that rest, another single probe
         assert ids(await b.order([FLAKY, STEADY])) == [102, 101]
-    asyncio.run(scenario())
+    run_coroutine(scenario())
 
 
 def test_with_redis_down_each_process_keeps_its_own_cooldowns_and_raises_nothing(caplog, monkeypatch):
@@ -88,7 +88,7 @@ def test_with_redis_down_each_process_keeps_its_own_cooldowns_and_raises_nothing
     original = Cooldown.scripts
     monkeypatch.setattr(Cooldown, "scripts", lambda self: calls.append(1) or original(self))
     with caplog.at_level(logging.WARNING, logger="panel.gateway.cooldowns"):
-        a = asyncio.run(scenario())
+        a = run_coroutine(scenario())
     assert a.redis_down_until > 0
     assert len(calls) == 2  # one failed call per process; then Redis is left alone for REDIS_RETRY_SECONDS
     assert [r.message for r in caplog.records].count(

@@ -2,7 +2,6 @@
 async, streaming, a tool-use round trip): passed through to a channel that speaks Messages, translated to one that
 speaks only chat completions, and a chat client translated to a Messages-only channel. Errors in the shape each SDK
 expects, and the usage record and cost of each request (cache reads and writes priced)."""
-import asyncio
 import json
 from decimal import Decimal
 
@@ -13,6 +12,7 @@ import pytest
 
 from panel.accounts.keys import key_issue
 from panel.channels.models import Route, RouteChannel
+from tests.conftest import run_coroutine
 from tests.fake_messages_upstream import TOOL_INPUT, FakeMessagesUpstream
 from tests.gateway_server import GatewayServer
 from tests.test_gateway import channel, records
@@ -100,7 +100,7 @@ def test_it_streams_anthropic_events_through_to_the_async_sdk(gateway, setup):
                 kinds.append(event.type)
             return kinds, await stream.get_final_message()
 
-    kinds, final = asyncio.run(run())
+    kinds, final = run_coroutine(run())
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     assert {"content_block_start", "content_block_delta", "content_block_stop", "message_delta"} <= set(kinds)
     assert final.content[0].text == "alpha bravo charlie delta echo foxtrot" and final.model == "claude"

@@ -3,7 +3,6 @@ through to vLLM's own /v1/messages while the channel speaks both APIs, translate
 channel is set to chat only (and a chat client translated to Messages when it is set to Messages only); sync, async,
 streaming and an agent's tool turn each way (tools, a tool_use and its tool_result, answered by the engine);
 count_tokens from vLLM's Messages endpoint and from its tokenizer."""
-import asyncio
 import json
 
 import anthropic
@@ -13,7 +12,7 @@ import pytest
 from panel.accounts.keys import key_issue
 from panel.channels.models import Channel
 from panel.usage.models import RequestLog
-from tests.conftest import wait_until
+from tests.conftest import run_coroutine, wait_until
 from tests.gateway_server import GatewayServer
 
 TOOLS = [{"name": "read_file", "description": "Read a file.",
@@ -68,7 +67,7 @@ def test_it_serves_the_anthropic_sdk_from_the_local_engine_passed_through_and_tr
                 kinds = [event.type async for event in stream]
                 return kinds, await stream.get_final_message()
 
-        kinds, final = asyncio.run(streamed())
+        kinds, final = run_coroutine(streamed())
         assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and final.usage.output_tokens > 0
         tool_turn(client)
 

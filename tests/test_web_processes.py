@@ -14,7 +14,7 @@ import pytest
 
 from panel import web
 from panel.env import EnvError
-from tests.conftest import DATA_DIR, ROOT, panel_env
+from tests.conftest import DATA_DIR, ROOT, panel_env, run_coroutine
 from tests.gateway_server import free_port
 
 
@@ -80,7 +80,7 @@ def test_metrics_add_up_every_web_process(two_process_server):
                                              for _ in range(60)])
         return [answer.status_code for answer in answers]
 
-    assert set(asyncio.run(send_all())) == {401}
+    assert set(run_coroutine(send_all())) == {401}
     # Each process keeps its own file of counters; every scrape, whichever process answers it, sees all 60.
     for _ in range(6):
         scraped = httpx.get(f"{base}/metrics", headers={"Connection": "close"}, timeout=10)

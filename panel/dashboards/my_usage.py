@@ -12,13 +12,14 @@ from panel.accounts.decorators import team_view
 from panel.accounts.models import TeamKey
 from panel.channels.models import Route
 from panel.core.money import money
-from panel.dashboards.pages import Table, overview
+from panel.dashboards.pages import overview
 from panel.dashboards.selectors import (
     RANGES,
     DashboardQuery,
     team_first_data,
     usage_grouped,
 )
+from panel.dashboards.tables import Table
 from panel.dashboards.views import REFRESH_MS
 
 

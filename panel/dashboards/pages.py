@@ -6,7 +6,7 @@ from django.urls import reverse
 
 from panel.accounts.models import TeamKey
 from panel.channels.models import Channel
-from panel.core.money import Money, money, money_text
+from panel.core.money import money, money_text
 from panel.dashboards import figures as fig
 from panel.dashboards.agents import agents as agents_page
 from panel.dashboards.cost import cost_summary
@@ -16,6 +16,7 @@ from panel.dashboards.models import (
     EngineSample,
     UsageRollup,
 )
+from panel.dashboards.requests import failures_table, hit_rate_tables
 from panel.dashboards.selectors import (
     QUANTILES,
     engine_by_deployment,
@@ -29,49 +30,11 @@ from panel.dashboards.selectors import (
     usage_grouped,
     usage_totals,
 )
+from panel.dashboards.tables import Table
 from panel.serving.models import Deployment
 
 TABS = {"overview": "Overview", "latency": "Latency", "cache": "Cache", "cost": "Cost", "agents": "Agents"}
 TOP = 10
-
-
-@dataclass
-class Table:
-    name: str
-    title: str
-    columns: list
-    rows: list = field(default_factory=list)
-    note: str = ""
-
-    @property
-    def display_rows(self):
-        """Rows as the page shows them: (text, is a number); the CSV keeps the plain values."""
-        return [[_display(value) for value in row] for row in self.rows]
-
-    @property
-    def headings(self):
-        """(column, is a number column): a column is numeric when its values are."""
-        shown = self.display_rows
-        return [(column, bool(shown) and all(row[i][1] or row[i][0] in ("", "—") for row in shown)
-                 and any(row[i][1] for row in shown)) for i, column in enumerate(self.columns)]
-
-    @property
-    def csv_rows(self):
-        """Rows as the CSV writes them: money with the currency's precision (csv would write 3.5e-05)."""
-        return [["" if value is None else str(value) if isinstance(value, Money) else value for value in row]
-                for row in self.rows]
-
-
-def _display(value):
-    if value is None or value == "":
-        return ("—" if value is None else "", False)
-    if isinstance(value, Money):
-        return (money_text(value), True)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return (str(value), False)
-    if isinstance(value, int) or float(value).is_integer() and abs(value) >= 1000:
-        return (f"{int(value):,}", True)
-    return (f"{value:,.6g}" if abs(value) < 1000 else f"{value:,.2f}", True)
 
 
 @dataclass
@@ -168,7 +131,6 @@ def overview(query):
     grouped = sorted(usage_grouped(query, by=("model",)), key=lambda row: -row["requests"])[:TOP]
     page.tables.append(Table("models", f"Top {TOP} models", ["model"] + columns,
                              [[row["model"]] + counts(row) for row in grouped]))
-    from panel.dashboards.requests import failures_table  # it builds on this module's Table
 
     page.tables.append(failures_table(query, channels))
     return page
@@ -258,7 +220,6 @@ def cache(query):
         "channel", "prompt tokens", "cached tokens", "cached %"],
         [[channels.get(row["channel_id"], "(no channel)"), row["prompt_tokens"], row["cached_tokens"],
           _rate(row["cached_tokens"], row["prompt_tokens"])] for row in rows]))
-    from panel.dashboards.requests import hit_rate_tables  # it builds on this module's Table
 
     page.tables.extend(hit_rate_tables(query, channels, keys))
     page.tables.append(Table("gaps", "Recent scrape gaps", ["at (UTC)", "deployment", "warning"],

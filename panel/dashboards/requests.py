@@ -11,8 +11,8 @@ from django.views.decorators.http import require_GET
 
 from panel.accounts.decorators import team_view
 from panel.accounts.models import TeamKey
-from panel.dashboards.pages import Table
 from panel.dashboards.selectors import usage_grouped
+from panel.dashboards.tables import Table
 from panel.usage.models import RequestLog
 
 LIST_LIMIT = 100
