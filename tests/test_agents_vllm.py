@@ -10,7 +10,9 @@ import pytest
 
 from panel.accounts.keys import key_issue
 from panel.channels.models import Channel
+from panel.core.money import money_text
 from panel.dashboards.agents import agent_sessions
+from panel.dashboards.pages import dashboard_page
 from panel.dashboards.scraper import metrics_url, parse_metrics
 from panel.dashboards.selectors import DashboardQuery
 from panel.usage.models import RequestLog
@@ -87,7 +89,8 @@ def test_a_replayed_agent_session_matches_the_engine_cache_counters_and_prices(d
     inputs = [row.prompt_tokens for row in rows]
     assert all(later > earlier for earlier, later in zip(inputs, inputs[1:])), inputs
 
-    (session,) = agent_sessions(DashboardQuery(team=team, range="24h"))
+    query = DashboardQuery(team=team, range="24h")
+    (session,) = agent_sessions(query)
     assert session.session_id == SESSION and len(session.turns) == TURNS and session.input_tokens == sum(inputs)
     cache_share = 100 * session.cached_tokens / session.input_tokens
     repeated_share = 100 * session.repeated_tokens / session.input_tokens
@@ -116,4 +119,11 @@ def test_a_replayed_agent_session_matches_the_engine_cache_counters_and_prices(d
     saved = session.uncached - session.billed
     assert saved == Decimal(session.cached_tokens) * (Decimal("2.00") - Decimal("0.20")) / 1_000_000
     assert saved > 0
+    # The tab shows the same figures on its cards.
+    cards = {title: (value, note) for title, value, note in dashboard_page(tab="agents", query=query).cards}
+    assert cards["Sessions"] == ("1", f"{TURNS} turns")
+    assert cards["From cache"][0] == f"{round(engine_share, 2):.1f}%"
+    assert cards["Repeated prefix"][0] == f"{round(repeated_share, 2):.1f}%"
+    assert cards["Billed"] == (money_text(expected_billed), f"without caching {money_text(session.uncached)}; "
+                                                            f"saved {money_text(saved)}")
     print(f"billed {session.billed}, without caching {session.uncached}, saved {saved}")
