@@ -313,7 +313,8 @@ def rule_edit_view(request, route_id, rule_id):
 
 
 def _rule_form(request, route, rule):
-    form = RuleForm(request.POST or None, route=route, rule=rule)
+    # Bound on every POST, an empty one included (`request.POST or None` would leave it unbound: no cleaned data).
+    form = RuleForm(request.POST if request.method == "POST" else None, route=route, rule=rule)
     if request.method == "POST":
         valid = form.is_valid()
         fields = form.rule_fields()
