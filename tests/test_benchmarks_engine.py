@@ -125,9 +125,9 @@ def test_it_climbs_the_ladder_on_the_cpu_engine(engine_setup, team_setup, live_s
         assert len(steps[key]["run_ids"]) == 2 and rows[key]["repeats"] == 2
         assert rows[key]["low"] <= rows[key]["throughput"] <= rows[key]["high"]
     # The steps' channels and routes are the ladder's own: not on the team's lists.
-    from panel.benchmarks.ownership import visible_channels, visible_routes
-    assert not visible_channels(team).filter(name__startswith="local-ladder").exists()
-    assert not visible_routes(team).filter(model_name__startswith="ladder-").exists()
+    from panel.channels.models import listed_channels, listed_routes
+    assert not listed_channels(team).filter(name__startswith="local-ladder").exists()
+    assert not listed_routes(team).filter(model_name__startswith="ladder-").exists()
     assert not Deployment.objects.exclude(state=DeploymentState.STOPPED).exists()
 
     sign_in(page, live_server.url, "alice", "pw-alice-123")

@@ -8,11 +8,11 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 from django.utils import timezone
 
-from panel.benchmarks import estimate, metrics, ownership, runner, vllm_json
+from panel.benchmarks import estimate, metrics, runner, vllm_json
 from panel.benchmarks.ladder import ladder_table
 from panel.benchmarks.ladder_table import noise_verdict, spread
 from panel.benchmarks.models import BenchmarkRun, Ladder, StepProfile
-from panel.channels.models import Channel, Route, RouteChannel
+from panel.channels.models import Channel, Route, RouteChannel, listed_channels, listed_routes
 from panel.jobs.models import JobState
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
 from tests.api_helpers import bearer, token_for
@@ -211,8 +211,8 @@ def test_step_channels_and_routes_are_the_jobs_own(client, team_setup, tiny_mode
     mine = Channel.objects.create(team=team, name="my-cloud", base_url="http://127.0.0.1:9/v1", model_id="m")
     my_route = Route.objects.create(team=team, model_name="chat")
     run = make_run(ladder, "baseline", 100.0)
-    assert list(ownership.visible_channels(team)) == [mine]
-    assert list(ownership.visible_routes(team)) == [my_route]
+    assert list(listed_channels(team)) == [mine]
+    assert list(listed_routes(team)) == [my_route]
 
     sign_in(page, live_server.url, "alice", "pw-alice-123")
     page.goto(f"{live_server.url}{reverse('channels')}")

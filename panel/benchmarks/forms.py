@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from panel.benchmarks import workload
 from panel.benchmarks.ladder import sweep_values_parse
 from panel.benchmarks.models import WORKLOAD_FIELDS, WorkloadKind
-from panel.benchmarks.ownership import visible_channels, visible_routes
+from panel.channels.models import listed_channels, listed_routes
 from panel.registry.models import RegisteredModel
 from panel.serving.configfile import ConfigFileError, validate_extra_args
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
@@ -83,8 +83,8 @@ class BenchmarkForm(WorkloadForm):
         deployments = Deployment.objects.filter(team=team, state=DeploymentState.READY).select_related("profile")
         self.fields["target"].choices = [
             ("Deployments (ready)", [(f"deployment:{d.pk}", str(d)) for d in deployments]),
-            ("Channels", [(f"channel:{c.pk}", c.name) for c in visible_channels(team).filter(enabled=True)]),
-            ("Routes", [(f"route:{r.pk}", r.model_name) for r in visible_routes(team)]),
+            ("Channels", [(f"channel:{c.pk}", c.name) for c in listed_channels(team).filter(enabled=True)]),
+            ("Routes", [(f"route:{r.pk}", r.model_name) for r in listed_routes(team)]),
         ]
 
     def clean_target(self):

@@ -5,12 +5,9 @@ removed with the job."""
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from panel.channels.models import Channel, Route, listed_channels, listed_routes
+from panel.channels.models import Channel, Route
 from panel.channels.routing import routing_changed
 from panel.serving.models import Deployment, ServingProfile
-
-visible_channels = listed_channels  # the team's channels without those of ladder and sweep steps
-visible_routes = listed_routes  # the team's routes without those a ladder or sweep step brought up
 
 
 def job_remove(job):
