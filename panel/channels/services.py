@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from panel.channels import diagnosis
+from panel.channels import diagnosis, rules
 from panel.channels.credential_env import env_name_refusal
 from panel.channels.models import (
     EMPTY_KEY,
@@ -23,6 +23,7 @@ from panel.channels.models import (
     CredentialError,
     CredentialKind,
     Route,
+    RouteBalance,
     RouteChannel,
     RouteStrategy,
 )
@@ -372,14 +373,24 @@ ROUTE_DEADLINE_LIMITS = (1, 3600)
 
 @transaction.atomic
 def route_save(*, team, user=None, route=None, model_name, strategy=RouteStrategy.LOCAL_FIRST,
-               fallback_on_error=True, enabled=True, entries=(), deadline_seconds=None):
-    """Create (route=None) or replace a route with its channels. `entries` is [(channel, position, weight)]."""
+               fallback_on_error=True, enabled=True, entries=(), deadline_seconds=None, balance=None,
+               affinity_header=None):
+    """Create (route=None) or replace a route with its channels. `entries` is [(channel, position, weight)].
+    `balance` and `affinity_header` (None: left as they are) spread requests over the leading local channels."""
     entries = list(entries)
     errors = route_check(team=team, route=route, model_name=model_name, strategy=strategy, entries=entries)
     if deadline_seconds is not None and not (
             isinstance(deadline_seconds, (int, float)) and not isinstance(deadline_seconds, bool)
             and ROUTE_DEADLINE_LIMITS[0] <= deadline_seconds <= ROUTE_DEADLINE_LIMITS[1]):
         errors["deadline_seconds"] = ["The deadline is a number of seconds from 1 to 3600."]
+    if balance is not None and balance not in RouteBalance.values:
+        errors["balance"] = [f"Balancing is one of: {', '.join(repr(v) for v in RouteBalance.values)}."]
+    if affinity_header:
+        if not rules.HEADER_NAME_RE.match(affinity_header):
+            errors["affinity_header"] = ["A header name: letters, digits, - and _, at most 100 characters."]
+        elif affinity_header.lower() in rules.SECRET_HEADERS:
+            errors["affinity_header"] = ["A credential header cannot keep sessions together (its value is a "
+                                         "secret): use x-session-id or a header of your own."]
     if errors:
         raise ValidationError(errors)
     if route is None:
@@ -388,6 +399,10 @@ def route_save(*, team, user=None, route=None, model_name, strategy=RouteStrateg
     route.fallback_on_error, route.enabled = bool(fallback_on_error), bool(enabled)
     if deadline_seconds is not None:
         route.deadline_seconds = float(deadline_seconds)
+    if balance is not None:
+        route.balance = balance
+    if affinity_header is not None:
+        route.affinity_header = affinity_header.strip()
     route.save()
     route.routechannel_set.all().delete()
     RouteChannel.objects.bulk_create([RouteChannel(route=route, channel=channel, position=position, weight=weight)

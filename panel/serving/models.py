@@ -127,6 +127,22 @@ class Deployment(Job):
         return list(Deployment.objects.filter(models.Q(pk=self.head_id) | models.Q(replica_of_id=self.head_id))
                     .select_related("host").order_by("replica_index", "pk"))
 
+    def replicas_final(self, replicas=None):
+        """Every replica of the deployment has stopped or failed (a page of it stops polling)."""
+        return all(replica.is_final for replica in (replicas or self.replicas()))
+
+    def engine_figures(self):
+        """This engine's last good scrape (the dashboards' engine samples, through their reverse relation): in
+        flight, waiting, KV cache use and the prefix-cache hit rate since the engine started; None before one."""
+        sample = self.engine_samples.filter(ok=True, period=0).order_by("-at").first()
+        if sample is None:
+            return None
+        counters = (sample.cumulative or {}).get("counters", {})
+        queries = counters.get("prefix_queries") or 0
+        return {"at": sample.at, "running": sample.running, "waiting": sample.waiting,
+                "kv_cache_usage": sample.kv_cache_usage,
+                "prefix_hit_rate": (counters.get("prefix_hits") or 0) / queries if queries else None}
+
     def engine_key(self):
         """The engine's key in plain text ("" before its first start); CredentialError when it cannot be read."""
         return crypto.decrypt(self.engine_key_ciphertext) if self.engine_key_ciphertext else ""

@@ -30,9 +30,12 @@ def host_room(profile, host, verdict):
         return 0
     active = Deployment.objects.filter(host=host, state__in=list(ACTIVE_DEPLOYMENT_STATES))
     if host.gpus:
-        busy = {index for indices in active.values_list("gpu_indices", flat=True) for index in indices or []}
+        held = 0  # GPUs of engines running here, and of those queued here that take theirs when they start
+        for indices, tensor, pipeline in active.values_list("gpu_indices", "profile__tensor_parallel_size",
+                                                            "profile__pipeline_parallel_size"):
+            held += len(indices) if indices else tensor * pipeline
         devices = profile.tensor_parallel_size * profile.pipeline_parallel_size
-        return len([gpu for gpu in host.gpus if gpu["index"] not in busy]) // devices
+        return max(0, len(host.gpus) - held) // devices
     values = {"quantization": profile.quantization, "quantization_bits": profile.quantization_bits}
     engine = rules.weight_bytes(values, profile.model) + settings.CPU_KVCACHE_GIB * memory.GIB
     waiting = active.filter(state__in=[DeploymentState.PENDING, DeploymentState.STARTING]).count()
