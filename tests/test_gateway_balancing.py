@@ -25,8 +25,8 @@ def target(ident, kind="local"):
                   timeout=5.0, max_retries=3, backoff=1.0, channel=SimpleNamespace(kind=kind))
 
 
-def route(balance, route_id=7, header="x-session-id"):
-    return SimpleNamespace(route_id=route_id, balance=balance, affinity_header=header)
+def route(balance, route_id=7, header="x-session-id", canary=None):
+    return SimpleNamespace(route_id=route_id, balance=balance, affinity_header=header, canary=canary)
 
 
 def process():
@@ -139,6 +139,10 @@ def test_only_the_leading_local_channels_are_balanced_and_each_replica_is_tried_
         alone = [target(11), cloud]
         assert (await place(process(), "round_robin", chat("s"), "y", targets=alone)) == (alone, None)
         assert (await place(process(), "", chat("s"), "z")) == (POOL, None)  # in order: untouched, no Redis call
+        candidate = target(50)  # a canary's local candidate in this request's arm stays first
+        ordered, _ = await place(process(), "round_robin", chat("s"), "c", targets=[candidate, *POOL],
+                                 canary=candidate)
+        assert ordered[0] is candidate and sorted(t.id for t in ordered[1:]) == [11, 12]
     run_coroutine(scenario())
 
 

@@ -182,10 +182,14 @@ class Balancer:
     async def place(self, route, targets, *, body, headers, key_id, request_id):
         """(targets in the order to try, Lease or None). Only the leading local channels are reordered."""
         policy = route.balance
-        size = pool_size(targets)
-        if policy not in POLICIES or size < 2:
+        if policy not in POLICIES:
             return targets, None
-        pool, rest = targets[:size], targets[size:]
+        # A canary's candidate, when this request is in its arm, stays first: it is compared with the route.
+        head = targets[:1] if targets and route.canary is not None and targets[0] is route.canary else []
+        size = pool_size(targets[len(head):])
+        if size < 2:
+            return targets, None
+        pool, rest = targets[len(head):len(head) + size], targets[len(head) + size:]
         if policy == RouteBalance.PREFIX_AWARE:
             preferred = rendezvous(prefix_text(body), pool)
         elif policy == RouteBalance.SESSION_AFFINITY:
@@ -204,7 +208,7 @@ class Balancer:
         except (RedisError, OSError) as error:
             log.debug("replica balancing without Redis (%s)", type(error).__name__)
             chosen, counts, lease = self._local_choice(route, policy, preferred), [0] * size, None
-        return arrange(pool, preferred, chosen, counts) + rest, lease
+        return head + arrange(pool, preferred, chosen, counts) + rest, lease
 
     def _local_choice(self, route, policy, preferred):
         if policy in (RouteBalance.ROUND_ROBIN, RouteBalance.LEAST_IN_FLIGHT):
