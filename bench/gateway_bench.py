@@ -10,6 +10,10 @@
 3. The Messages row: TTFT (to the first text delta) of an Anthropic Messages stream through the gateway to the same
    chat-only upstream, translated both ways, at concurrency 1 and 16, beside the chat stream directly and through
    the gateway at the same concurrency. --messages-only runs this part alone (no wrk needed).
+4. --throughput: requests per second at concurrency 16 and 64 through the web server as `make run` starts it
+   (panel/web.py) with 1 and --processes N processes (TOKENWISE_WEB_PROCESSES), 20-chunk streams read to the end.
+   The load generator is this file's own (`--load`, aiohttp, one process); it reports its own CPU time over the
+   wall time, the share of a core it took from the gateway and the upstream on the same machine. No wrk needed.
 Each server runs as its own process with one worker; the load generator runs on the same 2 cores."""
 import argparse
 import asyncio
@@ -142,6 +146,59 @@ def rps(url, key, seconds, connections=16):
     return {"rps": requests, "non_2xx": int(errors.group(1)) if errors else 0}
 
 
+async def _load(url, key, concurrency, seconds, warmup=2.0):
+    """Streams sent by `concurrency` clients for `warmup` + `seconds`; what the last `seconds` gave."""
+    import aiohttp
+
+    body, headers = json.dumps(BODY).encode(), {"Authorization": f"Bearer {key}", "content-type": "application/json"}
+    counts = {"ok": 0, "failed": 0}
+    loop = asyncio.get_running_loop()
+    measure_from = loop.time() + warmup
+    until = measure_from + seconds
+
+    async def client(session):
+        while (now := loop.time()) < until:
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+            if now >= measure_from:
+                counts["ok" if response.status == 200 else "failed"] += 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await asyncio.sleep(0)
+        cpu_before = time.process_time()
+        wall_before = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        cpu, wall = time.process_time() - cpu_before, time.perf_counter() - wall_before
+    return {"concurrency": concurrency, "rps": counts["ok"] / seconds, "failed": counts["failed"],
+            "load_generator_cpu_share": round(cpu / wall, 3)}
+
+
+def load(url, key, concurrency, seconds):
+    """The load generator as a process of its own, so its CPU is its own and not the gateway's."""
+    output = subprocess.run([sys.executable, __file__, "--load", url, key, str(concurrency), str(seconds)],
+                            cwd=ROOT, capture_output=True, text=True, check=True, timeout=seconds + 120).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def throughput(upstream_url, env, key, processes, seconds):
+    """Requests per second at concurrency 16 and 64 through panel/web.py with 1 and `processes` processes."""
+    rows = []
+    for count in sorted({1, processes}):
+        port = free_port()
+        server = start([sys.executable, "-m", "panel.web", "--host", "127.0.0.1", "--port", str(port),
+                        "--log-level", "warning"], env=dict(env, TOKENWISE_WEB_PROCESSES=str(count)),
+                       ready_url=f"http://127.0.0.1:{port}/login/")
+        try:
+            for concurrency in (16, 64):
+                row = load(f"http://127.0.0.1:{port}/v1/chat/completions", key, concurrency, seconds)
+                rows.append({"web_processes": count, **row})
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            stop(server)
+    return rows
+
+
 def prepare_panel(data_dir, upstream_url):
     """A fresh database with one team, a channel to the fake upstream, a route `chat` and a key."""
     env = dict(os.environ, TOKENWISE_DATA_DIR=str(data_dir), SECRET_KEY=secrets.token_urlsafe(50),
@@ -166,11 +223,17 @@ print(key_issue(team=team, user=None, name="bench")[1])
 
 
 def main():
+    if sys.argv[1:2] == ["--load"]:
+        url, key, concurrency, seconds = sys.argv[2:6]
+        print(json.dumps(asyncio.run(_load(url, key, int(concurrency), float(seconds)))))
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--litellm", help="path to the litellm command of a venv with litellm[proxy]")
     parser.add_argument("--messages-only", action="store_true", help="only the Messages row (3.)")
+    parser.add_argument("--throughput", action="store_true", help="only the requests per second of panel/web.py (4.)")
+    parser.add_argument("--processes", type=int, default=2, help="web processes beside 1, for --throughput")
     args = parser.parse_args()
     results = {}
     up_port, gw_port = free_port(), free_port()
@@ -184,6 +247,9 @@ def main():
                     ready_url=f"http://127.0.0.1:{gw_port}/login/")
     auth = {"Authorization": f"Bearer {key}"}
     try:
+        if args.throughput:
+            print(json.dumps(throughput(upstream_url, env, key, args.processes, args.seconds), indent=2))
+            return
         if args.messages_only:
             print(json.dumps(messages_rows(upstream_url, f"http://127.0.0.1:{gw_port}", key, args.requests),
                              indent=2))

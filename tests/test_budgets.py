@@ -197,6 +197,7 @@ def in_process(priced, monkeypatch, *, stream, count):
     import concurrent.futures
     import json
 
+    from panel.budgets import enforcement
     from panel.channels import routing as routes
     from panel.core import redis_client
     from panel.gateway import app, upstream
@@ -221,7 +222,7 @@ def in_process(priced, monkeypatch, *, stream, count):
         steps.append(("counted", cost, tokens))
         await count()
 
-    monkeypatch.setattr(app.budgets, "count", counted)
+    monkeypatch.setattr(enforcement, "count", counted)
     monkeypatch.setattr(usage, "record", lambda **fields: steps.append(("recorded", fields["status_code"])))
     for module, name in ((redis_client, "_client"), (upstream, "_session")):
         monkeypatch.setattr(module, name, None)  # clients of this test's event loop

@@ -17,6 +17,21 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 0
 """
 
+# KEYS: money and tokens counters, per scope. ARGV: money units, tokens, TTL seconds. Returns the counters after, as
+# strings (exact: a Lua number is exact only to 2^53 and prints 14 digits). One call, not a pipeline of eight.
+ADD = """
+local after = {}
+for i = 1, #KEYS, 2 do
+  redis.call('INCRBY', KEYS[i], ARGV[1])
+  redis.call('INCRBY', KEYS[i + 1], ARGV[2])
+  redis.call('EXPIRE', KEYS[i], ARGV[3])
+  redis.call('EXPIRE', KEYS[i + 1], ARGV[3])
+  table.insert(after, redis.call('GET', KEYS[i]))
+  table.insert(after, redis.call('GET', KEYS[i + 1]))
+end
+return after
+"""
+
 
 def month_of(moment=None):
     """The calendar month (UTC) of `moment`, as "2026-11"."""

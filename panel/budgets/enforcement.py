@@ -1,8 +1,9 @@
 """What the gateway asks of budgets: may this key spend (`refusal`), and what a finished request spent (`count`).
 
 Budgets are cached per team for TOKENWISE_BUDGET_CACHE_SECONDS like keys are (panel/gateway/keys.py), so a request
-costs no database query; the spend is one Redis MGET before and one pipeline after, and neither happens for a team
-that has no budget. A request that starts under the budget is let finish, so the last one may overshoot it."""
+costs no database query; the spend is read before (for the gateway, in its one admission call to Redis:
+gateway/admission.py; a team without budgets reads none) and counted after, in one script call. A request that
+starts under the budget is let finish, so the last one may overshoot it."""
 import asyncio
 import logging
 import time
@@ -13,7 +14,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from panel.budgets.counters import TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds, month_of
+from panel.budgets.counters import (ADD, TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds,
+                                    month_of)
 from panel.budgets.models import Budget
 from panel.budgets.services import ALERT_AT, budget_crossed
 from panel.core.redis_client import async_redis, sync_redis
@@ -66,18 +68,33 @@ def _renews(month):
     return month_bounds(month)[1].strftime("%Y-%m-%d")
 
 
+async def scopes_for(key):
+    """([(scope, ident, Limits)] of the budgets `key` spends against, this month): none for a team without
+    budgets. The gateway reads their counters in its admission call (gateway/admission.py) and words a refusal with
+    `verdict`."""
+    budgets = await budgets_for(key.team_id)
+    return ([] if budgets is None else list(_scopes(budgets, key))), month_of()
+
+
+def scope_counter_keys(scopes, month):
+    """The counters of `scopes`, money then tokens per scope, in the order `verdict` reads their values."""
+    return [name for scope, ident, _ in scopes for name in counter_keys(month, scope, ident)]
+
+
+def scope_limits(scopes):
+    """Per scope [money limit in units, tokens limit] as whole-number strings ("" for none), for a Redis script to
+    compare with the counters exactly as `verdict` does."""
+    return [["" if limits.money is None else str(money_units(limits.money)),
+             "" if limits.tokens is None else str(limits.tokens)] for _, _, limits in scopes]
+
+
 async def refusal(key):
     """None if `key` may send a request, else the words of the refusal (which budget, how much, when it renews)."""
-    budgets = await budgets_for(key.team_id)
-    if budgets is None:
-        return None
-    month = month_of()
-    scopes = list(_scopes(budgets, key))
+    scopes, month = await scopes_for(key)
     if not scopes:
         return None
     try:
-        values = await async_redis().mget([name for scope, ident, _ in scopes
-                                      for name in counter_keys(month, scope, ident)])
+        values = await async_redis().mget(scope_counter_keys(scopes, month))
     except (RedisError, OSError) as error:  # fail open: the reconciliation still records the spend
         log.warning("budget counters unreadable (%s); letting the request through", type(error).__name__)
         return None
@@ -100,6 +117,17 @@ def verdict(scopes, values, month):
     return None
 
 
+_scripts = {}  # client -> the ADD script registered on it
+
+
+def add_script():
+    client = async_redis()
+    if client not in _scripts:
+        _scripts.clear()
+        _scripts[client] = client.register_script(ADD)
+    return _scripts[client]
+
+
 async def count(key, cost, tokens, *, team_id=None):
     """Add a finished request's cost and tokens to the month's counters of its team and key (`key` None: a request
     made inside the panel, counted against `team_id`). Counted whether or not a budget exists yet, so a budget set
@@ -112,14 +140,8 @@ async def count(key, cost, tokens, *, team_id=None):
     units = money_units(cost)
     scopes = [("team", team_id)] + ([("key", key.id)] if key is not None else [])
     try:
-        pipe = async_redis().pipeline(transaction=False)
-        for scope, ident in scopes:
-            money_key, tokens_key = counter_keys(month, scope, ident)
-            pipe.incrby(money_key, units)
-            pipe.incrby(tokens_key, tokens)
-            pipe.expire(money_key, TTL_SECONDS)
-            pipe.expire(tokens_key, TTL_SECONDS)
-        results = await pipe.execute()
+        counters = [name for scope, ident in scopes for name in counter_keys(month, scope, ident)]
+        results = await add_script()(keys=counters, args=[units, tokens, TTL_SECONDS])
     except (RedisError, OSError) as error:
         log.warning("budget counters not updated (%s); the reconciliation will catch up", type(error).__name__)
         return
@@ -131,7 +153,7 @@ async def count(key, cost, tokens, *, team_id=None):
         limits = limits_of.get((scope, ident))
         if limits is None:
             continue
-        money, tokens_now = money_from_units(results[4 * index]), int(results[4 * index + 1])
+        money, tokens_now = money_from_units(results[2 * index]), int(results[2 * index + 1])
         levels = crossed(limits, before=(money - money_from_units(units), tokens_now - tokens),
                          after=(money, tokens_now))
         if levels:

@@ -10,11 +10,10 @@ import time
 from django.conf import settings
 from django.utils import timezone
 
-from panel.budgets import enforcement as budgets
 from panel.channels import rules
 from panel.channels.routing import model_names, route_for
 from panel.core import outbound, safejson
-from panel.gateway import fingerprint, messages_api, rate_limits, sessions, token_count
+from panel.gateway import admission, fingerprint, messages_api, token_count
 from panel.gateway.apis import Passage
 from panel.gateway.balancing import BALANCER
 from panel.gateway.exchange import Exchange
@@ -166,17 +165,15 @@ async def application(scope, receive, send):
         if route.rules:
             facts = rules.request_facts(api=endpoint, body=body, headers=scope["headers"], key_id=exchange.key.id)
             route, exchange.fields["route_rule_id"] = rules.route_for_request(route, facts)
-        refused = await rate_limits.admit(exchange.key)
-        if refused is not None:
-            which, retry_after = refused
+        admitted = await admission.admit(exchange.key, body=body, headers=scope["headers"])
+        if admitted.rate_limited is not None:
+            which, retry_after = admitted.rate_limited
             raise ClientError(429, f"this key's {which} limit is reached; retry in {retry_after} s",
                               code="rate_limit_exceeded", kind="rate_limit_error",
                               headers=[(b"retry-after", str(retry_after).encode())])
-        if (spent := await budgets.refusal(exchange.key)) is not None:  # 402: SDKs do not retry it, unlike 429
-            raise ClientError(402, spent, code="budget_exceeded", kind="insufficient_quota")
-        # after the refusals: a refused request is no turn of a session
-        exchange.fields.update(await sessions.session_fields(team_id=exchange.key.team_id, key_id=exchange.key.id,
-                                                             body=body, headers=scope["headers"]))
+        if admitted.budget_spent is not None:  # 402: SDKs do not retry it, unlike 429
+            raise ClientError(402, admitted.budget_spent, code="budget_exceeded", kind="insufficient_quota")
+        exchange.fields.update(admitted.session)  # a refused request is no turn of a session: it has none
         passage = Passage(endpoint, body)
         targets, lease = await BALANCER.place(route, route.ordered(exchange.fields), body=body,
                                               headers=scope["headers"], key_id=exchange.key.id,

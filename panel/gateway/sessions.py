@@ -5,20 +5,17 @@ A request belongs to a session by, in this order: its `x-session-id` header; an 
 `metadata.user_id`; else prefix chaining, where a request whose prompt extends an earlier prompt of the same key
 (the earlier prompt's blocks are its first blocks) joins that prompt's session, and any other starts a new one.
 Only keyed hashes of the prompt's prefix blocks (gateway/fingerprint.py) are kept, in Redis for SESSION_SECONDS;
-never the text. If Redis cannot be reached the request is served without session fields."""
+never the text. Redis is asked in the admission's one call (gateway/admission.py); if it cannot be reached the
+request is served without session fields."""
 import hashlib
 import hmac
 import json
-import logging
 import secrets
+from dataclasses import dataclass
 
 from django.conf import settings
-from redis.exceptions import RedisError
 
-from panel.core.redis_client import async_redis
 from panel.gateway import fingerprint
-
-log = logging.getLogger(__name__)
 
 SESSION_SECONDS = 2 * 3600  # an agent idle this long starts a new session
 SESSION_ID_CHARS = 64
@@ -51,43 +48,43 @@ def declared_session(body, headers):
     return _clean_id(named) if named else ""
 
 
-def _state_key(team_id, session_id):
-    return f"tw:session:{team_id}:{session_id}"
+@dataclass(frozen=True)
+class SessionAsk:
+    """What finding a request's session needs (gateway/admission.py asks Redis for it): the id the client named
+    ("" for none), the id a new session gets, and the prompt's prefix-block hashes and their ends."""
+
+    declared: str
+    new_id: str
+    hashes: list
+    ends: list
 
 
-def _prefix_key(key_id, digest):
-    return f"tw:prefix:{key_id}:{digest}"
-
-
-async def session_fields(*, team_id, key_id, body, headers):
-    """{"session_id", "session_turn", "repeated_share"} for one request ({} when Redis is unreachable)."""
+def session_ask(*, body, headers):
+    """The SessionAsk of a request, or None when it has no prompt to hash."""
     hashes, ends = fingerprint.prefix_hashes(body)
     if not hashes:
-        return {}
+        return None
+    return SessionAsk(declared_session(body, headers), "p-" + secrets.token_hex(8), hashes, ends)
+
+
+def state_prefix(team_id):
+    """The start of the key of a session's state (the last turn and its hashes): the session id follows."""
+    return f"tw:session:{team_id}:"
+
+
+def prefix_keys(key_id, hashes):
+    """The keys from a prompt's prefix hashes to the session that sent that prompt, the shortest prompt first."""
+    return [f"tw:prefix:{key_id}:{digest}" for digest in hashes]
+
+
+def session_fields(ask, *, session_id, turn, previous):
+    """{"session_id", "session_turn", "repeated_share"} of a request given its session, its turn in it and the
+    state the previous turn left (b"" for none)."""
     try:
-        return await _resolve(team_id, key_id, body, headers, hashes, ends)
-    except (RedisError, OSError, ValueError) as error:
-        log.warning("session of a request of key %s not resolved (%s)", key_id, type(error).__name__)
-        return {}
-
-
-async def _resolve(team_id, key_id, body, headers, hashes, ends):
-    client = async_redis()
-    session_id = declared_session(body, headers)
-    if not session_id:
-        # The longest earlier prompt of this key that this one extends: its hash is one of ours.
-        found = await client.mget([_prefix_key(key_id, digest) for digest in hashes])
-        session_id = next((value.decode() for value in reversed(found) if value), "")
-    if not session_id:
-        session_id = "p-" + secrets.token_hex(8)
-    raw = await client.get(_state_key(team_id, session_id))
-    state = json.loads(raw) if raw else {}
-    earlier = state.get("hashes") or []
-    shared = fingerprint.shared_blocks(hashes, earlier)
+        earlier = (json.loads(previous).get("hashes") or []) if previous else []
+    except (ValueError, AttributeError):  # a state this version cannot read: the turn shares nothing
+        earlier = []
+    shared = fingerprint.shared_blocks(ask.hashes, earlier)
+    ends = ask.ends
     repeated = ends[shared - 1] / ends[-1] if shared and ends[-1] else 0.0
-    turn = int(state.get("turn") or 0) + 1
-    pipe = client.pipeline(transaction=False)
-    pipe.set(_state_key(team_id, session_id), json.dumps({"turn": turn, "hashes": hashes}), ex=SESSION_SECONDS)
-    pipe.set(_prefix_key(key_id, hashes[-1]), session_id, ex=SESSION_SECONDS)
-    await pipe.execute()
     return {"session_id": session_id, "session_turn": turn, "repeated_share": round(repeated, 4)}

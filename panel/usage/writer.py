@@ -4,8 +4,9 @@ import atexit
 import logging
 import queue
 import threading
+import time
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 from panel.usage.models import RequestLog
 
@@ -35,11 +36,11 @@ def _ensure_thread():
             _thread.start()
 
 
-def _take(timeout):
+def _take(limit=None):
+    """The rows queued now, at most `limit`."""
     rows = []
     try:
-        rows.append(_queue.get(timeout=timeout))
-        while len(rows) < BATCH:
+        while limit is None or len(rows) < limit:
             rows.append(_queue.get_nowait())
     except queue.Empty:
         pass
@@ -53,21 +54,23 @@ def _write(rows):
         RequestLog.objects.bulk_create([RequestLog(**row) for row in rows])
     except Exception:
         log.exception("could not write %d usage records", len(rows))
-    finally:
-        close_old_connections()
+        connection.close()  # the next batch on a fresh connection
+    else:
+        # Kept open between batches (closed at CONN_MAX_AGE only where that is set): on SQLite, CONN_MAX_AGE 0,
+        # a new connection per batch was the gateway's largest CPU item after the relay (docs/benchmarks.md).
+        if connection.settings_dict["CONN_MAX_AGE"]:
+            close_old_connections()
 
 
 def _run():
     while True:
-        _write(_take(FLUSH_SECONDS))
+        # Rows wait in the queue (where the exit hook finds them) and go in one batch per FLUSH_SECONDS: waking on
+        # the first row wrote batches of one or two rows, a transaction each, most of a row's cost (benchmarks.md).
+        time.sleep(FLUSH_SECONDS)
+        while rows := _take(BATCH):
+            _write(rows)
 
 
 @atexit.register
 def flush():
-    rows = []
-    while True:
-        try:
-            rows.append(_queue.get_nowait())
-        except queue.Empty:
-            break
-    _write(rows)
+    _write(_take())

@@ -1,0 +1,134 @@
+"""May a request go, and which agent session is it: the key's per-minute limits (gateway/rate_limits.py), its team's
+and its own monthly budgets (budgets/enforcement.py) and the session lookup (gateway/sessions.py), asked of Redis in
+one script call, so a request waits on one round trip before the upstream is called, not four.
+
+The script keeps each part's rules and their order: a key over a per-minute limit is refused (429) before its
+request is counted in the window; a counted request over a budget is refused (402); only an admitted request becomes
+a turn of a session. A part that does not apply (no limits, no budget, no prompt to hash) is left out, and a request
+with none of them costs no call. When Redis cannot be reached the request goes, without session fields."""
+import json
+import logging
+from dataclasses import dataclass, field
+
+from redis.exceptions import RedisError
+
+from panel.budgets import enforcement as budgets
+from panel.core.redis_client import async_redis
+from panel.gateway import rate_limits, sessions
+
+log = logging.getLogger(__name__)
+
+# KEYS: the window's request and token counters (when the key has limits), each budget scope's money and token
+# counters, then the key's prefix keys, one per prompt block (sessions.prefix_keys: the shortest prompt first).
+# ARGV[1]: JSON {rate_keys, rpm, tpm, budgets: [[money units, tokens] as strings, "" for none], session: false or
+# {declared, new, state_prefix, ttl}}; ARGV[2]: this request's block hashes as JSON, for the session's new state.
+# Returns {verdict, budget counters, session id, turn, the session's previous state}: verdict 0 admitted, 1 over
+# requests per minute, 2 over tokens per minute, 3 a budget spent.
+# The session's state key is named inside the script (it depends on the session found): fine on one Redis server,
+# which is what the gateway uses; a Redis Cluster would need the keys in KEYS.
+ADMIT = """
+local function reached(value, limit)
+  -- whole numbers as strings, compared exactly: a Lua number is exact only to 2^53, and money is in 1e-8 units
+  if limit == '' then return false end
+  if string.sub(value, 1, 1) == '-' then return false end
+  if #value ~= #limit then return #value > #limit end
+  return value >= limit
+end
+
+local ask = cjson.decode(ARGV[1])
+local used = 0
+if ask.rate_keys > 0 then
+  local requests = tonumber(redis.call('GET', KEYS[1]) or '0')
+  local tokens = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if ask.rpm > 0 and requests >= ask.rpm then return {1} end
+  if ask.tpm > 0 and tokens >= ask.tpm then return {2} end
+  redis.call('INCR', KEYS[1])
+  redis.call('EXPIRE', KEYS[1], 120)
+  used = 2
+end
+
+local counters, spent = {}, false
+for _, limits in ipairs(ask.budgets) do
+  local money = redis.call('GET', KEYS[used + 1]) or '0'
+  local tokens = redis.call('GET', KEYS[used + 2]) or '0'
+  table.insert(counters, money)
+  table.insert(counters, tokens)
+  spent = spent or reached(money, limits[1]) or reached(tokens, limits[2])
+  used = used + 2
+end
+if spent then return {3, counters} end
+
+local session = ask.session
+if not session then return {0, counters} end
+local id = session.declared
+if id == '' then
+  for i = #KEYS, used + 1, -1 do  -- the longest earlier prompt of this key that this one extends
+    local found = redis.call('GET', KEYS[i])
+    if found then id = found break end
+  end
+end
+if id == '' then id = session.new end
+local state_key = session.state_prefix .. id
+local previous = redis.call('GET', state_key) or ''
+local turn = 1
+local ok, state = pcall(cjson.decode, previous)
+if ok and type(state) == 'table' then turn = (tonumber(state.turn) or 0) + 1 end
+redis.call('SET', state_key, '{"turn": ' .. turn .. ', "hashes": ' .. ARGV[2] .. '}', 'EX', session.ttl)
+redis.call('SET', KEYS[#KEYS], id, 'EX', session.ttl)
+return {0, counters, id, turn, previous}
+"""
+
+_scripts = {}  # client -> the ADMIT script registered on it
+
+
+def admit_script():
+    client = async_redis()
+    if client not in _scripts:
+        _scripts.clear()
+        _scripts[client] = client.register_script(ADMIT)
+    return _scripts[client]
+
+
+@dataclass
+class Admission:
+    """The answer for one request: `rate_limited` (which limit, retry after seconds) or `budget_spent` (the
+    refusal's words) when refused, else the usage row's session fields (empty without a session)."""
+
+    rate_limited: tuple | None = None
+    budget_spent: str | None = None
+    session: dict = field(default_factory=dict)
+
+
+async def admit(key, *, body, headers):
+    """Check `key`'s per-minute limits and budgets, count the request in its window and, when it may go, give it
+    its session: one Redis call."""
+    limited = bool(key.rpm_limit or key.tpm_limit)
+    scopes, month = await budgets.scopes_for(key)
+    asked = sessions.session_ask(body=body, headers=headers)
+    if not limited and not scopes and asked is None:
+        return Admission()
+    minute, retry_after = rate_limits.window()
+    keys = [*(rate_limits.window_keys(key.id, minute) if limited else ()),
+            *budgets.scope_counter_keys(scopes, month),
+            *(sessions.prefix_keys(key.id, asked.hashes) if asked else ())]
+    request = {"rate_keys": 2 if limited else 0, "rpm": key.rpm_limit or 0, "tpm": key.tpm_limit or 0,
+               "budgets": budgets.scope_limits(scopes),
+               "session": asked is not None and {"declared": asked.declared, "new": asked.new_id,
+                                                 "state_prefix": sessions.state_prefix(key.team_id),
+                                                 "ttl": sessions.SESSION_SECONDS}}
+    try:
+        answer = await admit_script()(keys=keys, args=[json.dumps(request),
+                                                       json.dumps(asked.hashes if asked else [])])
+    except (RedisError, OSError) as error:  # fail open: a Redis outage must not refuse every request
+        log.warning("limits, budgets and session of key %s unreadable (%s); letting the request through", key.id,
+                    type(error).__name__)
+        return Admission()
+    verdict = answer[0]
+    if verdict in (1, 2):
+        return Admission(rate_limited=("requests per minute" if verdict == 1 else "tokens per minute", retry_after))
+    if verdict == 3:
+        return Admission(budget_spent=budgets.verdict(scopes, answer[1], month))
+    if asked is None:
+        return Admission()
+    session_id, turn, previous = answer[2].decode(), answer[3], answer[4]
+    return Admission(session=sessions.session_fields(asked, session_id=session_id, turn=turn, previous=previous))
