@@ -10,11 +10,20 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ValidationError
 from django.db import connection
 
-from panel.core import crypto
-from panel.channels.models import (Channel, ChannelKind, CredentialError, CredentialKind, Route, RouteChannel,
-                                   RouteStrategy, order_channels)
+from panel.channels.local_channels import local_channel_sync
+from panel.channels.models import (
+    Channel,
+    ChannelKind,
+    CredentialError,
+    CredentialKind,
+    Route,
+    RouteChannel,
+    RouteStrategy,
+    order_channels,
+)
 from panel.channels.routing import routing_version
-from panel.channels.services import channel_create, channel_update, credentials_rotate, local_channel_sync, route_save
+from panel.channels.services import channel_create, channel_update, credentials_rotate, route_save
+from panel.core import crypto
 from panel.env import EnvError
 
 KEY = "sk-live-0123456789abcdefWXYZ"
@@ -413,8 +422,9 @@ def test_the_serving_code_keeps_the_local_channel_in_step(team_setup):
     second = make_deployment(team, alice, "tiny-latency", state="starting", port=8200)
     DeploymentHooks(second).ready({"problems": []})
     assert Channel.objects.get(pk=channel.pk).enabled is True
-    from django.utils import timezone
     from datetime import timedelta
+
+    from django.utils import timezone
 
     set_state(second, "ready", heartbeat_at=timezone.now() - timedelta(hours=1))
     assert [d.pk for d in jobs_reap(stale_after_seconds=60)] == [second.pk]

@@ -2,8 +2,9 @@
 traffic; only an admin's explicit choice at launch attaches it."""
 from panel.accounts.models import Role
 from panel.accounts.services import membership_add
+from panel.channels.local_channels import local_channel_sync
 from panel.channels.models import Route, RouteStrategy
-from panel.channels.services import local_channel_sync, route_save
+from panel.channels.services import route_save
 from panel.serving.models import Deployment
 from tests.test_channels import make_deployment, remote
 

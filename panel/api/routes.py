@@ -16,7 +16,16 @@ from panel.audit.services import audit_record
 from panel.channels import canary, rules
 from panel.channels import views as pages
 from panel.channels.forms import CanaryForm
-from panel.channels.models import Channel, Route, RouteRule, RouteStrategy, RuleApi, RuleTools, listed_routes
+from panel.channels.models import (
+    Channel,
+    Route,
+    RouteBalance,
+    RouteRule,
+    RouteStrategy,
+    RuleApi,
+    RuleTools,
+    listed_routes,
+)
 from panel.channels.services import route_delete, route_save
 
 router = Router(tags=["routes and canaries"])
@@ -86,6 +95,8 @@ class RouteOut(Schema):
     strategy: str
     fallback_on_error: bool
     deadline_seconds: float
+    balance: str
+    affinity_header: str
     enabled: bool
     channels: list[RouteChannelOut]
     rules: list[RuleOut]
@@ -104,6 +115,11 @@ class RouteIn(Schema):
     fallback_on_error: bool = True
     deadline_seconds: float = Field(45, ge=1, le=3600, description="Seconds for every attempt, retry and fallback "
                                     "until the answer starts.")
+    balance: Literal[tuple(RouteBalance.values)] = Field(
+        RouteBalance.IN_ORDER, description="How requests spread over the leading local channels (a deployment's "
+        "replicas): '' in order, round_robin, least_in_flight, session_affinity, prefix_aware.")
+    affinity_header: str = Field("x-session-id", max_length=100, description="Session affinity's header (else "
+                                 "the Anthropic metadata.user_id, else the key).")
     enabled: bool = True
     channels: list[RouteChannelIn] = Field(..., max_length=200)
 
@@ -118,7 +134,7 @@ class CanaryRollback(Schema):
 def route_out(route):
     return {"id": route.pk, "model_name": route.model_name, "strategy": route.strategy,
             "fallback_on_error": route.fallback_on_error, "deadline_seconds": route.deadline_seconds,
-            "enabled": route.enabled,
+            "balance": route.balance, "affinity_header": route.affinity_header, "enabled": route.enabled,
             "channels": [{"channel_id": entry.channel_id, "channel": entry.channel.name, "position": entry.position,
                           "weight": entry.weight} for entry in route.entries()],
             "rules": [rule_out(rule) for rule in route.rules.select_related("key").order_by("position", "pk")],
@@ -158,8 +174,8 @@ def _entries(request, body):
 def _save(request, route, body):
     return route_save(team=request.team, user=request.user, route=route, model_name=body.model_name,
                       strategy=body.strategy, fallback_on_error=body.fallback_on_error, enabled=body.enabled,
-                      deadline_seconds=body.deadline_seconds,
-                      entries=_entries(request, body))
+                      deadline_seconds=body.deadline_seconds, balance=body.balance,
+                      affinity_header=body.affinity_header, entries=_entries(request, body))
 
 
 @router.get("/routes", response=errors({200: list[RouteOut]}))

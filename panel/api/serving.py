@@ -56,7 +56,18 @@ class ProfileImport(Schema):
     config: str = Field(..., max_length=ImportForm.MAX_BYTES, description="The config.toml text.")
 
 
+class ReplicaOut(Schema):
+    id: int
+    number: int
+    state: str
+    host: str | None
+    base_url: str
+    restarts: int
+
+
 class DeploymentOut(JobOut):
+    replica_of_id: int | None = Field(description="The deployment this row is a replica of (null: the first).")
+    replicas: list[ReplicaOut] = Field(description="Every replica of the deployment, the first one first.")
     profile_id: int
     profile: str
     host: str | None
@@ -91,9 +102,12 @@ def profile_out(profile, *, detail=False):
 
 def deployment_out(deployment):
     out = {name: getattr(deployment, name) for name in DeploymentOut.model_fields
-           if name not in ("profile", "host", "warnings")}
+           if name not in ("profile", "host", "warnings", "replicas")}
     out.update(profile=deployment.profile.name, host=deployment.host.host if deployment.host else None,
-               warnings=list(deployment_warnings(deployment)))
+               warnings=list(deployment_warnings(deployment)),
+               replicas=[{"id": replica.pk, "number": replica.replica_number, "state": replica.state,
+                          "host": replica.host.host if replica.host else None, "base_url": replica.base_url,
+                          "restarts": replica.restarts} for replica in deployment.replicas()])
     return out
 
 
@@ -196,7 +210,8 @@ def deployments_launch(request, profile_id: int, body: DeploymentLaunch):
         raise ValidationError({"attach_to_route": ["Only an admin may attach a deployment to the team's existing "
                                                    "route."]})
     deployment = deployment_launch(team=request.team, user=request.user, profile=profile, host=data["host"],
-                                   restart_on_crash=data["restart_on_crash"], attach_to_route=data["attach_to_route"])
+                                   replicas=data["replicas"], restart_on_crash=data["restart_on_crash"],
+                                   attach_to_route=data["attach_to_route"])
     audit_record(action=AuditAction.DEPLOYMENT_STARTED, request=request,
                  target=f"{profile.name} #{deployment.pk} on {deployment.host.host}")
     return Status(201, deployment_out(deployment))

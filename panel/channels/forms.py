@@ -5,7 +5,16 @@ from django.core.exceptions import ValidationError
 
 from panel.accounts.models import TeamKey
 from panel.channels import settings_json
-from panel.channels.models import Channel, ChannelApis, ChannelKind, CredentialKind, RouteStrategy, RuleApi, RuleTools
+from panel.channels.models import (
+    Channel,
+    ChannelApis,
+    ChannelKind,
+    CredentialKind,
+    RouteBalance,
+    RouteStrategy,
+    RuleApi,
+    RuleTools,
+)
 from panel.channels.services import CHANNEL_FIELDS
 
 HELP = {
@@ -150,6 +159,15 @@ class RouteForm(forms.Form):
     deadline_seconds = forms.FloatField(required=False, min_value=1, max_value=3600, initial=45, label="Deadline (s)",
                                         help_text="The most every attempt, retry and fallback together may take "
                                                   "before the answer starts; keep it below your clients' timeout.")
+    balance = forms.ChoiceField(choices=RouteBalance.choices, required=False, initial=RouteBalance.IN_ORDER,
+                                label="Balance replicas",
+                                help_text="Over the local channels tried first (a deployment's replicas). "
+                                          "Prefix-aware sends requests that share a system prompt and tools to "
+                                          "the replica that has them cached, spilling over when it is busy.")
+    affinity_header = forms.CharField(max_length=100, required=False, initial="x-session-id",
+                                      label="Session header",
+                                      help_text="For session affinity: this header, else the Anthropic "
+                                                "metadata.user_id, else the key keeps a session on one replica.")
     enabled = forms.BooleanField(required=False, initial=True)
 
     def __init__(self, *args, team, route=None, **kwargs):
@@ -160,7 +178,8 @@ class RouteForm(forms.Form):
         if route is not None:
             self.initial.update(model_name=route.model_name, strategy=route.strategy,
                                 fallback_on_error=route.fallback_on_error, enabled=route.enabled,
-                                deadline_seconds=route.deadline_seconds)
+                                deadline_seconds=route.deadline_seconds, balance=route.balance,
+                                affinity_header=route.affinity_header)
         for index, channel in enumerate(self.channels):
             entry = current.get(channel.pk)
             self.fields[f"use_{channel.pk}"] = forms.BooleanField(required=False, initial=entry is not None,

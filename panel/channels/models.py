@@ -48,6 +48,17 @@ class CanaryState(models.TextChoices):
 CANARY_STEPS = (5, 25, 50, 100)  # a gradual rollout: 5% first, then up
 
 
+class RouteBalance(models.TextChoices):
+    """How a route spreads requests over its interchangeable local channels (a deployment's replicas): the leading
+    local channels of the strategy's order (panel/gateway/balancing.py). In order: the strategy's order alone."""
+
+    IN_ORDER = "", "In order (no balancing)"
+    ROUND_ROBIN = "round_robin", "Round-robin"
+    LEAST_IN_FLIGHT = "least_in_flight", "Least in flight"
+    SESSION_AFFINITY = "session_affinity", "Session affinity"
+    PREFIX_AWARE = "prefix_aware", "Prefix-aware (system prompt and tools)"
+
+
 class RouteStrategy(models.TextChoices):
     LOCAL_FIRST = "local_first", "Local first"
     PRIORITY = "priority", "Priority (in order)"
@@ -210,6 +221,11 @@ class Route(models.Model):
     fallback_on_error = models.BooleanField(default=True)
     # Bounds every attempt, retry, backoff and fallback until the answer starts (below a client's usual 60 s).
     deadline_seconds = models.FloatField(default=45)
+    # Over the leading local channels (a deployment's replicas): panel/gateway/balancing.py.
+    balance = models.CharField(max_length=20, choices=RouteBalance.choices, default=RouteBalance.IN_ORDER,
+                               blank=True)
+    # Session affinity's key: this header, else the Anthropic metadata.user_id, else the key.
+    affinity_header = models.CharField(max_length=100, default="x-session-id", blank=True)
     enabled = models.BooleanField(default=True)
     channels = models.ManyToManyField(Channel, through="RouteChannel", related_name="routes")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -80,6 +80,8 @@ class RouteTargets:
     canary_percent: int = 0
     deadline: float = 45.0  # seconds for every attempt, retry and fallback until the answer starts
     rules: tuple = ()  # CachedRule, in the order they are tried
+    balance: str = ""  # over the leading local channels (a deployment's replicas): gateway/balancing.py
+    affinity_header: str = ""
 
     def with_rule(self, rule):
         """The route as a request that matched `rule` sees it: the rule's channels in the rule's order, with the
@@ -147,7 +149,7 @@ def _load(team_id, model_name):
     return RouteTargets(route_id=route.pk, model_name=route.model_name, strategy=route.strategy,
                         fallback_on_error=route.fallback_on_error, entries=tuple(entries), canary=canary,
                         canary_percent=route.canary_percent if canary else 0, deadline=float(route.deadline_seconds),
-                        rules=rules)
+                        rules=rules, balance=route.balance, affinity_header=route.affinity_header)
 
 
 def _load_names(team_id):

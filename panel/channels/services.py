@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from panel.channels import diagnosis
+from panel.channels import diagnosis, rules
 from panel.channels.credential_env import env_name_refusal
 from panel.channels.models import (
     EMPTY_KEY,
@@ -23,6 +23,7 @@ from panel.channels.models import (
     CredentialError,
     CredentialKind,
     Route,
+    RouteBalance,
     RouteChannel,
     RouteStrategy,
 )
@@ -372,14 +373,24 @@ ROUTE_DEADLINE_LIMITS = (1, 3600)
 
 @transaction.atomic
 def route_save(*, team, user=None, route=None, model_name, strategy=RouteStrategy.LOCAL_FIRST,
-               fallback_on_error=True, enabled=True, entries=(), deadline_seconds=None):
-    """Create (route=None) or replace a route with its channels. `entries` is [(channel, position, weight)]."""
+               fallback_on_error=True, enabled=True, entries=(), deadline_seconds=None, balance=None,
+               affinity_header=None):
+    """Create (route=None) or replace a route with its channels. `entries` is [(channel, position, weight)].
+    `balance` and `affinity_header` (None: left as they are) spread requests over the leading local channels."""
     entries = list(entries)
     errors = route_check(team=team, route=route, model_name=model_name, strategy=strategy, entries=entries)
     if deadline_seconds is not None and not (
             isinstance(deadline_seconds, (int, float)) and not isinstance(deadline_seconds, bool)
             and ROUTE_DEADLINE_LIMITS[0] <= deadline_seconds <= ROUTE_DEADLINE_LIMITS[1]):
         errors["deadline_seconds"] = ["The deadline is a number of seconds from 1 to 3600."]
+    if balance is not None and balance not in RouteBalance.values:
+        errors["balance"] = [f"Balancing is one of: {', '.join(repr(v) for v in RouteBalance.values)}."]
+    if affinity_header:
+        if not rules.HEADER_NAME_RE.match(affinity_header):
+            errors["affinity_header"] = ["A header name: letters, digits, - and _, at most 100 characters."]
+        elif affinity_header.lower() in rules.SECRET_HEADERS:
+            errors["affinity_header"] = ["A credential header cannot keep sessions together (its value is a "
+                                         "secret): use x-session-id or a header of your own."]
     if errors:
         raise ValidationError(errors)
     if route is None:
@@ -388,6 +399,10 @@ def route_save(*, team, user=None, route=None, model_name, strategy=RouteStrateg
     route.fallback_on_error, route.enabled = bool(fallback_on_error), bool(enabled)
     if deadline_seconds is not None:
         route.deadline_seconds = float(deadline_seconds)
+    if balance is not None:
+        route.balance = balance
+    if affinity_header is not None:
+        route.affinity_header = affinity_header.strip()
     route.save()
     route.routechannel_set.all().delete()
     RouteChannel.objects.bulk_create([RouteChannel(route=route, channel=channel, position=position, weight=weight)
@@ -537,60 +552,3 @@ def _test_store(channel, result, credential_problem):
                                                  misconfigured=credential_problem)
     channel.last_test, channel.last_tested_at, channel.misconfigured = result, now, credential_problem
     return result
-
-
-# ------------------------------------------------------------------------------------------------- local channels
-
-def local_channel_sync(deployment):
-    """Keep the team's local channel for a deployment in step with it (called by the serving code whenever a
-    deployment changes state). Ready: create the channel `local-<profile>` (or re-enable it and point it at this
-    deployment's base_url and served name) and put it on the route named after the served model (created with
-    local_first if missing). Any other state: disable the channel linked to this deployment. Idempotent.
-
-    Never raises: the supervisor calls it and must not die because of it (errors are logged)."""
-    try:
-        return _local_channel_sync(deployment)
-    except Exception:
-        log.exception("local channel sync failed for deployment #%s", getattr(deployment, "pk", None))
-        return None
-
-
-@transaction.atomic
-def _local_channel_sync(deployment):
-    row = type(deployment).objects.select_related("profile", "team").filter(pk=deployment.pk).first()
-    if row is None:
-        return None
-    if not row.routable:
-        linked = Channel.objects.filter(team=row.team, deployment=row, kind=ChannelKind.LOCAL, enabled=True)
-        if linked.update(enabled=False):
-            routing_changed(row.team_id)
-        return Channel.objects.filter(team=row.team, deployment=row, kind=ChannelKind.LOCAL).first()
-    if not row.base_url or not row.served_model_name:
-        log.warning("deployment #%s is ready without a base_url or served name; no local channel", row.pk)
-        return None
-    name = f"local-{row.profile.name}"[:100]
-    channel = (Channel.objects.select_for_update().filter(team=row.team, deployment=row).first()
-               or Channel.objects.select_for_update().filter(team=row.team, name=name,
-                                                             kind=ChannelKind.LOCAL).first())
-    if channel is None:
-        if Channel.objects.filter(team=row.team, name=name).exists():  # a remote channel took the name
-            name = f"{name[:90]}-{row.pk}"
-        channel = Channel(team=row.team, name=name, kind=ChannelKind.LOCAL, credential_kind=CredentialKind.NONE,
-                          created_by=row.created_by)
-    channel.deployment, channel.base_url, channel.model_id = row, row.base_url.rstrip("/"), row.served_model_name
-    channel.enabled, channel.misconfigured = True, ""
-    channel.apis = ChannelApis.BOTH  # vLLM serves /v1/messages beside /v1/chat/completions
-    if row.engine_key_ciphertext:  # the engine's own key: the same ciphertext, sent only by this channel
-        channel.credential_kind, channel.credential_env = CredentialKind.STORED, ""
-        channel.credential_ciphertext, channel.credential_last4 = row.engine_key_ciphertext, ""
-        channel.misconfigured = channel.credential_problem()
-    channel.save()
-    route, created = Route.objects.get_or_create(team=row.team, model_name=row.served_model_name,
-                                                 defaults={"strategy": RouteStrategy.LOCAL_FIRST,
-                                                           "created_by": row.created_by})
-    joins = created or row.attach_to_route  # an existing route is the team's: joined only when an admin said so
-    if joins and not route.routechannel_set.filter(channel=channel).exists():
-        last = route.routechannel_set.order_by("-position").values_list("position", flat=True).first()
-        RouteChannel.objects.create(route=route, channel=channel, position=0 if last is None else last + 1)
-    routing_changed(row.team_id)
-    return channel

@@ -151,7 +151,8 @@ def _route_form(request, route):
             route = route_save(team=request.team, user=request.user, route=route, model_name=data["model_name"],
                                strategy=data["strategy"], fallback_on_error=data["fallback_on_error"],
                                enabled=data["enabled"], entries=form.entries(),
-                               deadline_seconds=data["deadline_seconds"])
+                               deadline_seconds=data["deadline_seconds"], balance=data["balance"],
+                               affinity_header=data["affinity_header"])
         except ValidationError as error:
             for field, errors in error.message_dict.items():
                 form.add_error(field if field in form.fields else None, errors)

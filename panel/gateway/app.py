@@ -16,6 +16,7 @@ from panel.channels.routing import model_names, route_for
 from panel.core import outbound, safejson
 from panel.gateway import fingerprint, messages_api, rate_limits, sessions, token_count
 from panel.gateway.apis import Passage
+from panel.gateway.balancing import BALANCER
 from panel.gateway.exchange import Exchange
 from panel.gateway.keys import key_lookup
 from panel.gateway.responses import error_body, json_requested, plain_response, send_json, stream_response
@@ -127,6 +128,7 @@ async def application(scope, receive, send):
                                               code="not_found"))
         return
     exchange = Exchange(endpoint or path, started)
+    lease = None  # the replica this request counts in flight on, when its route balances replicas
     try:
         if any(name == HOP for name, _ in scope["headers"]):
             raise ClientError(508, "this request comes from a Tokenwise channel pointed at this panel; refused so "
@@ -176,8 +178,11 @@ async def application(scope, receive, send):
         exchange.fields.update(await sessions.session_fields(team_id=exchange.key.team_id, key_id=exchange.key.id,
                                                              body=body, headers=scope["headers"]))
         passage = Passage(endpoint, body)
+        targets, lease = await BALANCER.place(route, route.ordered(exchange.fields), body=body,
+                                              headers=scope["headers"], key_id=exchange.key.id,
+                                              request_id=exchange.request_id)
         try:
-            passage.choose(route.ordered(exchange.fields))
+            passage.choose(targets)
         except NotTranslatable as error:
             raise ClientError(400, str(error), code="not_translatable") from None
         respond = stream_response if passage.stream else plain_response
@@ -190,6 +195,7 @@ async def application(scope, receive, send):
             await send_json(send, error.status, payload, headers=[*error.headers, *exchange.headers])
     finally:
         await exchange.finish()
+        await BALANCER.release(lease)
 
 
 async def until_disconnect(exchange, work, receive):

@@ -6,6 +6,7 @@ from panel.hosts.models import WorkerHost
 from panel.registry.models import RegisteredModel
 from panel.serving import configfile, rules
 from panel.serving.models import ServingProfile
+from panel.serving.placement import MAX_REPLICAS
 from panel.serving.profile_fields import FIELDS_BY_NAME
 from panel.serving.services import profile_values
 
@@ -112,6 +113,10 @@ class ServingProfileForm(forms.ModelForm):
 class LaunchForm(forms.Form):
     host = forms.ModelChoiceField(queryset=WorkerHost.objects.none(), required=False,
                                   empty_label="Pick the worker with the most free memory", label="Run on")
+    replicas = forms.IntegerField(min_value=1, max_value=MAX_REPLICAS, initial=1, required=False,
+                                  label="Replicas",
+                                  help_text="Engines serving this profile, each whole, placed over the GPU workers "
+                                            "with room; the route balances them. Replicas restart after a crash.")
     restart_on_crash = forms.BooleanField(required=False, label="Restart on crash (with backoff, up to 3 times)")
     attach_to_route = forms.BooleanField(
         required=False, label="Attach to the existing route of the same name (admins)",
@@ -121,6 +126,9 @@ class LaunchForm(forms.Form):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["host"].queryset = WorkerHost.objects.filter(kind="gpu").order_by("host")
+
+    def clean_replicas(self):
+        return self.cleaned_data.get("replicas") or 1
 
 
 class ImportForm(forms.Form):

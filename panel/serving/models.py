@@ -4,7 +4,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from panel.channels.services import local_channel_sync
+from panel.channels.local_channels import local_channel_sync
 from panel.core import crypto
 from panel.jobs.models import Job, JobState, state_choices
 from panel.notifications.models import EventKind
@@ -101,12 +101,47 @@ class Deployment(Job):
     # An admin said at launch that its local channel may join the team's existing route of the same served name;
     # without it the channel is made but left off that route (no takeover of the team's traffic).
     attach_to_route = models.BooleanField(default=False)
+    # Replicas: a deployment of N replicas is its first row (replica_of empty, replica_index 0) and N-1 rows that
+    # point at it; each is one engine with its own job, host, port and local channel (docs/ARCHITECTURE.md).
+    replica_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
+                                   related_name="other_replicas")
+    replica_index = models.PositiveSmallIntegerField(default=0)
 
     class Meta(Job.Meta):
         pass
 
     def __str__(self):
         return f"{self.profile.name} #{self.pk}"
+
+    @property
+    def head_id(self):
+        """The id of the deployment this row is a replica of (its own for the first replica)."""
+        return self.replica_of_id or self.pk
+
+    @property
+    def replica_number(self):
+        return self.replica_index + 1
+
+    def replicas(self):
+        """Every replica of this row's deployment, the first one first."""
+        return list(Deployment.objects.filter(models.Q(pk=self.head_id) | models.Q(replica_of_id=self.head_id))
+                    .select_related("host").order_by("replica_index", "pk"))
+
+    def replicas_final(self, replicas=None):
+        """Every replica of the deployment has stopped or failed (a page of it stops polling)."""
+        return all(replica.is_final for replica in (replicas or self.replicas()))
+
+    def engine_figures(self):
+        """This engine's last good scrape (the dashboards' engine samples, through their reverse relation): in
+        flight, waiting, KV cache use and the prefix-cache hit rate since the engine started; None before one."""
+        sample = self.engine_samples.filter(ok=True, period=0).order_by("-at").first()
+        if sample is None:
+            return None
+        counters = (sample.cumulative or {}).get("counters", {})
+        queries = counters.get("prefix_queries") or 0
+        return {"at": sample.at, "running": sample.running, "waiting": sample.waiting,
+                "kv_cache_usage": sample.kv_cache_usage,
+                "prefix_hit_rate": (counters.get("prefix_hits") or 0) / queries if queries else None}
 
     def engine_key(self):
         """The engine's key in plain text ("" before its first start); CredentialError when it cannot be read."""

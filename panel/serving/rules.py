@@ -182,11 +182,17 @@ def _gib(number):
     return f"{number / memory.GIB:.1f} GiB"
 
 
-def _check_host(verdict, profile, model, host, cpu_kv_cache_bytes):
-    precision, words = _weight_precision(profile)
+def weight_bytes(profile, model):
+    """The bytes of the weights as this profile serves the model."""
+    precision, _ = _weight_precision(profile)
     group_size = (model.quantization or {}).get("group_size") or 128
-    weights = memory.weight_bytes(parameters=model.parameter_count, linear_parameters=model.linear_parameter_count,
-                                  precision=precision, group_size=group_size)
+    return memory.weight_bytes(parameters=model.parameter_count, linear_parameters=model.linear_parameter_count,
+                               precision=precision, group_size=group_size)
+
+
+def _check_host(verdict, profile, model, host, cpu_kv_cache_bytes):
+    _, words = _weight_precision(profile)
+    weights = weight_bytes(profile, model)
     uses_awq = profile["quantization"] == "awq" or suggest_quantization(model) == "awq"
     if host.get("kind") == "cpu":
         if uses_awq and host.get("serves_awq") is False:

@@ -9,10 +9,9 @@ from django.core.exceptions import ValidationError
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
+from panel.channels.local_channels import local_channel_sync
 from panel.channels.models import Route
-from panel.channels.services import local_channel_sync
 from panel.core import crypto
-from panel.hosts.models import WorkerHost
 from panel.jobs.services import (
     job_cancel,
     job_cancelled,
@@ -25,7 +24,7 @@ from panel.jobs.services import (
 )
 from panel.registry import memory
 from panel.registry.models import RegisteredModel
-from panel.serving import configfile, rules, supervisor
+from panel.serving import configfile, placement, rules, supervisor
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ServingProfile
 from panel.serving.profile_fields import FIELDS
 
@@ -78,55 +77,48 @@ def launch_argv(profile, *, port):
 
 
 def host_pick(profile):
-    """The online GPU worker host where the profile fits with the most free memory, or ValidationError."""
-    reasons = []
-    candidates = [host for host in WorkerHost.objects.filter(kind="gpu") if host.is_online]
-    if not candidates:
-        raise ValidationError("No GPU worker is online: start one (make run, or python -m workers.start gpu).")
-    fitting = []
-    for host in candidates:
-        verdict = profile_check(profile, host)
-        if verdict.ok:
-            fitting.append(host)
-        else:
-            reasons.append(f"{host.host}: " + "; ".join(message for messages in verdict.errors.values()
-                                                         for message in messages))
-    if not fitting:
-        raise ValidationError("No online worker can run this profile. " + " ".join(reasons))
-    return max(fitting, key=lambda host: sum(g.get("memory_free_bytes", 0) for g in host.gpus)
-               or host.memory_available_bytes)
+    """The online GPU worker host where the profile fits with the most room, or ValidationError."""
+    return placement.replicas_place(profile, 1, check=profile_check)[0]
 
 
-def deployment_launch(*, team, user, profile, host=None, restart_on_crash=False, enqueue=True, attach_to_route=False):
-    """Check the profile against the host (picked when not given) and queue its deployment there.
-    `attach_to_route` (an admin's choice, checked by the caller): its local channel joins the team's existing
+def deployment_launch(*, team, user, profile, host=None, replicas=1, restart_on_crash=False, enqueue=True,
+                      attach_to_route=False):
+    """Check the profile against the hosts and queue its deployment: `replicas` engines, placed over the online
+    GPU workers (all on `host` when given). Returns the first replica's row, which stands for the deployment.
+    Replicas of a deployment of several are always restarted after a crash (the others serve meanwhile).
+    `attach_to_route` (an admin's choice, checked by the caller): its local channels join the team's existing
     route of the same served name; without it that route is left as it is."""
-    if host is None:
-        host = host_pick(profile)
-    elif not host.is_online:
+    if host is not None and not host.is_online:
         raise ValidationError(f"{host.name} is offline.")
-    verdict = profile_check(profile, host)
-    if not verdict.ok:
-        raise ValidationError([message for messages in verdict.errors.values() for message in messages])
+    hosts = placement.replicas_place(profile, replicas, host=host, check=profile_check)
+    verdicts = {placed.pk: profile_check(profile, placed) for placed in hosts}
     with transaction.atomic():
-        deployment = Deployment.objects.create(team=team, created_by=user, profile=profile, host=host,
-                                               queue=f"gpu.{host.host}", served_model_name=profile.served_name,
-                                               restart_on_crash=restart_on_crash,
-                                               attach_to_route=bool(attach_to_route))
-        job_created(deployment, actor=user, reason=f"launch on {host.host} requested"
-                    + "".join(f". Warning: {warning}" for warning in verdict.warnings))
-        if enqueue:
-            job_enqueue(deployment, "panel.serving.tasks.run_deployment")
-    return deployment
+        head = None
+        for index, placed in enumerate(hosts):
+            deployment = Deployment.objects.create(
+                team=team, created_by=user, profile=profile, host=placed, queue=f"gpu.{placed.host}",
+                served_model_name=profile.served_name, restart_on_crash=restart_on_crash or replicas > 1,
+                attach_to_route=bool(attach_to_route), replica_of=head, replica_index=index)
+            head = head or deployment
+            which = f"replica {index + 1} of {replicas}: " if replicas > 1 else ""
+            job_created(deployment, actor=user, reason=f"{which}launch on {placed.host} requested"
+                        + "".join(f". Warning: {warning}" for warning in verdicts[placed.pk].warnings))
+            if enqueue:
+                job_enqueue(deployment, "panel.serving.tasks.run_deployment")
+    return head
 
 
 def deployment_stop(*, deployment, user=None, reason="stop requested"):
-    """Ask for a deployment to stop. A pending one stops at once; a live one moves to stopping and its
-    supervisor ends the engine's process group (SIGTERM, then SIGKILL) within a second."""
-    if job_cancel(deployment, actor=user, reason=reason):
-        return True
-    local_channel_sync(deployment)  # already ending: a channel an earlier failed sync left enabled goes now
-    return False
+    """Ask for a deployment to stop, every replica of it. A pending one stops at once; a live one moves to
+    stopping and its supervisor ends the engine's process group (SIGTERM, then SIGKILL) within a second.
+    True when at least one replica was still running or queued."""
+    stopped = False
+    for replica in deployment.replicas():
+        if job_cancel(replica, actor=user, reason=reason):
+            stopped = True
+        else:
+            local_channel_sync(replica)  # already ending: a channel an earlier failed sync left enabled goes now
+    return stopped
 
 
 class DeploymentHooks:

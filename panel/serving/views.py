@@ -1,5 +1,6 @@
 from django.contrib import messages
 from django.core.exceptions import ValidationError
+from django.db.models import Case, Count, Q, When
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -10,7 +11,7 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
 from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
-from panel.serving.models import Deployment, ServingProfile
+from panel.serving.models import Deployment, DeploymentState, ServingProfile
 from panel.serving.profile_fields import PRESETS
 from panel.serving.services import (
     EXPORTS,
@@ -25,10 +26,18 @@ from panel.serving.services import (
 )
 
 
+def _listed(deployments):
+    """Deployments as lists show them: one row each, their replicas counted on it."""
+    ready = (Count("other_replicas", filter=Q(other_replicas__state=DeploymentState.READY))
+             + Case(When(state=DeploymentState.READY, then=1), default=0))
+    return (deployments.filter(replica_of__isnull=True).select_related("profile", "host")
+            .annotate(replica_count=Count("other_replicas") + 1, replicas_ready=ready))
+
+
 def _home_context(request, import_form):
     return {
         "profiles": ServingProfile.objects.filter(team=request.team).select_related("model"),
-        "deployments": Deployment.objects.filter(team=request.team).select_related("profile", "host")[:50],
+        "deployments": _listed(Deployment.objects.filter(team=request.team))[:50],
         "presets": PRESETS,
         "import_form": import_form,
     }
@@ -103,7 +112,7 @@ def profile_detail(request, profile_id):
         "command": _command_preview(profile),
         "verdict": profile_check(profile),
         "launch_form": LaunchForm(),
-        "deployments": profile.deployments.select_related("host")[:20],
+        "deployments": _listed(profile.deployments.all())[:20],
     }
     return render(request, "serving/profile_detail.html", context)
 
@@ -132,7 +141,7 @@ def deployment_create(request, profile_id):
         return redirect("profile_detail", profile_id=profile.pk)
     try:
         deployment = deployment_launch(team=request.team, user=request.user, profile=profile,
-                                       host=form.cleaned_data["host"],
+                                       host=form.cleaned_data["host"], replicas=form.cleaned_data["replicas"],
                                        restart_on_crash=form.cleaned_data["restart_on_crash"],
                                        attach_to_route=form.cleaned_data["attach_to_route"])
     except ValidationError as error:
@@ -151,18 +160,23 @@ def _deployment(request, deployment_id):
                              team=request.team)
 
 
+def _detail_context(deployment):
+    replicas = deployment.replicas()
+    return {"deployment": deployment, "events": job_events(deployment), "replicas": replicas,
+            "replica_figures": [(replica, replica.engine_figures()) for replica in replicas],
+            "all_final": deployment.replicas_final(replicas)}
+
+
 @team_view()
 def deployment_detail(request, deployment_id):
     deployment = _deployment(request, deployment_id)
-    return render(request, "serving/deployment_detail.html",
-                  {"deployment": deployment, "events": job_events(deployment)})
+    return render(request, "serving/deployment_detail.html", _detail_context(deployment))
 
 
 @team_view()
 def deployment_live(request, deployment_id):
     deployment = _deployment(request, deployment_id)
-    return render(request, "serving/_deployment_live.html",
-                  {"deployment": deployment, "events": job_events(deployment)})
+    return render(request, "serving/_deployment_live.html", _detail_context(deployment))
 
 
 @require_POST

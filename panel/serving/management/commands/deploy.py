@@ -16,6 +16,8 @@ class Command(BaseCommand):
         parser.add_argument("profile", help="the profile's id or name")
         parser.add_argument("--team", help="the team's name, when several teams have a profile of that name")
         parser.add_argument("--host", help="the worker host to run on (its TOKENWISE_HOST_NAME)")
+        parser.add_argument("--replicas", type=int, default=1, help="engines serving the profile, placed over the "
+                            "GPU workers with room (all on --host when given)")
         parser.add_argument("--restart-on-crash", action="store_true")
         parser.add_argument("--wait", type=int, default=0, metavar="SECONDS",
                             help="wait up to SECONDS for the deployment to be ready")
@@ -30,19 +32,25 @@ class Command(BaseCommand):
                 raise CommandError(f"no GPU worker on host {options['host']!r}")
         try:
             deployment = deployment_launch(team=profile.team, user=None, profile=profile, host=host,
+                                           replicas=options["replicas"],
                                            restart_on_crash=options["restart_on_crash"])
         except ValidationError as error:
             raise CommandError(" ".join(error.messages)) from None
-        self.stdout.write(f"deployment #{deployment.pk} of {profile.name} queued on {deployment.host.host}")
+        replicas = deployment.replicas()
+        self.stdout.write(f"deployment #{deployment.pk} of {profile.name} queued on "
+                          + ", ".join(f"{replica.host.host} (replica {replica.replica_number})" if len(replicas) > 1
+                                      else replica.host.host for replica in replicas))
         for warning in deployment_warnings(deployment):
             self.stdout.write(self.style.WARNING(f"warning: {warning}"))
         if options["wait"]:
-            deployment = wait_for(deployment, {DeploymentState.READY, DeploymentState.FAILED,
-                                               DeploymentState.STOPPED}, options["wait"])
-            if deployment.state != DeploymentState.READY:
-                raise CommandError(f"deployment #{deployment.pk} is {deployment.state}: {deployment.failure_kind} "
-                                   f"{deployment.failure_reason}".strip())
-            self.stdout.write(self.style.SUCCESS(f"ready: {deployment.served_model_name} at {deployment.base_url}"))
+            deadline = time.monotonic() + options["wait"]
+            for replica in replicas:
+                replica = wait_for(replica, {DeploymentState.READY, DeploymentState.FAILED, DeploymentState.STOPPED},
+                                   max(1, deadline - time.monotonic()))
+                if replica.state != DeploymentState.READY:
+                    raise CommandError(f"deployment #{replica.pk} is {replica.state}: {replica.failure_kind} "
+                                       f"{replica.failure_reason}".strip())
+                self.stdout.write(self.style.SUCCESS(f"ready: {replica.served_model_name} at {replica.base_url}"))
 
 
 def find_one(queryset, key, team_name, what):

@@ -1,0 +1,84 @@
+"""Local channels: the channel of each ready deployment replica, kept in step with its state, and the route named
+after its served model."""
+import logging
+
+from django.db import models, transaction
+
+from panel.channels.models import (
+    Channel,
+    ChannelApis,
+    ChannelKind,
+    CredentialKind,
+    Route,
+    RouteBalance,
+    RouteChannel,
+    RouteStrategy,
+)
+from panel.channels.routing import routing_changed
+
+log = logging.getLogger(__name__)
+
+
+def local_channel_sync(deployment):
+    """Keep the team's local channel for a deployment in step with it (called by the serving code whenever a
+    deployment changes state). Ready: create the channel `local-<profile>` (or re-enable it and point it at this
+    deployment's base_url and served name) and put it on the route named after the served model (created with
+    local_first if missing). Any other state: disable the channel linked to this deployment. Idempotent.
+
+    Never raises: the supervisor calls it and must not die because of it (errors are logged)."""
+    try:
+        return _local_channel_sync(deployment)
+    except Exception:
+        log.exception("local channel sync failed for deployment #%s", getattr(deployment, "pk", None))
+        return None
+
+
+@transaction.atomic
+def _local_channel_sync(deployment):
+    row = type(deployment).objects.select_related("profile", "team").filter(pk=deployment.pk).first()
+    if row is None:
+        return None
+    if not row.routable:
+        linked = Channel.objects.filter(team=row.team, deployment=row, kind=ChannelKind.LOCAL, enabled=True)
+        if linked.update(enabled=False):
+            routing_changed(row.team_id)
+        return Channel.objects.filter(team=row.team, deployment=row, kind=ChannelKind.LOCAL).first()
+    if not row.base_url or not row.served_model_name:
+        log.warning("deployment #%s is ready without a base_url or served name; no local channel", row.pk)
+        return None
+    # A deployment's replicas each have a channel: local-<profile>, then local-<profile>-r2, -r3...
+    suffix = f"-r{row.replica_index + 1}" if row.replica_index else ""
+    name = f"local-{row.profile.name}"[:100 - len(suffix)] + suffix
+    channel = (Channel.objects.select_for_update().filter(team=row.team, deployment=row).first()
+               or Channel.objects.select_for_update().filter(team=row.team, name=name,
+                                                             kind=ChannelKind.LOCAL).first())
+    if channel is None:
+        if Channel.objects.filter(team=row.team, name=name).exists():  # a remote channel took the name
+            name = f"{name[:90]}-{row.pk}"
+        channel = Channel(team=row.team, name=name, kind=ChannelKind.LOCAL, credential_kind=CredentialKind.NONE,
+                          created_by=row.created_by)
+    channel.deployment, channel.base_url, channel.model_id = row, row.base_url.rstrip("/"), row.served_model_name
+    channel.enabled, channel.misconfigured = True, ""
+    channel.apis = ChannelApis.BOTH  # vLLM serves /v1/messages beside /v1/chat/completions
+    if row.engine_key_ciphertext:  # the engine's own key: the same ciphertext, sent only by this channel
+        channel.credential_kind, channel.credential_env = CredentialKind.STORED, ""
+        channel.credential_ciphertext, channel.credential_last4 = row.engine_key_ciphertext, ""
+        channel.misconfigured = channel.credential_problem()
+    channel.save()
+    head_id = row.replica_of_id or row.pk
+    siblings = type(row).objects.filter(models.Q(pk=head_id) | models.Q(replica_of_id=head_id)).exclude(pk=row.pk)
+    several = siblings.exists()
+    route, created = Route.objects.get_or_create(team=row.team, model_name=row.served_model_name,
+                                                 defaults={"strategy": RouteStrategy.LOCAL_FIRST,
+                                                           "balance": RouteBalance.PREFIX_AWARE if several
+                                                           else RouteBalance.IN_ORDER,
+                                                           "created_by": row.created_by})
+    # An existing route is the team's: joined only when an admin said so, or when another replica of this
+    # deployment is already on it (the route was made for the deployment).
+    joins = (created or row.attach_to_route
+             or (several and route.routechannel_set.filter(channel__deployment__in=siblings).exists()))
+    if joins and not route.routechannel_set.filter(channel=channel).exists():
+        last = route.routechannel_set.order_by("-position").values_list("position", flat=True).first()
+        RouteChannel.objects.create(route=route, channel=channel, position=0 if last is None else last + 1)
+    routing_changed(row.team_id)
+    return channel
