@@ -15,9 +15,11 @@ What it does, in one run:
    engine's /tokenize), many users each (every request a fresh random user turn), arrivals at a fixed rate (Poisson
    by default, or fixed intervals). The arrival times, tenants and user-turn lengths come from one seed, the same for
    every arm; the system prompts' text is fresh per arm, so one arm's cache cannot help the next.
-3. Routing is done here, in the client (phase 1): `round_robin` alternates; `prefix_aware` is a rendezvous hash of the
+3. Routing is done here, in the client (bench/replica_gateway_bench.py sends the same workload through the panel's
+   gateway instead): `round_robin` alternates; `prefix_aware` is a rendezvous hash of the
    system prompt with bounded load: the highest-scoring replica unless it already has more than
-   ceil(1.25 x mean in flight, this request counted) requests in flight, then the least-loaded one. A connection
+   ceil(1.25 x mean in flight, this request counted) requests in flight, then the least-loaded one (the gateway's
+   rule in panel/gateway/balancing.py; --bound issue: more than ceil(1.25 x mean) before this request). A connection
    that fails before the first byte falls back to the other replica (what the gateway does); a stream that fails after
    it is an error.
 4. Per arm: the prefix-cache hit rate from both engines' own counters (deltas of vllm:prefix_cache_hits_total /
@@ -32,6 +34,7 @@ either engine is left.
 import argparse
 import asyncio
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -119,6 +122,7 @@ class Replica:
                 "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", "bfloat16", "--enforce-eager", "--enable-prefix-caching", "--block-size", "32",
                 "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs),
+                "--max-num-batched-tokens", "2048",
                 "--num-gpu-blocks-override", str(a.kv_blocks), "--enable-prompt-tokens-details",
                 "--disable-uvicorn-access-log"]
 
@@ -194,22 +198,6 @@ class Replica:
                 "blocks_uncapped": int(override[-1][0]) if override else None,
                 "blocks": int(override[-1][1]) if override else None}
 
-    async def counters(self, client):
-        text = (await client.get(f"{self.url}/metrics")).text
-        values = {}
-        for name, keys in (("hits", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")),
-                           ("queries", ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")),
-                           ("preemptions", ("vllm:num_preemptions_total",)),
-                           ("prompt_tokens", ("vllm:prompt_tokens_total",))):
-            total = 0.0
-            for line in text.splitlines():
-                if line.startswith(keys) and not line.startswith("#"):
-                    head = line.split("{")[0].split(" ")[0]
-                    if head in keys:
-                        total += float(line.rsplit(" ", 1)[1])
-            values[name] = total
-        return values
-
 
 def words(rng, count):
     return " ".join(rng.choice(WORDS) for _ in range(count))
@@ -245,8 +233,8 @@ def system_prompts(args, arm_index, words_per_token):
 
 
 class Router:
-    def __init__(self, replicas, policy):
-        self.replicas, self.policy, self.turn, self.spills = replicas, policy, 0, 0
+    def __init__(self, replicas, policy, bound="gateway"):
+        self.replicas, self.policy, self.turn, self.spills, self.bound = replicas, policy, 0, 0, bound
 
     @staticmethod
     def ranked(key, replicas):
@@ -262,37 +250,63 @@ class Router:
             return up[start:] + up[:start]
         ranked = self.ranked(key, up)
         chosen = ranked[0]
-        bound = math.ceil(1.25 * sum(r.in_flight for r in up) / len(up))
-        if chosen.in_flight > bound:
+        total = sum(r.in_flight for r in up)
+        if self.bound == "gateway":  # panel/gateway/balancing.py: this request counted, would it pass the bound?
+            spill = chosen.in_flight + 1 > math.ceil(1.25 * (total + 1) / len(up))
+        else:  # the issue's words: the chosen one has more than ceil(1.25 x mean) in flight
+            spill = chosen.in_flight > math.ceil(1.25 * total / len(up))
+        if spill:
             least = min(up, key=lambda r: r.in_flight)
             self.spills += least is not chosen
             return [least] + [r for r in ranked if r is not least]
         return ranked
 
 
-async def one_request(client, router, system, user, max_tokens, record):
-    body = {"model": SERVED, "stream": True, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+class Gateway:
+    """The one target of the gateway arms: the panel's /v1, which does the balancing itself."""
+
+    def __init__(self, url, key):
+        self.url, self.headers, self.index, self.in_flight, self.up = url, {"Authorization": f"Bearer {key}"}, None, 0, True
+
+
+class ThroughGateway:
+    """The router of the gateway arms: every request to the gateway (the route's `balance` picks the replica)."""
+
+    def __init__(self, gateway):
+        self.replicas, self.spills = [gateway], 0
+
+    def order(self, key):
+        return self.replicas
+
+
+async def one_request(client, router, system, user, record, *, max_tokens, model=SERVED):
+    body = {"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
     started = time.perf_counter()
-    record.update(sent=started, ttft=None, error=None, replica=None, cached=None, fallbacks=0)
+    record.update(sent=started, ttft=None, error=None, replica=None, cached=None, fallbacks=0, request_id=None)
     order = router.order(system)
-    for attempt, replica in enumerate(order):
-        record["replica"] = replica.index
-        replica.in_flight += 1
+    for attempt, target in enumerate(order):
+        record["replica"] = target.index
+        target.in_flight += 1
         got_byte = False
         try:
-            async with client.stream("POST", f"{replica.url}/v1/chat/completions", json=body) as response:
+            async with client.stream("POST", f"{target.url}/v1/chat/completions", json=body,
+                                     headers=getattr(target, "headers", None)) as response:
+                record["request_id"] = response.headers.get("x-request-id")
                 if response.status_code != 200:
-                    raise httpx.HTTPStatusError(f"status {response.status_code}", request=response.request,
-                                                response=response)
+                    await response.aread()
+                    raise httpx.HTTPStatusError(f"status {response.status_code}: {response.text[:100]}",
+                                                request=response.request, response=response)
+                failure = None
                 async for line in response.aiter_lines():
                     got_byte = True
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     event = json.loads(line[6:])
-                    if "error" in event:
-                        raise RuntimeError(f"error event: {event['error']}")
+                    if "error" in event:  # read on to the end: the server ends the stream itself
+                        failure = failure or f"error event: {json.dumps(event['error'])[:120]}"
+                        continue
                     choices = event.get("choices") or []
                     if record["ttft"] is None and choices and choices[0].get("delta", {}).get("content"):
                         record["ttft"] = time.perf_counter() - started
@@ -300,20 +314,22 @@ async def one_request(client, router, system, user, max_tokens, record):
                         details = event["usage"].get("prompt_tokens_details") or {}
                         record["cached"] = details.get("cached_tokens")
                         record["prompt_tokens"] = event["usage"].get("prompt_tokens")
+                if failure:
+                    raise RuntimeError(failure)
                 if record["ttft"] is None:
                     raise RuntimeError("stream ended without content")
             record["e2e"] = time.perf_counter() - started
             return
         except (httpx.HTTPError, RuntimeError, json.JSONDecodeError) as error:
             if isinstance(error, httpx.ConnectError):
-                replica.up = False  # passive health: not chosen again until it is seen ready
+                target.up = False  # passive health: not chosen again until it is seen ready
             if got_byte or attempt == len(order) - 1:
                 record["error"] = f"{type(error).__name__}: {error}"[:200]
                 record["started_stream"] = got_byte
                 return
             record["fallbacks"] += 1  # before the first byte: the next replica, as the gateway does
         finally:
-            replica.in_flight -= 1
+            target.in_flight -= 1
 
 
 def percentile(values, q):
@@ -323,39 +339,30 @@ def percentile(values, q):
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
 
-async def run_arm(args, replicas, policy, prompts, events, kill_at=None):
-    router = Router(replicas, policy)
+async def counters(client, url):
+    """The engine's prefix-cache counters (tokens), preemptions and prompt tokens from its /metrics."""
+    text = (await client.get(f"{url}/metrics")).text
+    values = {}
+    for name, keys in (("hits", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")),
+                       ("queries", ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")),
+                       ("preemptions", ("vllm:num_preemptions_total",)),
+                       ("prompt_tokens", ("vllm:prompt_tokens_total",)),
+                       ("ttft_sum", ("vllm:time_to_first_token_seconds_sum",)),
+                       ("ttft_count", ("vllm:time_to_first_token_seconds_count",))):
+        values[name] = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                           if line.split("{")[0].split(" ")[0] in keys)
+    return values
+
+
+async def drive(args, router, prompts, events, *, model=SERVED, side=None):
+    """Send the arm's requests at their arrival times; `side(start)` runs beside them (the kill). Returns
+    (records, wall seconds, what side returned)."""
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
     timeout = httpx.Timeout(args.request_timeout, connect=5)
-    kill = {}
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        before = [await r.counters(client) if r.up else None for r in replicas]
         records, tasks = [], []
         start = time.perf_counter()
-
-        async def killer():
-            await asyncio.sleep(kill_at)
-            victim = replicas[0]
-            waited = time.perf_counter()
-            while victim.in_flight < 2 and time.perf_counter() - waited < 15:
-                await asyncio.sleep(0.01)  # kill while streams are running on it
-            kill["in_flight_at_kill"] = victim.in_flight
-            kill["pids_before"] = sorted(victim.pids)
-            kill["at_s"] = time.perf_counter() - start
-            victim.kill()
-            log(f"SIGKILLed {victim.name}'s process group ({len(victim.pids)} processes, {victim.in_flight} "
-                "streams in flight on it)")
-            await asyncio.sleep(1)
-            kill["left_after_kill"] = sorted(victim.alive_pids())
-            restart = time.monotonic()
-            victim.start()
-            kill["restart_s"] = await victim.wait_ready()
-            kill["back_at_s"] = time.perf_counter() - start
-            kill["restart_wall_s"] = time.monotonic() - restart
-            log(f"{victim.name} back after {kill['restart_s']:.1f} s")
-
-        if kill_at is not None:
-            tasks.append(asyncio.create_task(killer()))
+        side_task = asyncio.create_task(side(start)) if side else None
         for at, tenant, user_words, user_seed in events:
             delay = start + at - time.perf_counter()
             if delay > 0:
@@ -363,50 +370,96 @@ async def run_arm(args, replicas, policy, prompts, events, kill_at=None):
             user = f"User {user_seed % 100000}: " + words(random.Random(user_seed), user_words)
             record = {"tenant": tenant, "at": at}
             records.append(record)
-            tasks.append(asyncio.create_task(one_request(client, router, prompts[tenant], user,
-                                                         args.output_tokens, record)))
+            tasks.append(asyncio.create_task(one_request(client, router, prompts[tenant], user, record,
+                                                         max_tokens=args.output_tokens, model=model)))
         await asyncio.gather(*tasks)
         wall = time.perf_counter() - start
-        after = [await r.counters(client) for r in replicas]
+        side_result = await side_task if side_task else None
+    return records, wall, side_result
+
+
+def summarize(policy, records, wall, before, after, *, homes=None, spills=None):
+    """One arm's figures. before/after: each replica's counters (None where not comparable, e.g. a restarted
+    engine, whose counters start again from zero)."""
     ok = [r for r in records if not r.get("error")]
     if not ok:
         raise SystemExit(f"every request of the {policy} arm failed, e.g. {records[0].get('error')}")
     ttfts = [r["ttft"] for r in ok]
-    per_replica = []
-    hits = queries = 0.0
-    for index, replica in enumerate(replicas):
-        b, a = before[index], after[index]
-        if b is None or (kill_at is not None and index == 0):
-            # a restarted engine's counters started again from zero: count from zero (its old process's part is
-            # lost with it, which is why the kill arm's hit rate is not compared)
-            b = {key: 0.0 for key in a} if kill_at is not None and index == 0 else b
-        delta = {key: a[key] - b[key] for key in a}
-        hits += delta["hits"]
-        queries += delta["queries"]
+    per_replica, hits, queries, ttft_sum, ttft_count = [], 0.0, 0.0, 0.0, 0.0
+    for index, (b, a) in enumerate(zip(before, after)):
+        delta = {key: a[key] - b[key] for key in a} if a and b else None
+        if delta:
+            hits += delta["hits"]
+            queries += delta["queries"]
+            ttft_sum += delta["ttft_sum"]
+            ttft_count += delta["ttft_count"]
         served = [r for r in ok if r["replica"] == index]
-        per_replica.append({"replica": index, "served": len(served),
-                            "tenants": sorted({r["tenant"] for r in served}),
-                            "hit_rate": delta["hits"] / delta["queries"] if delta["queries"] else None,
-                            "preemptions": delta["preemptions"]})
+        per_replica.append({"replica": index, "served": len(served), "tenants": sorted({r["tenant"] for r in served}),
+                            "hit_rate": delta["hits"] / delta["queries"] if delta and delta["queries"] else None,
+                            "preemptions": delta["preemptions"] if delta else None})
     cached = [r["cached"] for r in ok if r.get("cached") is not None]
     prompt = [r["prompt_tokens"] for r in ok if r.get("prompt_tokens")]
-    homes = [Router.ranked(prompt, replicas)[0].index for prompt in prompts]
-    result = {"policy": policy, "requests": len(records), "hash_home_of_tenant": homes, "spills": router.spills, "ok": len(ok), "errors": len(records) - len(ok),
-              "fallbacks": sum(r["fallbacks"] for r in records), "wall_s": round(wall, 1),
-              "hit_rate": hits / queries if queries else None, "hit_tokens": hits, "query_tokens": queries,
-              "usage_cached_share": sum(cached) / sum(prompt) if prompt else None,
-              "ttft_p50_ms": percentile(ttfts, 0.5) * 1000, "ttft_p99_ms": percentile(ttfts, 0.99) * 1000,
-              "e2e_p50_ms": percentile([r["e2e"] for r in ok], 0.5) * 1000, "per_replica": per_replica,
-              "mean_prompt_tokens": statistics.mean(prompt) if prompt else None,
-              "records": [{"at": round(r["at"], 3), "tenant": r["tenant"], "replica": r["replica"],
-                           "ttft_ms": round(r["ttft"] * 1000, 1) if r.get("ttft") else None,
-                           "cached": r.get("cached"), "prompt": r.get("prompt_tokens"), "error": r.get("error")}
-                          for r in records]}
+    return {"policy": policy, "requests": len(records), "ok": len(ok), "errors": len(records) - len(ok),
+            "hash_home_of_tenant": homes, "spills": spills,
+            "fallbacks": sum(r["fallbacks"] for r in records), "wall_s": round(wall, 1),
+            "hit_rate": hits / queries if queries else None, "hit_tokens": hits, "query_tokens": queries,
+            "usage_cached_share": sum(cached) / sum(prompt) if prompt else None,
+            "ttft_p50_ms": percentile(ttfts, 0.5) * 1000, "ttft_p99_ms": percentile(ttfts, 0.99) * 1000,
+            "e2e_p50_ms": percentile([r["e2e"] for r in ok], 0.5) * 1000, "per_replica": per_replica,
+            # the engines' own TTFT (vllm:time_to_first_token_seconds, mean over the arm): what the client's TTFT
+            # is made of beside the network, the gateway and the machine's other processes
+            "engine_ttft_mean_ms": ttft_sum / ttft_count * 1000 if ttft_count else None,
+            "client_ttft_mean_ms": statistics.mean(ttfts) * 1000,
+            "mean_prompt_tokens": statistics.mean(prompt) if prompt else None,
+            "records": [{"at": round(r["at"], 3), "tenant": r["tenant"], "replica": r["replica"],
+                         "ttft_ms": round(r["ttft"] * 1000, 1) if r.get("ttft") else None,
+                         "cached": r.get("cached"), "prompt": r.get("prompt_tokens"), "error": r.get("error"),
+                         "started_stream": r.get("started_stream")}
+                        for r in records]}
+
+
+def kill_figures(records, kill):
+    failed = [r for r in records if r.get("error")]
+    return dict(kill, failed=len(failed), failed_on=sorted({str(r["replica"]) for r in failed}),
+                failed_had_started=sum(1 for r in failed if r.get("started_stream")),
+                failed_errors=sorted({r["error"][:80] for r in failed})[:5])
+
+
+async def run_arm(args, replicas, policy, prompts, events, kill_at=None):
+    """One arm routed here in the client (phase 1)."""
+    router = Router(replicas, policy, args.bound)
+    kill = {}
+
+    async def killer(start):
+        await asyncio.sleep(kill_at)
+        victim = replicas[0]
+        waited = time.perf_counter()
+        while victim.in_flight < 2 and time.perf_counter() - waited < 15:
+            await asyncio.sleep(0.01)  # kill while streams are running on it
+        kill["in_flight_at_kill"] = victim.in_flight
+        kill["pids_before"] = sorted(victim.pids)
+        kill["at_s"] = time.perf_counter() - start
+        victim.kill()
+        log(f"SIGKILLed {victim.name}'s process group ({len(victim.pids)} processes, {kill['in_flight_at_kill']} "
+            "streams in flight on it)")
+        await asyncio.sleep(1)
+        kill["left_after_kill"] = sorted(victim.alive_pids())
+        victim.start()
+        kill["restart_s"] = await victim.wait_ready()
+        kill["back_at_s"] = time.perf_counter() - start
+        log(f"{victim.name} back after {kill['restart_s']:.1f} s")
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        before = [await counters(client, r.url) if r.up else None for r in replicas]
+    records, wall, _ = await drive(args, router, prompts, events, side=killer if kill_at is not None else None)
+    async with httpx.AsyncClient(timeout=10) as client:
+        after = [await counters(client, r.url) for r in replicas]
     if kill_at is not None:
-        failed = [r for r in records if r.get("error")]
-        result["kill"] = dict(kill, failed=len(failed), failed_on=sorted({r["replica"] for r in failed}),
-                              failed_had_started=sum(1 for r in failed if r.get("started_stream")),
-                              failed_errors=sorted({r["error"][:80] for r in failed})[:5])
+        before[0] = None  # the restarted engine counts from zero
+    homes = [Router.ranked(prompt, replicas)[0].index for prompt in prompts]
+    result = summarize(policy, records, wall, before, after, homes=homes, spills=router.spills)
+    if kill_at is not None:
+        result["kill"] = kill_figures(records, kill)
     return result
 
 
@@ -479,17 +532,19 @@ def table(results):
                     f"{arm['ttft_p99_ms']:.0f} ms | {arm['e2e_p50_ms']:.0f} ms | {arm['errors']} / {arm['requests']} | "
                     f"{' / '.join(str(r['served']) for r in arm['per_replica'])} |")
     rows.append("")
-    for rate in sorted({arm["rate"] for arm in results["arms"]}):
-        by = {arm["policy"]: arm for arm in results["arms"] if arm["rate"] == rate}
-        if {"round_robin", "prefix_aware"} <= set(by):
-            rr, pa = by["round_robin"], by["prefix_aware"]
-            rows.append(f"at {rate:g}/s, prefix_aware / round_robin: hit rate x{pa['hit_rate'] / rr['hit_rate']:.2f}, "
+    arms = results["arms"]
+    for rr, pa in itertools.pairwise(arms):
+        if (rr["policy"], pa["policy"]) == ("round_robin", "prefix_aware") and rr["rate"] == pa["rate"]:
+            rows.append(f"at {rr['rate']:g}/s, prefix_aware / round_robin (hash split "
+                        f"{sum(1 for h in pa['hash_home_of_tenant'] if h == 0)}/"
+                        f"{sum(1 for h in pa['hash_home_of_tenant'] if h == 1)}): "
+                        f"hit rate x{pa['hit_rate'] / rr['hit_rate']:.2f}, "
                         f"TTFT p50 x{pa['ttft_p50_ms'] / rr['ttft_p50_ms']:.2f}, "
                         f"TTFT p99 x{pa['ttft_p99_ms'] / rr['ttft_p99_ms']:.2f}")
     return "\n".join(rows)
 
 
-def main():
+def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="a model folder (default: the cached demo model, built if missing)")
     parser.add_argument("--tenants", type=int, default=8)
@@ -506,12 +561,20 @@ def main():
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="don't pin each engine to one core")
     parser.add_argument("--arms", default="round_robin,prefix_aware")
+    parser.add_argument("--bound", choices=("gateway", "issue"), default="gateway",
+                        help="client-side prefix_aware's load bound: the gateway's (this request counted: spill when "
+                             "in flight + 1 > ceil(1.25 x (total + 1) / N)) or the issue's literal one (spill when "
+                             "in flight > ceil(1.25 x total / N))")
     parser.add_argument("--kill", action="store_true", help="add the kill arm")
     parser.add_argument("--kill-at", type=float, default=20)
     parser.add_argument("--kill-seconds", type=float, default=60, help="length of the kill arm's schedule")
     parser.add_argument("--request-timeout", type=float, default=120)
     parser.add_argument("--json", help="write every figure here")
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    args = build_parser().parse_args()
     results = asyncio.run(main_async(args))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
