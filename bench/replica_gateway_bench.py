@@ -119,6 +119,9 @@ def test_replicas_through_the_gateway(start_worker, team_setup, tmp_path, gatewa
 
     wait_until(both_ready, seconds=400, interval=0.5, message="both replicas")
     replicas = head.replicas()
+    # One replica per "host" is the set-up measured (each worker pins its engine to its own core); a run where
+    # placement stacked both on one host (seen once: both on host-a, both engines on core 0) measures contention.
+    assert len({replica.host.host for replica in replicas}) == 2, [replica.host.host for replica in replicas]
     results = {"machine": rb.machine(), "args": vars(args), "routing": "the gateway (route.balance)",
                "profile_extra_args": extra, "command": replicas[0].command,
                "hosts": [replica.host.host for replica in replicas],
