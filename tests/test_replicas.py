@@ -51,6 +51,12 @@ def test_replicas_spread_over_the_hosts_with_room(team_setup, profile):
     assert all(r.replica_of_id == head.pk for r in replicas[1:]) and head.replica_of_id is None
 
 
+def test_replicas_spread_even_when_one_host_has_more_room(team_setup, profile):
+    roomy, tight = host("roomy", memory_gib=20), host("tight", memory_gib=3)
+    head = launch(team_setup, profile, 3)
+    assert sorted(r.host.host for r in head.replicas()) == ["roomy", "roomy", "tight"]  # one each, then stack
+
+
 def test_a_gpu_host_holds_as_many_replicas_as_it_has_free_gpu_groups(team_setup, profile):
     profile.tensor_parallel_size = 2
     profile.model.num_attention_heads, profile.model.num_kv_heads = 4, 2

@@ -10,7 +10,7 @@ import httpx
 
 from panel.accounts.keys import key_issue
 from panel.channels.models import Channel, Route
-from panel.gateway.balancing import prefix_text, rendezvous
+from panel.gateway.balancing import prefix_digest, prefix_text, rendezvous
 from panel.hosts.models import WorkerHost
 from panel.registry.demo_model import build_demo_model
 from panel.registry.services import model_register
@@ -71,7 +71,7 @@ def test_two_replicas_on_two_hosts_balance_by_prefix_survive_a_kill_and_stop_cle
     tenants = {}
     for number in range(50):
         system = f"You are the assistant of tenant {number}. " * 30
-        home = pool[rendezvous(prefix_text(body(system, "")), pool)[0]].id
+        home = pool[rendezvous(prefix_digest(prefix_text(body(system, ""))), pool)[0]].id
         tenants.setdefault(home, system)
         if len(tenants) == 2:
             break

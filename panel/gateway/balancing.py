@@ -6,7 +6,7 @@ Policies: round-robin (one counter per route, shared by every gateway process); 
 (the route's header, else an Anthropic body's metadata.user_id, else the key: one session stays on one replica);
 prefix-aware (a rendezvous hash of the prompt's leading part, the tools and the system prompt, so the requests that
 share a long prefix meet the engine that has it cached), with bounded load: a request spills to the least-loaded
-replica when its own would have more than LOAD_FACTOR × the mean in flight.
+replica when its own would have more than LOAD_FACTOR × the mean in flight, plus LOAD_SLACK.
 
 In-flight counts are Redis sorted sets shared by every gateway process (`tw:inflight:<channel>`: request id ->
 start time), so a request a crashed process never released leaves them after STALE_SECONDS. One script call
@@ -30,17 +30,19 @@ from panel.core.redis_client import async_redis
 log = logging.getLogger(__name__)
 
 LOAD_FACTOR = 1.25  # consistent hashing with bounded loads: at most this × the mean in flight before spilling
+LOAD_SLACK = 1  # ... plus one: with a handful in flight, one tenant's burst of two stays on its cached replica
 STALE_SECONDS = 900  # longer than a channel's longest attempt (600 s by default): an entry older is a lost release
+HELD_SECONDS = 600  # a prefix unused this long is forgotten by its replica's share (its KV blocks are likely gone)
 PREFIX_CHARS = 8192  # how much of the leading text the prefix hash reads (tools + system prompt, or the prompt)
 
 POLICIES = {RouteBalance.ROUND_ROBIN: 1, RouteBalance.LEAST_IN_FLIGHT: 2, RouteBalance.SESSION_AFFINITY: 3,
             RouteBalance.PREFIX_AWARE: 4}
 
-# KEYS: each replica's in-flight set, then the route's round-robin counter. ARGV: now ms, stale ms, request id,
-# policy (POLICIES), load factor, then the replicas' preferred order (1-based indexes into KEYS).
-# Returns {chosen index, in-flight count of each replica before this request}.
+# KEYS: each replica's in-flight set, each replica's held-prefixes set, the route's round-robin counter.
+# ARGV: now ms, stale ms, request id, policy (POLICIES), load factor, load slack, the prefix digest, held ms, then
+# the replicas' preferred order (1-based). Returns {chosen index, in-flight count of each replica before this one}.
 PLACE = """
-local n = #KEYS - 1
+local n = (#KEYS - 1) / 2
 local now, stale = tonumber(ARGV[1]), tonumber(ARGV[2])
 local policy = tonumber(ARGV[4])
 local counts, total = {}, 0
@@ -50,8 +52,8 @@ for i = 1, n do
   total = total + counts[i]
 end
 local function turn()
-  local value = redis.call('INCR', KEYS[n + 1])
-  redis.call('PEXPIRE', KEYS[n + 1], stale)
+  local value = redis.call('INCR', KEYS[2 * n + 1])
+  redis.call('PEXPIRE', KEYS[2 * n + 1], stale)
   return (value - 1) % n + 1
 end
 local function least(first)
@@ -62,16 +64,40 @@ local function least(first)
   end
   return best
 end
-local chosen = tonumber(ARGV[6])
+local chosen = tonumber(ARGV[9])
 if policy == 1 then
   chosen = turn()
 elseif policy == 2 then
   chosen = least(turn())
 elseif policy == 4 then
-  local bound = math.ceil(tonumber(ARGV[5]) * (total + 1) / n)
+  -- The prefix's home: the replica that holds it, else its preferred one unless that holds its share of the
+  -- prefixes already (then the one holding fewest), so tenants split evenly and stay where their cache is.
+  local held_ms, digest = tonumber(ARGV[8]), ARGV[7]
+  local held, held_total, holder = {}, 0, nil
+  for i = 1, n do
+    redis.call('ZREMRANGEBYSCORE', KEYS[n + i], '-inf', now - held_ms)
+    held[i] = redis.call('ZCARD', KEYS[n + i])
+    held_total = held_total + held[i]
+    if not holder and redis.call('ZSCORE', KEYS[n + i], digest) then holder = i end
+  end
+  if holder then
+    chosen = holder
+  else
+    local share = math.ceil((held_total + 1) / n)
+    if held[chosen] + 1 > share then
+      for k = 9, #ARGV do
+        local i = tonumber(ARGV[k])
+        if held[i] < held[chosen] then chosen = i end
+      end
+    end
+  end
+  redis.call('ZADD', KEYS[n + chosen], now, digest)
+  redis.call('PEXPIRE', KEYS[n + chosen], held_ms)
+  -- This request alone spills when its home is well above the mean in flight (the prefix stays at home).
+  local bound = math.ceil(tonumber(ARGV[5]) * (total + 1) / n) + tonumber(ARGV[6])
   if counts[chosen] + 1 > bound then
     local best = chosen
-    for k = 6, #ARGV do
+    for k = 9, #ARGV do
       local i = tonumber(ARGV[k])
       if counts[i] < counts[best] then best = i end
     end
@@ -94,6 +120,11 @@ class Lease:
 
 def inflight_key(channel_id):
     return f"tw:inflight:{channel_id}"
+
+
+def held_key(channel_id):
+    """The prefixes a replica is home to (digest -> last use), for prefix-aware placement."""
+    return f"tw:held:{channel_id}"
 
 
 def pool_size(targets):
@@ -150,13 +181,18 @@ def affinity_text(body, headers, *, header_name, key_id):
     return named or f"key:{key_id}"
 
 
-def rendezvous(text, pool):
-    """The pool's indexes, best first, for `text` (highest random weight hashing: a replica that comes or goes
-    moves only its own share of the texts)."""
-    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+def prefix_digest(text):
+    """A short hash of a prompt's prefix (or a session's key): what Redis holds, never the text."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def rendezvous(digest, pool):
+    """The pool's indexes, best first, for a prefix digest (highest random weight hashing: a replica that comes or
+    goes moves only its own share of the prefixes)."""
+    key = bytes.fromhex(digest)
 
     def weight(index):
-        return hashlib.blake2b(str(pool[index].id).encode(), key=digest, digest_size=8).digest()
+        return hashlib.blake2b(str(pool[index].id).encode(), key=key, digest_size=8).digest()
 
     return sorted(range(len(pool)), key=weight, reverse=True)
 
@@ -165,9 +201,10 @@ class Balancer:
     """The in-flight counts and round-robin counters of every gateway process (Redis), and this process's own
     round-robin turns as the fallback."""
 
-    def __init__(self, client=None):
+    def __init__(self, client=None, held_seconds=HELD_SECONDS):
         self._client = client
         self._script = None
+        self.held_seconds = held_seconds
         self.turns = {}  # route id -> this process's round-robin counter, used while Redis is unreachable
 
     def client(self):
@@ -190,18 +227,21 @@ class Balancer:
         if size < 2:
             return targets, None
         pool, rest = targets[len(head):len(head) + size], targets[len(head) + size:]
+        digest = ""
         if policy == RouteBalance.PREFIX_AWARE:
-            preferred = rendezvous(prefix_text(body), pool)
+            digest = prefix_digest(prefix_text(body))
+            preferred = rendezvous(digest, pool)
         elif policy == RouteBalance.SESSION_AFFINITY:
-            preferred = rendezvous(affinity_text(body, headers, header_name=route.affinity_header,
-                                                 key_id=key_id), pool)
+            preferred = rendezvous(prefix_digest(affinity_text(body, headers, header_name=route.affinity_header,
+                                                             key_id=key_id)), pool)
         else:
             preferred = list(range(size))
-        keys = [inflight_key(target.id) for target in pool] + [f"tw:rr:{route.route_id}"]
+        keys = ([inflight_key(target.id) for target in pool] + [held_key(target.id) for target in pool]
+                + [f"tw:rr:{route.route_id}"])
         try:
             chosen, counts = await self.script()(keys=keys, args=[
                 int(time.time() * 1000), STALE_SECONDS * 1000, request_id, POLICIES[policy], LOAD_FACTOR,
-                *(index + 1 for index in preferred)])
+                LOAD_SLACK, digest, int(self.held_seconds * 1000), *(index + 1 for index in preferred)])
             chosen -= 1
             counts = [int(count) for count in counts]
             lease = Lease(keys[chosen], request_id)

@@ -1,9 +1,10 @@
 """Where a deployment's replicas run: over the online GPU worker hosts that can hold the profile, one or several
-per host, spread so that each replica goes to the host with the most room left after the ones placed before it.
+per host, spread over as many hosts as have room.
 
 Room on a GPU host is its GPUs not held by an active deployment, in groups of tensor × pipeline parallel; on a CPU
 host it is its available memory in pieces of one engine (the weights plus the CPU engine's KV cache space), less
-the replicas already queued or starting there (they have not taken their memory yet)."""
+the replicas already queued or starting there (they have not taken their memory yet). Replicas go to the hosts
+with the fewest of them first, so they stack on one host only when the others have no room."""
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -68,10 +69,14 @@ def replicas_place(profile, count, *, host=None, check):
                                "No online worker can run this profile. ") + " ".join(reasons))
     if sum(room.replicas for room in rooms) < count:
         raise ValidationError(_no_room(count, rooms))
-    placed = []
+    placed, on_host = [], {room.host.pk: 0 for room in rooms}
     for _ in range(count):
-        best = max(rooms, key=lambda room: (room.replicas, room.free_bytes))
+        # Spread first (the host with the fewest of these replicas), then the most room: two hosts whose free
+        # memory differs by a little still get one replica each.
+        best = max((room for room in rooms if room.replicas),
+                   key=lambda room: (-on_host[room.host.pk], room.replicas, room.free_bytes))
         best.replicas -= 1
+        on_host[best.host.pk] += 1
         placed.append(best.host)
     return placed
 
