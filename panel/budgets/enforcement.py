@@ -18,7 +18,7 @@ from panel.budgets.counters import (ADD, TTL_SECONDS, counter_keys, money_from_u
                                     month_of)
 from panel.budgets.models import Budget
 from panel.budgets.services import ALERT_AT, budget_crossed
-from panel.core.redis_client import async_redis, sync_redis
+from panel.core.redis_client import async_redis, registered_script, sync_redis
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +117,8 @@ def verdict(scopes, values, month):
     return None
 
 
-_scripts = {}  # client -> the ADD script registered on it
-
-
 def add_script():
-    client = async_redis()
-    if client not in _scripts:
-        _scripts.clear()
-        _scripts[client] = client.register_script(ADD)
-    return _scripts[client]
+    return registered_script(ADD)
 
 
 async def count(key, cost, tokens, *, team_id=None):

@@ -22,3 +22,15 @@ def sync_redis():
     if _sync_client is None:
         _sync_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
     return _sync_client
+
+
+_scripts = {}  # (client, script text) -> the script registered on that client
+
+
+def registered_script(text):
+    """A Lua script registered on this process's asyncio client (again after the client was replaced)."""
+    client = async_redis()
+    found = _scripts.get((id(client), text))
+    if found is None or found[0] is not client:
+        found = _scripts[(id(client), text)] = (client, client.register_script(text))
+    return found[1]

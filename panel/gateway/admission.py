@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from redis.exceptions import RedisError
 
 from panel.budgets import enforcement as budgets
-from panel.core.redis_client import async_redis
+from panel.core.redis_client import registered_script
 from panel.gateway import rate_limits, sessions
 
 log = logging.getLogger(__name__)
@@ -78,15 +78,8 @@ redis.call('SET', KEYS[#KEYS], id, 'EX', session.ttl)
 return {0, counters, id, turn, previous}
 """
 
-_scripts = {}  # client -> the ADMIT script registered on it
-
-
 def admit_script():
-    client = async_redis()
-    if client not in _scripts:
-        _scripts.clear()
-        _scripts[client] = client.register_script(ADMIT)
-    return _scripts[client]
+    return registered_script(ADMIT)
 
 
 @dataclass
