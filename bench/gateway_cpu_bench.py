@@ -14,7 +14,9 @@ The upstream and the load generator run in other processes and are not counted.
 --profile runs the gateway under pyinstrument (`pip install pyinstrument`) for a separate pass of 20-chunk streams
 and writes its text report (the event loop's thread; wall-clock samples) to the file given. --py-spy BIN (with
 --profile) samples the measured gateway with py-spy instead: on-CPU samples of every thread, so awaited time is not
-counted, summed per function (inclusive and self) into the report; the raw stacks go beside it (.raw)."""
+counted, summed per function (inclusive and self) into the report; the raw stacks go beside it (.raw). --cprofile
+(with --profile) runs that pass under cProfile timed by the event loop thread's CPU clock: every call counted, none
+of the time spent waiting (py-spy's idle detection misses uvloop's wait, which is C), at cProfile's own overhead."""
 import argparse
 import asyncio
 import json
@@ -100,7 +102,7 @@ def py_spy_profile(py_spy, pid, url, key, args, report):
     """A pass of 20-chunk streams while py-spy samples the gateway process; the per-function summary to `report`."""
     raw = Path(report).with_suffix(".raw")
     recorder = subprocess.Popen([py_spy, "record", "--pid", str(pid), "--format", "raw", "--function", "--rate",
-                                 "1000", "--nonblocking", "--output", str(raw)], stdout=subprocess.DEVNULL,
+                                 "1000", *([] if os.environ.get("PY_SPY_BLOCKING") else ["--nonblocking"]), "--output", str(raw)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     time.sleep(1)  # attached before the first request
     asyncio.run(send(url, key, args.requests, args.concurrency, 20))
@@ -135,20 +137,37 @@ def summary(collapsed, requests, top=40):
     return "\n".join(lines) + "\n"
 
 
-def serve_profiled(port, report):
-    """The gateway as one uvicorn process under pyinstrument, until SIGTERM; then the report of the event loop's
-    thread. (uvicorn re-raises the signal it caught once it has shut down, which would end the process before the
-    report is written: the signal is handled here instead.)"""
+def serve_profiled(port, report, kind="pyinstrument"):
+    """The gateway as one uvicorn process under pyinstrument (wall-clock samples) or cProfile (`kind` "cprofile":
+    every call, timed by the event loop thread's CPU clock, so awaited time counts nowhere), until SIGTERM; then the
+    report of the event loop's thread. (uvicorn re-raises the signal it caught once it has shut down, which would
+    end the process before the report is written: the signal is handled here instead.)"""
     import contextlib
     import signal
 
     import uvicorn
-    from pyinstrument import Profiler
 
     server = uvicorn.Server(uvicorn.Config("panel.asgi:application", port=port, loop="uvloop", http="httptools",
                                            access_log=False, log_level="warning"))
     server.capture_signals = contextlib.nullcontext
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    if kind == "cprofile":
+        import cProfile
+        import io
+        import pstats
+
+        profiler = cProfile.Profile(timer=time.thread_time)
+        profiler.enable()
+        server.run()
+        profiler.disable()
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("tottime").print_stats(45)
+        stats.sort_stats("cumulative").print_stats(70)
+        Path(report).write_text(out.getvalue())
+        return
+    from pyinstrument import Profiler
+
     profiler = Profiler(interval=0.0005)
     profiler.start()
     server.run()
@@ -158,7 +177,7 @@ def serve_profiled(port, report):
 
 def main():
     if sys.argv[1:2] == ["--serve-profiled"]:
-        serve_profiled(int(sys.argv[2]), sys.argv[3])
+        serve_profiled(int(sys.argv[2]), sys.argv[3], *sys.argv[4:5])
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=400)
@@ -166,6 +185,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--profile", help="write a pyinstrument text report of the gateway to this file")
     parser.add_argument("--py-spy", help="the py-spy command: profile with it (on-CPU samples) instead")
+    parser.add_argument("--cprofile", action="store_true",
+                        help="profile with cProfile on the event loop thread's CPU clock instead (every call)")
     args = parser.parse_args()
     up_port = free_port()
     upstream = start([sys.executable, "-m", "tests.fake_upstream", "--port", str(up_port), "--chunks",
@@ -195,7 +216,8 @@ def main():
         if args.profile and not args.py_spy:
             gw_port = free_port()
             report = Path(args.profile).resolve()
-            gateway = start([sys.executable, __file__, "--serve-profiled", str(gw_port), str(report)],
+            gateway = start([sys.executable, __file__, "--serve-profiled", str(gw_port), str(report),
+                             *(["cprofile"] if args.cprofile else [])],
                             env=dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))),
                             ready_url=f"http://127.0.0.1:{gw_port}/login/")
             try:

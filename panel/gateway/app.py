@@ -198,22 +198,27 @@ async def application(scope, receive, send):
 async def until_disconnect(exchange, work, receive):
     """Run the upstream work for a request while watching its ASGI receive channel: a client that leaves, streamed
     or not, cancels the work at once (the upstream call, a retry's backoff, the fallback), and nothing more is done
-    for it."""
-    work = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(wait_disconnect(receive))
+    for it. The work runs in this task; one watcher task cancels it (one task per request, not two and a wait)."""
+    task = asyncio.current_task()
+    state = {"left": False, "done": False}
+
+    async def watch():
+        await wait_disconnect(receive)
+        if not state["done"]:
+            state["left"] = True
+            task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            work.cancel()
-            exchange.client_left()
-            try:
-                await work
-            except asyncio.CancelledError:
-                pass
-        else:
-            work.result()
+        await work
+    except asyncio.CancelledError:
+        if not state["left"]:
+            raise  # cancelled from outside (the server shutting down), not by the client leaving
+        task.uncancel()
+        exchange.client_left()
     finally:
-        gone.cancel()
+        state["done"] = True
+        watcher.cancel()
 
 
 async def wait_disconnect(receive):

@@ -29,8 +29,10 @@ def session(loopback_ok=False):
     if current is None or current.closed:
         connector = aiohttp.TCPConnector(limit=1000, keepalive_timeout=30, ttl_dns_cache=60,
                                          resolver=outbound.PolicyResolver(loopback_ok=loopback_ok))
+        # No cookie jar: an upstream's cookies must not ride along on another team's next request to it (and
+        # matching cookies per request costs CPU on every call).
         current = aiohttp.ClientSession(connector=connector, auto_decompress=True, raise_for_status=False,
-                                        json_serialize=json.dumps)
+                                        json_serialize=json.dumps, cookie_jar=aiohttp.DummyCookieJar())
         if loopback_ok:
             _engine_session = current
         else:
