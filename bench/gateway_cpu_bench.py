@@ -102,7 +102,7 @@ def py_spy_profile(py_spy, pid, url, key, args, report):
     """A pass of 20-chunk streams while py-spy samples the gateway process; the per-function summary to `report`."""
     raw = Path(report).with_suffix(".raw")
     recorder = subprocess.Popen([py_spy, "record", "--pid", str(pid), "--format", "raw", "--function", "--rate",
-                                 "1000", *([] if os.environ.get("PY_SPY_BLOCKING") else ["--nonblocking"]), "--output", str(raw)], stdout=subprocess.DEVNULL,
+                                 "1000", "--nonblocking", "--output", str(raw)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     time.sleep(1)  # attached before the first request
     asyncio.run(send(url, key, args.requests, args.concurrency, 20))

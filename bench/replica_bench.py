@@ -133,8 +133,10 @@ class Replica:
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(self.index % os.cpu_count())
         self.log_file = open(self.log_path, "ab")  # noqa: SIM115 (open as long as the engine runs)
         self.started_at = time.monotonic()
+        nice = self.args.engine_nice
         self.process = subprocess.Popen(self.argv(), cwd=ROOT, env=env, stdout=self.log_file,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
     async def wait_ready(self, seconds=300):
         async with httpx.AsyncClient(timeout=2) as client:
@@ -565,6 +567,9 @@ def build_parser():
                         help="client-side prefix_aware's load bound: the gateway's (this request counted: spill when "
                              "in flight + 1 > ceil(1.25 x (total + 1) / N)) or the issue's literal one (spill when "
                              "in flight > ceil(1.25 x total / N))")
+    parser.add_argument("--engine-nice", type=int, default=0,
+                        help="run the engines at this niceness (e.g. 10): on these shared cores an engine's compute "
+                             "otherwise queues the gateway and the load generator, which a GPU's would not")
     parser.add_argument("--kill", action="store_true", help="add the kill arm")
     parser.add_argument("--kill-at", type=float, default=20)
     parser.add_argument("--kill-seconds", type=float, default=60, help="length of the kill arm's schedule")

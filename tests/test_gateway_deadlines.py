@@ -215,3 +215,17 @@ def test_a_non_streamed_answer_that_stops_dripping_is_a_stall(gateway, setup, pr
     assert response.status_code == 504 and response.json()["error"]["code"] == "stalled"
     [row] = records()
     assert (row.outcome, row.channel) == ("upstream_stalled", setup["local"])
+
+
+
+def test_a_client_that_leaves_after_a_failure_keeps_the_failure_as_the_outcome():
+    """A client that hangs up on a cut stream's error event left because of the cut: the row says so."""
+    from panel.gateway.exchange import Exchange
+
+    cut = Exchange("chat", time.perf_counter())
+    cut.fail(502, "cut")
+    cut.client_left()
+    assert (cut.fields["outcome"], cut.fields["error_kind"], cut.fields["status_code"]) == ("upstream_cut", "cut", 502)
+    waiting = Exchange("chat", time.perf_counter())
+    waiting.client_left()
+    assert (waiting.fields["outcome"], waiting.fields["status_code"]) == ("client_closed", 499)

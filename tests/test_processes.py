@@ -64,3 +64,23 @@ def test_it_dies_with_the_process_that_started_it(tmp_path):
     runner.wait()
     wait_until(lambda: not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == "zombie",
                seconds=5, message="the orphan to die")
+
+
+def test_a_group_of_only_zombies_is_not_alive():
+    """An engine killed with its group leaves zombies until their parent reaps them (an orphan waits for PID 1):
+    the supervisor must not wait for that to see the engine gone."""
+    leader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], process_group=0)
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"], process_group=leader.pid)  # not reaped yet
+    try:
+        wait_until(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, seconds=10,
+                   message="the helper exited")
+        assert group_alive(leader.pid)  # the leader runs
+        os.kill(leader.pid, signal.SIGKILL)
+        leader.wait(timeout=5)
+        assert psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE  # still in the group, dead
+        assert not group_alive(leader.pid)
+    finally:
+        zombie.wait(timeout=5)
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait()

@@ -70,8 +70,9 @@ class Exchange:
                            error_kind=kind[:40])
 
     def client_left(self):
-        """The client went away before the whole answer was sent: nothing more is done for it."""
-        if not self.responded:
+        """The client went away before the whole answer was sent: nothing more is done for it. A request that had
+        already failed (a stream cut, its error event sent) keeps that outcome: the client left because of it."""
+        if not self.responded and self.fields["outcome"] == "ok":
             self.fail(499, "client_closed")
 
     async def settle(self):

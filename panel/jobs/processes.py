@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from panel.env import names_read
 
 PR_SET_PDEATHSIG = 1
@@ -80,13 +82,22 @@ def start(argv, *, env=None, cwd=None, log_file=None):
 
 
 def group_alive(pgid):
+    """Whether a process of the group still runs. A zombie (dead, not yet reaped by its parent: an engine's helper
+    orphaned by a SIGKILL waits for PID 1, which took about 2 s on these machines) does not count."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return any(_runs_in_group(pid, pgid) for pid in psutil.pids())
+
+
+def _runs_in_group(pid, pgid):
+    try:
+        return os.getpgid(pid) == pgid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (ProcessLookupError, PermissionError, psutil.Error):
+        return False
 
 
 def stop_group(pgid, *, grace_seconds=10.0):
