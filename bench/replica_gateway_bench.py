@@ -206,6 +206,7 @@ def test_replicas_through_the_gateway(start_worker, team_setup, tmp_path, gatewa
     if args.kill:
         victim = fresh(replicas)[1]
         first_ready_s = results["ready_s"][1]
+        first_engine_s = (victim.ready_at - victim.started_at).total_seconds()  # claimed by its worker -> ready
         kill = {}
 
         async def killer(start):
@@ -240,6 +241,9 @@ def test_replicas_through_the_gateway(start_worker, team_setup, tmp_path, gatewa
                     kill["ready_again_s"] = round(time.monotonic() - killed, 1)
                     kill["first_start_ready_s"] = first_ready_s
                     kill["new_pid"] = row.pid
+                    # The supervisor's part (death seen, backoff) and the engine's (claimed again -> ready).
+                    kill["restart_engine_start_s"] = round((row.ready_at - row.started_at).total_seconds(), 1)
+                    kill["first_engine_start_s"] = round(first_engine_s, 1)
                     renice_group(row.pid, args.engine_nice)
                     break
                 await asyncio.sleep(0.25)

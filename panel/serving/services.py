@@ -204,10 +204,13 @@ def deployment_execute(*, deployment_id, worker):
         kind, reason = supervisor.classify_crash(outcome)
         if deployment.restart_on_crash and deployment.restarts < deployment.max_restarts and outcome.became_ready:
             deployment.restarts += 1
-            backoff = min(60, 2 ** deployment.restarts)
+            # The first crash after a healthy run restarts at once (a replica is back within its start-up time);
+            # a repeat backs off 2, 4, 8 s... (up to max_restarts: only engines that became ready restart at all).
+            backoff = 0 if deployment.restarts == 1 else min(60, 2 ** (deployment.restarts - 1))
             if not job_transition(deployment, to=DeploymentState.PENDING,
                                   allowed_from=[DeploymentState.STARTING, DeploymentState.READY],
-                                  reason=f"crashed ({kind}); restarting in {backoff} s", restarts=deployment.restarts,
+                                  reason=f"crashed ({kind}); restarting "
+                                         + (f"in {backoff} s" if backoff else "now"), restarts=deployment.restarts,
                                   pid=None, failure_kind=kind, failure_reason=reason):
                 return True
             if _sleep_unless_stopped(deployment, backoff):
