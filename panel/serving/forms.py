@@ -117,7 +117,8 @@ class LaunchForm(forms.Form):
                                   label="Replicas",
                                   help_text="Engines serving this profile, each whole, placed over the GPU workers "
                                             "with room; the route balances them. Replicas restart after a crash.")
-    restart_on_crash = forms.BooleanField(required=False, label="Restart on crash (at once, then with backoff; up to 3 times)")
+    restart_on_crash = forms.BooleanField(required=False,
+                                          label="Restart on crash (at once, then with backoff; up to 3 times)")
     attach_to_route = forms.BooleanField(
         required=False, label="Attach to the existing route of the same name (admins)",
         help_text="Without it, a route the team already has for this served name keeps its channels: the "
