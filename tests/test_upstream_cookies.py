@@ -1,6 +1,7 @@
 """The gateway's upstream client keeps no cookies: a channel that sets one (a CDN's bot cookie, a provider's
 session) must not see it come back on the next request, which may be another team's."""
 import asyncio
+import concurrent.futures
 
 from aiohttp import web
 
@@ -39,5 +40,6 @@ def test_a_cookie_an_upstream_sets_is_not_sent_back():
             await upstream.session(loopback_ok=True).close()
             await runner.cleanup()
 
-    asyncio.run(run())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # its own event loop, whatever this thread runs
+        pool.submit(asyncio.run, run()).result(timeout=30)
     assert seen == [None, None]
