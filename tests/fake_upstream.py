@@ -78,6 +78,7 @@ _OPTIONS = {
     "slow_drip": {"delay": 0.05},
     "json_content": {"value": None},
     "broken_json_content": {"text": '{"answer": "alpha bravo", "done": tru'},
+    "redirect": {"location": None, "status": 307},
 }
 _STATUS_OPTIONS = {"retry_after": None, "message": None}
 _COMMON_OPTIONS = {"path": INFERENCE_PATHS, "chunks": None, "cached_tokens": None}
@@ -528,7 +529,8 @@ class FakeUpstream:
     """
 
     def __init__(self, models=("fake-model",), api_key=None, chunks=20, chunk_delay=0.0, *, cached_tokens=0, port=0,
-                 record=True):
+                 record=True, host=HOST):
+        self.host = host  # another loopback address (127.0.0.2) stands in for a public one in the policy's tests
         self.models = tuple(models)
         self.api_key = api_key
         self.chunks = chunks
@@ -586,7 +588,7 @@ class FakeUpstream:
         loop = uvloop.new_event_loop() if uvloop else asyncio.new_event_loop()
         try:
             self._server = loop.run_until_complete(
-                asyncio.start_server(self._serve_connection, HOST, self.port, backlog=1024))
+                asyncio.start_server(self._serve_connection, self.host, self.port, backlog=1024))
         except BaseException as error:
             failure.append(error)
             loop.close()
@@ -613,7 +615,7 @@ class FakeUpstream:
     @property
     def base_url(self):
         """The OpenAI base URL, http://127.0.0.1:PORT/v1."""
-        return f"http://{HOST}:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     @property
     def requests(self):
@@ -680,6 +682,7 @@ class FakeUpstream:
           `chunks` pieces with that delay between them.
         - json_content: content that is valid JSON text, json.dumps(`value`) (default {"answer": <the words>}).
         - broken_json_content: a well-formed completion whose content is `text`, JSON that does not parse.
+        - redirect: `status` (default 307) with `Location: <location>` and an empty body.
         """
         behaviour = Behaviour.make(name, **options)
         if times is not None and times < 0:
@@ -787,6 +790,11 @@ class FakeUpstream:
             await conn.wait(behaviour.options["delay"])
         if behaviour.status:
             await _send_whole(conn, _status_reply(behaviour), keep_alive)
+            return keep_alive
+        if behaviour.name == "redirect":
+            options = behaviour.options
+            await _send_whole(conn, _Reply(options["status"], headers=(("location", options["location"]),)),
+                              keep_alive)
             return keep_alive
         reply = self._reply(request, behaviour)
         deliver = _deliver_body if reply.events is None else _deliver_stream

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from panel.benchmarks import metrics
-from panel.core import safejson
+from panel.core import outbound, safejson
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,10 @@ async def one_request(session, endpoint, messages, max_tokens, timeout):
     try:
         async with session.post(endpoint.base_url.rstrip("/") + "/chat/completions",
                                 json=request_body(endpoint, messages, max_tokens), headers=headers,
-                                timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                                timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False) as response:
+            if 300 <= response.status < 400:  # never followed: it would take the body and the key elsewhere
+                sample.error = f"HTTP {response.status}: a redirect; benchmarks do not follow redirects"
+                return sample
             if response.status != 200:
                 text = (await response.text())[:300]
                 sample.error = f"HTTP {response.status}: {text}"
@@ -168,14 +171,16 @@ async def one_request(session, endpoint, messages, max_tokens, timeout):
 
 
 async def run_load(*, pick, prompts, max_tokens, requests, warmup=0, concurrency=1, request_rate=None,
-                   timeout=300.0, progress=None, seed=0, resolver=None):
+                   timeout=300.0, progress=None, seed=0, engine_hosts=()):
     """Send `warmup` then `requests` streaming requests. `pick()` returns the Endpoint for the next request (a route
     spreads them over its channels); `prompts` is a list of message lists, cycled. Returns (samples, seconds) for
     the measured requests only. Stops early (without sending more) when `progress.stop` is set."""
     progress = progress or Progress()
     progress.total, progress.warmup = requests, warmup
-    # `resolver`: the outbound policy's (panel/core/outbound.py), so every resolved address is checked.
-    connector = aiohttp.TCPConnector(limit=max(concurrency, 1) + 4, force_close=False, resolver=resolver)
+    # Every address connected to is checked by the outbound policy (panel/core/outbound.py); `engine_hosts`: the
+    # names of the panel's own engines, which may be local.
+    connector = outbound.PolicyConnector(engine_hosts=engine_hosts, limit=max(concurrency, 1) + 4,
+                                         force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
         gate = asyncio.Semaphore(max(concurrency, 1))
 

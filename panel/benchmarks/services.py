@@ -182,13 +182,12 @@ def run_load_in_thread(*, pick, run, progress, on_beat, beat_seconds):
     prompts = run_prompts(run)
 
     async def load():
-        # Every resolved address is checked; the engines' own host name (the operator's setting) may be local.
-        resolver = outbound.PolicyResolver(engine_hosts={settings.ENGINE_ADVERTISE_HOST})
+        # Every address is checked; the engines' own host name (the operator's setting) may be local.
         return await runner.run_load(
             pick=pick, prompts=prompts, max_tokens=run.output_tokens, requests=run.requests,
             warmup=run.warmup_requests, concurrency=run.concurrency, request_rate=run.request_rate,
             timeout=settings.BENCHMARK_REQUEST_TIMEOUT_SECONDS, progress=progress, seed=run.pk or 0,
-            resolver=resolver)
+            engine_hosts={settings.ENGINE_ADVERTISE_HOST})
 
     def body():
         try:

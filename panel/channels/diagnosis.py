@@ -35,6 +35,9 @@ MESSAGES = {
     "server_error": "{status} from the server: it failed while answering (a crash, an overload, or its own upstream "
                     "failing). Check its log; the gateway retries 5xx answers and then falls back.",
     "http_error": "HTTP {status} from the server.",
+    "redirect": "{status} redirect: the server sends the request elsewhere, and Tokenwise never follows a redirect "
+                "(it would carry the request and its key to an address no check has seen). Set base_url to the "
+                "address the provider serves its API at (often https:// instead of http://, or with /v1).",
     "connection_refused": "Connection refused at {where}: nothing listens there. The server is down or the port is "
                           "wrong: check that it runs (ps aux | grep vllm), that it listens on that port "
                           "(netstat -tlnp), and that it did not die while loading (CUDA out of memory in its log).",
@@ -63,6 +66,7 @@ SHORT = {
     "unauthorized": "key refused", "bearer": "key refused", "forbidden": "not allowed", "not_found_path": "path not "
     "found", "not_found_model": "model not served", "not_found": "not found", "bad_request": "request refused",
     "rate_limited": "rate limited", "server_error": "server error", "http_error": "unexpected status",
+    "redirect": "redirected (not followed)",
     "connection_refused": "connection refused", "dns": "host name does not resolve", "connect_timeout": "no "
     "connection", "read_timeout": "no answer in time", "timeout": "timed out", "tls": "TLS handshake failed",
     "protocol": "connection broken", "unsupported_protocol": "not http(s)", "network": "request failed",
@@ -134,6 +138,8 @@ def status_kind(status, *, step=None, body=None, model_listed=None):
         return "rate_limited"
     if status is not None and status >= 500:
         return "server_error"
+    if status is not None and 300 <= status < 400:
+        return "redirect"
     return "http_error"
 
 

@@ -7,9 +7,12 @@ targets and webhooks.
   TOKENWISE_OUTBOUND_ALLOW (CIDRs). Public addresses are fine.
 - The panel's own origin (its port on this machine, the names in ALLOWED_HOSTS, TOKENWISE_PUBLIC_URL) is refused:
   a channel pointed there would call the gateway in a loop.
-- The address checked is the address connected to: aiohttp sessions resolve through `PolicyResolver`, httpx calls
-  go to the address `pinned` resolved and checked (the name stays in Host and in TLS). A name that resolves to a
-  public address when saved and to 127.0.0.1 later (DNS rebinding) is refused at request time.
+- The address checked is the address connected to: aiohttp sessions connect through `PolicyConnector` (every
+  resolved address and every literal address checked), httpx calls go to the address `pinned` resolved and checked
+  (the name stays in Host and in TLS). A name that resolves to a public address when saved and to 127.0.0.1 later
+  (DNS rebinding) is refused at request time.
+- No outbound call follows a redirect: a 3xx is the upstream's error (a 307 to another address would carry the body
+  and the credential header past every check here).
 - Every request carries HOP_HEADER; the gateway refuses a request that has it, so nothing loops even through a
   name the checks did not recognise."""
 import functools
@@ -17,6 +20,7 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit, urlunsplit
 
+import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import ThreadedResolver
 from django.conf import settings
@@ -179,3 +183,22 @@ class PolicyResolver(AbstractResolver):
 
     async def close(self):
         await self.inner.close()
+
+
+class PolicyConnector(aiohttp.TCPConnector):
+    """aiohttp's connector under the policy: names resolve through `PolicyResolver`, and an address written in the
+    URL (which aiohttp connects to without asking any resolver) is checked the same way."""
+
+    def __init__(self, *, loopback_ok=False, engine_hosts=(), **options):
+        self.loopback_ok, self.engine_hosts = loopback_ok, set(engine_hosts)
+        super().__init__(resolver=PolicyResolver(loopback_ok=loopback_ok, engine_hosts=engine_hosts), **options)
+
+    async def _resolve_host(self, host, port, traces=None):
+        try:
+            ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return await super()._resolve_host(host, port, traces=traces)
+        refusal = address_refusal(host, loopback_ok=self.loopback_ok or host in self.engine_hosts)
+        if refusal:
+            raise OutboundRefused(refusal)
+        return await super()._resolve_host(host, port, traces=traces)

@@ -27,8 +27,8 @@ def session(loopback_ok=False):
     global _session, _engine_session
     current = _engine_session if loopback_ok else _session
     if current is None or current.closed:
-        connector = aiohttp.TCPConnector(limit=1000, keepalive_timeout=30, ttl_dns_cache=60,
-                                         resolver=outbound.PolicyResolver(loopback_ok=loopback_ok))
+        connector = outbound.PolicyConnector(loopback_ok=loopback_ok, limit=1000, keepalive_timeout=30,
+                                             ttl_dns_cache=60)
         # No cookie jar: an upstream's cookies must not ride along on another team's next request to it (and
         # matching cookies per request costs CPU on every call).
         current = aiohttp.ClientSession(connector=connector, auto_decompress=True, raise_for_status=False,
@@ -105,6 +105,9 @@ def error_from_response(status, body_bytes, headers, *, secret=""):
     if status in (400, 413, 422):
         return UpstreamError("bad_request", message or f"upstream refused the request ({status})", status=status,
                              retryable=False, client_fault=True, body=body_bytes)
+    if 300 <= status < 400:
+        return UpstreamError("upstream_redirect", f"the channel answered a redirect ({status}), which is never "
+                             "followed", status=status, retryable=False)
     if status in (401, 403):
         return UpstreamError("upstream_auth", message or "the channel's key was refused", status=status,
                              retryable=False)
@@ -128,7 +131,8 @@ async def send_request(target, path, payload, limits, api="chat"):
             return await session(target.loopback_ok).post(target.base_url.rstrip("/") + path,
                                                           data=json.dumps(payload).encode(),
                                                           headers=headers_for(target, api),
-                                                          timeout=client_timeout(target, limits))
+                                                          timeout=client_timeout(target, limits),
+                                                          allow_redirects=False)
     except aiohttp.ConnectionTimeoutError:
         raise UpstreamError("connection", f"no connection within {target.connect_timeout:g} s") from None
     except TimeoutError:
