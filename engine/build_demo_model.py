@@ -17,7 +17,6 @@ training runs on one thread, initial weights come from numpy's PCG64, training b
 fixed number of threads, and no file holds a timestamp.
 The model is built in a temporary sibling folder and renamed into place, so OUT_DIR is either absent or complete.
 """
-import argparse
 import hashlib
 import json
 import os
@@ -27,6 +26,9 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+
+from engine import protocol
+from engine.protocol import JsonArgumentParser, RunnerError, progress
 
 # Before `tokenizers` is imported: its thread pool is sized once, and one thread keeps training reproducible.
 os.environ["RAYON_NUM_THREADS"] = "1"
@@ -92,21 +94,9 @@ REQUIRED_FILES = ("config.json", "generation_config.json", "model.safetensors", 
                   "tokenizer_config.json", TRAINING_FILE)
 
 
-def say(**message):
-    print(json.dumps(message), flush=True)
-
-
-def progress(phase, percent):
-    say(phase=phase, progress=percent)
-
-
-class BuildError(Exception):
-    pass
-
-
-class JsonArgumentParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise BuildError(f"bad arguments: {message}")
+class BuildError(RunnerError):
+    def __init__(self, reason):
+        super().__init__("failed", reason)
 
 
 def parse_args(argv):
@@ -406,14 +396,10 @@ def read_training(path):
 
 
 def main(argv=None):
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-        result = build(args.out_dir, seed=args.seed, force=args.force, steps=args.steps)
-    except Exception as error:  # every failure must reach the panel as one JSON line
-        say(error={"kind": "failed", "reason": f"{type(error).__name__}: {error}"[:1000]})
-        return 1
-    say(result=result)
-    return 0
+    def body(args):
+        return build(args.out_dir, seed=args.seed, force=args.force, steps=args.steps)
+
+    return protocol.run(body, parse_args=parse_args, classify=protocol.describe, argv=argv)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,13 @@
-"""Runs inside the engine venv: report what this host's engine can do, as JSON lines (see jobrunner.py).
+"""Runs inside the engine venv: report what this host's engine can do, as JSON lines (engine/protocol.py).
 
 Python, torch, vLLM, transformers, AutoAWQ and llm-compressor versions, the CPU's vector extensions, the kernels
 the engine really has (read from the ops vLLM loaded on this processor, not inferred from CPU flags): int8
 scaled-mm (W8A8), the W4A16 GEMM (AWQ/GPTQ), FP8; and CUDA devices with their compute capability."""
 import importlib
-import json
 import platform
 import sys
 
-
-def say(**message):
-    print(json.dumps(message), flush=True)
+from engine.protocol import say
 
 
 def cpu_flags():

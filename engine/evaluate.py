@@ -28,7 +28,9 @@ from pathlib import Path
 
 from engine import evaluate_transformers, evaluation_text
 from engine.evaluation_common import (FILE_TOKENS, GREEDY_TOKENS, JSON_TOKENS, file_result, folder_size,
-                                      held_out_windows, json_result, say)
+                                      held_out_windows, json_result)
+from engine import protocol
+from engine.protocol import JsonArgumentParser, RunnerError, say
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -41,14 +43,12 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 MAX_FILE_PROMPTS = 200
 
 
-class EvaluationError(Exception):
-    def __init__(self, kind, reason):
-        super().__init__(reason)
-        self.kind, self.reason = kind, reason
+class EvaluationError(RunnerError):
+    """A failure in words, with its kind (failed, bad_file, oom, ...)."""
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description="Evaluate models as vLLM serves them.")
+    parser = JsonArgumentParser(description="Evaluate models as vLLM serves them.")
     parser.add_argument("--model", action="append", required=True, type=Path)
     parser.add_argument("--file", type=Path, default=None)
     parser.add_argument("--max-tokens", type=int, default=4096, help="held-out tokens for the perplexity")
@@ -228,28 +228,25 @@ def run_child(model_dir, args, index, count):
 
 
 def main(argv=None):
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-        file_items = read_prompt_file(args.file)
-        missing = [str(path) for path in args.model if not (path / "config.json").is_file()]
-        if missing:
-            raise EvaluationError("failed", f"not a model folder (no config.json): {', '.join(missing)}")
-        if args.one:
-            say(result=evaluate_one(args.model[0].absolute(), file_items=file_items, max_tokens=args.max_tokens))
-            return 0
-        models = [run_child(path.absolute(), args, index, len(args.model)) for index, path in enumerate(args.model)]
-    except EvaluationError as error:
-        say(error={"kind": error.kind, "reason": error.reason[:1500]})
-        return 1
-    except Exception as error:
-        say(error={"kind": classify(str(error)), "reason": f"{type(error).__name__}: {error}"[:1500]})
-        import traceback
+    return protocol.run(evaluate, parse_args=parse_args, classify=describe_failure, argv=argv)
 
-        traceback.print_exc(file=sys.stderr)
-        return 1
+
+def evaluate(args):
+    file_items = read_prompt_file(args.file)
+    missing = [str(path) for path in args.model if not (path / "config.json").is_file()]
+    if missing:
+        raise EvaluationError("failed", f"not a model folder (no config.json): {', '.join(missing)}")
+    if args.one:
+        return evaluate_one(args.model[0].absolute(), file_items=file_items, max_tokens=args.max_tokens)
+    models = [run_child(path.absolute(), args, index, len(args.model)) for index, path in enumerate(args.model)]
     say(phase="done", progress=100)
-    say(result={"models": models, "file": str(args.file) if args.file else None})
-    return 0
+    return {"models": models, "file": str(args.file) if args.file else None}
+
+
+def describe_failure(error, args):
+    if isinstance(error, RunnerError) or not isinstance(error, Exception):
+        return protocol.describe(error)
+    return classify(str(error)), f"{type(error).__name__}: {error}"
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ import time
 
 from engine import evaluation_text
 from engine.evaluation_common import (FILE_TOKENS, GREEDY_TOKENS, JSON_TOKENS, file_result, folder_size,
-                                      held_out_windows, json_result, say)
+                                      held_out_windows, json_result)
+from engine.protocol import say
 
 
 def evaluate_one(model_dir, *, config, file_items, max_tokens):

@@ -1,5 +1,5 @@
-"""What engine/evaluate.py (vLLM) and engine/evaluate_transformers.py share: the protocol, the budgets, the held-out
-windows and how answers are scored (standard library only)."""
+"""What engine/evaluate.py (vLLM) and engine/evaluate_transformers.py share: the budgets, the held-out windows and
+how answers are scored (standard library only)."""
 import json
 from pathlib import Path
 
@@ -9,10 +9,6 @@ WINDOW_TOKENS = 512
 GREEDY_TOKENS = 16
 JSON_TOKENS = 48
 FILE_TOKENS = 64
-
-
-def say(**message):
-    print(json.dumps(message), flush=True)
 
 
 def folder_size(path):

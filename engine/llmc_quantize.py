@@ -15,31 +15,24 @@ Schemes (engine/quant_schemes.py has their words):
                   calibration: the cheapest and the crudest (2 or 3 bits show what quantization can cost)
     mixed         4-bit GPTQ for every decoder linear except those --keep names, which stay BF16 or FP8
 
-The protocol (JSON lines), the output handling (a .partial folder renamed when complete, removed on any failure
-or signal) and the failure kinds are quantize_runner's; the result adds "backend" and "scheme".
+The protocol (JSON lines, engine/protocol.py), the output handling (a .partial folder renamed when complete, removed
+on any failure or signal) and the failure kinds (engine/checkpoint.py) are shared with the AutoAWQ runner; the
+result adds "backend" and "scheme".
 
 Progress moves inside a layer: llm-compressor calibrates one decoder layer at a time over every sample, and this
 script reports "calibrating layer i of N, sample j of M" with an estimate of the time left."""
-import argparse
 import json
-import os
 import re
-import signal
 import sys
 import time
 from pathlib import Path
 
-from engine import awq_calibration, quantize_runner
+from engine import awq_calibration, checkpoint, protocol
+from engine.protocol import JsonArgumentParser, RunnerError, progress, say
 from engine.quant_schemes import CALIBRATED, SCHEMES, fused_groups
-from engine.quantize_runner import RunnerError, progress, say
 
 PROGRESS_FROM, PROGRESS_TO = 10, 90
 REPORT_EVERY_SECONDS = 0.5
-
-
-class JsonArgumentParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise RunnerError("failed", f"bad arguments: {message}")
 
 
 def parse_args(argv):
@@ -243,7 +236,7 @@ def forward_library_log():
 def calibration_dataset(args, tokenizer):
     from datasets import Dataset
 
-    samples, info = quantize_runner.prepare_calibration(args, tokenizer)
+    samples, info = checkpoint.prepare_calibration(args, tokenizer)
     encoded = [tokenizer(text, truncation=True, max_length=args.max_calib_seq_len) for text in samples]
     dataset = Dataset.from_dict({"input_ids": [item["input_ids"] for item in encoded],
                                  "attention_mask": [item["attention_mask"] for item in encoded]})
@@ -253,30 +246,17 @@ def calibration_dataset(args, tokenizer):
 def quantize(args):
     started = time.monotonic()
     model_dir, out_dir = args.model.absolute(), args.out.absolute()
-    partial = out_dir.parent / (out_dir.name + ".partial")
     progress("checking the model", 1)
-    config = quantize_runner.read_model_config(model_dir)
-    quantize_runner.check_not_quantized(model_dir, config)
-    quantize_runner.check_output(out_dir, partial)
+    config = checkpoint.read_model_config(model_dir)
+    checkpoint.check_not_quantized(model_dir, config)
+    checkpoint.check_target(out_dir)
     if args.group_size != -1 and args.scheme not in ("w8a8-int8", "fp8-dynamic"):
-        quantize_runner.check_shapes(config, args.group_size)
+        checkpoint.check_shapes(config, args.group_size)
     if args.calib != "builtin" and needs_calibration(args):
-        with quantize_runner.calibration_errors():
+        with checkpoint.calibration_errors():
             awq_calibration.read_calibration_file(args.calib)
-    try:
-        partial.mkdir()
-    except FileExistsError:
-        raise RunnerError("failed", f"another quantization started writing {partial} at the same time") from None
-    try:
-        (partial / quantize_runner.PID_FILE).write_text(str(os.getpid()))
+    with checkpoint.partial_folder(out_dir) as partial:
         result = quantize_into(args, model_dir, partial, out_dir)
-    except BaseException:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        import shutil
-
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     result["seconds"] = round(time.monotonic() - started, 2)
     return result
 
@@ -288,14 +268,14 @@ def quantize_into(args, model_dir, partial, out_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     forward_library_log()
-    quantize_runner.check_weights(model_dir)
+    checkpoint.check_weights(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     dataset, calibration = None, None
     if needs_calibration(args):
         progress("preparing calibration data", 3)
         dataset, calibration = calibration_dataset(args, tokenizer)
         say(log=f"calibration: {calibration['samples']} samples, {calibration['tokens']} tokens")
-    device, memory_kind, device_name = quantize_runner.describe_device(torch)
+    device, memory_kind, device_name = checkpoint.describe_device(torch)
     if memory_kind == "gpu":
         torch.cuda.reset_peak_memory_stats()
     progress("loading model", 5)
@@ -320,21 +300,13 @@ def quantize_into(args, model_dir, partial, out_dir):
     progress("compressing and saving", 92)
     mark = time.monotonic()
     model.save_pretrained(str(partial), save_compressed=True)
-    quantize_runner.copy_side_files(model_dir, partial)
-    (partial / quantize_runner.PID_FILE).unlink()
-    quantize_runner.make_readable(partial)
-    saved = json.loads((partial / "config.json").read_text(encoding="utf-8"))
-    if not saved.get("quantization_config"):
-        raise RunnerError("failed", "llm-compressor saved a config.json without quantization_config")
-    if out_dir.exists():
-        raise RunnerError("failed", f"the output folder {out_dir} appeared while quantizing; not moved there")
-    partial.rename(out_dir)
+    saved = checkpoint.finish_output(model_dir, partial, out_dir, saved_by="llm-compressor")
     timings["save"] = round(time.monotonic() - mark, 2)
     result = {
         "backend": "llm-compressor", "scheme": args.scheme, "output_path": str(out_dir),
-        "size_before_bytes": quantize_runner.folder_size(model_dir),
-        "size_after_bytes": quantize_runner.folder_size(out_dir), "seconds": None,
-        "peak_memory_bytes": quantize_runner.peak_memory(torch, memory_kind), "peak_memory_kind": memory_kind,
+        "size_before_bytes": checkpoint.folder_size(model_dir),
+        "size_after_bytes": checkpoint.folder_size(out_dir), "seconds": None,
+        "peak_memory_bytes": checkpoint.peak_memory(torch, memory_kind), "peak_memory_kind": memory_kind,
         "device": device, "layers": int(json.loads((model_dir / "config.json").read_text()).get(
             "num_hidden_layers") or 0), "linear_layers": len(names), "kept_modules": kept,
         "quant_config": saved["quantization_config"], "calibration": calibration, "timings": timings,
@@ -346,25 +318,14 @@ def quantize_into(args, model_dir, partial, out_dir):
 
 
 def main(argv=None):
-    signal.signal(signal.SIGTERM, quantize_runner.on_signal)
-    signal.signal(signal.SIGINT, quantize_runner.on_signal)
-    args = None
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-        result = quantize(args)
-    except BaseException as error:
-        kind, reason = quantize_runner.classify(error, args)
-        if isinstance(error, ImportError) and "llmcompressor" in str(error):
-            kind, reason = "engine_missing", (f"the engine venv ({sys.executable}) has no llm-compressor: "
-                                              f"scripts/build_engine_venv.sh installs it. {error}")
-        say(error={"kind": kind, "reason": reason[:1500]})
-        if not isinstance(error, (RunnerError, quantize_runner.Stopped, KeyboardInterrupt)):
-            import traceback
+    return protocol.run(quantize, parse_args=parse_args, classify=classify, argv=argv)
 
-            traceback.print_exc(file=sys.stderr)
-        return 1
-    say(result=result)
-    return 0
+
+def classify(error, args):
+    if isinstance(error, ImportError) and "llmcompressor" in str(error):
+        return "engine_missing", (f"the engine venv ({sys.executable}) has no llm-compressor: "
+                                  f"scripts/build_engine_venv.sh installs it. {error}")
+    return checkpoint.classify(error, args)
 
 
 if __name__ == "__main__":

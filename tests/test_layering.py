@@ -115,6 +115,18 @@ def test_the_engine_package_imports_nothing_of_the_panel():
     assert not third_party & {"django", "celery", "panel", "workers"}
 
 
+def test_every_engine_runner_speaks_through_the_one_protocol_module():
+    """The JSON-lines protocol is written once (engine/protocol.py); the llm-compressor runner shares the checkpoint
+    handling with AutoAWQ's through engine/checkpoint.py, so deleting the AutoAWQ runner breaks nothing else."""
+    for path in python_files("engine"):
+        source = path.read_text()
+        assert "print(json.dumps(" not in source or path.name == "protocol.py", path
+    importers_of_awq_runner = sorted(str(path) for path in python_files("engine")
+                                     if any(module == "engine.quantize_runner" or "quantize_runner" in names
+                                            for module, names in imports_of(path)))
+    assert importers_of_awq_runner == []
+
+
 def test_the_workers_package_is_the_celery_app_and_its_start_up_only():
     assert sorted(path.name for path in (ROOT / "workers").glob("*.py")) == ["__init__.py", "celery.py", "start.py"]
 

@@ -295,3 +295,21 @@ def test_it_removes_what_a_killed_run_left_behind(demo, tmp_path):
     assert the_error(completed, messages)["kind"] == "bad_calibration"
     assert_nothing_left(out)
     assert os.listdir(tmp_path) == ["short.txt"]
+
+
+@pytest.mark.parametrize("module", ["quantize_runner", "llmc_quantize", "evaluate", "build_demo_model"])
+def test_help_exits_0_without_an_error_line(module):
+    completed = subprocess.run([str(settings.ENGINE_PYTHON), "-m", f"engine.{module}", "--help"], capture_output=True,
+                               text=True, timeout=120, cwd=ROOT)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "usage:" in completed.stdout and '"error"' not in completed.stdout
+
+
+@pytest.mark.parametrize("module", ["quantize_runner", "llmc_quantize", "evaluate", "build_demo_model"])
+def test_bad_arguments_are_one_error_line_and_exit_1(module):
+    completed = subprocess.run([str(settings.ENGINE_PYTHON), "-m", f"engine.{module}", "--no-such-option"],
+                               capture_output=True, text=True, timeout=120, cwd=ROOT)
+    lines = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+    assert completed.returncode == 1
+    assert len(lines) == 1 and lines[0]["error"]["kind"] == "failed"
+    assert lines[0]["error"]["reason"].startswith("bad arguments:")
