@@ -7,6 +7,7 @@ from panel.accounts.models import TeamKey
 from panel.api.auth import allowed
 from panel.api.errors import errors
 from panel.api.form_bodies import validated
+from panel.api.schemas import Money
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.budgets import views as pages
@@ -22,9 +23,9 @@ class UseOut(Schema):
     id: int
     name: str
     month: str
-    money: Decimal
+    money: Money
     tokens: int
-    money_per_month: Decimal | None
+    money_per_month: Money | None
     tokens_per_month: int | None
     level: str = Field(description="ok, alert (80% or more) or exhausted")
 

@@ -2,7 +2,6 @@
 and export in its two formats (A and B). A stored key is write-only: answers show its last four characters."""
 import datetime
 import json
-from decimal import Decimal
 from typing import Any, Literal
 
 from django.shortcuts import get_object_or_404
@@ -11,13 +10,19 @@ from ninja import Field, Query, Router, Schema, Status
 from panel.api.auth import allowed
 from panel.api.errors import Invalid, errors
 from panel.api.form_bodies import schema_from_form, validated
+from panel.api.schemas import Money
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels import settings_json
 from panel.channels import views as pages
 from panel.channels.forms import ChannelForm, ImportForm
 from panel.channels.models import Channel, CredentialKind, Route, listed_channels
-from panel.channels.services import channel_create, channel_delete, channel_test, channel_update
+from panel.channels.services import (
+    channel_create,
+    channel_delete,
+    channel_test,
+    channel_update,
+)
 
 router = Router(tags=["channels"])
 
@@ -42,10 +47,10 @@ class ChannelOut(Schema):
     retry_backoff: float
     priority: int
     weight: int
-    price_input_per_million: Decimal
-    price_output_per_million: Decimal
-    price_cached_per_million: Decimal
-    price_cache_write_per_million: Decimal | None
+    price_input_per_million: Money
+    price_output_per_million: Money
+    price_cached_per_million: Money
+    price_cache_write_per_million: Money | None
     enabled: bool
     misconfigured: str
     warnings: list[str] = []

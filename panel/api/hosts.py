@@ -1,7 +1,6 @@
 """Workers (as on the Workers page): the installation's worker hosts with their GPUs, GPU price and latest engine
 check, and engine checks (run one on a GPU host, follow it, read what its engine can serve)."""
 import datetime
-from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -11,7 +10,7 @@ from ninja import Field, Router, Schema, Status
 from panel.api.auth import allowed
 from panel.api.errors import Invalid, errors
 from panel.api.form_bodies import schema_from_form, validated
-from panel.api.schemas import JobEventOut, JobOut, job_events_out
+from panel.api.schemas import JobEventOut, JobOut, Money, job_events_out
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.hosts import views as pages
@@ -45,7 +44,7 @@ class HostOut(Schema):
     memory_bytes: int
     memory_available_bytes: int
     gpus: list[dict[str, Any]]
-    gpu_price_per_hour: Decimal | None
+    gpu_price_per_hour: Money | None
     gpu_count: int | None
     last_seen: datetime.datetime | None
     engine_check: EngineCheckOut | None = Field(description="The latest engine check that finished.")

@@ -1,7 +1,14 @@
 """Shapes shared by several resources."""
 import datetime
+from decimal import Decimal
+from typing import Annotated
 
 from ninja import Schema
+from pydantic import PlainSerializer
+
+# Money in an answer is a plain decimal string ("0.00000000", "12.50"), never an exponent ("0E-8") that a script
+# or a spreadsheet misreads.
+Money = Annotated[Decimal, PlainSerializer(lambda value: format(value, "f"), return_type=str, when_used="always")]
 
 
 class Done(Schema):

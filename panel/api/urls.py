@@ -1,7 +1,8 @@
 """The management API, version 1: one router per resource, each a thin layer over its app's services and the
 pages' own forms and role rules. The schema is at openapi.json and the reference at docs (Swagger UI served from
 the django-ninja package: no CDN)."""
-from django.urls import path
+from django.http import JsonResponse
+from django.urls import path, re_path
 from ninja import NinjaAPI
 
 from panel.api import (
@@ -41,4 +42,17 @@ for module in (team, tokens, keys, channels, routes, registry, serving, benchmar
     api.add_router("", module.router)
 gate_operations(api)
 
-urlpatterns = [path("", api.urls)]
+
+
+def unknown_path(request, rest):
+    """Any other path under /api/v1/ is the API's own 404 in its own shape, not the pages' HTML."""
+    return JsonResponse({"detail": f"No API operation at /api/v1/{rest}: the reference is at /api/v1/docs."},
+                        status=404)
+
+
+def api_root(request):
+    return JsonResponse({"name": api.title, "version": api.version, "reference": "/api/v1/docs",
+                         "schema": "/api/v1/openapi.json"})
+
+
+urlpatterns = [path("", api_root), path("", api.urls), re_path(r"^(?P<rest>.*)$", unknown_path)]

@@ -5,7 +5,6 @@ once (the first and last record of the window by created_at, through the (team, 
 ID_SLACK ids because rows are not written in exact time order), so no page scans outside the window."""
 import base64
 import datetime
-from decimal import Decimal
 from typing import Any
 
 from django.db.models import Q
@@ -13,6 +12,7 @@ from ninja import Field, Query, Router, Schema
 
 from panel.api.auth import allowed
 from panel.api.errors import Invalid, errors
+from panel.api.schemas import Money
 from panel.dashboards import views as pages
 from panel.usage.models import RequestLog
 
@@ -59,7 +59,7 @@ class UsageRecord(Schema):
                                                              "prompt_tokens. Empty where the provider did not say.")
     ttft_ms: float | None
     latency_ms: float
-    cost: Decimal
+    cost: Money
     json_requested: bool
     json_valid: bool | None
     canary: bool | None
