@@ -57,3 +57,27 @@ def test_a_relaunch_beside_a_ready_deployment_gets_its_own_channel(team_setup):
     first_channel.refresh_from_db()
     assert first_channel.deployment_id == third.pk and first_channel.enabled
     assert Channel.objects.filter(team=team).count() == 2
+
+
+def test_a_token_cannot_mint_a_token_that_outlives_its_revocation(client, team_setup):
+    """A stolen token that could issue a token without expiry would keep its holder in after its revocation."""
+    import json
+
+    from panel.accounts.models import AccessToken
+    from panel.audit.models import AuditAction, AuditEvent
+    from tests.api_helpers import bearer, token_for
+
+    alice, team = team_setup["alice"], team_setup["team_a"]
+    stolen = token_for(alice, team)
+    minted = client.post("/api/v1/tokens", json.dumps({"name": "backdoor"}), content_type="application/json",
+                         **bearer(stolen))
+    assert minted.status_code == 403 and "cannot issue tokens" in minted.json()["detail"]
+    assert not AccessToken.objects.filter(name="backdoor").exists()
+    refused = AuditEvent.objects.get(action=AuditAction.REFUSED, actor=alice)
+    assert refused.detail == {"needed": "session", "had": "token"}
+    # A body the schema refuses is refused the same way (before the body is read).
+    assert client.post("/api/v1/tokens", "{}", content_type="application/json", **bearer(stolen)).status_code == 403
+    # Signed in, the same call issues one (the reference page works with the session).
+    client.force_login(alice)
+    issued = client.post("/api/v1/tokens", json.dumps({"name": "script"}), content_type="application/json")
+    assert issued.status_code == 201 and issued.json()["token"].startswith("twp-")
