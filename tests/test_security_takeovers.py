@@ -1,5 +1,6 @@
-"""Attack tests: taking over what another user made. A member's deployment does not re-point an admin's local
-channel named like the member's profile, and a relaunch does not take a running deployment's channel."""
+"""Attack tests: taking over what another user made, or outliving a revocation. A member's deployment does not
+re-point an admin's local channel named like the member's profile, a relaunch does not take a running deployment's
+channel, and a personal access token cannot issue a token."""
 from panel.accounts.models import Role
 from panel.accounts.services import membership_add
 from panel.channels.models import Channel, ChannelKind, CredentialKind, Route, RouteStrategy
