@@ -184,6 +184,8 @@ def test_it_hands_out_a_new_link_only_for_a_pending_account_of_this_team(client,
     assert "/welcome/" not in active.content.decode() and "already set a password" in active.content.decode()
     # bob (team B's owner) cannot pull the pending account into his team and set its password
     client.force_login(people["bob"])
-    refused = client.post(reverse("member_invite"), {"who": "dana@example.com", "role": "member"})
+    refused = client.post(reverse("member_invite"), {"who": "dana", "role": "member"})
     assert refused.status_code == 400 and "invited to another team" in refused.content.decode()
+    refused = client.post(reverse("member_invite"), {"who": "dana@example.com", "role": "member"})
+    assert refused.status_code == 400 and "invite by username" in refused.content.decode()
     assert not Membership.objects.filter(team=people["team_b"], user__username="dana").exists()

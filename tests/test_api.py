@@ -88,7 +88,8 @@ def test_tokens_are_issued_once_listed_and_revoked_with_audit(client, team_setup
     assert [(t["name"], t["role"], t["status"], t["masked"]) for t in listed] == [
         ("dashboards script", "viewer", "active", "twp-…" + raw[-4:])]
     assert raw not in client.get("/account/").content.decode()
-    issued = call(client, "post", "/tokens", raw, {"name": "second", "expires_at": "2999-01-01T00:00:00Z"})
+    assert call(client, "post", "/tokens", raw, {"name": "second"}).status_code == 403  # only a session issues
+    issued = call(client, "post", "/tokens", body={"name": "second", "expires_at": "2999-01-01T00:00:00Z"})
     assert issued.status_code == 201 and issued.json()["token"].startswith("twp-")
     revoked = call(client, "post", f"/tokens/{listed[0]['id']}/revoke", issued.json()["token"])
     assert revoked.status_code == 200 and revoked.json()["status"] == "revoked"

@@ -10,8 +10,9 @@ def role_choices(actor_role):
 
 class InviteForm(forms.Form):
     who = forms.CharField(label="Username or email", max_length=254,
-                          help_text="An existing account is added at once. A new email gets an account and a "
-                                    "one-time link to set its password, shown to you to pass on.")
+                          help_text="An existing account gets an invitation it accepts, signed in. A new email "
+                                    "gets an account and a one-time link to set its password, shown to you to "
+                                    "pass on.")
     role = forms.ChoiceField(label="Role", choices=Role.choices, initial=Role.MEMBER)
 
     def __init__(self, *args, actor_role, **kwargs):

@@ -135,3 +135,26 @@ class Invitation(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["team", "user"], name="one_invitation_per_team_and_user")]
+
+
+class InvitedAccount(models.Model):
+    """An account a team's invitation by email created: which team and admin made it. Tokenwise sends no mail, so its
+    email address is that admin's word, and whoever they gave the set-password link to holds it: the address binds
+    the account to no other team (`member_invite` refuses another team's invitation by email) until a superuser,
+    having checked it, ticks email_verified on the admin site."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invited_account")
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    team_name = models.CharField(max_length=100)  # still said once the team is gone
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    email_verified = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return f"{self.user} (invited to {self.team_name})"
+
+    def binds_by_email(self, team):
+        """Whether `team` may find this account by its email address: only the team that created it, or anyone
+        once the address was verified."""
+        return self.email_verified or self.team_id == team.pk

@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.utils.encoding import force_bytes, force_str
 from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
 
-from panel.accounts.models import Invitation, Membership, Role, Team
+from panel.accounts.models import Invitation, InvitedAccount, Membership, Role, Team
 
 SESSION_TEAM_KEY = "tokenwise_team_id"
 
@@ -107,11 +107,13 @@ def _username_for(email):
 
 @transaction.atomic
 def member_invite(*, team, actor, who, role):
-    """Add a user to `team` by username or email. Returns (membership, created_user).
+    """Add a user to `team` by username or email. Returns (Membership or Invitation, created_user).
 
-    An existing user (by username, or by email when exactly one account has it) is added. An unknown email creates
-    an inactive account with no password: the caller shows the admin a one-time set-password link
-    (`member_setup_link`) to pass on, since the panel sends no mail. An unknown username is an error."""
+    An existing user (by username, or by email when exactly one account has it) gets an Invitation to accept. An
+    unknown email creates an inactive account with no password (recorded as this team's InvitedAccount): the
+    caller shows the admin a one-time set-password link (`member_setup_link`) to pass on, since the panel sends no
+    mail. An unknown username is an error, and so is an email of an account another team's invitation created
+    (whoever holds it was chosen by that team's admin; see InvitedAccount)."""
     User = get_user_model()
     who = (who or "").strip()
     _check_actor(actor=actor, new_role=role)
@@ -129,10 +131,17 @@ def member_invite(*, team, actor, who, role):
             raise ValidationError(f"Several accounts use {who}: invite by username instead.")
         if matches:
             user = matches[0]
+            origin = InvitedAccount.objects.select_related("team").filter(user=user).first()
+            if origin is not None and not origin.binds_by_email(team):
+                # The address is only what another team's admin typed, and they chose who holds the account.
+                raise ValidationError(f"{who} is the address of an account that {origin.team_name}'s invitation "
+                                      "created, and nobody has verified it: ask the person for their username and "
+                                      "invite by username.")
         else:
             user = User.objects.create_user(username=_username_for(who), email=who, is_active=False)
             user.set_unusable_password()
             user.save(update_fields=["password"])
+            InvitedAccount.objects.create(user=user, team=team, team_name=team.name, invited_by=actor.user)
             created = True
     if user is None:
         raise ValidationError(f"No account is named {who!r}. Invite by email to create one.")
@@ -150,6 +159,16 @@ def member_invite(*, team, actor, who, role):
             raise ValidationError(f"{user.get_username()} is already invited to {team}.")
         return Invitation.objects.create(team=team, user=user, role=role, invited_by=actor.user), False
     return Membership.objects.create(team=team, user=user, role=role), created
+
+
+def account_origin_note(*, user, team):
+    """Words for `team`'s admin when `user`'s account was created by another team's invitation and its email was
+    never verified ("" otherwise): they should be sure the account is the person they mean."""
+    origin = InvitedAccount.objects.filter(user=user).first()
+    if origin is None or origin.binds_by_email(team):
+        return ""
+    return (f"{user.get_username()}'s account was created by {origin.team_name}'s invitation and its email address "
+            "is not verified: make sure it is the person you mean.")
 
 
 def invitations_for(*, user):

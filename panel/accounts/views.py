@@ -15,6 +15,7 @@ from panel.accounts.models import Invitation, Membership, Role
 from panel.accounts.services import (
     INVITE_LINK_DAYS,
     SESSION_TEAM_KEY,
+    account_origin_note,
     invitation_accept,
     invitations_for,
     member_activate,
@@ -127,6 +128,9 @@ def member_invite_view(request):
                      role=membership.role, new_account=False, invited=True)
         messages.success(request, f"Invited {membership.user} as {membership.get_role_display().lower()}: they "
                                   "join once they accept it, signed in (Your account).")
+        note = account_origin_note(user=membership.user, team=request.team)
+        if note:
+            messages.warning(request, note)
         return redirect("members")
     audit_record(action=AuditAction.MEMBER_ADDED, request=request, target=membership.user.get_username(),
                  role=membership.role, new_account=created)

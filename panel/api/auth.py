@@ -10,6 +10,8 @@ from panel.accounts.decorators import role_check
 from panel.accounts.models import Role
 from panel.accounts.services import current_membership
 from panel.accounts.tokens import token_membership
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
 
 
 class AccessTokenAuth(HttpBearer):
@@ -17,9 +19,10 @@ class AccessTokenAuth(HttpBearer):
     gate checks before the form)."""
     openapi_description = "A personal access token (twp-…) from Your account; it acts with its member's role."
 
-    def __init__(self, role=Role.VIEWER):
+    def __init__(self, role=Role.VIEWER, *, refusal=""):
         super().__init__()
         self.role = Role(role)
+        self.refusal = refusal  # words for an operation no token may call (it needs a signed-in session)
 
     def authenticate(self, request, token):
         access, membership = token_membership(token)
@@ -28,6 +31,10 @@ class AccessTokenAuth(HttpBearer):
         request.user = access.user
         request.access_token = access
         request.token_membership = membership
+        if self.refusal:
+            audit_record(action=AuditAction.REFUSED, request=request, team=membership.team, actor=access.user,
+                         target=request.path[:300], needed="session", had="token")
+            raise PermissionDenied(self.refusal)
         role_check(request, membership, self.role)
         return access
 
@@ -62,7 +69,8 @@ def gate_operations(api):
         for path_view in router.path_operations.values():
             for operation in path_view.operations:
                 role = operation.view_func.required_role
-                callbacks = [AccessTokenAuth(role), BrowserSession(role)]
+                refusal = getattr(operation.view_func, "token_refusal", "")
+                callbacks = [AccessTokenAuth(role, refusal=refusal), BrowserSession(role)]
                 operation.auth_param = callbacks  # kept by the copy ninja binds to the API
                 operation._set_auth(callbacks)
 
@@ -76,9 +84,11 @@ def required_role(view):
     raise ValueError(f"{view!r} is not a team_view")
 
 
-def allowed(role=None, *, like=None):
+def allowed(role=None, *, like=None, token_refusal=""):
     """An API operation open to `role` and above, or to whoever may open the page view `like` (the same rule,
-    read from the page, so the two cannot drift apart). Sets request.team and request.membership."""
+    read from the page, so the two cannot drift apart). Sets request.team and request.membership. With
+    `token_refusal`, a personal access token is refused with those words (403, audited): only a signed-in session
+    may call the operation."""
     needed = Role(role) if role is not None else required_role(like)
 
     def decorate(operation):
@@ -91,6 +101,7 @@ def allowed(role=None, *, like=None):
             return operation(request, *args, **kwargs)
 
         gated.required_role = needed
+        gated.token_refusal = token_refusal
         return gated
 
     return decorate

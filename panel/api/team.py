@@ -4,12 +4,18 @@ import datetime
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
-from ninja import Router, Schema, Status
+from ninja import Field, Router, Schema, Status
 
 from panel.accounts import views as pages
 from panel.accounts.forms import InviteForm, RoleForm
 from panel.accounts.models import Membership, Role
-from panel.accounts.services import member_invite, member_remove, member_role_change, member_setup_link
+from panel.accounts.services import (
+    account_origin_note,
+    member_invite,
+    member_remove,
+    member_role_change,
+    member_setup_link,
+)
 from panel.api.auth import allowed
 from panel.api.errors import errors
 from panel.api.form_bodies import schema_from_form, validated
@@ -38,6 +44,8 @@ class MemberOut(Schema):
 
 class InvitedOut(MemberOut):
     setup_link: str | None
+    note: str = Field("", description="Said when another team's invitation created the account and its email "
+                                      "address is not verified.")
 
 
 MemberInvite = schema_from_form(InviteForm, "MemberInvite")
@@ -90,7 +98,8 @@ def members_invite(request, body: MemberInvite, response: HttpResponse):
     audit_record(action=AuditAction.MEMBER_ADDED, request=request, target=membership.user.get_username(),
                  role=membership.role, new_account=created)
     link = request.build_absolute_uri(member_setup_link(user=membership.user)) if created else None
-    return Status(201, {**member_out(membership), "setup_link": link})
+    note = account_origin_note(user=membership.user, team=request.team)
+    return Status(201, {**member_out(membership), "setup_link": link, "note": note})
 
 
 @router.patch("/members/{membership_id}", response=errors({200: MemberOut}))

@@ -49,9 +49,12 @@ def tokens_list(request):
     return [token_out(token) for token in tokens_of(user=request.user, team=request.team)]
 
 
+# A token that could issue tokens would outlive its own revocation through the ones it made.
 @router.post("/tokens", response=errors({201: TokenIssued}))
-@allowed(like=pages.token_create)
+@allowed(like=pages.token_create, token_refusal="A personal access token cannot issue tokens: create one on Your "
+                                                "account, signed in (or here with the browser's session).")
 def tokens_issue(request, body: TokenIssue, response: HttpResponse):
+    """Issue a token, shown in this answer only. From a signed-in session only: a token cannot issue tokens."""
     response["Cache-Control"] = "no-store"  # the token is in this answer only
     token, raw = token_issue(membership=request.membership, name=body.name, role=body.role,
                              expires_at=body.expires_at)

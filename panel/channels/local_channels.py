@@ -21,9 +21,10 @@ log = logging.getLogger(__name__)
 
 def local_channel_sync(deployment):
     """Keep the team's local channel for a deployment in step with it (called by the serving code whenever a
-    deployment changes state). Ready: create the channel `local-<profile>` (or re-enable it and point it at this
-    deployment's base_url and served name) and put it on the route named after the served model (created with
-    local_first if missing). Any other state: disable the channel linked to this deployment. Idempotent.
+    deployment changes state). Ready: create the channel `local-<profile>` (`local-<profile>-<id>` when that name
+    is taken) or take over the one an ended or stopping deployment of the same profile and replica slot left,
+    point it at this deployment's base_url and served name, and put it on the route named after the served model
+    (created with local_first if missing). Any other state: disable the channel linked to this deployment. Idempotent.
 
     Never raises: the supervisor calls it and must not die because of it (errors are logged)."""
     try:
@@ -49,11 +50,15 @@ def _local_channel_sync(deployment):
     # A deployment's replicas each have a channel: local-<profile>, then local-<profile>-r2, -r3...
     suffix = f"-r{row.replica_index + 1}" if row.replica_index else ""
     name = f"local-{row.profile.name}"[:100 - len(suffix)] + suffix
-    channel = (Channel.objects.select_for_update().filter(team=row.team, deployment=row).first()
-               or Channel.objects.select_for_update().filter(team=row.team, name=name,
-                                                             kind=ChannelKind.LOCAL).first())
+    # Its own channel, else the one an ended (or stopping: it never comes back) deployment of the same profile and
+    # replica slot left (a relaunch keeps the name and the route). Never a channel found by its name alone: an
+    # admin's channel named like a member's profile is not the member's, nor a running deployment's channel.
+    ours = Channel.objects.select_for_update().filter(team=row.team, kind=ChannelKind.LOCAL)
+    channel = (ours.filter(deployment=row).first()
+               or ours.filter(deployment__profile=row.profile_id, deployment__replica_index=row.replica_index,
+                              deployment__state__in=(row.STOPPING, *row.FINAL_STATES)).order_by("pk").first())
     if channel is None:
-        if Channel.objects.filter(team=row.team, name=name).exists():  # a remote channel took the name
+        if Channel.objects.filter(team=row.team, name=name).exists():  # another channel has the name
             name = f"{name[:90]}-{row.pk}"
         channel = Channel(team=row.team, name=name, kind=ChannelKind.LOCAL, credential_kind=CredentialKind.NONE,
                           created_by=row.created_by)
@@ -74,9 +79,10 @@ def _local_channel_sync(deployment):
                                                            else RouteBalance.IN_ORDER,
                                                            "created_by": row.created_by})
     # An existing route is the team's: joined only when an admin said so, or when another replica of this
-    # deployment is already on it (the route was made for the deployment).
+    # deployment, or a deployment of the same profile (a relaunch beside a running one), is already on it.
     joins = (created or row.attach_to_route
-             or (several and route.routechannel_set.filter(channel__deployment__in=siblings).exists()))
+             or route.routechannel_set.filter(models.Q(channel__deployment__in=siblings)
+                                              | models.Q(channel__deployment__profile=row.profile_id)).exists())
     if joins and not route.routechannel_set.filter(channel=channel).exists():
         last = route.routechannel_set.order_by("-position").values_list("position", flat=True).first()
         RouteChannel.objects.create(route=route, channel=channel, position=0 if last is None else last + 1)
