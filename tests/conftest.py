@@ -124,8 +124,26 @@ def start_worker(transactional_db):
         return worker.wait_ready()
 
     yield start
+    if started:
+        stop_deployments()
     for worker in started:
         worker.stop()
+
+
+def stop_deployments(seconds=60):
+    """Stop every deployment a test left running, as a user would, before its workers are stopped: a worker that is
+    told to shut down waits for its running tasks, and a deployment's task runs as long as its engine (20 s of grace
+    per worker, then a kill, on every engine test's teardown)."""
+    from panel.serving.models import Deployment
+    from panel.serving.services import deployment_stop
+
+    for deployment in Deployment.objects.filter(state__in=list(Deployment.ACTIVE_STATES)):
+        deployment_stop(deployment=deployment, reason="the test ended")
+    try:
+        wait_until(lambda: not Deployment.objects.filter(state__in=list(Deployment.LIVE_STATES)).exists(),
+                   seconds=seconds, interval=0.2, message="the test's deployments to stop")
+    except AssertionError:
+        pass  # a worker that is already gone: stopping it below ends what is left
 
 
 @pytest.fixture
@@ -156,6 +174,29 @@ def launch_tiny(start_worker, tmp_path):
         return launched
 
     return launch
+
+
+@pytest.fixture(scope="session")
+def demo_model_cache():
+    """The run's one trained build of the demo model (panel/registry/demo_model.py caches it under the data dir);
+    `seed(data_dir)` copies it into another data dir's cache, so a process started on that dir (the launcher) copies
+    it instead of training it again (about 100 s on these machines)."""
+    import shutil
+    import tempfile
+
+    from panel.registry.demo_model import build_demo_model, cache_path
+
+    with tempfile.TemporaryDirectory(prefix="demo-model-", dir=DATA_DIR) as scratch:
+        build_demo_model(Path(scratch) / "tiny")
+    cached = cache_path()
+
+    def seed(data_dir):
+        target = Path(data_dir) / "cache" / cached.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(cached, target)
+        return target
+
+    return seed
 
 
 def wait_until(predicate, *, seconds=30, interval=0.2, message="condition"):

@@ -103,10 +103,11 @@ def stop_launcher(process):
     return process.stdout.read()
 
 
-def test_it_starts_everything_signs_in_and_stops_on_ctrl_c(tmp_path):
+def test_it_starts_everything_signs_in_and_stops_on_ctrl_c(tmp_path, demo_model_cache):
     port = free_port()
     env = launcher_env(tmp_path, TOKENWISE_PORT=str(port), TOKENWISE_REDIS_PORT=str(free_port()),
                        TOKENWISE_ADMIN_PASSWORD=None)
+    demo_model_cache(tmp_path / "data")  # the run's trained build: the first start copies it (test_demo_model trains)
     process, output = start_launcher(env)
     try:
         password = re.search(r"Password:\s+(\S+)\s+\(shown once", output).group(1)
