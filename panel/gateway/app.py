@@ -158,14 +158,15 @@ async def application(scope, receive, send):
             raise ClientError(404, f"model {body['model']!r} is not served here: GET /v1/models lists the models "
                                    "of your team", code="model_not_found")
         exchange.route_id, exchange.route_name = route.route_id, route.model_name
-        if endpoint == "count_tokens":
-            exchange.recorded = False  # a count, not a request for an answer: no usage record, no budget
-            await until_disconnect(exchange, token_count.respond(exchange, route, body, send), receive)
-            return
-        if route.rules:
+        counting = endpoint == "count_tokens"
+        if counting:
+            exchange.recorded = False  # a count, not a request for an answer: no usage record, nothing charged
+        elif route.rules:
             facts = rules.request_facts(api=endpoint, body=body, headers=scope["headers"], key_id=exchange.key.id)
             route, exchange.fields["route_rule_id"] = rules.route_for_request(route, facts)
-        admitted = await admission.admit(exchange.key, body=body, headers=scope["headers"])
+        # A count is admitted like any request (a key at its per-minute limit or with a spent budget cannot call
+        # the provider through it), but it is no turn of a session.
+        admitted = await admission.admit(exchange.key, body=body, headers=scope["headers"], session=not counting)
         if admitted.rate_limited is not None:
             which, retry_after = admitted.rate_limited
             raise ClientError(429, f"this key's {which} limit is reached; retry in {retry_after} s",
@@ -173,6 +174,9 @@ async def application(scope, receive, send):
                               headers=[(b"retry-after", str(retry_after).encode())])
         if admitted.budget_spent is not None:  # 402: SDKs do not retry it, unlike 429
             raise ClientError(402, admitted.budget_spent, code="budget_exceeded", kind="insufficient_quota")
+        if counting:
+            await until_disconnect(exchange, token_count.respond(exchange, route, body, send), receive)
+            return
         exchange.fields.update(admitted.session)  # a refused request is no turn of a session: it has none
         passage = Passage(endpoint, body)
         targets, lease = await BALANCER.place(route, route.ordered(exchange.fields), body=body,
