@@ -2,6 +2,8 @@
 limits and budgets, a key cache that unknown keys flushed, client user ids stored as sent, a symlink alias of
 another team's model folder, /metrics open behind a same-host proxy, metric labels from refused model names, data
 files readable by every local user, and the launcher's Redis without a password."""
+import secrets
+
 import httpx
 import pytest
 import redis
@@ -9,7 +11,7 @@ import redis
 from panel.accounts.keys import key_issue
 from panel.budgets.counters import counter_keys, month_of
 from panel.budgets.models import Budget
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, run_coroutine
 from tests.fake_messages_upstream import FakeMessagesUpstream
 from tests.gateway_server import GatewayServer
 from tests.test_gateway import channel
@@ -67,3 +69,21 @@ def test_count_tokens_is_refused_when_a_budget_is_spent_and_costs_nothing(gatewa
     store.set(counter_keys(month_of(), "key", key.id)[1], 5)
     assert count_tokens(gateway, raw).status_code == 402
     assert len(counting_route.requests) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flood_of_unknown_keys_does_not_evict_a_known_key_from_the_gateway_cache(team_setup, settings, monkeypatch):
+    from panel.accounts.models import TeamKey
+    from panel.gateway import keys
+
+    settings.KEY_CACHE_SECONDS = 600
+    monkeypatch.setattr(keys, "CACHE", keys.KeyCache())
+    key, raw = key_issue(team=team_setup["team_a"], user=team_setup["alice"], name="agent")
+    assert run_coroutine(keys.key_lookup(raw)).id == key.id
+    for _ in range(60_000):  # what key_lookup does with each random key an attacker sends
+        keys.CACHE.put(secrets.token_hex(32), None)
+    # The row no longer matches: only the cache can still answer for the key.
+    TeamKey.objects.filter(id=key.id).update(key_hash="0" * 64)
+    served = run_coroutine(keys.key_lookup(raw))
+    assert served is not None and served.id == key.id
+    assert len(keys.CACHE.unknown) <= keys.UNKNOWN_KEYS_CACHED
