@@ -87,3 +87,55 @@ def test_a_flood_of_unknown_keys_does_not_evict_a_known_key_from_the_gateway_cac
     served = run_coroutine(keys.key_lookup(raw))
     assert served is not None and served.id == key.id
     assert len(keys.CACHE.unknown) <= keys.UNKNOWN_KEYS_CACHED
+
+
+USER_ID = "user_5f2c_account_ada@example.com_session_81e4"
+
+
+def admit_as(key, user_id, text="review main.py"):
+    from panel.core import redis_client
+    from panel.gateway import admission
+
+    async def one():
+        redis_client._client = None  # a client of this call's own event loop
+        return await admission.admit(key, headers=[], body={
+            "model": "claude", "max_tokens": 10, "metadata": {"user_id": user_id},
+            "messages": [{"role": "user", "content": text}]})
+    return run_coroutine(one()).session
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metadata_user_id_is_stored_as_a_keyed_hash_grouping_the_same_sessions(team_setup, monkeypatch):
+    from panel.core import redis_client
+    from panel.gateway.keys import KeyInfo
+
+    monkeypatch.setattr(redis_client, "_client", None)
+    issued, _ = key_issue(team=team_setup["team_a"], user=team_setup["alice"], name="agent")
+    key = KeyInfo(id=issued.id, team_id=issued.team_id, allowed_models=(), rpm_limit=None, tpm_limit=None,
+                  expires_at=None, revoked=False)
+    first, second = admit_as(key, USER_ID), admit_as(key, USER_ID, "and now the tests")
+    other = admit_as(key, USER_ID.replace("ada", "bob"))
+    stored = first["session_id"]
+    assert "example.com" not in stored and "account" not in stored and "user_" not in stored
+    assert second["session_id"] == stored and (first["session_turn"], second["session_turn"]) == (1, 2)
+    assert other["session_id"] != stored and other["session_turn"] == 1
+    held = b" ".join(key + b" " + (redis.Redis.from_url(REDIS_URL).get(key) or b"")
+                     for key in redis.Redis.from_url(REDIS_URL).keys("*"))
+    assert b"example.com" not in held and b"account" not in held
+
+
+def test_the_migration_hashes_client_named_session_ids_on_old_rows(team_setup):
+    import importlib
+
+    from django.apps import apps
+
+    from panel.gateway.sessions import user_session_id
+    from panel.usage.models import RequestLog
+
+    migration = importlib.import_module("panel.usage.migrations.0006_session_ids_hashed")
+    for session_id in (USER_ID, USER_ID, "p-0123456789abcdef", ""):
+        RequestLog.objects.create(team=team_setup["team_a"], endpoint="messages", model="claude", status_code=200,
+                                  outcome="ok", latency_ms=5, session_id=session_id)
+    migration.hash_client_named_ids(apps, None)
+    stored = list(RequestLog.objects.order_by("id").values_list("session_id", flat=True))
+    assert stored == [user_session_id(USER_ID)] * 2 + ["p-0123456789abcdef", ""]
