@@ -2,6 +2,7 @@
 limits and budgets, a key cache that unknown keys flushed, client user ids stored as sent, a symlink alias of
 another team's model folder, /metrics open behind a same-host proxy, metric labels from refused model names, data
 files readable by every local user, and the launcher's Redis without a password."""
+import json
 import secrets
 
 import httpx
@@ -16,6 +17,7 @@ from tests.fake_messages_upstream import FakeMessagesUpstream
 from tests.gateway_server import GatewayServer
 from tests.test_gateway import channel
 from tests.test_gateway_messages import route_to
+from tests.test_registry import write_safetensors
 
 COUNT = {"model": "claude", "messages": [{"role": "user", "content": "Review the change in src/app.py please"}]}
 
@@ -139,3 +141,27 @@ def test_the_migration_hashes_client_named_session_ids_on_old_rows(team_setup):
     migration.hash_client_named_ids(apps, None)
     stored = list(RequestLog.objects.order_by("id").values_list("session_id", flat=True))
     assert stored == [user_session_id(USER_ID)] * 2 + ["p-0123456789abcdef", ""]
+
+
+def test_a_symlink_alias_of_another_teams_model_folder_is_refused(team_setup, settings, tmp_path):
+    from django.core.exceptions import ValidationError
+
+    from panel.registry.models import RegisteredModel
+    from panel.registry.services import model_register
+
+    settings.MODEL_ROOTS = [str(tmp_path)]
+    folder = tmp_path / "b-real"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
+        "num_hidden_layers": 1, "max_position_embeddings": 512, "torch_dtype": "float16"}))
+    write_safetensors(folder / "model.safetensors", {"model.layers.0.mlp.up_proj.weight": ("F16", [64, 64])})
+    (tmp_path / "b-link").symlink_to(tmp_path / "b-real")
+    (tmp_path / "a-alias").symlink_to(tmp_path / "b-link")  # a chain of links to team B's folder
+    model_register(team=team_setup["team_b"], user=None, source=str(tmp_path / "b-link"), name="b-model")
+    for alias in ("b-real", "a-alias", "b-real/../b-link"):
+        with pytest.raises(ValidationError) as caught:
+            model_register(team=team_setup["team_a"], user=None, source=str(tmp_path / alias), name=alias)
+        assert caught.value.messages[0] == f"{tmp_path / alias} does not exist"  # the words of a missing folder
+    assert not RegisteredModel.objects.filter(team=team_setup["team_a"]).exists()
+    assert model_register(team=team_setup["team_b"], user=None, source=str(tmp_path / "b-real"), name="again").pk
