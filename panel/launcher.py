@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from panel import web
-from panel.env import EnvError, envint
+from panel.env import EnvError, envbool, envint
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -113,6 +113,9 @@ def prepare_environment():
             return Fernet.generate_key().decode()
 
         os.environ["TOKENWISE_ENCRYPTION_KEYS"] = secret_from_file(secrets_dir / "encryption_key", fernet_key)
+    if not os.environ.get("TOKENWISE_METRICS_TOKEN") and not envbool("TOKENWISE_METRICS_PUBLIC", False):
+        os.environ["TOKENWISE_METRICS_TOKEN"] = secret_from_file(secrets_dir / "metrics_token",
+                                                                 lambda: secrets.token_urlsafe(32))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "panel.settings")
     own_redis_port = None
     if not os.environ.get("REDIS_URL"):

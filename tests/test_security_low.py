@@ -165,3 +165,16 @@ def test_a_symlink_alias_of_another_teams_model_folder_is_refused(team_setup, se
         assert caught.value.messages[0] == f"{tmp_path / alias} does not exist"  # the words of a missing folder
     assert not RegisteredModel.objects.filter(team=team_setup["team_a"]).exists()
     assert model_register(team=team_setup["team_b"], user=None, source=str(tmp_path / "b-real"), name="again").pk
+
+
+def test_metrics_need_the_token_on_a_loopback_bind_behind_a_same_host_proxy(client, settings):
+    settings.METRICS_TOKEN, settings.PANEL_BIND, settings.METRICS_PUBLIC = "", "127.0.0.1", False
+    # A proxy on the same host makes every outside request arrive from loopback.
+    refused = client.get("/metrics", REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR="203.0.113.9")
+    assert refused.status_code == 403 and "TOKENWISE_METRICS_TOKEN" in refused.content.decode()
+    assert "tokenwise_gateway" not in refused.content.decode()
+    settings.METRICS_TOKEN = "s3cret-token"
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-token").status_code == 200
+    settings.METRICS_TOKEN, settings.METRICS_PUBLIC = "", True  # the operator's explicit choice
+    assert client.get("/metrics").status_code == 200
