@@ -178,3 +178,14 @@ def test_metrics_need_the_token_on_a_loopback_bind_behind_a_same_host_proxy(clie
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-token").status_code == 200
     settings.METRICS_TOKEN, settings.METRICS_PUBLIC = "", True  # the operator's explicit choice
     assert client.get("/metrics").status_code == 200
+
+
+def test_refused_model_names_do_not_become_metric_labels(gateway, team_setup):
+    _, raw = key_issue(team=team_setup["team_a"], user=team_setup["alice"], name="agent", allowed_models=("chat",))
+    for index in range(5):
+        answer = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=10, headers={"authorization": f"Bearer {raw}"},
+                            json={"model": f"flood-{index}", "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 403 and answer.json()["error"]["code"] == "model_not_allowed"
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    assert "flood" not in metrics
+    assert 'tokenwise_gateway_requests_total{endpoint="chat",model="(refused)",outcome="error"} 5.0' in metrics

@@ -150,6 +150,7 @@ async def application(scope, receive, send):
         exchange.fields.update(fingerprint.system_prompt_hashes(body))  # hashes only, never the prompt
         exchange.fields.update(model=body["model"][:200], stream=bool(body.get("stream")),
                                json_requested=json_requested(body))
+        exchange.model_served = False  # the client's words until a route serves that name
         if exchange.key.allowed_models and body["model"] not in exchange.key.allowed_models:
             raise ClientError(403, f"this key may not use model {body['model']!r}", code="model_not_allowed",
                               kind="permission_error")
@@ -158,6 +159,7 @@ async def application(scope, receive, send):
             raise ClientError(404, f"model {body['model']!r} is not served here: GET /v1/models lists the models "
                                    "of your team", code="model_not_found")
         exchange.route_id, exchange.route_name = route.route_id, route.model_name
+        exchange.model_served = True
         counting = endpoint == "count_tokens"
         if counting:
             exchange.recorded = False  # a count, not a request for an answer: no usage record, nothing charged
