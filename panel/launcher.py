@@ -124,6 +124,23 @@ def prepare_environment():
     return data_dir, own_redis_port
 
 
+def data_dir_protect(data_dir):
+    """Keep the data dir (secrets, the SQLite file, logs, models) to this user: umask 077 for this process and every
+    process it starts (new files 0600, folders 0700), and an older install's loose modes tightened."""
+    os.umask(0o077)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+    for folder in (data_dir / "secrets", data_dir / "logs"):
+        if folder.is_dir() and not folder.is_symlink():
+            folder.chmod(0o700)
+            for path in folder.iterdir():
+                if path.is_file() and not path.is_symlink():
+                    path.chmod(0o600)
+    for path in data_dir.glob("*.sqlite3*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o600)
+
+
 class Children:
     """The processes `make run` owns. Each runs in its own process group; stop() ends every group."""
 
@@ -188,6 +205,7 @@ class Children:
 
 def run():
     data_dir, own_redis_port = prepare_environment()
+    data_dir_protect(data_dir)  # make run only: compose's web and GPU worker share the data volume as two users
     import django
 
     django.setup()

@@ -4,6 +4,7 @@ another team's model folder, /metrics open behind a same-host proxy, metric labe
 files readable by every local user, and the launcher's Redis without a password."""
 import json
 import secrets
+import socket
 
 import httpx
 import pytest
@@ -189,3 +190,32 @@ def test_refused_model_names_do_not_become_metric_labels(gateway, team_setup):
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     assert "flood" not in metrics
     assert 'tokenwise_gateway_requests_total{endpoint="chat",model="(refused)",outcome="error"} 5.0' in metrics
+
+
+def modes(root, *names):
+    return {name: oct((root / name).stat().st_mode & 0o777) for name in names}
+
+
+def test_make_run_keeps_the_data_dir_to_its_own_user(tmp_path):
+    from tests.test_launcher import launcher_env, run_launcher
+
+    with socket.socket() as taken:  # the launcher stops at the web port, after preparing the data dir
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = launcher_env(tmp_path, TOKENWISE_PORT=str(taken.getsockname()[1]))
+        assert run_launcher(env).returncode != 0  # a fresh install
+        data = tmp_path / "data"
+        assert modes(data, ".", "secrets", "secrets/secret_key", "logs", "models", "jobs") == {
+            ".": "0o700", "secrets": "0o700", "secrets/secret_key": "0o600", "logs": "0o700", "models": "0o700",
+            "jobs": "0o700"}
+        # An install from before: readable by every local user.
+        for name in ("logs/web.log", "tokenwise.sqlite3", "tokenwise.sqlite3-wal"):
+            (data / name).write_text("x")
+            (data / name).chmod(0o644)
+        for name in (".", "logs", "secrets"):
+            (data / name).chmod(0o755)
+        (data / "secrets" / "secret_key").chmod(0o644)
+        assert run_launcher(env).returncode != 0
+        assert set(modes(data, ".", "logs", "secrets").values()) == {"0o700"}
+        assert set(modes(data, "logs/web.log", "tokenwise.sqlite3", "tokenwise.sqlite3-wal",
+                         "secrets/secret_key").values()) == {"0o600"}
