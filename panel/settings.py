@@ -120,6 +120,8 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "tokenwise",
+        # JSON, not Django's pickle: a value planted in Redis is data, never code (what is cached: counters)
+        "OPTIONS": {"serializer": "panel.core.cache_serializer.JsonSerializer"},
     }
 }
 

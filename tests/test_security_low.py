@@ -3,17 +3,24 @@ limits and budgets, a key cache that unknown keys flushed, client user ids store
 another team's model folder, /metrics open behind a same-host proxy, metric labels from refused model names, data
 files readable by every local user, and the launcher's Redis without a password."""
 import json
+import os
+import pathlib
+import pickle
 import secrets
+import signal
 import socket
+import subprocess
+import sys
 
 import httpx
+import psutil
 import pytest
 import redis
 
 from panel.accounts.keys import key_issue
 from panel.budgets.counters import counter_keys, month_of
 from panel.budgets.models import Budget
-from tests.conftest import REDIS_URL, run_coroutine
+from tests.conftest import REDIS_URL, ROOT, run_coroutine
 from tests.fake_messages_upstream import FakeMessagesUpstream
 from tests.gateway_server import GatewayServer
 from tests.test_gateway import channel
@@ -219,3 +226,52 @@ def test_make_run_keeps_the_data_dir_to_its_own_user(tmp_path):
         assert set(modes(data, ".", "logs", "secrets").values()) == {"0o700"}
         assert set(modes(data, "logs/web.log", "tokenwise.sqlite3", "tokenwise.sqlite3-wal",
                          "secrets/secret_key").values()) == {"0o600"}
+
+
+class Planted:
+    """What a local user could write into the cache's Redis: a pickle that runs code when it is read."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.path,))
+
+
+def test_the_django_cache_never_unpickles_what_redis_holds(tmp_path):
+    from django.core.cache import cache
+
+    ran = pathlib.Path(tmp_path / "code-ran")
+    redis.Redis.from_url(REDIS_URL).set(cache.make_and_validate_key("signin:planted"), pickle.dumps(Planted(ran)))
+    with pytest.raises(ValueError):
+        cache.get("signin:planted")
+    assert not ran.exists()
+    cache.set("plain", {"count": 3, "names": ["a", "b"]})
+    cache.add("counter", 1)
+    cache.incr("counter")
+    assert cache.get("plain") == {"count": 3, "names": ["a", "b"]} and cache.get("counter") == 2
+
+
+def test_the_launchers_redis_needs_its_generated_password(tmp_path):
+    from panel.launcher import start_redis
+    from tests.test_launcher import free_port, launcher_env
+
+    port = free_port()
+    env = launcher_env(tmp_path, TOKENWISE_REDIS_PORT=str(port))
+    script = "from panel.launcher import prepare_environment; import os; prepare_environment(); print(os.environ['REDIS_URL'])"
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    url = done.stdout.split()[-1]
+    stored = tmp_path / "data" / "secrets" / "redis_password"
+    password = stored.read_text().strip()
+    assert len(password) >= 32 and oct(stored.stat().st_mode & 0o777) == "0o600"
+    assert url == f"redis://:{password}@127.0.0.1:{port}/0"
+    process = start_redis(port=port, data_dir=tmp_path / "redis", password=password)
+    try:
+        assert password not in " ".join(psutil.Process(process.pid).cmdline())  # not in `ps` for local users
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis(host="127.0.0.1", port=port).ping()
+        assert redis.Redis.from_url(url).ping()
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
