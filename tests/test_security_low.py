@@ -191,7 +191,8 @@ def test_metrics_need_the_token_on_a_loopback_bind_behind_a_same_host_proxy(clie
 def test_refused_model_names_do_not_become_metric_labels(gateway, team_setup):
     _, raw = key_issue(team=team_setup["team_a"], user=team_setup["alice"], name="agent", allowed_models=("chat",))
     for index in range(5):
-        answer = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=10, headers={"authorization": f"Bearer {raw}"},
+        answer = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=10,
+                            headers={"authorization": f"Bearer {raw}"},
                             json={"model": f"flood-{index}", "messages": [{"role": "user", "content": "hi"}]})
         assert answer.status_code == 403 and answer.json()["error"]["code"] == "model_not_allowed"
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
@@ -258,7 +259,8 @@ def test_the_launchers_redis_needs_its_generated_password(tmp_path):
 
     port = free_port()
     env = launcher_env(tmp_path, TOKENWISE_REDIS_PORT=str(port))
-    script = "from panel.launcher import prepare_environment; import os; prepare_environment(); print(os.environ['REDIS_URL'])"
+    script = ("from panel.launcher import prepare_environment; import os; prepare_environment(); "
+              "print(os.environ['REDIS_URL'])")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=60)
     url = done.stdout.split()[-1]

@@ -2,8 +2,9 @@
 previous turn's, so the Agents dashboard can show how an agent's context grows and what caching saved.
 
 A request belongs to a session by, in this order: its `x-session-id` header; an Anthropic body's
-`metadata.user_id` (stored as its keyed hash, never as sent); else prefix chaining, where a request whose prompt extends an earlier prompt of the same key
-(the earlier prompt's blocks are its first blocks) joins that prompt's session, and any other starts a new one.
+`metadata.user_id` (stored as its keyed hash, never as sent); else prefix chaining, where a request whose prompt
+extends an earlier prompt of the same key (the earlier prompt's blocks are its first blocks) joins that prompt's
+session, and any other starts a new one.
 Only keyed hashes of the prompt's prefix blocks (gateway/fingerprint.py) are kept, in Redis for SESSION_SECONDS;
 never the text. Redis is asked in the admission's one call (gateway/admission.py); if it cannot be reached the
 request is served without session fields."""
