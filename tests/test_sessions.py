@@ -3,7 +3,7 @@ extends an earlier one of the same key); the repeated share from keyed prefix-bl
 import httpx
 
 from panel.gateway import fingerprint
-from panel.gateway.sessions import declared_session
+from panel.gateway.sessions import declared_session, user_session_id
 from panel.usage.models import RequestLog
 from tests.test_gateway import CHAT, fallback, gateway, primary, records, setup  # noqa: F401 (fixtures)
 
@@ -45,10 +45,11 @@ def test_prefix_hashes_chain_and_compare_blocks():
 
 def test_a_client_names_its_session_by_header_or_metadata():
     assert declared_session({}, [(b"X-Session-Id", b"review-42")]) == "review-42"
-    assert declared_session({"metadata": {"user_id": "user_abc_session_9"}}, []) == "user_abc_session_9"
+    by_user = declared_session({"metadata": {"user_id": "user_abc_session_9"}}, [])  # a user id by its keyed hash
+    assert by_user == user_session_id("user_abc_session_9") and by_user.startswith("u-") and len(by_user) == 34
     assert declared_session({"metadata": {"user_id": "u"}}, [(b"x-session-id", b"h")]) == "h"  # the header first
-    long = declared_session({"metadata": {"user_id": "x" * 300}}, [])
-    assert len(long) == 64 and long != declared_session({"metadata": {"user_id": "x" * 299 + "y"}}, [])
+    long = declared_session({}, [(b"x-session-id", b"x" * 300)])
+    assert len(long) == 64 and long != declared_session({}, [(b"x-session-id", b"x" * 299 + b"y")])
     assert declared_session({"metadata": "nope"}, []) == ""
 
 
@@ -65,7 +66,7 @@ def test_requests_join_sessions_by_header_metadata_and_prefix(gateway, setup, pr
         == 200
     rows = records(7)
     assert [(row.session_id, row.session_turn) for row in rows[:3]] == [
-        ("review-42", 1), ("review-42", 2), ("user_7_session_x", 1)]
+        ("review-42", 1), ("review-42", 2), (user_session_id("user_7_session_x"), 1)]
     chained = rows[3:6]
     assert len({row.session_id for row in chained}) == 1 and chained[0].session_id.startswith("p-")
     assert [row.session_turn for row in chained] == [1, 2, 3]

@@ -133,15 +133,16 @@ def export_csv(request):
 
 @require_GET
 def metrics(request):
-    """The panel's Prometheus metrics. Not a team view: Prometheus has no session. With TOKENWISE_METRICS_TOKEN set,
-    it needs `Authorization: Bearer <token>`; without it, it answers only while the panel is bound to loopback
-    (TOKENWISE_BIND), so an installation reachable from elsewhere does not publish its model names and traffic."""
+    """The panel's Prometheus metrics. Not a team view: Prometheus has no session. It needs `Authorization: Bearer
+    <TOKENWISE_METRICS_TOKEN>`, unless the operator set TOKENWISE_METRICS_PUBLIC=1. A loopback bind proves nothing:
+    a proxy on the same host makes every outside request come from loopback."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     token = settings.METRICS_TOKEN
-    if not token and settings.PANEL_BIND not in ("127.0.0.1", "::1", "localhost"):
-        return HttpResponse("set TOKENWISE_METRICS_TOKEN: the panel listens beyond this machine\n", status=403,
-                            content_type="text/plain")
+    if not token and not settings.METRICS_PUBLIC:
+        return HttpResponse("set TOKENWISE_METRICS_TOKEN and scrape with 'Authorization: Bearer <token>' (make run "
+                            "keeps one in data/secrets/metrics_token), or TOKENWISE_METRICS_PUBLIC=1 to serve "
+                            "/metrics to anyone who reaches the panel\n", status=403, content_type="text/plain")
     if token:
         sent = request.headers.get("Authorization", "")
         if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):

@@ -92,12 +92,12 @@ class Admission:
     session: dict = field(default_factory=dict)
 
 
-async def admit(key, *, body, headers):
+async def admit(key, *, body, headers, session=True):
     """Check `key`'s per-minute limits and budgets, count the request in its window and, when it may go, give it
-    its session: one Redis call."""
+    its session (`session=False`: a request that is no turn of one, such as a token count): one Redis call."""
     limited = bool(key.rpm_limit or key.tpm_limit)
     scopes, month = await budgets.scopes_for(key)
-    asked = sessions.session_ask(body=body, headers=headers)
+    asked = sessions.session_ask(body=body, headers=headers) if session else None
     if not limited and not scopes and asked is None:
         return Admission()
     minute, retry_after = rate_limits.window()

@@ -150,6 +150,7 @@ async def application(scope, receive, send):
         exchange.fields.update(fingerprint.system_prompt_hashes(body))  # hashes only, never the prompt
         exchange.fields.update(model=body["model"][:200], stream=bool(body.get("stream")),
                                json_requested=json_requested(body))
+        exchange.model_served = False  # the client's words until a route serves that name
         if exchange.key.allowed_models and body["model"] not in exchange.key.allowed_models:
             raise ClientError(403, f"this key may not use model {body['model']!r}", code="model_not_allowed",
                               kind="permission_error")
@@ -158,14 +159,16 @@ async def application(scope, receive, send):
             raise ClientError(404, f"model {body['model']!r} is not served here: GET /v1/models lists the models "
                                    "of your team", code="model_not_found")
         exchange.route_id, exchange.route_name = route.route_id, route.model_name
-        if endpoint == "count_tokens":
-            exchange.recorded = False  # a count, not a request for an answer: no usage record, no budget
-            await until_disconnect(exchange, token_count.respond(exchange, route, body, send), receive)
-            return
-        if route.rules:
+        exchange.model_served = True
+        counting = endpoint == "count_tokens"
+        if counting:
+            exchange.recorded = False  # a count, not a request for an answer: no usage record, nothing charged
+        elif route.rules:
             facts = rules.request_facts(api=endpoint, body=body, headers=scope["headers"], key_id=exchange.key.id)
             route, exchange.fields["route_rule_id"] = rules.route_for_request(route, facts)
-        admitted = await admission.admit(exchange.key, body=body, headers=scope["headers"])
+        # A count is admitted like any request (a key at its per-minute limit or with a spent budget cannot call
+        # the provider through it), but it is no turn of a session.
+        admitted = await admission.admit(exchange.key, body=body, headers=scope["headers"], session=not counting)
         if admitted.rate_limited is not None:
             which, retry_after = admitted.rate_limited
             raise ClientError(429, f"this key's {which} limit is reached; retry in {retry_after} s",
@@ -173,6 +176,9 @@ async def application(scope, receive, send):
                               headers=[(b"retry-after", str(retry_after).encode())])
         if admitted.budget_spent is not None:  # 402: SDKs do not retry it, unlike 429
             raise ClientError(402, admitted.budget_spent, code="budget_exceeded", kind="insufficient_quota")
+        if counting:
+            await until_disconnect(exchange, token_count.respond(exchange, route, body, send), receive)
+            return
         exchange.fields.update(admitted.session)  # a refused request is no turn of a session: it has none
         passage = Passage(endpoint, body)
         targets, lease = await BALANCER.place(route, route.ordered(exchange.fields), body=body,

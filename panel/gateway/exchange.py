@@ -39,6 +39,9 @@ class Exchange:
         self.route_id = None
         self.route_name = ""
         self.target = None
+        # The model name is one this installation serves (a route the gateway found, a Compare column): only then
+        # does it label the metrics, so names a client makes up cannot grow the label set.
+        self.model_served = True
         self.recorded = True  # False for what is not a request for an answer (GET /v1/models)
         self.responded = False  # the whole response has been sent
         self.settled = False
@@ -107,7 +110,7 @@ class Exchange:
                             channel_id=channel.id if channel else None, attempts=self.log["attempts"],
                             rate_limited_attempts=self.log["rate_limited"], fell_back=self.log["fell_back"],
                             attempt_trail=self.log["trail"], request_id=self.request_id, **fields)
-        metrics.gateway_request_observe(fields=fields, fell_back=self.log["fell_back"])
+        metrics.gateway_request_observe(fields=fields, fell_back=self.log["fell_back"], refused=not self.model_served)
         if fields["outcome"] != "ok" or fields["status_code"] >= 400:
             log.warning("gateway request %s failed: key …%s route %s channel %s status %s outcome %s %s %.0f ms",
                         self.request_id, self.key.last4 if self.key else "-", self.route_name or "-",

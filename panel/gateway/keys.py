@@ -21,22 +21,34 @@ class KeyInfo:
     last4: str = ""  # for the log line of a failed request, never the key
 
 
+KNOWN_KEYS_CACHED = 50_000  # far more keys than an installation issues; only the oldest entry leaves past it
+UNKNOWN_KEYS_CACHED = 1_000  # a client retrying with a wrong key costs no query; a flood of random keys stays here
+
+
 class KeyCache:
-    """sha256 -> KeyInfo (or None for "no such key"), kept for a few seconds so a request costs no query."""
+    """sha256 -> KeyInfo, kept for a few seconds so a request costs no query. "No such key" answers are kept apart
+    in a small table of their own (the oldest leaves first): random keys, which anyone can send, never evict the
+    keys of real clients."""
 
     def __init__(self):
-        self.entries = {}
+        self.known = {}
+        self.unknown = {}
 
     def get(self, digest):
-        hit = self.entries.get(digest)
+        hit = self.known.get(digest)
+        if hit is None:
+            hit = self.unknown.get(digest)
         if hit and hit[0] > time.monotonic():
             return hit[1], True
         return None, False
 
     def put(self, digest, info):
-        if len(self.entries) > 50_000:
-            self.entries.clear()
-        self.entries[digest] = (time.monotonic() + settings.KEY_CACHE_SECONDS, info)
+        entries, bound = (self.unknown, UNKNOWN_KEYS_CACHED) if info is None else (self.known, KNOWN_KEYS_CACHED)
+        self.known.pop(digest, None)
+        self.unknown.pop(digest, None)  # a key deleted or issued since: one answer, in its table
+        entries[digest] = (time.monotonic() + settings.KEY_CACHE_SECONDS, info)
+        while len(entries) > bound:
+            entries.pop(next(iter(entries)))  # the oldest: dicts keep insertion order
 
 
 CACHE = KeyCache()

@@ -1,9 +1,11 @@
 """The panel's own Prometheus metrics, for teams that already run Grafana: gateway requests, errors, fallbacks and
 TTFT, counted in the process that serves /v1 and exposed at /metrics by the same process (panel.dashboards.views).
-Labels are the endpoint, the outcome and the model name the client sent; never a key or a team's secret."""
+Labels are the endpoint, the outcome and the model name of a route (REFUSED for a request refused before a route
+was found: a name the client made up must not grow the label set); never a key or a team's secret."""
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 registry = CollectorRegistry(auto_describe=True)
+REFUSED = "(refused)"  # the model label of a request refused before a route was found
 
 REQUESTS = Counter("tokenwise_gateway_requests", "Gateway requests, by endpoint, model and outcome",
                    ("endpoint", "model", "outcome"), registry=registry)
@@ -21,11 +23,11 @@ LATENCY = Histogram("tokenwise_gateway_request_latency_seconds", "Whole request,
                     buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60))
 
 
-def gateway_request_observe(*, fields, fell_back):
-    """Count one finished gateway request (the same facts as its usage record)."""
+def gateway_request_observe(*, fields, fell_back, refused=False):
+    """Count one finished gateway request (the same facts as its usage record); `refused`: it never reached a
+    route (no key, a model the key may not use or no route serves), so its model name is the client's."""
     endpoint, outcome = fields.get("endpoint", ""), fields.get("outcome", "")
-    # An unknown model name from a client must not grow the label set without bound: only names that routed count.
-    model = fields.get("model", "")[:80] if fields.get("status_code") != 404 else ""
+    model = REFUSED if refused else fields.get("model", "")[:80]
     REQUESTS.labels(endpoint, model, outcome).inc()
     if outcome == "error":
         ERRORS.labels(endpoint, model, fields.get("error_kind") or "unknown").inc()

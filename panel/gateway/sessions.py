@@ -2,8 +2,9 @@
 previous turn's, so the Agents dashboard can show how an agent's context grows and what caching saved.
 
 A request belongs to a session by, in this order: its `x-session-id` header; an Anthropic body's
-`metadata.user_id`; else prefix chaining, where a request whose prompt extends an earlier prompt of the same key
-(the earlier prompt's blocks are its first blocks) joins that prompt's session, and any other starts a new one.
+`metadata.user_id` (stored as its keyed hash, never as sent); else prefix chaining, where a request whose prompt
+extends an earlier prompt of the same key (the earlier prompt's blocks are its first blocks) joins that prompt's
+session, and any other starts a new one.
 Only keyed hashes of the prompt's prefix blocks (gateway/fingerprint.py) are kept, in Redis for SESSION_SECONDS;
 never the text. Redis is asked in the admission's one call (gateway/admission.py); if it cannot be reached the
 request is served without session fields."""
@@ -38,14 +39,21 @@ def _clean_id(raw):
     return f"{text[:SESSION_ID_CHARS - 33]}~{digest}"
 
 
+def user_session_id(user_id):
+    """The session id stored for an Anthropic `metadata.user_id`: its keyed hash ("u-" and 32 hex digits). A user
+    id can name a person or an account, so it is never stored; the same id still gives the same session."""
+    key = hashlib.sha256(b"tokenwise-session-user:" + settings.SECRET_KEY.encode()).digest()
+    return "u-" + hmac.new(key, user_id.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:32]
+
+
 def declared_session(body, headers):
-    """The session id the client names (the header, else metadata.user_id), or ""."""
+    """The session id the client names (the header as sent, else metadata.user_id's keyed hash), or ""."""
     named = _header(headers, SESSION_HEADER)
-    if not named:
-        metadata = body.get("metadata")
-        user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
-        named = user_id if isinstance(user_id, str) else ""
-    return _clean_id(named) if named else ""
+    if named:
+        return _clean_id(named)
+    metadata = body.get("metadata")
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    return user_session_id(user_id) if isinstance(user_id, str) and user_id else ""
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 A channel that speaks Messages is asked the same question (the body passes through). A local vLLM deployment's
 channel set to speak chat completions only is asked through the engine's own /tokenize, with the request translated
 to chat messages (the chat template applied, as for a chat request). Any other channel cannot count a request: the
-client gets a 400 that says so. A count is not a request for an answer: no usage record, no budget and no per-minute
-limit (the key, its model allow-list and the route apply)."""
+client gets a 400 that says so. A count is not a request for an answer: no usage record and nothing charged, but it
+is admitted like one (the key, its model allow-list, the route, its per-minute limits and a spent budget's 402)."""
 import dataclasses
 
 from panel.gateway import messages_api, translation

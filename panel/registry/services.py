@@ -56,8 +56,12 @@ def folder_check(folder, *, team):
         raise ValidationError(f"{folder} is outside the folders models are registered from "
                               f"({', '.join(str(root) for root in roots)}): put the model there, or ask the "
                               "operator to add its folder to TOKENWISE_MODEL_ROOTS.")
-    if RegisteredModel.objects.filter(path__in={str(folder), str(real)}).exclude(team=team).exists():
-        raise ValidationError(f"{folder} does not exist")  # another team's model: the words of a missing folder
+    # Resolved on both sides: a symlink (or `..`) names another team's folder under a new string, and a team's
+    # stored path may itself be a link. A folder inside another team's, or holding one, is refused too.
+    for path in RegisteredModel.objects.exclude(team=team).values_list("path", flat=True).distinct().iterator():
+        theirs = Path(os.path.realpath(path))
+        if real == theirs or theirs in real.parents or real in theirs.parents:
+            raise ValidationError(f"{folder} does not exist")  # another team's model: the words of a missing folder
 
 
 def model_register(*, team, user, source, name=""):
