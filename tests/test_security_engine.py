@@ -99,6 +99,35 @@ def test_the_profile_form_refuses_logging_requests_with_the_reason_and_saves_not
     assert not ServingProfile.objects.exists()
 
 
+def test_a_profile_saved_with_a_flag_refused_since_cannot_launch_and_says_why(client, team_setup, tmp_path):
+    from django.core.exceptions import ValidationError
+    from django.urls import reverse
+    from django.utils import timezone
+
+    from panel.hosts.models import WorkerHost
+    from panel.registry.models import RegisteredModel
+    from panel.serving.models import ServingProfile
+    from panel.serving.services import deployment_launch, profile_check
+
+    model = RegisteredModel.objects.create(
+        team=team_setup["team_a"], name="m", path=str(tmp_path), architecture="Qwen2ForCausalLM", model_type="qwen2",
+        parameter_count=1, linear_parameter_count=1, num_layers=1, num_attention_heads=1, num_kv_heads=1,
+        hidden_size=1, head_dim=1, max_position_embeddings=4096, dtype="bf16", size_bytes=1)
+    profile = ServingProfile.objects.create(team=team_setup["team_a"], name="old", model=model, max_model_len=2048,
+                                            extra_args="--enable-log-requests")  # saved before it was refused
+    assert "may not set --enable-log-requests" in " ".join(profile_check(profile).errors["extra_args"])
+    WorkerHost.objects.create(name="gpu@h", host="h", kind="gpu", queues=["gpu", "gpu.h"], last_seen=timezone.now(),
+                              memory_available_bytes=64 * 2 ** 30)
+    with pytest.raises(ValidationError, match="enable-log-requests"):
+        deployment_launch(team=team_setup["team_a"], user=None, profile=profile, enqueue=False)
+    assert not profile.deployments.exists()
+    client.force_login(team_setup["alice"])
+    page = client.get(reverse("profile_detail", args=[profile.pk]))
+    assert page.status_code == 200 and "Cannot launch until the profile is edited" in page.content.decode()
+    export = client.get(reverse("profile_export", args=[profile.pk, "sh"]), follow=True)
+    assert "--enable-log-requests" in html.unescape(export.content.decode()) and export.redirect_chain
+
+
 def test_the_launch_preview_shows_a_placeholder_for_the_engine_key():
     script = deploy_script({**SEED}, model_path="/models/m", port=8001)
     assert "VLLM_API_KEY=<engine key>" in script and "--api-key" not in script
