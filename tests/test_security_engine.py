@@ -207,8 +207,17 @@ def test_a_deployed_engine_has_its_own_key_on_every_path_and_none_of_the_panels_
 
 # ------------------------------------------------------------------------------------- the key on every path
 
-def test_every_engine_start_puts_every_path_behind_the_key():
-    argv = launch_argv({**SEED}, model_path="/models/m", port=8001, host="0.0.0.0")
+def test_every_engine_start_puts_every_path_behind_the_key(team_setup, tmp_path):
+    from panel.registry.models import RegisteredModel
+    from panel.serving.models import ServingProfile
+    from panel.serving.services import launch_argv as panel_launch_argv
+
+    model = RegisteredModel.objects.create(
+        team=team_setup["team_a"], name="m", path=str(tmp_path), architecture="Qwen2ForCausalLM", model_type="qwen2",
+        parameter_count=1, linear_parameter_count=1, num_layers=1, num_attention_heads=1, num_kv_heads=1,
+        hidden_size=1, head_dim=1, max_position_embeddings=4096, dtype="bf16", size_bytes=1)
+    profile = ServingProfile.objects.create(team=team_setup["team_a"], name="p", model=model, max_model_len=2048)
+    argv = panel_launch_argv(profile, port=8001)
     assert argv[argv.index("--middleware") + 1] == KEY_GUARD == "engine.api_key_guard.ApiKeyGuard"
     assert "--middleware" in refused(f"--middleware {KEY_GUARD}")  # a profile cannot add or replace one
 
@@ -261,7 +270,7 @@ def test_an_engine_without_a_key_refuses_to_start(monkeypatch):
     ("localhost", {}, None),
 ])
 def test_an_engine_reachable_from_elsewhere_needs_its_key(host, env, words):
-    argv = launch_argv({**SEED}, model_path="/models/m", port=8001, host=host or "x")
+    argv = launch_argv({**SEED}, model_path="/models/m", port=8001, host=host or "x", key_guard=True)
     if host is None:
         index = argv.index("--host")
         del argv[index:index + 2]

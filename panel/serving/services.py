@@ -77,9 +77,11 @@ def deployment_warnings(deployment):
 
 
 def launch_argv(profile, *, port):
+    """The command the panel starts the profile's engine with: every path behind the engine's key."""
     return configfile.launch_argv(profile_values(profile), model_path=profile.model.path, port=port,
                                   engine_python=settings.ENGINE_PYTHON,
-                                  checkpoint_quantized=profile.model.is_quantized, host=settings.ENGINE_BIND)
+                                  checkpoint_quantized=profile.model.is_quantized, host=settings.ENGINE_BIND,
+                                  key_guard=True)
 
 
 def host_pick(profile):
