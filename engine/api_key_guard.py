@@ -16,17 +16,26 @@ UNAUTHORIZED = json.dumps({"error": {
     "type": "authentication_error", "code": "invalid_api_key"}}).encode()
 
 
+def key_digest():
+    """SHA-256 of the engine's key (VLLM_API_KEY), or RuntimeError when it has none."""
+    key = os.environ.get("VLLM_API_KEY", "")
+    if not key:
+        raise RuntimeError("engine.api_key_guard: VLLM_API_KEY is empty; the engine refuses to start without a key "
+                           "(it would answer anyone who reaches its port)")
+    return hashlib.sha256(key.encode()).digest()
+
+
+# Read on import: vLLM imports this module while it builds the server, so a missing key stops the start there
+# (Starlette builds middleware lazily, and uvicorn would only log a failure then, serving 500s).
+WANTED = key_digest()
+
+
 class ApiKeyGuard:
     """Pure ASGI middleware: an HTTP request or WebSocket without the key gets 401 (a WebSocket is closed before it
     is accepted, which servers answer with 403); lifespan events pass."""
 
     def __init__(self, app):
-        key = os.environ.get("VLLM_API_KEY", "")
-        if not key:
-            raise RuntimeError("engine.api_key_guard: VLLM_API_KEY is empty; the engine refuses to start without "
-                               "a key (it would answer anyone who reaches its port)")
         self.app = app
-        self.wanted = hashlib.sha256(key.encode()).digest()
 
     def allows(self, scope):
         for name, value in scope.get("headers") or ():
@@ -34,7 +43,7 @@ class ApiKeyGuard:
                 scheme, _, token = value.decode("latin-1").partition(" ")
                 # Compare digests: equal length, so the comparison's time says nothing about the key.
                 return scheme.lower() == "bearer" and hmac.compare_digest(
-                    hashlib.sha256(token.strip().encode()).digest(), self.wanted)
+                    hashlib.sha256(token.strip().encode()).digest(), WANTED)
         return False
 
     async def __call__(self, scope, receive, send):

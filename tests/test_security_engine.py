@@ -4,6 +4,7 @@ deployment's engine has its own key, which only the panel sends, and every path 
 check covers /v1 only)."""
 import asyncio
 import html
+import importlib
 import os
 import sys
 
@@ -11,7 +12,6 @@ import httpx
 import pytest
 from django.conf import settings as django_settings
 
-from engine.api_key_guard import ApiKeyGuard
 from panel.jobs import processes
 from panel.serving.configfile import KEY_GUARD, ConfigFileError, deploy_script, launch_argv, validate_extra_args
 from panel.serving.engine_flags import REFUSED
@@ -243,8 +243,15 @@ def call(guard, path, headers=(), kind="http"):
     return sent[0].get("status", sent[0].get("code")), reached
 
 
+def load_guard(monkeypatch, key):
+    """engine/api_key_guard.py imported afresh, as the engine imports it, with VLLM_API_KEY=`key`."""
+    monkeypatch.setenv("VLLM_API_KEY", key)
+    monkeypatch.delitem(sys.modules, "engine.api_key_guard", raising=False)
+    return importlib.import_module("engine.api_key_guard").ApiKeyGuard
+
+
 def test_the_key_guard_refuses_any_path_without_the_key(monkeypatch):
-    monkeypatch.setenv("VLLM_API_KEY", "engine-key-1234")
+    ApiKeyGuard = load_guard(monkeypatch, "engine-key-1234")
     for path in ("/invocations", "/tokenize", "/metrics", "/metrics/", "/health", "/v1/models", "/pooling"):
         assert call(ApiKeyGuard, path) == (401, []), path
         assert call(ApiKeyGuard, path, [("Authorization", "Bearer wrong")]) == (401, []), path
@@ -254,9 +261,8 @@ def test_the_key_guard_refuses_any_path_without_the_key(monkeypatch):
 
 
 def test_an_engine_without_a_key_refuses_to_start(monkeypatch):
-    monkeypatch.delenv("VLLM_API_KEY", raising=False)
     with pytest.raises(RuntimeError, match="refuses to start without a key"):
-        ApiKeyGuard(lambda *args: None)
+        load_guard(monkeypatch, "")
 
 
 @pytest.mark.parametrize("host, env, words", [
