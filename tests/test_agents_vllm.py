@@ -13,7 +13,7 @@ from panel.channels.models import Channel
 from panel.core.money import money_text
 from panel.dashboards.agents import agent_sessions
 from panel.dashboards.pages import dashboard_page
-from panel.dashboards.scraper import metrics_url, parse_metrics
+from panel.dashboards.scraper import metrics_headers, metrics_url, parse_metrics
 from panel.dashboards.selectors import DashboardQuery
 from panel.usage.models import RequestLog
 from tests.conftest import wait_until
@@ -48,7 +48,8 @@ def _history(turns):
 
 
 def _prefix_counters(deployment):
-    counters = parse_metrics(httpx.get(metrics_url(deployment), timeout=10).text)["counters"]
+    counters = parse_metrics(httpx.get(metrics_url(deployment), headers=metrics_headers(deployment),
+                                          timeout=10).text)["counters"]
     return counters.get("prefix_queries", 0.0), counters.get("prefix_hits", 0.0)
 
 

@@ -10,7 +10,8 @@ from django.urls import reverse
 from panel.channels.models import Channel
 from panel.dashboards.models import EngineSample
 from panel.dashboards.rollup import usage_rollup_run
-from panel.dashboards.scraper import COUNTERS, GAUGES, HISTOGRAMS, deployment_scrape, metrics_url, parse_metrics
+from panel.dashboards.scraper import (COUNTERS, GAUGES, HISTOGRAMS, deployment_scrape, metrics_headers, metrics_url,
+                                      parse_metrics)
 from panel.accounts.keys import key_issue
 from panel.usage.models import RequestLog
 from tests.conftest import wait_until
@@ -33,7 +34,7 @@ def test_it_shows_the_engines_prefix_cache_hits_and_the_ttft_of_gateway_requests
     from django.db import connection
 
     # The metric names this vLLM really exposes are the ones the scraper reads (current names, not the old ones).
-    text = httpx.get(metrics_url(deployment), timeout=10).text
+    text = httpx.get(metrics_url(deployment), headers=metrics_headers(deployment), timeout=10).text
     parsed = parse_metrics(text)
     assert set(parsed["counters"]) == set(COUNTERS) and set(parsed["gauges"]) == set(GAUGES), parsed
     assert set(parsed["histograms"]) == set(HISTOGRAMS)

@@ -17,6 +17,7 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
 from panel.serving import views as pages
+from panel.serving.configfile import ConfigFileError
 from panel.serving.forms import PROFILE_FIELDS, ImportForm, LaunchForm, ServingProfileForm
 from panel.serving.models import Deployment, ServingProfile
 from panel.serving.services import (
@@ -94,7 +95,11 @@ def profile_out(profile, *, detail=False):
                       for name in PROFILE_FIELDS}}
     if detail:
         verdict = profile_check(profile)
-        out.update(command=launch_argv(profile, port=profile.port or 8000),
+        try:
+            command = launch_argv(profile, port=profile.port or 8000)
+        except ConfigFileError:  # saved before one of its extra flags was refused: `errors` says why
+            command = []
+        out.update(command=command,
                    errors={str(field): list(messages) for field, messages in verdict.errors.items()},
                    warnings=list(verdict.warnings))
     return out

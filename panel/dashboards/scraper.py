@@ -12,6 +12,7 @@ from django.conf import settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from panel.core.crypto import CredentialError
 from panel.dashboards.models import EngineSample
 from panel.serving.models import Deployment, DeploymentState
 
@@ -46,6 +47,15 @@ def metrics_url(deployment):
     if base.endswith("/v1"):
         base = base[:-3]
     return f"{base}/metrics"
+
+
+def metrics_headers(deployment):
+    """The engine's key: every path of a deployment's engine needs it, /metrics too (engine/api_key_guard.py)."""
+    try:
+        key = deployment.engine_key()
+    except CredentialError as error:
+        raise ScrapeError(f"the engine's key cannot be read: {error}") from None
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def parse_metrics(text):
@@ -137,7 +147,8 @@ def deployment_scrape(*, deployment, client=None, timeout=None):
     previous = (EngineSample.objects.filter(deployment=deployment, ok=True).order_by("-at", "-pk").first())
     try:
         try:
-            response = (client or httpx).get(metrics_url(deployment), timeout=timeout)
+            response = (client or httpx).get(metrics_url(deployment), headers=metrics_headers(deployment),
+                                             timeout=timeout)
         except httpx.TimeoutException:
             raise ScrapeError(f"/metrics did not answer within {timeout:g} s") from None
         except httpx.HTTPError as error:

@@ -22,6 +22,9 @@ from panel.serving.engine_flags import flag_problems
 from panel.serving.profile_fields import FIELDS_BY_NAME, SECTIONS, section_fields
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# vLLM's --api-key guards only /v1 (and a few prefixes); this middleware (engine/api_key_guard.py, imported from the
+# project root, the engines' working directory) puts every path behind the key: /invocations, /tokenize, /metrics...
+KEY_GUARD = "engine.api_key_guard.ApiKeyGuard"
 ENGINE_HAS_SWAP_SPACE = False  # vLLM 0.32: `--swap-space` is gone
 MAX_TEXT_CHARS = 200_000
 HEADER = "# config.toml —— vLLM 推理服务配置骨架"
@@ -288,11 +291,13 @@ def _option_argv(flag, value):
 
 
 def launch_argv(values, *, model_path, port, engine_python="python", host="127.0.0.1", checkpoint_quantized=False,
-                swap_space_flag=ENGINE_HAS_SWAP_SPACE):
+                swap_space_flag=ENGINE_HAS_SWAP_SPACE, key_guard=False):
     """The vLLM OpenAI server command for a profile, as an argv list (the usual flags plus the ones we always set),
-    ending with extra_args. Raises ConfigFileError when extra_args is refused."""
+    ending with extra_args. `key_guard`: with the middleware that puts every path behind the engine's key (the
+    panel's own starts; an exported command leaves it out, it imports from Tokenwise's folder). Raises
+    ConfigFileError when extra_args is refused."""
     extra = validate_extra_args(values.get("extra_args") or "", model_path=model_path)
-    argv = [str(engine_python), "-m", SERVER_MODULE]
+    argv = [str(engine_python), "-m", SERVER_MODULE] + (["--middleware", KEY_GUARD] if key_guard else [])
     for flag, value in _engine_options(values, model_path=model_path, port=port, host=host,
                                        checkpoint_quantized=checkpoint_quantized, swap_space_flag=swap_space_flag):
         argv += _option_argv(flag, value)
@@ -327,7 +332,9 @@ def deploy_script(values, *, model_path, port, engine_python="python", host="127
              "# The start-up log must show the quantization and prefix caching actually applied; ready when "
              f"GET http://{_comment_text(host)}:{int(port)}/v1/models answers.",
              "# The engine checks a key (VLLM_API_KEY): Tokenwise gives each start a new random one and tells only "
-             "the deployment's local channel. By hand: export VLLM_API_KEY=<engine key>"]
+             "the deployment's local channel. By hand: export VLLM_API_KEY=<engine key>",
+             "# vLLM's key guards only /v1: Tokenwise also adds --middleware " + KEY_GUARD + " (run from its "
+             "project folder) so that /invocations, /tokenize, /metrics... need the key too."]
     if checkpoint_quantized and values.get("quantization", "none") != "none":
         notes.append("# No --quantization: the checkpoint is already quantized and vLLM reads the method from it "
                      "(passing it again would quantize twice).")

@@ -2,8 +2,9 @@
 
 A profile's engine runs on a shared GPU host under the worker's account, so extra_args is an allow-list: flags that
 tune the engine (numbers in range, choices, booleans), never ones that run code from a file or the checkpoint, open
-the server to other origins, send data to another host, or read a file outside the model's folder. Anything not
-listed is refused with the reason."""
+the server to other origins, send data to another host, read a file outside the model's folder, or write prompts
+and answers to the engine's log (the deployment's page shows it to the whole team). Anything not listed is refused
+with the reason."""
 import json
 import os
 import re
@@ -36,7 +37,10 @@ REFUSED = {
     "--hf-overrides": "changes the checkpoint's configuration, including the code it runs",
     "--model-loader-extra-config": "passes settings to the weight loader",
     "--kv-transfer-config": "connects the engine to other hosts",
-    "--enable-log-outputs": "writes every answer to the log",
+    "--enable-log-requests": "writes every request to the engine's log (its prompt at debug level), which anyone "
+                             "in the team, viewers too, reads on the deployment's page",
+    "--enable-log-outputs": "writes every answer to the engine's log, which anyone in the team, viewers too, reads "
+                            "on the deployment's page",
     "--config": "the profile is the engine's configuration",
 }
 MAX_INT = 2 ** 31 - 1
@@ -106,7 +110,6 @@ BOOLEAN = None  # a flag that takes no value
 ALLOWED = {
     "--enforce-eager": BOOLEAN,
     "--disable-log-stats": BOOLEAN,
-    "--enable-log-requests": BOOLEAN,
     "--disable-log-requests": BOOLEAN,
     "--disable-custom-all-reduce": BOOLEAN,
     "--disable-sliding-window": BOOLEAN,

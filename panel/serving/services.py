@@ -55,8 +55,14 @@ def host_facts(host):
 
 
 def profile_check(profile, host=None):
-    return rules.check_profile(profile_values(profile), model=profile.model, host=host_facts(host),
-                               cpu_kv_cache_bytes=settings.CPU_KVCACHE_GIB * memory.GIB)
+    verdict = rules.check_profile(profile_values(profile), model=profile.model, host=host_facts(host),
+                                  cpu_kv_cache_bytes=settings.CPU_KVCACHE_GIB * memory.GIB)
+    try:  # a profile saved before one of its extra flags was refused cannot launch until it is edited
+        configfile.validate_extra_args(profile.extra_args or "", model_path=profile.model.path)
+    except configfile.ConfigFileError as error:
+        for problem in error.problems:
+            verdict.error("extra_args", f"{problem}: edit the profile")
+    return verdict
 
 
 def deployment_warnings(deployment):
@@ -71,9 +77,11 @@ def deployment_warnings(deployment):
 
 
 def launch_argv(profile, *, port):
+    """The command the panel starts the profile's engine with: every path behind the engine's key."""
     return configfile.launch_argv(profile_values(profile), model_path=profile.model.path, port=port,
                                   engine_python=settings.ENGINE_PYTHON,
-                                  checkpoint_quantized=profile.model.is_quantized, host=settings.ENGINE_BIND)
+                                  checkpoint_quantized=profile.model.is_quantized, host=settings.ENGINE_BIND,
+                                  key_guard=True)
 
 
 def host_pick(profile):
@@ -183,6 +191,11 @@ def deployment_execute(*, deployment_id, worker):
         argv = launch_argv(deployment.profile, port=port)
         base_url = f"http://{settings.ENGINE_ADVERTISE_HOST}:{port}/v1"
         engine_key = secrets.token_urlsafe(32)  # a new one each start; only the local channel learns it
+        env = engine_env(deployment, host_is_gpu) | {"VLLM_API_KEY": engine_key}
+        exposed = supervisor.exposure_problem(argv, env)
+        if exposed:
+            job_fail(deployment, kind="exposed_engine", reason=exposed, event="refused to start an open engine")
+            return False
         claimed = job_claim(deployment, worker=worker,
                             reason=f"started by {worker}" + (f" (restart {deployment.restarts})"
                                                              if deployment.restarts else ""),
@@ -193,7 +206,7 @@ def deployment_execute(*, deployment_id, worker):
             return False
         profile = deployment.profile
         outcome = supervisor.run_server(
-            argv, env=engine_env(deployment, host_is_gpu) | {"VLLM_API_KEY": engine_key}, port=port, served_model_name=deployment.served_model_name,
+            argv, env=env, port=port, served_model_name=deployment.served_model_name,
             hooks=hooks, log_path=log_path, wanted_quantization=profile.quantization,
             wanted_prefix_caching=profile.enable_prefix_caching,
             grace_seconds=settings.DEPLOYMENT_STOP_GRACE_SECONDS)
@@ -237,16 +250,20 @@ EXPORTS = {
 
 
 def profile_export_file(profile, kind):
-    """(file name, content type, text) of a profile as config.toml, vllm_deploy.sh or vLLM's --config YAML."""
+    """(file name, content type, text) of a profile as config.toml, vllm_deploy.sh or vLLM's --config YAML;
+    ValidationError when the profile's extra flags are refused (saved before they were)."""
     values = profile_values(profile)
     port = profile.port or 8000
     keywords = {"model_path": profile.model.path, "port": port, "checkpoint_quantized": profile.model.is_quantized}
-    if kind == "toml":
-        body = configfile.toml_export(values)
-    elif kind == "sh":
-        body = configfile.deploy_script(values, **keywords)
-    else:
-        body = configfile.yaml_export(values, **keywords)
+    try:
+        if kind == "toml":
+            body = configfile.toml_export(values)
+        elif kind == "sh":
+            body = configfile.deploy_script(values, **keywords)
+        else:
+            body = configfile.yaml_export(values, **keywords)
+    except configfile.ConfigFileError as error:
+        raise ValidationError([f"{problem}: edit the profile" for problem in error.problems]) from None
     filename, content_type = EXPORTS[kind]
     return filename, content_type, body
 

@@ -1,6 +1,7 @@
 """Owns one vLLM server for the life of a deployment: start it in its own process group, watch its log, say
 when it is ready (GET /v1/models lists the served model), heartbeat, stop it on request, classify a crash, and
 optionally restart it with backoff. Runs inside the GPU worker's task; the panel never imports vLLM."""
+import ipaddress
 import logging
 import re
 import socket
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from panel.jobs import diagnosis, processes
+from panel.serving.configfile import KEY_GUARD
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,26 @@ def is_ready(port, served_model_name, *, api_key="", timeout=2.0):
     except (ValueError, AttributeError):
         return False
     return served_model_name in names
+
+
+def exposure_problem(argv, env):
+    """Why the engine may not start as `argv` with `env`, or "": listening beyond this host (a --host other than
+    loopback; without one vLLM listens everywhere) needs a key (VLLM_API_KEY) and the guard that puts every path
+    behind it, not only /v1."""
+    host = argv[argv.index("--host") + 1] if "--host" in argv[:-1] else ""
+    try:
+        if host == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return ""
+    except ValueError:
+        pass  # a name or every interface: reachable from elsewhere
+    where = host or "every interface"
+    if not (env or {}).get("VLLM_API_KEY"):
+        return (f"the engine would listen on {where} without a key (VLLM_API_KEY): anyone on the network could "
+                "use it. Bind it to 127.0.0.1 (TOKENWISE_ENGINE_BIND) or start it with a key")
+    if KEY_GUARD not in argv:
+        return (f"the engine would listen on {where} with its key guarding only /v1: start it with --middleware "
+                f"{KEY_GUARD}")
+    return ""
 
 
 @dataclass

@@ -10,6 +10,7 @@ from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
+from panel.serving.configfile import ConfigFileError
 from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
 from panel.serving.profile_fields import PRESETS
@@ -97,7 +98,10 @@ def profile_import_view(request):
 
 def _command_preview(profile):
     """The launch command; without a fixed port it says where the port goes (picked at launch), not 8000."""
-    argv = launch_argv(profile, port=profile.port or 0)
+    try:
+        argv = launch_argv(profile, port=profile.port or 0)
+    except ConfigFileError as error:  # saved before one of its extra flags was refused
+        return "Cannot launch until the profile is edited: " + " ".join(error.problems)
     if profile.port is None:
         argv[argv.index("--port") + 1] = "<picked at launch>"
     return " ".join(argv)
@@ -122,7 +126,11 @@ def profile_export(request, profile_id, kind):
     profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
     if kind not in EXPORTS:
         return HttpResponse("unknown export", status=404)
-    filename, content_type, body = profile_export_file(profile, kind)
+    try:
+        filename, content_type, body = profile_export_file(profile, kind)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+        return redirect("profile_detail", profile_id=profile.pk)
     response = HttpResponse(body, content_type=f"{content_type}; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
