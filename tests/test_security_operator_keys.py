@@ -6,6 +6,8 @@ Test button."""
 import json
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -200,6 +202,54 @@ def test_the_gateway_never_sends_the_operators_key_to_an_unbound_origin(transact
             server.stop()
         assert attacker.requests == []
         assert OPERATOR_KEY not in server.log()
+
+
+class Redirector:
+    """The bound origin answering every request with a 307 to another server (an open redirect at the provider)."""
+
+    def __init__(self, location):
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                self.send_response(307)
+                self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_gateway_does_not_follow_a_redirect_away_from_the_bound_origin(transactional_db, team_setup):
+    from django.db import connection
+
+    with FakeUpstream(models=("m",)) as attacker:
+        redirector = Redirector(attacker.base_url + "/messages")
+        try:
+            team = team_setup["team_a"]
+            channel = forced_channel(team, redirector.base_url)
+            Channel.objects.filter(pk=channel.pk).update(apis="messages")  # the key rides in x-api-key
+            gateway_route(team, "m", channel)
+            server = GatewayServer(connection.settings_dict["NAME"], **{VARIABLE: OPERATOR_KEY},
+                                   TOKENWISE_CREDENTIAL_ENV_BINDINGS=f"{VARIABLE}={redirector.base_url[:-3]}")
+            try:
+                _, raw = key_issue(team=team, user=team_setup["alice"], name="app")
+                answer = httpx.post(f"{server.url}/v1/messages", timeout=30, headers={"x-api-key": raw},
+                                    json={"model": "m", "max_tokens": 4, "messages": [{"role": "user",
+                                                                                        "content": "hi"}]})
+                assert answer.status_code >= 400 and OPERATOR_KEY not in answer.text, answer.text
+            finally:
+                server.stop()
+        finally:
+            redirector.close()
+        assert attacker.requests == []
 
 
 # ------------------------------------------------------------------------------------------------ the setting

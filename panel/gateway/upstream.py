@@ -122,13 +122,15 @@ def stalled(seconds, what):
 
 
 async def send_request(target, path, payload, limits, api="chat"):
-    """POST and wait for the response headers, at most `limits.first_byte` seconds."""
+    """POST and wait for the response headers, at most `limits.first_byte` seconds. A redirect is an answer like any
+    other non-200, never followed: aiohttp would carry x-api-key (the operator's key, maybe) to another origin."""
     try:
         async with asyncio.timeout(limits.first_byte):
             return await session(target.loopback_ok).post(target.base_url.rstrip("/") + path,
                                                           data=json.dumps(payload).encode(),
                                                           headers=headers_for(target, api),
-                                                          timeout=client_timeout(target, limits))
+                                                          timeout=client_timeout(target, limits),
+                                                          allow_redirects=False)
     except aiohttp.ConnectionTimeoutError:
         raise UpstreamError("connection", f"no connection within {target.connect_timeout:g} s") from None
     except TimeoutError:
