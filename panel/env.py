@@ -1,6 +1,8 @@
 """Read settings from the environment; a bad value stops start-up with one clear line naming the variable."""
 import os
-from urllib.parse import unquote, urlparse
+import re
+from typing import NamedTuple
+from urllib.parse import unquote, urlparse, urlsplit
 
 
 class EnvError(Exception):
@@ -66,6 +68,72 @@ def envlist(name, default):
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+class CredentialBinding(NamedTuple):
+    """Where the operator lets a channel send one environment variable's key: origins written
+    "scheme://host:port" (the port always there), and the slugs of the teams that may use it (empty: every team)."""
+
+    origins: frozenset
+    teams: frozenset
+
+
+VARIABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+TEAM_SLUG_RE = re.compile(r"^[-A-Za-z0-9_]{1,100}$")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def url_origin(url):
+    """"scheme://host:port" of a plain http(s) URL, the port always written; None for anything else: another
+    scheme, no host, a bad port, a user or password, a backslash, spaces or control characters (a URL two parsers
+    might read as two different hosts)."""
+    if not isinstance(url, str) or re.search(r"[\\\s\x00-\x1f\x7f]", url):
+        return None
+    try:
+        parts = urlsplit(url)
+        scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return None
+    if scheme not in DEFAULT_PORTS or not host or "@" in parts.netloc or port == 0:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}:{port or DEFAULT_PORTS[scheme]}"
+
+
+def envbindings(name, default):
+    """Environment variables bound to the origins they may be sent to, and optionally to teams:
+    `VARIABLE=ORIGIN[,ORIGIN...][@TEAM|TEAM...]` entries separated by ";", an origin being scheme://host[:port]
+    and a team its slug. Returns {VARIABLE: CredentialBinding}."""
+    value = _read(name)
+    bindings = {}
+    for entry in (default if value is None else value).split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        variable, equals, rest = (part.strip() for part in entry.partition("="))
+        if not equals or not VARIABLE_RE.match(variable) or not rest:
+            raise EnvError(f"{name}: {entry!r} is not VARIABLE=https://host[:port][@team|team] (entries are "
+                           "separated by ';')")
+        if variable in bindings:
+            raise EnvError(f"{name}: {variable} is bound twice: give all its origins in one entry, separated by ','")
+        if variable.startswith(("DJANGO_", "CELERY_")):  # settings.py checks the names it reads, once all are read
+            raise EnvError(f"{name}: {variable} is part of the panel's own configuration and is never sent upstream")
+        origins_text, at, teams_text = rest.partition("@")
+        origins = set()
+        for item in origins_text.split(","):
+            item = item.strip()
+            origin = url_origin(item)
+            if origin is None or urlsplit(item).path not in ("", "/") or urlsplit(item).query or "#" in item:
+                raise EnvError(f"{name}: {variable}'s {item!r} is not an origin (scheme://host[:port], without a "
+                               "path, for example https://api.openai.com)")
+            origins.add(origin)
+        teams = {team.strip() for team in teams_text.split("|")} if at else set()
+        for team in teams:
+            if not TEAM_SLUG_RE.match(team):
+                raise EnvError(f"{name}: {variable}'s team {team!r} is not a team's slug (letters, digits, '-', '_'; "
+                               "teams are separated by '|')")
+        bindings[variable] = CredentialBinding(origins=frozenset(origins), teams=frozenset(teams))
+    return bindings
 
 
 def database_from_url(name, url, *, data_dir):

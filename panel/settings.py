@@ -3,7 +3,7 @@ import os
 import socket
 from pathlib import Path
 
-from panel.env import EnvError, database_from_url, envbool, envint, envlist, envstr
+from panel.env import EnvError, database_from_url, envbindings, envbool, envint, envlist, envstr, names_read
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -173,10 +173,13 @@ ENGINE_ADVERTISE_HOST = envstr("TOKENWISE_ENGINE_ADVERTISE_HOST", "127.0.0.1")
 CPU_KVCACHE_GIB = envint("TOKENWISE_CPU_KVCACHE_GIB", 1, minimum=1)
 DEPLOYMENT_STOP_GRACE_SECONDS = envint("TOKENWISE_DEPLOYMENT_STOP_GRACE_SECONDS", 15, minimum=1)
 
-# --- Channels: a key read from the environment comes only from a variable named TOKENWISE_UPSTREAM_<anything> or
-# listed here; never from one the panel reads for itself (SECRET_KEY, DATABASE_URL, ...: panel/channels/credential_env.py).
+# --- Channels: a key read from the environment is the operator's, so it goes only where the operator bound it:
+# VARIABLE=https://host[:port][,...][@team-slug|...] entries separated by ";" (panel/channels/credential_env.py).
+# Never a variable the panel reads for itself (SECRET_KEY, DATABASE_URL, ...). TOKENWISE_UPSTREAM_<NAME> and the
+# names in TOKENWISE_CREDENTIAL_ENV_ALLOW are the names meant for keys; each still needs its binding.
 CREDENTIAL_ENV_PREFIX = "TOKENWISE_UPSTREAM_"
 CREDENTIAL_ENV_ALLOW = envlist("TOKENWISE_CREDENTIAL_ENV_ALLOW", ["TAOTOKEN_API_KEY"])
+CREDENTIAL_ENV_BINDINGS = envbindings("TOKENWISE_CREDENTIAL_ENV_BINDINGS", "TAOTOKEN_API_KEY=https://taotoken.net")
 
 # --- Outbound requests (panel/core/outbound.py): private, link-local and loopback ranges a channel, a benchmark or a
 # webhook may reach (CIDRs; none by default), and the panel's own origin, which none may.
@@ -285,3 +288,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO").upper()},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# Once every setting is read: no binding may send one of them upstream.
+for _variable in sorted(CREDENTIAL_ENV_BINDINGS.keys() & names_read()):
+    raise EnvError(f"TOKENWISE_CREDENTIAL_ENV_BINDINGS: {_variable} is part of the panel's own configuration and is "
+                   "never sent upstream")

@@ -199,6 +199,17 @@ def demo_model_cache():
     return seed
 
 
+def bind_credential_env(monkeypatch, variable, *urls, teams=()):
+    """Bind an environment variable to the origins of `urls` (and to `teams`' slugs) for one test, as the operator's
+    TOKENWISE_CREDENTIAL_ENV_BINDINGS does."""
+    from django.conf import settings
+
+    from panel.env import CredentialBinding, url_origin
+
+    binding = CredentialBinding(origins=frozenset(url_origin(url) for url in urls), teams=frozenset(teams))
+    monkeypatch.setattr(settings, "CREDENTIAL_ENV_BINDINGS", {**settings.CREDENTIAL_ENV_BINDINGS, variable: binding})
+
+
 def wait_until(predicate, *, seconds=30, interval=0.2, message="condition"):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

@@ -11,6 +11,7 @@ from panel.benchmarks.models import BenchmarkRun
 from panel.benchmarks.services import benchmark_execute, benchmark_launch
 from panel.channels.models import Channel, Route, RouteChannel
 from panel.jobs.models import JobState
+from tests.conftest import bind_credential_env
 from tests.fake_upstream import FakeUpstream
 
 
@@ -90,6 +91,7 @@ def test_it_spreads_a_route_over_its_channels_by_weight(team_setup):
 def test_it_fails_a_run_whose_channel_key_is_missing(team_setup, monkeypatch):
     team = team_setup["team_a"]
     monkeypatch.delenv("TOKENWISE_UPSTREAM_BENCH_TEST", raising=False)
+    bind_credential_env(monkeypatch, "TOKENWISE_UPSTREAM_BENCH_TEST", "http://127.0.0.1:9")
     channel = Channel.objects.create(team=team, name="env", base_url="http://127.0.0.1:9/v1", model_id="x",
                                      credential_kind="env", credential_env="TOKENWISE_UPSTREAM_BENCH_TEST")
     run = run_now(benchmark_launch(team=team, user=None, target_kind="channel", target_id=channel.pk, requests=2,

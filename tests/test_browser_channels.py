@@ -6,6 +6,7 @@ from playwright.sync_api import expect
 
 from panel.channels.models import Channel
 from tests.browser import screenshot, sign_in
+from tests.conftest import bind_credential_env
 from tests.test_channels_button import GOOD_KEY, FakeProvider
 
 SEED_B = (Path(__file__).parent / "fixtures" / "seed_settings_b.json").read_text()
@@ -14,6 +15,7 @@ SEED_B = (Path(__file__).parent / "fixtures" / "seed_settings_b.json").read_text
 def test_it_adds_tests_and_imports_channels(page, live_server, team_setup, monkeypatch):
     provider = FakeProvider()
     monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-revoked-key-00000000")
+    bind_credential_env(monkeypatch, "TAOTOKEN_API_KEY", "https://taotoken.net", provider.url)  # the operator's
     try:
         sign_in(page, live_server.url, "alice", "pw-alice-123")
         page.click("nav.sidebar >> text=Channels")

@@ -13,6 +13,7 @@ import pytest
 from panel.channels.diagnosis import describe_upstream_error, diagnose
 from panel.channels.models import Channel, ChannelKind, CredentialKind
 from panel.channels.services import channel_create, channel_test
+from tests.conftest import bind_credential_env
 
 GOOD_KEY = "sk-fake-provider-key-1234"
 
@@ -207,6 +208,7 @@ def test_other_failures_have_their_own_diagnosis(team_setup, provider, behaviour
 
 def test_a_credential_that_cannot_be_produced_sends_nothing(team_setup, provider, monkeypatch):
     monkeypatch.delenv("TOKENWISE_UPSTREAM_FAKE_PROVIDER", raising=False)
+    bind_credential_env(monkeypatch, "TOKENWISE_UPSTREAM_FAKE_PROVIDER", provider.url)
     channel = make(team_setup["team_a"], provider.url + "/v1", credential_kind=CredentialKind.ENV,
                    credential_env="TOKENWISE_UPSTREAM_FAKE_PROVIDER")
     result = channel_test(channel)

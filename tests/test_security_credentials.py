@@ -1,6 +1,6 @@
-"""Attack tests: a channel may read its key only from an environment variable the operator allows (a name starting
-with TOKENWISE_UPSTREAM_, or one listed in TOKENWISE_CREDENTIAL_ENV_ALLOW), never from the panel's own secrets, at
-save (page, API), at settings.json import, and for channels saved before the rule."""
+"""Attack tests: a channel may read its key only from an environment variable the operator binds (in
+TOKENWISE_CREDENTIAL_ENV_BINDINGS; tests/test_security_operator_keys.py tests where it may be sent), never from the
+panel's own secrets, at save (page, API), at settings.json import, and for channels saved before the rule."""
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,6 +12,7 @@ from panel.channels.models import Channel, ChannelKind, CredentialError, Credent
 from panel.channels.services import channel_create, channel_test
 from panel.channels.settings_json import settings_import
 from tests.api_helpers import bearer, token_for
+from tests.conftest import bind_credential_env
 
 PANEL_SECRETS = ["SECRET_KEY", "TOKENWISE_ENCRYPTION_KEYS", "DATABASE_URL", "REDIS_URL", "TOKENWISE_METRICS_TOKEN",
                  "ENGINE_PYTHON", "TOKENWISE_DATA_DIR", "DJANGO_SETTINGS_MODULE"]
@@ -32,8 +33,10 @@ def test_a_panel_secret_cannot_be_named_at_save(team_setup, name):
     assert not Channel.objects.exists()
 
 
-def test_a_panel_secret_stays_refused_even_when_the_operator_lists_it(team_setup, settings):
+def test_a_panel_secret_stays_refused_even_when_the_operator_lists_it(team_setup, settings, monkeypatch):
     settings.CREDENTIAL_ENV_ALLOW = ["SECRET_KEY", "MY_PROVIDER_KEY"]
+    for name in ("SECRET_KEY", "MY_PROVIDER_KEY"):
+        bind_credential_env(monkeypatch, name, "https://attacker.example")
     with pytest.raises(ValidationError):
         env_channel(team_setup["team_a"], "SECRET_KEY")
     assert env_channel(team_setup["team_a"], "MY_PROVIDER_KEY").credential_env == "MY_PROVIDER_KEY"
@@ -45,15 +48,17 @@ def test_a_variable_outside_the_prefix_and_the_list_is_refused(team_setup, name)
         env_channel(team_setup["team_a"], name)
     message = caught.value.message_dict["credential_env"][0]
     assert "not a variable the operator allows" in message and "TOKENWISE_UPSTREAM_" in message
-    assert "TOKENWISE_CREDENTIAL_ENV_ALLOW" in message
+    assert "TOKENWISE_CREDENTIAL_ENV_BINDINGS" in message
 
 
-def test_the_prefix_and_the_list_are_allowed(team_setup, monkeypatch):
+def test_a_bound_variable_and_the_default_binding_are_allowed(team_setup, monkeypatch):
     monkeypatch.setenv("TOKENWISE_UPSTREAM_PROVIDER", "sk-upstream-12345678")
-    channel = env_channel(team_setup["team_a"], "TOKENWISE_UPSTREAM_PROVIDER")
+    bind_credential_env(monkeypatch, "TOKENWISE_UPSTREAM_PROVIDER", "https://provider.example")
+    channel = env_channel(team_setup["team_a"], "TOKENWISE_UPSTREAM_PROVIDER", base_url="https://provider.example/v1")
     assert channel.api_key() == "sk-upstream-12345678" and channel.misconfigured == ""
-    monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-taotoken-12345678")  # the default list: the seeds' variable
-    assert env_channel(team_setup["team_a"], "TAOTOKEN_API_KEY", name="tao").api_key() == "sk-taotoken-12345678"
+    monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-taotoken-12345678")  # the default binding: the seeds' variable
+    assert env_channel(team_setup["team_a"], "TAOTOKEN_API_KEY", name="tao",
+                       base_url="https://taotoken.net/api/v1").api_key() == "sk-taotoken-12345678"
 
 
 def test_the_api_refuses_a_panel_secret_with_the_reason(client, team_setup):

@@ -13,6 +13,7 @@ from panel.channels import settings_json
 from panel.channels.models import Channel, ChannelKind, CredentialKind, Route, RouteChannel, RouteStrategy
 from panel.channels.services import channel_create, route_save
 from panel.channels.settings_json import export_a, export_b, parse, settings_import
+from tests.conftest import bind_credential_env
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED_A = (FIXTURES / "seed_settings_a.json").read_text()
@@ -92,7 +93,7 @@ def test_export_round_trips_the_seeds_files_exactly(team_setup, seed, export):
     assert export_b(team=team) == export_b(team=team, route=route)
 
 
-def test_export_never_writes_a_stored_key(team_setup):
+def test_export_never_writes_a_stored_key(team_setup, monkeypatch):
     team = team_setup["team_a"]
     secret = "sk-very-secret-key-4321"
     data = {"channels": {"box": {"base_url": "http://127.0.0.1:8000/v1", "api_key": "EMPTY", "model_id": "tiny"},
@@ -109,7 +110,9 @@ def test_export_never_writes_a_stored_key(team_setup):
         assert "TOKENWISE_UPSTREAM_CLOUD" in text and "stored encrypted" in json.loads(text)["_note"]
     exported = json.loads(export_b(team=team))
     assert exported["channels"]["cloud"]["api_key"] == "${TOKENWISE_UPSTREAM_CLOUD}"
-    # The export imports again (into another team): the placeholder becomes an environment reference.
+    # The export imports again (into another team): the placeholder becomes an environment reference, once the
+    # operator binds the variable to the provider.
+    bind_credential_env(monkeypatch, "TOKENWISE_UPSTREAM_CLOUD", "https://api.example.com")
     settings_import(team=team_setup["team_b"], text=export_b(team=team))
     assert Channel.objects.get(team=team_setup["team_b"], name="cloud").credential_env == "TOKENWISE_UPSTREAM_CLOUD"
 
@@ -314,8 +317,14 @@ format_b = st.dictionaries(names, st.fixed_dictionaries({
 
 @given(format_b)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_any_valid_format_b_imports_and_exports_back_without_secrets(team_setup, document):
+def test_any_valid_format_b_imports_and_exports_back_without_secrets(team_setup, monkeypatch, document):
     team = team_setup["team_a"]
+    for spec in document["channels"].values():  # the operator binds each variable to the channels' servers
+        if spec["api_key"].startswith("${"):
+            variable = spec["api_key"][2:-1]
+            bound = [other["base_url"] for other in document["channels"].values()
+                     if other["api_key"] == spec["api_key"]]
+            bind_credential_env(monkeypatch, variable, *bound)
     with transaction.atomic():
         settings_import(team=team, text=json.dumps(document))
         route = Route.objects.get(team=team)

@@ -82,7 +82,7 @@ def channel_out(channel):
     out = {name: getattr(channel, name) for name in ChannelOut.model_fields
            if name not in ("credential", "warnings", "last_test")}
     out.update(credential=channel.credential_display, warnings=list(getattr(channel, "warnings", [])),
-               last_test=channel.last_test or None)
+               last_test=channel.last_test or None, misconfigured=channel.problem)
     return out
 
 

@@ -47,7 +47,7 @@ def canary_start(*, route, channel, percent=CANARY_STEPS[0], auto=False, request
     elif route.routechannel_set.filter(channel=channel).exists():
         errors.append(f"{channel.name} already serves this route: the candidate must be a channel the route does "
                       "not use yet (for example the new AWQ deployment's local channel).")
-    elif not channel.enabled or channel.misconfigured:
+    elif not channel.enabled or channel.problem:
         errors.append(f"{channel.name} is disabled or misconfigured: fix it (and press Test) before a canary.")
     if percent not in CANARY_STEPS[:-1]:
         errors.append(f"Start at one of {', '.join(f'{step}%' for step in CANARY_STEPS[:-1])}.")

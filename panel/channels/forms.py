@@ -27,7 +27,8 @@ HELP = {
     "apis": "The APIs the server speaks (a local vLLM speaks both). A request in the other one is translated "
             "(Anthropic Messages to OpenAI chat completions, or back); what cannot be is refused with a 400 naming it.",
     "credential_kind": "Where the key comes from. A local vLLM checks none (EMPTY).",
-    "credential_env": "For \"Environment variable\": the variable the panel reads the key from, e.g. TAOTOKEN_API_KEY.",
+    "credential_env": "For \"Environment variable\": the variable the panel reads the key from, e.g. TAOTOKEN_API_KEY "
+                      "(sent only to the addresses the operator binds it to).",
     "connect_timeout_seconds": "How long connecting to the server may take.",
     "first_byte_timeout_seconds": "How long an attempt may wait for the first token of a stream (for a non-streamed "
                                   "request: for the whole answer, which arrives at once) before the next channel is "

@@ -8,7 +8,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import models
 
-from panel.channels.credential_env import env_name_refusal
+from panel.channels.credential_env import env_binding_refusal
 from panel.core import crypto
 from panel.core.crypto import CredentialError  # noqa: F401  (the gateway imports it from here)
 from panel.env import EnvError
@@ -136,9 +136,9 @@ class Channel(models.Model):
         if self.credential_kind == CredentialKind.ENV:
             if not self.credential_env:
                 raise CredentialError("the channel reads its key from an environment variable but names none")
-            refusal = env_name_refusal(self.credential_env)
-            if refusal:  # a channel saved before the rule, or a variable the operator no longer allows
-                raise CredentialError(refusal)
+            refusal = env_binding_refusal(self)
+            if refusal:  # a channel saved before the rule, or a variable or address the operator no longer allows
+                raise CredentialError(refusal[1])
             value = os.environ.get(self.credential_env, "").strip()
             if not value:
                 raise CredentialError(f"the environment variable {self.credential_env} is not set (or empty) in the "
@@ -166,6 +166,15 @@ class Channel(models.Model):
         except CredentialError as error:
             return str(error)
         return ""
+
+    @property
+    def problem(self):
+        """Why the gateway does not call this channel, for the pages: the reason stored when it was saved or tested,
+        or the operator's bindings, which may have changed since; "" when none."""
+        if self.misconfigured or self.credential_kind != CredentialKind.ENV or not self.credential_env:
+            return self.misconfigured
+        refusal = env_binding_refusal(self)
+        return refusal[1] if refusal else ""
 
     @property
     def credential_display(self):

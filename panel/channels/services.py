@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from panel.channels import diagnosis, rules
-from panel.channels.credential_env import env_name_refusal
+from panel.channels.credential_env import env_binding_refusal, env_name_refusal
 from panel.channels.models import (
     EMPTY_KEY,
     Channel,
@@ -227,6 +227,10 @@ def channel_check(channel, *, api_key=""):
             add("api_key", ["Enter the key to store (it is encrypted at rest and never shown again)."])
     elif kind == CredentialKind.ENV:
         add("credential_env", env_name_errors(channel.credential_env))
+        if not errors.get("credential_env") and not errors.get("base_url"):
+            refusal = env_binding_refusal(channel)  # the operator's key goes only where the operator bound it
+            if refusal:
+                add(refusal[0], [refusal[1][:1].upper() + refusal[1][1:]])
         if not errors.get("credential_env"):
             if not os.environ.get(channel.credential_env):
                 warnings.append(f"{channel.credential_env} is not set in the panel's environment: the gateway "

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from panel.channels.credential_env import display_origin
 from panel.channels.models import EMPTY_KEY, Channel, ChannelKind, CredentialKind, Route, RouteStrategy
 from panel.channels.services import (
     LIMITS,
@@ -36,6 +37,7 @@ from panel.channels.services import (
     route_save,
 )
 from panel.core import safejson
+from panel.env import url_origin
 
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 8
@@ -489,13 +491,20 @@ def placeholder_env(channel):
     return "TOKENWISE_UPSTREAM_" + re.sub(r"[^A-Za-z0-9]", "_", channel.name).upper()
 
 
+def placeholder_note(channel, name):
+    """What to do where the file is used: a Tokenwise there sends the variable only where its operator binds it."""
+    origin = url_origin(channel.base_url)
+    return (f"{channel.name}: its key is stored encrypted in Tokenwise and is not exported; set {name} where this file "
+            f"is used (in Tokenwise, bound to {display_origin(origin) if origin else 'its server'} in "
+            "TOKENWISE_CREDENTIAL_ENV_BINDINGS).")
+
+
 def _key_b(channel, notes):
     if channel.credential_kind == CredentialKind.ENV:
         return f"${{{channel.credential_env}}}"
     if channel.credential_kind == CredentialKind.STORED:
         name = placeholder_env(channel)
-        notes.append(f"{channel.name}: its key is stored encrypted in Tokenwise and is not exported; set {name} "
-                     "where this file is used.")
+        notes.append(placeholder_note(channel, name))
         return f"${{{name}}}"
     return EMPTY_KEY
 
@@ -543,8 +552,7 @@ def export_a(*, route):
             document["api_key_env"] = remote.credential_env
         elif remote.credential_kind == CredentialKind.STORED:
             document["api_key_env"] = placeholder_env(remote)
-            notes.append(f"{remote.name}: its key is stored encrypted in Tokenwise and is not exported; set "
-                         f"{document['api_key_env']} where this file is used.")
+            notes.append(placeholder_note(remote, document["api_key_env"]))
         else:
             document["api_key_env"] = ""
     source = remote or local

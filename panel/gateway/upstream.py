@@ -125,7 +125,8 @@ def stalled(seconds, what):
 
 
 async def send_request(target, path, payload, limits, api="chat"):
-    """POST and wait for the response headers, at most `limits.first_byte` seconds."""
+    """POST and wait for the response headers, at most `limits.first_byte` seconds. A redirect is an answer like any
+    other non-200, never followed: aiohttp would carry x-api-key (the operator's key, maybe) to another origin."""
     try:
         async with asyncio.timeout(limits.first_byte):
             return await session(target.loopback_ok).post(target.base_url.rstrip("/") + path,
