@@ -21,7 +21,7 @@ from panel.benchmarks.models import Ladder
 from panel.jobs.models import JobState
 from panel.registry.models import QuantizationJob
 from panel.registry.services import model_register, quantization_launch
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 
 
 @pytest.mark.timeout(3600)

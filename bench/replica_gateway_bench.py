@@ -42,8 +42,8 @@ from panel.registry.services import model_register
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
 from panel.serving.services import deployment_launch, deployment_stop
 from panel.usage.models import RequestLog
-from tests.conftest import wait_until
-from tests.test_gateway import gateway  # noqa: F401 (fixture)
+from tests.support.gateway import gateway  # noqa: F401 (fixture)
+from tests.support.waiting import wait_until
 
 S = DeploymentState
 SERVED = "tiny-chat"
