@@ -90,6 +90,26 @@ def launch_tiny(start_worker, tmp_path):
     return launch
 
 
+# Markers by the fixtures a test uses (its whole fixture closure), so that a new test is marked by what it needs:
+# `make test-fast` runs `not engine and not browser`. A test that needs the engine venv without one of these
+# fixtures (it starts a gpu worker, runs ENGINE_PYTHON or builds the demo model itself) carries the marker
+# explicitly, as a module-level `pytestmark` or on the test.
+ENGINE_FIXTURES = {"launch_tiny", "demo_model", "demo_model_path"}  # the demo model is built by the engine venv
+BROWSER_FIXTURES = {"page", "chromium"}  # tests/support/browser.py
+SLOW_FIXTURES = {"launch_tiny", "start_worker"}  # an engine start (~40 s), real Celery worker processes
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        names = set(item.fixturenames)
+        if names & ENGINE_FIXTURES:
+            item.add_marker(pytest.mark.engine)
+        if names & BROWSER_FIXTURES:
+            item.add_marker(pytest.mark.browser)
+        if names & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+
+
 # One Chromium for the whole run: the fixtures live here, not in each browser test module, because a second
 # session-scoped Playwright started by another module would find the first one's event loop running.
 from tests.support.browser import chromium, page  # noqa: E402,F401

@@ -16,6 +16,7 @@ from tests.support.benchmarks import assert_sane
 from tests.support.browser import screenshot, sign_in
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.engine  # the real engine on a gpu worker
 WORKLOAD = dict(workload="synthetic", input_tokens=48, output_tokens=16, requests=8, warmup_requests=1,
                 concurrency=4)
 

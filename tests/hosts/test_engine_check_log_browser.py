@@ -2,11 +2,14 @@
 leaves known third-party banners out and offers the full log as a download."""
 import subprocess
 
+import pytest
 from django.conf import settings
 from playwright.sync_api import expect
 
 from panel.hosts.models import EngineCheck, WorkerHost
 from tests.support.browser import screenshot, sign_in
+
+pytestmark = pytest.mark.engine  # it runs ENGINE_PYTHON
 
 
 def test_the_engine_check_log_leaves_the_autoawq_banner_out_and_the_full_log_downloads(page, live_server,

@@ -17,6 +17,7 @@ def online_gpu_host():
                       seconds=30, message="the GPU worker to announce itself")
 
 
+@pytest.mark.engine  # a gpu worker and the engine check
 def test_it_runs_a_job_through_the_broker_on_a_real_worker(start_worker, team_setup):
     start_worker("gpu")
     host = online_gpu_host()
@@ -36,6 +37,7 @@ def test_it_runs_a_job_through_the_broker_on_a_real_worker(start_worker, team_se
     assert check.worker == "gpu@testhost" and check.pid is None
 
 
+@pytest.mark.engine  # a gpu worker
 def test_it_runs_a_redelivered_message_once(start_worker, team_setup):
     worker = start_worker("gpu")
     host = online_gpu_host()
@@ -51,6 +53,7 @@ def test_it_runs_a_redelivered_message_once(start_worker, team_setup):
     assert "duplicate delivery ignored" in worker.log()
 
 
+@pytest.mark.engine  # a gpu worker and the engine check
 def test_it_fails_the_job_of_a_killed_worker_and_leaves_no_orphan(start_worker, team_setup):
     worker = start_worker("gpu")
     host = online_gpu_host()

@@ -50,7 +50,6 @@ def demo_model(tmp_path_factory):
     return path, out.getvalue()
 
 
-@pytest.mark.engine
 def test_it_builds_byte_identical_files_twice(demo_model, tmp_path):
     first, output = demo_model
     assert "training tokenizer" in output and f"Demo model at {first}" in output
@@ -65,7 +64,6 @@ def test_it_builds_byte_identical_files_twice(demo_model, tmp_path):
     assert [item.name for item in tmp_path.iterdir()] == [DEMO_MODEL_DIRNAME]  # no temporary folder left
 
 
-@pytest.mark.engine
 def test_it_learned_from_its_corpus(demo_model):
     path, output = demo_model
     training = json.loads((path / "training.json").read_text())
@@ -76,7 +74,6 @@ def test_it_learned_from_its_corpus(demo_model):
     assert training["random_model_held_out_perplexity"] > 1000 and training["held_out_tokens"] > 3000
 
 
-@pytest.mark.engine
 def test_it_copies_the_cached_build_instead_of_training_again(demo_model, tmp_path):
     from panel.registry.demo_model import cache_path
 
@@ -86,7 +83,6 @@ def test_it_copies_the_cached_build_instead_of_training_again(demo_model, tmp_pa
     assert copy["reused"] is True and file_digests(tmp_path / "copy") == file_digests(path)
 
 
-@pytest.mark.engine
 def test_it_reuses_a_complete_model(demo_model):
     path, _ = demo_model
     before = file_digests(path)
@@ -97,7 +93,6 @@ def test_it_reuses_a_complete_model(demo_model):
     assert file_digests(path) == before
 
 
-@pytest.mark.engine
 def test_it_is_a_small_qwen2_checkpoint(demo_model):
     path, _ = demo_model
     config = json.loads((path / "config.json").read_text())
@@ -112,7 +107,6 @@ def test_it_is_a_small_qwen2_checkpoint(demo_model):
     assert "<|im_start|>" in json.loads((path / "tokenizer_config.json").read_text())["chat_template"]
 
 
-@pytest.mark.engine
 def test_it_loads_and_generates_in_the_engine_venv(demo_model):
     path, _ = demo_model
     completed = subprocess.run([settings.ENGINE_PYTHON, "-c", LOAD_AND_GENERATE, str(path)], capture_output=True,

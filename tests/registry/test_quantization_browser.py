@@ -1,9 +1,12 @@
 """In Chromium: register the demo model, pick a scheme on the quantization form (each scheme's size, time and
 whether the worker serves it), follow the job's bar inside a layer to done, then its quality report to the model
 page, where the quantized model stands beside its parent."""
+import pytest
 from playwright.sync_api import expect
 
 from tests.support.browser import screenshot, sign_in
+
+pytestmark = pytest.mark.engine  # the demo model, a real quantization on a gpu worker
 
 
 def test_it_quantizes_from_the_form_and_shows_the_quality_report(page, live_server, team_setup, start_worker,

@@ -22,6 +22,8 @@ from panel.serving.services import deployment_launch, deployment_stop
 from tests.support.gateway_server import GatewayServer
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.engine  # llm-compressor, vLLM and a gpu worker
+
 
 def finished(model, pk, seconds):
     wait_until(lambda: model.objects.get(pk=pk).is_final, seconds=seconds, interval=0.5, message=model.__name__)
@@ -35,7 +37,6 @@ def quantize_and_report(team, user, source, host, **settings):
     return job
 
 
-@pytest.mark.engine
 def test_it_quantizes_evaluates_and_serves_the_demo_model(start_worker, team_setup, tmp_path, settings):
     from django.db import connection
 

@@ -1,8 +1,11 @@
 """In Chromium: create a profile from a preset, launch it on the real CPU engine, watch it become ready, stop it."""
+import pytest
 from playwright.sync_api import expect
 
 from panel.registry.services import model_register
 from tests.support.browser import screenshot, sign_in
+
+pytestmark = pytest.mark.engine  # the demo model and a real engine on a gpu worker
 
 
 def test_it_creates_launches_watches_and_stops_a_deployment(page, live_server, team_setup, start_worker, tmp_path):

@@ -378,6 +378,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.engine  # vLLM's own parser, in ENGINE_PYTHON
 def test_it_passes_vllms_own_argument_parser(tmp_path):
     on = seed_profile(served_model_name="qwen", extra_args="--enforce-eager --max-log-len 100")
     off = seed_profile(quantization="none", quantization_bits=None, enable_prefix_caching=False,

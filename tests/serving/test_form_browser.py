@@ -1,11 +1,14 @@
 """In Chromium: the serving-profile form as a new user meets it. Its default max model length once was 8,192 for
 the demo model's 4,096 positions (refused), it answered errors in rounds, and the launch preview said --port 8000
 while the settings said the port is picked at launch."""
+import pytest
 from playwright.sync_api import expect
 
 from panel.registry.services import model_register
 from panel.serving.models import ServingProfile
 from tests.support.browser import screenshot, sign_in
+
+pytestmark = pytest.mark.engine  # each test builds the demo model
 
 
 def test_the_profile_form_defaults_from_the_model_and_answers_every_error_at_once(page, live_server, team_setup,

@@ -1,4 +1,5 @@
 """In Chromium: sign in, see the navigation, switch team, and watch the Workers page show a real worker."""
+import pytest
 from playwright.sync_api import expect
 
 from panel.accounts.models import Role
@@ -37,6 +38,7 @@ def test_it_switches_team_from_the_top_bar(page, live_server, team_setup):
     expect(page.locator(".message.success")).to_contain_text("Now working in Team B")
 
 
+@pytest.mark.engine  # a gpu worker
 def test_it_shows_a_real_worker_online_and_refreshes_live(page, live_server, team_setup, start_worker):
     sign_in(page, live_server.url, "vera", "pw-vera-123")
     page.click("nav.sidebar >> text=Workers")
@@ -51,6 +53,7 @@ def test_it_shows_a_real_worker_online_and_refreshes_live(page, live_server, tea
     screenshot(page, "workers")
 
 
+@pytest.mark.engine  # a gpu worker and the engine check
 def test_it_runs_an_engine_check_and_shows_its_progress(page, live_server, team_setup, start_worker):
     start_worker("gpu")
     sign_in(page, live_server.url, "alice", "pw-alice-123")

@@ -6,6 +6,7 @@ import os
 import signal
 from types import SimpleNamespace
 
+import pytest
 import httpx
 
 from panel.accounts.keys import key_issue
@@ -21,6 +22,7 @@ from tests.support.engine_processes import engine_processes
 from tests.support.gateway import gateway  # noqa: F401 (fixture)
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.engine  # the demo model and two real engines on gpu workers
 S = DeploymentState
 START_SECONDS = 300
 

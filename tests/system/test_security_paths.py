@@ -7,6 +7,8 @@ from panel.registry.demo_model import build_demo_model
 from panel.registry.models import RegisteredModel
 from panel.registry.services import model_register
 
+pytestmark = pytest.mark.engine  # the `tiny` fixture builds the demo model
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
