@@ -7,6 +7,7 @@ import signal
 import pytest
 
 from tests.support.environment import DATA_DIR, REDIS_PORT, REDIS_URL
+from tests.support.teams import teams_create
 from tests.support.waiting import wait_until
 from tests.support.workers import WorkerProcess
 
@@ -29,18 +30,9 @@ def _clean_redis(redis_server):
 
 
 @pytest.fixture
-def team_setup(db, django_user_model):
+def team_setup(db):
     """Two teams; `alice` owns team A, `vera` is a viewer in A, `bob` owns team B."""
-    from panel.accounts.models import Role
-    from panel.accounts.services import membership_add, team_create
-
-    alice = django_user_model.objects.create_user("alice", password="pw-alice-123")
-    bob = django_user_model.objects.create_user("bob", password="pw-bob-123")
-    vera = django_user_model.objects.create_user("vera", password="pw-vera-123")
-    team_a = team_create(name="Team A", owner=alice)
-    team_b = team_create(name="Team B", owner=bob)
-    membership_add(team=team_a, user=vera, role=Role.VIEWER)
-    return {"alice": alice, "bob": bob, "vera": vera, "team_a": team_a, "team_b": team_b}
+    return teams_create()
 
 
 @pytest.fixture
