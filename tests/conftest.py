@@ -85,10 +85,10 @@ def launch_tiny(start_worker, tmp_path):
 # Markers by the fixtures a test uses (its whole fixture closure), so that a new test is marked by what it needs:
 # `make test-fast` runs `not engine and not browser`. A test that needs the engine venv without one of these
 # fixtures (it starts a gpu worker, runs ENGINE_PYTHON or builds the demo model itself) carries the marker
-# explicitly, as a module-level `pytestmark` or on the test.
+# explicitly, as a module-level `pytestmark` or on the test; so does a test over ~20 s without the engine (`slow`).
 ENGINE_FIXTURES = {"launch_tiny", "demo_model", "demo_model_path"}  # the demo model is built by the engine venv
 BROWSER_FIXTURES = {"page", "chromium"}  # tests/support/browser.py
-SLOW_FIXTURES = {"launch_tiny", "start_worker"}  # an engine start (~40 s), real Celery worker processes
+SLOW_FIXTURES = {"launch_tiny"}  # an engine start, ~40 s
 
 
 def pytest_collection_modifyitems(items):

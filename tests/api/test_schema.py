@@ -58,6 +58,7 @@ def seeded(team_setup, in_process):
     return team_setup
 
 
+@pytest.mark.slow  # 64 s: generated requests for every operation and role
 def test_every_operation_answers_by_its_schema_and_the_pages_roles(seeded, django_user_model):
     tokens = role_tokens(seeded, django_user_model)
     roles = operation_roles()

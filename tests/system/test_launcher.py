@@ -104,6 +104,7 @@ def stop_launcher(process):
     return process.stdout.read()
 
 
+@pytest.mark.engine  # `make run` builds the demo model in the engine venv
 def test_it_starts_everything_signs_in_and_stops_on_ctrl_c(tmp_path):
     port = free_port()
     env = launcher_env(tmp_path, TOKENWISE_PORT=str(port), TOKENWISE_REDIS_PORT=str(free_port()),
