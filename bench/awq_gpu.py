@@ -6,7 +6,7 @@ fixed seed, built directly on the GPU by transformers and saved with the demo mo
 4096 tokens and the vocabulary stays 151936 (the real model's parameter count): calibration only uses ids below
 4096, which the embedding has. Then the runner quantizes it (4-bit, group 128, zero point, GEMM, builtin
 calibration) exactly as a worker would start it, and the runner's JSON lines, its result and the wall time are
-printed and written to OUT_DIR. With --check, tests/engine/awq_dequant_check.py compares the dequantized weights
+printed and written to OUT_DIR. With --check, tests/support/engine/awq_dequant_check.py compares the dequantized weights
 with the originals (on the GPU).
 
     python bench/awq_gpu.py --tokenizer DIR_WITH_TOKENIZER_FILES [--out-dir DIR] [--work-dir /tmp/awq-bench]

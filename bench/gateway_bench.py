@@ -237,7 +237,7 @@ def main():
     args = parser.parse_args()
     results = {}
     up_port, gw_port = free_port(), free_port()
-    upstream = start([sys.executable, "-m", "tests.fake_upstream", "--port", str(up_port), "--chunks", "20",
+    upstream = start([sys.executable, "-m", "tests.support.fake_upstream", "--port", str(up_port), "--chunks", "20",
                       "--model", "fake-model"], ready_url=f"http://127.0.0.1:{up_port}/v1/models")
     upstream_url = f"http://127.0.0.1:{up_port}/v1"
     data_dir = Path(tempfile.mkdtemp(prefix="tokenwise-bench-"))

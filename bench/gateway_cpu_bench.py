@@ -190,7 +190,7 @@ def main():
                         help="profile with cProfile on the event loop thread's CPU clock instead (every call)")
     args = parser.parse_args()
     up_port = free_port()
-    upstream = start([sys.executable, "-m", "tests.fake_upstream", "--port", str(up_port), "--chunks",
+    upstream = start([sys.executable, "-m", "tests.support.fake_upstream", "--port", str(up_port), "--chunks",
                       str(UPSTREAM_CHUNKS), "--model", "fake-model"],
                      ready_url=f"http://127.0.0.1:{up_port}/v1/models")
     data_dir = Path(tempfile.mkdtemp(prefix="tokenwise-cpu-bench-"))

@@ -17,7 +17,7 @@ import bench.gateway_bench as gb  # noqa: E402
 
 requests = int(sys.argv[2]) if len(sys.argv) > 2 else 500
 up_port, gw_port = gb.free_port(), gb.free_port()
-upstream = gb.start([sys.executable, "-m", "tests.fake_upstream", "--port", str(up_port), "--chunks", "20",
+upstream = gb.start([sys.executable, "-m", "tests.support.fake_upstream", "--port", str(up_port), "--chunks", "20",
                      "--model", "fake-model"], ready_url=f"http://127.0.0.1:{up_port}/v1/models")
 upstream_url = f"http://127.0.0.1:{up_port}/v1"
 env, key = gb.prepare_panel(Path(tempfile.mkdtemp(prefix="tw-ab-")), upstream_url)

@@ -1,8 +1,8 @@
 """bench/replica_bench.py's workload through the real panel (phase 2 of issue 19's "Numbers"; not a test of the
-suite, results in docs/benchmarks.md).
+suite, results in docs/benchmarks.md; a script, not a test).
 
-It uses the test fixtures (a private Redis, an SQLite file, real Celery workers, the gateway under uvicorn) to do
-what an operator does: two GPU workers with their own TOKENWISE_HOST_NAME (host-a, host-b: two "hosts" on this one
+It sets up a private panel as the test run does (tests/support/bench_panel.py: a private Redis, an SQLite file, real
+Celery workers, the gateway under uvicorn) and does what an operator does: two GPU workers with their own TOKENWISE_HOST_NAME (host-a, host-b: two "hosts" on this one
 machine, each engine pinned to its own core with VLLM_CPU_OMP_THREADS_BIND), the demo model registered, a serving
 profile whose extra_args cap the KV cache (--num-gpu-blocks-override), a deployment launched with replicas=2, and the
 route the deployment made, whose `balance` is set per arm. Every request goes to the gateway's
@@ -11,8 +11,7 @@ The kill arm SIGKILLs one replica's engine process group mid-run and lets the su
 end, then psutil: no engine process may be left.
 
     REPLICA_BENCH_ARGS="--kv-blocks 144 --rate 4 --seconds 90 --kill" REPLICA_BENCH_OUT=/tmp/replica-gateway.json \
-    flock /tmp/tw-heavy.lock .venv/bin/python -m pytest bench/replica_gateway_bench.py -p tests.settings \
-        -p tests.conftest -s -q
+    flock /tmp/tw-heavy.lock .venv/bin/python -m bench.replica_gateway_bench
 """
 import asyncio
 import contextlib
@@ -22,28 +21,27 @@ import random
 import shlex
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import replica_bench as rb
+from tests.support.bench_panel import bench_panel, django_setup
 
-from panel.accounts.keys import key_issue
-from panel.channels.models import Channel, Route
-from panel.channels.routing import routing_changed
-from panel.core import crypto
-from panel.hosts.models import WorkerHost
-from panel.registry.services import model_register
-from panel.serving.models import Deployment, DeploymentState, ServingProfile
-from panel.serving.services import deployment_launch, deployment_stop
-from panel.usage.models import RequestLog
-from tests.conftest import wait_until
-from tests.test_gateway import gateway  # noqa: F401 (fixture)
+django_setup()  # before the panel's models are imported
+
+from bench import replica_bench as rb  # noqa: E402
+from panel.accounts.keys import key_issue  # noqa: E402
+from panel.channels.models import Channel, Route  # noqa: E402
+from panel.channels.routing import routing_changed  # noqa: E402
+from panel.core import crypto  # noqa: E402
+from panel.hosts.models import WorkerHost  # noqa: E402
+from panel.registry.services import model_register  # noqa: E402
+from panel.serving.models import Deployment, DeploymentState, ServingProfile  # noqa: E402
+from panel.serving.services import deployment_launch, deployment_stop  # noqa: E402
+from panel.usage.models import RequestLog  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
 
 S = DeploymentState
 SERVED = "tiny-chat"
@@ -95,12 +93,17 @@ def attribute(records, channel_to_replica, seconds=30):
     return rows
 
 
-@pytest.mark.timeout(3600)
-def test_replicas_through_the_gateway(start_worker, team_setup, tmp_path, gateway):  # noqa: F811
+def main():
+    with bench_panel() as lab:
+        replicas_through_the_gateway(lab)
+
+
+def replicas_through_the_gateway(lab):
     args = rb.build_parser().parse_args(shlex.split(os.environ.get("REPLICA_BENCH_ARGS", "")))
     out = Path(os.environ.get("REPLICA_BENCH_OUT", "/tmp/replica-gateway-bench.json"))
-    team = team_setup["team_a"]
-    path = tmp_path / "tiny"
+    team = lab.teams["team_a"]
+    gateway = lab.start_gateway()
+    path = lab.tmp_path / "tiny"
     shutil.copytree(rb.demo_model_path(), path)
     model = model_register(team=team, user=None, source=str(path), name="tiny")
     extra = f"--enforce-eager --num-gpu-blocks-override {args.kv_blocks}"
@@ -113,7 +116,7 @@ def test_replicas_through_the_gateway(start_worker, team_setup, tmp_path, gatewa
         env = {"TOKENWISE_HOST_NAME": host}
         if args.pin:
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(index % os.cpu_count())
-        start_worker("gpu", **env)
+        lab.start_worker("gpu", **env)
     wait_until(lambda: WorkerHost.objects.filter(kind="gpu", last_seen__isnull=False).count() == 2,
                message="both GPU workers")
 
@@ -125,7 +128,8 @@ def test_replicas_through_the_gateway(start_worker, team_setup, tmp_path, gatewa
         for replica in head.replicas():
             if replica.state == S.READY and replica.pk not in ready_s:
                 ready_s[replica.pk] = time.monotonic() - launched
-            assert replica.state not in (S.FAILED, S.STOPPED), replica.failure_reason
+            if replica.state in (S.FAILED, S.STOPPED):
+                raise SystemExit(f"replica_gateway_bench: a replica ended {replica.state}: {replica.failure_reason}")
         return len(ready_s) == 2
 
     wait_until(both_ready, seconds=400, interval=0.5, message="both replicas")
@@ -134,7 +138,9 @@ def test_replicas_through_the_gateway(start_worker, team_setup, tmp_path, gatewa
         renice_group(replica.pid, args.engine_nice)
     # One replica per "host" is the set-up measured (each worker pins its engine to its own core); a run where
     # placement stacked both on one host (seen once: both on host-a, both engines on core 0) measures contention.
-    assert len({replica.host.host for replica in replicas}) == 2, [replica.host.host for replica in replicas]
+    if len({replica.host.host for replica in replicas}) != 2:
+        raise SystemExit(f"replica_gateway_bench: both replicas were placed on one host "
+                         f"({[replica.host.host for replica in replicas]}): that measures contention, not two hosts")
     results = {"machine": rb.machine(), "args": vars(args), "routing": "the gateway (route.balance)",
                "profile_extra_args": extra, "command": replicas[0].command,
                "hosts": [replica.host.host for replica in replicas],
@@ -142,7 +148,7 @@ def test_replicas_through_the_gateway(start_worker, team_setup, tmp_path, gatewa
     route = Route.objects.get(team=team, model_name=SERVED)
     channels = {channel.pk: index for index, replica in enumerate(replicas)
                 for channel in Channel.objects.filter(deployment=replica)}
-    _, raw = key_issue(team=team, user=team_setup["alice"], name="bench")
+    _, raw = key_issue(team=team, user=lab.teams["alice"], name="bench")
     target = rb.ThroughGateway(rb.Gateway(gateway.url, raw))
     rb.log(f"both replicas ready ({results['ready_s']} s after launch) on {results['hosts']}; "
            f"route {route.model_name} over channels {list(channels)}")
@@ -263,7 +269,8 @@ def test_replicas_through_the_gateway(start_worker, team_setup, tmp_path, gatewa
         rb.log(json.dumps({k: v for k, v in result.items() if k != "records"}))
         out.write_text(json.dumps(results, indent=1))
 
-    assert deployment_stop(deployment=head) is True
+    if deployment_stop(deployment=head) is not True:
+        raise SystemExit("replica_gateway_bench: the deployment did not accept the stop")
     stopped = time.monotonic()
     wait_until(lambda: {r.state for r in head.replicas()} <= {S.STOPPED, S.FAILED}, seconds=90, message="stopped")
     results["stop_s"] = round(time.monotonic() - stopped, 1)
@@ -275,7 +282,9 @@ def test_replicas_through_the_gateway(start_worker, team_setup, tmp_path, gatewa
     print("\n" + rb.table(results))
     print(json.dumps({k: v for k, v in results.items() if k not in ("arms", "kill_arm")}
                      | {"kill": results.get("kill_arm", {}).get("kill")}, indent=1))
-    assert results["engine_processes_after_stop"] == []
+    if results["engine_processes_after_stop"]:
+        raise SystemExit(f"replica_gateway_bench: engine processes left after the stop: "
+                         f"{results['engine_processes_after_stop']}")
 
 
 def _pgid(process):
@@ -290,3 +299,7 @@ def _alive(pid):
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+if __name__ == "__main__":
+    main()

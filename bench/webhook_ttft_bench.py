@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway_bench import BODY, free_port, prepare_panel, start, stop, ttft  # noqa: E402
-from tests.fake_upstream import closed_port  # noqa: E402
-from tests.webhook_receiver import Receiver  # noqa: E402
+from tests.support.fake_upstream import closed_port  # noqa: E402
+from tests.support.webhook_receiver import Receiver  # noqa: E402
 
 
 def shell(env, code):
@@ -42,7 +42,7 @@ def main():
     data_dir = Path(tempfile.mkdtemp(prefix="tokenwise-webhook-bench-"))
     redis = start_redis(port=redis_port, data_dir=data_dir / "redis")
     os.environ["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
-    upstream = start([sys.executable, "-m", "tests.fake_upstream", "--port", str(up_port), "--chunks", "20",
+    upstream = start([sys.executable, "-m", "tests.support.fake_upstream", "--port", str(up_port), "--chunks", "20",
                       "--model", "fake-model"], ready_url=f"http://127.0.0.1:{up_port}/v1/models")
     env, key = prepare_panel(data_dir, f"http://127.0.0.1:{up_port}/v1")
     env.update(TOKENWISE_WEBHOOK_COOLDOWN_REPEAT_SECONDS="1", TOKENWISE_WEBHOOK_TIMEOUT_SECONDS="10")

@@ -1,32 +1,16 @@
 """Test set-up: a private data dir, a private Redis (a real redis-server), a SQLite test database in a file
-so that real worker processes share it, and helpers to start real Celery workers."""
-import asyncio
+so that real worker processes share it, and fixtures that start real Celery workers. The plain helpers live in
+tests/support/ (environment, waiting, workers)."""
 import os
 import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA_DIR = Path(os.environ["TOKENWISE_DATA_DIR"])
-REDIS_URL = os.environ["REDIS_URL"]
-REDIS_PORT = int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])
-
-
-def panel_env(**changes):
-    """The environment for a subprocess of the panel (manage.py, a worker): the real settings module."""
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="panel.settings", PYTHONUNBUFFERED="1")
-    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    for name, value in changes.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
+from tests.support.environment import DATA_DIR, REDIS_PORT, REDIS_URL
+from tests.support.teams import teams_create
+from tests.support.waiting import wait_until
+from tests.support.workers import WorkerProcess
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -47,68 +31,9 @@ def _clean_redis(redis_server):
 
 
 @pytest.fixture
-def team_setup(db, django_user_model):
+def team_setup(db):
     """Two teams; `alice` owns team A, `vera` is a viewer in A, `bob` owns team B."""
-    from panel.accounts.models import Role
-    from panel.accounts.services import membership_add, team_create
-
-    alice = django_user_model.objects.create_user("alice", password="pw-alice-123")
-    bob = django_user_model.objects.create_user("bob", password="pw-bob-123")
-    vera = django_user_model.objects.create_user("vera", password="pw-vera-123")
-    team_a = team_create(name="Team A", owner=alice)
-    team_b = team_create(name="Team B", owner=bob)
-    membership_add(team=team_a, user=vera, role=Role.VIEWER)
-    return {"alice": alice, "bob": bob, "vera": vera, "team_a": team_a, "team_b": team_b}
-
-
-class WorkerProcess:
-    """A real Celery worker (`python -m workers.start KIND`) against the test database and Redis."""
-
-    def __init__(self, kind, database_path, extra_env=None):
-        self.kind = kind
-        self.log_path = DATA_DIR / f"worker-{kind}-{time.monotonic_ns()}.log"
-        env = panel_env(DATABASE_URL=f"sqlite:///{database_path}", **(extra_env or {}))
-        self.log_file = open(self.log_path, "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "workers.start", kind], cwd=ROOT, env=env,
-                                        stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_ready(self, seconds=60):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"worker exited early:\n{self.log()}")
-            if (b"beat: Starting" if self.kind == "beat" else b"ready.") in self.log_path.read_bytes():
-                return self
-            time.sleep(0.2)
-        raise AssertionError(f"worker not ready after {seconds} s:\n{self.log()}")
-
-    def log(self):
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def child_pids(self):
-        import psutil
-
-        try:
-            return [child.pid for child in psutil.Process(self.process.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
-
-    def kill(self):
-        """SIGKILL the whole worker (main process and pool children), as a lost host would."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
-
-    def stop(self):
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.log_file.close()
+    return teams_create()
 
 
 @pytest.fixture
@@ -199,46 +124,26 @@ def demo_model_cache():
     return seed
 
 
-def bind_credential_env(monkeypatch, variable, *urls, teams=()):
-    """Bind an environment variable to the origins of `urls` (and to `teams`' slugs) for one test, as the operator's
-    TOKENWISE_CREDENTIAL_ENV_BINDINGS does."""
-    from django.conf import settings
-
-    from panel.env import CredentialBinding, url_origin
-
-    binding = CredentialBinding(origins=frozenset(url_origin(url) for url in urls), teams=frozenset(teams))
-    monkeypatch.setattr(settings, "CREDENTIAL_ENV_BINDINGS", {**settings.CREDENTIAL_ENV_BINDINGS, variable: binding})
+# Markers by the fixtures a test uses (its whole fixture closure), so that a new test is marked by what it needs:
+# `make test-fast` runs `not engine and not browser`. A test that needs the engine venv without one of these
+# fixtures (it starts a gpu worker, runs ENGINE_PYTHON or builds the demo model itself) carries the marker
+# explicitly, as a module-level `pytestmark` or on the test; so does a test over ~20 s without the engine (`slow`).
+ENGINE_FIXTURES = {"launch_tiny", "demo_model", "demo_model_path", "demo_model_cache"}  # the demo model is built by the engine venv
+BROWSER_FIXTURES = {"page", "chromium"}  # tests/support/browser.py
+SLOW_FIXTURES = {"launch_tiny"}  # an engine start, ~40 s
 
 
-def wait_until(predicate, *, seconds=30, interval=0.2, message="condition"):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {seconds} s waiting for {message}")
-
-
-def run_coroutine(coroutine):
-    """asyncio.run in a thread of its own: the session's Playwright (tests/browser.py) keeps an event loop running in
-    the main thread once a browser test has run, and asyncio.run refuses to start beside it."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = asyncio.run(coroutine)
-        except BaseException as error:  # re-raised in the test's thread
-            outcome["error"] = error
-
-    worker = threading.Thread(target=run, name="test-coroutine")
-    worker.start()
-    worker.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+def pytest_collection_modifyitems(items):
+    for item in items:
+        names = set(item.fixturenames)
+        if names & ENGINE_FIXTURES:
+            item.add_marker(pytest.mark.engine)
+        if names & BROWSER_FIXTURES:
+            item.add_marker(pytest.mark.browser)
+        if names & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
 
 
 # One Chromium for the whole run: the fixtures live here, not in each browser test module, because a second
 # session-scoped Playwright started by another module would find the first one's event loop running.
-from tests.browser import chromium, page  # noqa: E402,F401
+from tests.support.browser import chromium, page  # noqa: E402,F401

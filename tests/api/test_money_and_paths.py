@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from panel.channels.models import Channel, ChannelKind, CredentialKind
 from panel.usage.models import RequestLog
-from tests.api_helpers import bearer, token_for
+from tests.support.api_helpers import bearer, token_for
 
 API = "/api/v1"
 

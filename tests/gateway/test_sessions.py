@@ -1,0 +1,86 @@
+"""Agent sessions: by the x-session-id header, by Anthropic metadata.user_id, by prefix chaining (a prompt that
+extends an earlier one of the same key); the repeated share from keyed prefix-block hashes; no prompt text stored."""
+import httpx
+
+from panel.gateway import fingerprint
+from panel.gateway.sessions import declared_session, user_session_id
+from panel.usage.models import RequestLog
+from tests.support.gateway import CHAT, fallback, gateway, primary, records, setup  # noqa: F401 (fixtures)
+
+SYSTEM = {"role": "system", "content": "You review code. Secret marker: pelican-4471. " * 20}
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+
+
+def post(gateway, raw, body, headers=None):
+    return httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {raw}", **(headers or {})})
+
+
+def turns(count):
+    """The growing prompts of an agent: each turn re-sends everything before and adds a tool call and its result."""
+    messages, bodies = [SYSTEM, {"role": "user", "content": "Review the diff in main.py"}], []
+    for turn in range(count):
+        bodies.append({**CHAT, "messages": list(messages), "tools": TOOLS})
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{turn}", "type": "function", "function": {"name": "read_file",
+                                                                    "arguments": f"{{\"path\": \"f{turn}.py\"}}"}}]},
+            {"role": "tool", "tool_call_id": f"call_{turn}", "content": f"def f{turn}(): return {turn}\n" * 30}]
+    return bodies
+
+
+def test_prefix_hashes_chain_and_compare_blocks():
+    first, second, _ = turns(3)
+    hashes_1, ends_1 = fingerprint.prefix_hashes(first)
+    hashes_2, ends_2 = fingerprint.prefix_hashes(second)
+    assert len(hashes_1) == 3 and len(hashes_2) == 5  # tools, system, user (+ the assistant's call, the result)
+    assert hashes_2[:3] == hashes_1 and ends_2[:3] == ends_1
+    assert fingerprint.shared_blocks(hashes_2, hashes_1) == 3
+    changed = {**second, "messages": [{"role": "system", "content": "other"}, *second["messages"][1:]]}
+    assert fingerprint.shared_blocks(fingerprint.prefix_hashes(changed)[0], hashes_2) == 1  # the tools only
+    anthropic = {"system": [{"type": "text", "text": "You review code."}], "tools": [{"name": "t", "input_schema": {}}],
+                 "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    assert len(fingerprint.prefix_hashes(anthropic)[0]) == 3
+    assert len(fingerprint.prefix_hashes({"prompt": "x" * 5000})[0]) == 3
+
+
+def test_a_client_names_its_session_by_header_or_metadata():
+    assert declared_session({}, [(b"X-Session-Id", b"review-42")]) == "review-42"
+    by_user = declared_session({"metadata": {"user_id": "user_abc_session_9"}}, [])  # a user id by its keyed hash
+    assert by_user == user_session_id("user_abc_session_9") and by_user.startswith("u-") and len(by_user) == 34
+    assert declared_session({"metadata": {"user_id": "u"}}, [(b"x-session-id", b"h")]) == "h"  # the header first
+    long = declared_session({}, [(b"x-session-id", b"x" * 300)])
+    assert len(long) == 64 and long != declared_session({}, [(b"x-session-id", b"x" * 299 + b"y")])
+    assert declared_session({"metadata": "nope"}, []) == ""
+
+
+def test_requests_join_sessions_by_header_metadata_and_prefix(gateway, setup, primary):
+    headers = {"x-session-id": "review-42"}
+    assert post(gateway, setup["raw"], CHAT, headers=headers).status_code == 200
+    assert post(gateway, setup["raw"], {**CHAT, "messages": [{"role": "user", "content": "other"}]},
+                headers=headers).status_code == 200
+    with_metadata = {**CHAT, "metadata": {"user_id": "user_7_session_x"}}
+    assert post(gateway, setup["raw"], with_metadata).status_code == 200
+    for body in turns(3):
+        assert post(gateway, setup["raw"], body).status_code == 200
+    assert post(gateway, setup["raw"], {**CHAT, "messages": [{"role": "user", "content": "unrelated"}]}).status_code \
+        == 200
+    rows = records(7)
+    assert [(row.session_id, row.session_turn) for row in rows[:3]] == [
+        ("review-42", 1), ("review-42", 2), (user_session_id("user_7_session_x"), 1)]
+    chained = rows[3:6]
+    assert len({row.session_id for row in chained}) == 1 and chained[0].session_id.startswith("p-")
+    assert [row.session_turn for row in chained] == [1, 2, 3]
+    assert chained[0].repeated_share == 0
+    assert 0.4 < chained[1].repeated_share < 0.95 and chained[2].repeated_share > chained[1].repeated_share
+    _, ends = fingerprint.prefix_hashes(turns(2)[1])
+    assert abs(chained[1].repeated_share - ends[2] / ends[-1]) < 0.001
+    assert rows[6].session_id not in {chained[0].session_id, ""} and rows[6].session_turn == 1
+
+
+def test_no_prompt_text_is_stored(gateway, setup, primary):
+    for body in turns(2):
+        assert post(gateway, setup["raw"], body).status_code == 200
+    records(2)
+    for row in RequestLog.objects.values():
+        stored = " ".join(str(value) for value in row.values())
+        assert "pelican-4471" not in stored and "Review the diff" not in stored and "def f0" not in stored

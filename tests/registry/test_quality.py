@@ -1,0 +1,292 @@
+"""Quantization schemes and quality reports without an engine: what a host serves (from its engine check), the
+expected size from a checkpoint's own tensors, the comparison and its flags, the forms that refuse what cannot
+be served and save nothing, and the built-in evaluation inputs kept apart from training and calibration."""
+import json
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+from django.utils import timezone
+
+from engine import awq_calibration, build_demo_model as builder, evaluation_text, quant_schemes
+from panel.hosts.models import EngineCheck, WorkerHost
+from panel.registry import schemes
+from panel.registry.models import EvaluationJob, ModelEvaluation, QuantizationJob, RegisteredModel
+from panel.registry.quality import compare, evaluation_launch, prompt_file_check, quality_flags, quality_report
+from tests.support.safetensors import write_safetensors
+
+CPU_AVX512 = {"kernels": {"int8_scaled_mm": True, "w4a16": True, "fp8": False}, "cuda_devices": [],
+              "serves_awq": True}
+CPU_AVX2 = {"kernels": {"int8_scaled_mm": True, "w4a16": False, "fp8": False}, "cuda_devices": [],
+            "serves_awq": False}
+H200 = {"kernels": {"int8_scaled_mm": True, "w4a16": True, "fp8": True}, "serves_awq": True,
+        "cuda_devices": [{"index": 0, "name": "NVIDIA H200", "memory_bytes": 150e9, "compute_capability": 9.0}]}
+A100 = {"kernels": {}, "cuda_devices": [{"index": 0, "name": "A100", "memory_bytes": 80e9, "compute_capability": 8.0}]}
+
+SHAPE = {"hidden": 256, "intermediate": 768, "kv": 128, "vocab": 4096, "layers": 2}
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A two-block Qwen2-shaped checkpoint (zero weights): enough for sizes and layer names."""
+    h, i, kv, v = SHAPE["hidden"], SHAPE["intermediate"], SHAPE["kv"], SHAPE["vocab"]
+    tensors = {"model.embed_tokens.weight": ("BF16", [v, h]), "lm_head.weight": ("BF16", [v, h]),
+               "model.norm.weight": ("BF16", [h])}
+    for layer in range(SHAPE["layers"]):
+        prefix = f"model.layers.{layer}"
+        tensors.update({
+            f"{prefix}.self_attn.q_proj.weight": ("BF16", [h, h]), f"{prefix}.self_attn.k_proj.weight": ("BF16", [kv, h]),
+            f"{prefix}.self_attn.v_proj.weight": ("BF16", [kv, h]), f"{prefix}.self_attn.o_proj.weight": ("BF16", [h, h]),
+            f"{prefix}.mlp.gate_proj.weight": ("BF16", [i, h]), f"{prefix}.mlp.up_proj.weight": ("BF16", [i, h]),
+            f"{prefix}.mlp.down_proj.weight": ("BF16", [h, i]), f"{prefix}.input_layernorm.weight": ("BF16", [h]),
+        })
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": h, "intermediate_size": i,
+        "num_hidden_layers": SHAPE["layers"], "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 4096, "vocab_size": v, "torch_dtype": "bfloat16"}))
+    return tmp_path
+
+
+@pytest.fixture
+def model(team_setup, checkpoint):
+    from panel.registry.services import model_register
+
+    return model_register(team=team_setup["team_a"], user=team_setup["alice"], source=str(checkpoint), name="small")
+
+
+def host_with(engine, team, name="box"):
+    """An online GPU worker host whose latest engine check found `engine`."""
+    host = WorkerHost.objects.create(name=f"gpu@{name}", host=name, kind="gpu", queues=["gpu", f"gpu.{name}"],
+                                     last_seen=timezone.now(), gpus=engine.get("cuda_devices", []))
+    EngineCheck.objects.create(team=team, host=host, state="succeeded", finished_at=timezone.now(), result=engine)
+    return host
+
+
+def test_it_knows_the_same_schemes_as_the_engine():
+    assert set(schemes.SCHEMES) == set(quant_schemes.SCHEMES)
+    assert {key for key, scheme in schemes.SCHEMES.items() if scheme.calibrated} == set(quant_schemes.CALIBRATED)
+
+
+@pytest.mark.parametrize("engine, scheme, answer, words", [
+    (CPU_AVX512, "w8a8-int8", True, "int8 scaled-mm"),
+    (CPU_AVX2, "w8a8-int8", True, "int8 scaled-mm"),
+    (CPU_AVX512, "w4a16-gptq", True, "cpu_gemm_wna16"),
+    (CPU_AVX2, "w4a16-awq", False, "AVX-512"),
+    (CPU_AVX512, "fp8-dynamic", False, "no FP8 kernel"),
+    (H200, "fp8-dynamic", True, "compute capability 9.0"),
+    (A100, "fp8-dynamic", False, "8.9 or higher"),
+    (A100, "w4a16-awq", True, "CUDA"),
+    ({}, "w8a8-int8", None, "Check engine"),
+])
+def test_it_says_whether_a_host_serves_each_scheme(engine, scheme, answer, words):
+    verdict = schemes.host_serves(scheme, engine)
+    assert verdict.answer is answer and words in verdict.reason
+
+
+def test_it_refuses_fp8_kept_layers_on_a_cpu_host():
+    assert schemes.host_serves("mixed", CPU_AVX512, keep_as="bf16").answer is True
+    assert schemes.host_serves("mixed", CPU_AVX512, keep_as="fp8").answer is False
+
+
+def test_it_expects_sizes_from_the_checkpoints_own_tensors(model):
+    h, i, kv, v, layers = (SHAPE[key] for key in ("hidden", "intermediate", "kv", "vocab", "layers"))
+    linear = layers * (2 * h * h + 2 * kv * h + 3 * h * i)
+    other = 2 * v * h * 2 + h * 2 + layers * h * 2  # embeddings and lm_head (bf16), norms
+    w8a8 = schemes.expected_size(model, "w8a8-int8")
+    assert w8a8["quantized_bytes_before"] == linear * 2 and w8a8["other_bytes"] == other
+    assert w8a8["bytes"] == other + linear + sum(out * 4 for out in [h, kv, kv, h, i, i, h]) * layers
+    w4 = schemes.expected_size(model, "w4a16-gptq", group_size=128)
+    assert w4["bytes"] < w8a8["bytes"] < w8a8["before_bytes"]
+    # The untouched embeddings keep the file far from "75 % smaller" for a model this shape.
+    assert 0.2 < w4["reduction"] < 0.5 and w4["quantized_share"] < 0.5
+    kept = [name for name in schemes.linear_layers(model) if ".layers.1." in name]
+    mixed = schemes.expected_size(model, "mixed", kept=kept)
+    assert w4["bytes"] < mixed["bytes"] < w8a8["before_bytes"]
+
+
+def test_it_estimates_longer_for_calibration_and_bigger_models(model):
+    fp8 = schemes.expected_seconds(model, "fp8-dynamic", samples=32, tokens=256, device="cpu")
+    gptq = schemes.expected_seconds(model, "w4a16-gptq", samples=32, tokens=256, device="cpu")
+    more = schemes.expected_seconds(model, "w4a16-gptq", samples=128, tokens=512, device="cpu")
+    assert fp8 < gptq < more
+    assert schemes.calibration_default({"gpus": []}) == (32, 256)
+    assert schemes.calibration_default({"gpus": [{"name": "H200"}]}) == (128, 512)
+
+
+def evaluation(model, *, perplexity, json_valid=20, argmax=(1, 2, 3, 4), greedy=((1, 2),), size=1000):
+    return ModelEvaluation.objects.create(model=model, perplexity=perplexity, tokens_scored=len(argmax),
+                                          json_valid=json_valid, json_total=24, size_bytes=size,
+                                          details={"argmax": list(argmax), "greedy": [list(g) for g in greedy]})
+
+
+def child_of(model, name, scheme="w8a8-int8"):
+    return RegisteredModel.objects.create(
+        team=model.team, name=name, path=model.path + f"-{name}", parent=model, architecture=model.architecture,
+        model_type="qwen2", parameter_count=1, linear_parameter_count=1, num_layers=2, num_attention_heads=4,
+        num_kv_heads=2, hidden_size=256, head_dim=64, max_position_embeddings=4096, dtype="bfloat16", size_bytes=1,
+        quantization={"method": "compressed-tensors", "bits": 8, "scheme": scheme})
+
+
+def test_it_compares_a_model_with_its_parent_and_flags_what_crossed_a_limit(model):
+    parent = evaluation(model, perplexity=20.0, json_valid=24)
+    good = evaluation(child_of(model, "w8"), perplexity=20.4, json_valid=24, argmax=(1, 2, 3, 9))
+    bad = evaluation(child_of(model, "crude", "w4a16-rtn"), perplexity=23.0, json_valid=22, argmax=(1, 5, 6, 9),
+                     greedy=((1, 3),))
+
+    fine = compare(good, parent)
+    assert round(fine.perplexity_change, 1) == 2.0 and fine.token_agreement == 75.0
+    assert fine.greedy_agreement == 100.0 and fine.json_drop == 0.0 and fine.flags == ()
+    crude = compare(bad, parent)
+    assert round(crude.perplexity_change) == 15 and crude.token_agreement == 25.0 and crude.greedy_agreement == 0
+    assert [flag.split(" (")[0] for flag in crude.flags] == ["perplexity up 15.0%", "JSON validity down 8.3 points"]
+    assert quality_flags(bad.model) == list(crude.flags) and quality_flags(good.model) == []
+
+
+def test_it_reports_the_parent_and_every_sibling_side_by_side(client, team_setup, model):
+    evaluation(model, perplexity=20.0)
+    evaluation(child_of(model, "small-w8a8"), perplexity=20.2)
+    child_of(model, "small-fp8", "fp8-dynamic")  # not measured yet
+    crude = child_of(model, "small-rtn", "w4a16-rtn")
+    evaluation(crude, perplexity=30.0, json_valid=10)
+
+    report = quality_report(crude)
+    assert [row["model"].name for row in report["rows"]] == ["small", "small-fp8", "small-rtn", "small-w8a8"]
+    assert report["subject"]["model"] == crude and report["rows"][1]["comparison"] is None
+
+    client.force_login(team_setup["alice"])
+    page = client.get(reverse("model_detail", args=[crude.pk])).content.decode()
+    assert "lost quality against small" in page and "perplexity up 50.0%" in page
+    assert "not measured yet" in page and page.count("within limits") == 1 and "flagged" in page
+
+
+def test_it_refuses_a_report_against_another_teams_model_or_itself(team_setup, model):
+    other = RegisteredModel.objects.create(
+        team=team_setup["team_b"], name="theirs", path="/x", architecture="Qwen2ForCausalLM", model_type="qwen2",
+        parameter_count=1, linear_parameter_count=1, num_layers=1, num_attention_heads=1, num_kv_heads=1,
+        hidden_size=8, head_dim=8, max_position_embeddings=8, dtype="bfloat16", size_bytes=1)
+    with pytest.raises(ValidationError, match="belong to this team"):
+        evaluation_launch(team=model.team, user=None, model=model, baseline=other, enqueue=False)
+    with pytest.raises(ValidationError, match="not with itself"):
+        evaluation_launch(team=model.team, user=None, model=model, baseline=model, enqueue=False)
+    assert EvaluationJob.objects.count() == 0
+
+
+def test_it_measures_a_parent_once_for_all_its_children(team_setup, model):
+    evaluation(model, perplexity=20.0)
+    job = evaluation_launch(team=model.team, user=None, model=child_of(model, "w8"), enqueue=False)
+    assert job.baseline == model and job.measured == [job.model.pk]
+
+
+def test_it_refuses_to_evaluate_what_the_host_cannot_serve(team_setup, model):
+    host = host_with(CPU_AVX2, model.team)
+    with pytest.raises(ValidationError, match="cannot serve small-awq.*AVX-512"):
+        evaluation_launch(team=model.team, user=None, model=child_of(model, "small-awq", "w4a16-awq"), host=host,
+                          enqueue=False)
+    assert EvaluationJob.objects.count() == 0
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "empty"),
+    (b'{"prompt": "hi"}\nnot json\n', "Line 2 is not JSON"),
+    (b'{"text": "hi"}\n', "Line 1 needs \"prompt\""),
+    (b'{"prompt": "hi", "expected": 3}\n', "\"expected\" must be text"),
+    ("\n".join(['{"prompt": "x"}'] * 201).encode(), "more than 200 prompts"),
+    (b"\xff\xfe", "not UTF-8"),
+])
+def test_it_refuses_a_bad_prompt_file(content, message):
+    with pytest.raises(ValidationError, match=message):
+        prompt_file_check(content)
+
+
+def test_it_accepts_prompts_and_chats_with_expected_answers():
+    assert prompt_file_check(b'{"prompt": "2+2=", "expected": "4"}\n\n{"messages": [{"role": "user", '
+                             b'"content": "JSON please"}], "json": true}\n') == 2
+
+
+def test_the_form_refuses_a_scheme_no_online_host_serves(client, team_setup, model,
+                                                         django_capture_on_commit_callbacks):
+    host_with(CPU_AVX2, team_setup["team_a"])
+    client.force_login(team_setup["alice"])
+    form = client.get(reverse("quantization_create", args=[model.pk])).content.decode()
+    assert 'value="w8a8-int8"' in form and "W4A16 kernel (cpu_gemm_wna16)" in form
+    assert 'name="max_calib_samples" value="32"' in form and 'name="max_calib_seq_len" value="256"' in form
+    data = {"scheme": "w4a16-gptq", "q_group_size": 128, "calibration": "builtin", "max_calib_samples": 32,
+            "max_calib_seq_len": 256, "keep_as": "bf16", "version": "GEMM"}
+    refused = client.post(reverse("quantization_create", args=[model.pk]), data)
+    assert refused.status_code == 400 and "No GPU worker here can serve W4A16 GPTQ" in refused.content.decode()
+    assert QuantizationJob.objects.count() == 0
+    with django_capture_on_commit_callbacks(execute=False):
+        accepted = client.post(reverse("quantization_create", args=[model.pk]), dict(data, scheme="w8a8-int8"))
+    assert accepted.status_code == 302
+    job = QuantizationJob.objects.get()
+    assert (job.scheme, job.backend, job.max_calib_samples) == ("w8a8-int8", "llm-compressor", 32)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"scheme": "mixed"}, "Name at least one layer"),
+    ({"scheme": "mixed", "keep_patterns": "layers.9."}, "names no linear layer"),
+    ({"scheme": "mixed", "keep_patterns": "proj"}, "keep every linear layer"),
+    ({"scheme": "mixed", "keep_patterns": "re:(["}, "not a valid regular expression"),
+    ({"scheme": "w8a8-int8", "backend": "autoawq"}, "runs on llm-compressor, not autoawq"),
+    ({"scheme": "w4a16-awq", "backend": "autoawq", "q_group_size": 0}, "AutoAWQ needs a group size"),
+    ({"scheme": "w4a16-gptq", "smoothquant": 0.5}, "SmoothQuant goes with W8A8 only"),
+    ({"scheme": "w8a8-int8", "smoothquant": 2}, "less than or equal to 0.95"),
+])
+def test_the_form_refuses_settings_that_do_not_go_together(client, team_setup, model, changes, message):
+    client.force_login(team_setup["alice"])
+    data = {"scheme": "w8a8-int8", "q_group_size": 128, "calibration": "builtin", "max_calib_samples": 32,
+            "max_calib_seq_len": 256, "keep_as": "bf16", "version": "GEMM", **changes}
+    response = client.post(reverse("quantization_create", args=[model.pk]), data)
+    assert response.status_code == 400 and message in response.content.decode()
+    assert QuantizationJob.objects.count() == 0
+
+
+def test_the_report_form_stores_nothing_for_a_bad_file(client, team_setup, model, settings):
+    child = child_of(model, "w8")
+    client.force_login(team_setup["alice"])
+    response = client.post(reverse("evaluation_create", args=[child.pk]),
+                           {"prompt_file": SimpleUploadedFile("p.jsonl", b'{"nope": 1}\n')})
+    assert response.status_code == 400 and "needs &quot;prompt&quot;" in response.content.decode()
+    assert EvaluationJob.objects.count() == 0 and not (settings.DATA_DIR / "evaluation").exists()
+
+
+def test_the_evaluation_inputs_were_never_trained_on_nor_calibrated_on():
+    held_out = set(evaluation_text.HELD_OUT_MODULES)
+    assert not held_out & set(builder.CORPUS_MODULES)
+    assert not held_out & set(awq_calibration.BUILTIN_CORPUS_MODULES)
+    assert len(evaluation_text.held_out_texts()) == len(held_out)
+    train = {evaluation_text.json_turn(i, split="train")[1]["content"] for i in range(600)}
+    evaluate = {evaluation_text.json_turn(i, split="eval")[1]["content"] for i in range(24)}
+    assert not train & evaluate and all(json.loads(answer) for answer in evaluate)
+    assert not set(evaluation_text.TRAIN_NAMES) & set(evaluation_text.EVAL_NAMES)
+
+
+def test_serving_refuses_a_quantized_child_the_host_cannot_serve(model):
+    from panel.serving.rules import check_profile
+
+    host = {"kind": "cpu", "gpus": [], "memory_available_bytes": 8 << 30, "serves_awq": False, "engine": CPU_AVX2}
+    profile = {"quantization": "compressed-tensors", "block_size": 32, "max_model_len": 1024,
+               "max_num_batched_tokens": 1024}
+    w8a8, gptq = child_of(model, "w8"), child_of(model, "g4", "w4a16-gptq")
+    assert check_profile(profile, model=w8a8, host=host).ok
+    refused = check_profile(profile, model=gptq, host=host).errors["quantization"][0]
+    assert "cannot serve W4A16 GPTQ" in refused and "cpu_gemm_wna16" in refused
+    crude = child_of(model, "two", "w4a16-rtn")
+    crude.quantization["bits"] = 2
+    assert "2-bit weights, which vLLM cannot load" in check_profile(profile, model=crude).errors["quantization"][0]
+
+
+def test_the_job_command_line_is_all_text(model):
+    """Every argument the worker passes to the engine is a string (a float SmoothQuant strength once was not)."""
+    from panel.registry.services import quantization_argv, quantization_launch
+
+    job = quantization_launch(team=model.team, user=None, source=model, scheme="w8a8-int8", smoothquant=0.5,
+                              enqueue=False)
+    argv = quantization_argv(job)
+    assert all(isinstance(part, str) for part in argv) and argv[argv.index("--smoothquant") + 1] == "0.5"
+    mixed = quantization_launch(team=model.team, user=None, source=model, scheme="mixed", keep_patterns=["layers.1."],
+                                enqueue=False)
+    argv = quantization_argv(mixed)
+    assert all(isinstance(part, str) for part in argv) and ["--keep", "layers.1.", "--keep-as", "bf16"] == argv[-4:]
