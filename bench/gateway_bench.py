@@ -203,7 +203,8 @@ def prepare_panel(data_dir, upstream_url):
     """A fresh database with one team, a channel to the fake upstream, a route `chat` and a key."""
     env = dict(os.environ, TOKENWISE_DATA_DIR=str(data_dir), SECRET_KEY=secrets.token_urlsafe(50),
                TOKENWISE_ENCRYPTION_KEYS=__import__("cryptography.fernet").fernet.Fernet.generate_key().decode(),
-               REDIS_URL=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/9"), DJANGO_SETTINGS_MODULE="panel.settings",
+               REDIS_URL=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/9"),
+               DJANGO_SETTINGS_MODULE="panel.settings",
                TOKENWISE_OUTBOUND_ALLOW="127.0.0.0/8")  # the fake upstream is on loopback
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
     code = f"""

@@ -268,7 +268,8 @@ class Gateway:
     """The one target of the gateway arms: the panel's /v1, which does the balancing itself."""
 
     def __init__(self, url, key):
-        self.url, self.headers, self.index, self.in_flight, self.up = url, {"Authorization": f"Bearer {key}"}, None, 0, True
+        self.url, self.headers = url, {"Authorization": f"Bearer {key}"}
+        self.index, self.in_flight, self.up = None, 0, True
 
 
 class ThroughGateway:

@@ -2,10 +2,11 @@
 suite, results in docs/benchmarks.md; a script, not a test).
 
 It sets up a private panel as the test run does (tests/support/bench_panel.py: a private Redis, an SQLite file, real
-Celery workers, the gateway under uvicorn) and does what an operator does: two GPU workers with their own TOKENWISE_HOST_NAME (host-a, host-b: two "hosts" on this one
-machine, each engine pinned to its own core with VLLM_CPU_OMP_THREADS_BIND), the demo model registered, a serving
-profile whose extra_args cap the KV cache (--num-gpu-blocks-override), a deployment launched with replicas=2, and the
-route the deployment made, whose `balance` is set per arm. Every request goes to the gateway's
+Celery workers, the gateway under uvicorn) and does what an operator does: two GPU workers with their own
+TOKENWISE_HOST_NAME (host-a, host-b: two "hosts" on this one machine, each engine pinned to its own core with
+VLLM_CPU_OMP_THREADS_BIND), the demo model registered, a serving profile whose extra_args cap the KV cache
+(--num-gpu-blocks-override), a deployment launched with replicas=2, and the route the deployment made, whose
+`balance` is set per arm. Every request goes to the gateway's
 /v1/chat/completions; which replica served it is read from its usage row (x-request-id → RequestLog.channel).
 The kill arm SIGKILLs one replica's engine process group mid-run and lets the supervisor restart it. Stop at the
 end, then psutil: no engine process may be left.

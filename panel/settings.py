@@ -188,7 +188,8 @@ for _cidr in OUTBOUND_ALLOW_CIDRS:
     try:
         __import__("ipaddress").ip_network(_cidr, strict=False)
     except ValueError:
-        raise EnvError(f"TOKENWISE_OUTBOUND_ALLOW: {_cidr!r} is not an address range (10.0.0.0/8, 127.0.0.1/32)") from None
+        raise EnvError(f"TOKENWISE_OUTBOUND_ALLOW: {_cidr!r} is not an address range "
+                       "(10.0.0.0/8, 127.0.0.1/32)") from None
 PANEL_PORT = envint("TOKENWISE_PORT", 8000, minimum=1, maximum=65535)
 PANEL_BIND = envstr("TOKENWISE_BIND", "127.0.0.1")
 PUBLIC_URL = envstr("TOKENWISE_PUBLIC_URL", "")

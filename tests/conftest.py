@@ -128,7 +128,8 @@ def demo_model_cache():
 # `make test-fast` runs `not engine and not browser`. A test that needs the engine venv without one of these
 # fixtures (it starts a gpu worker, runs ENGINE_PYTHON or builds the demo model itself) carries the marker
 # explicitly, as a module-level `pytestmark` or on the test; so does a test over ~20 s without the engine (`slow`).
-ENGINE_FIXTURES = {"launch_tiny", "demo_model", "demo_model_path", "demo_model_cache"}  # the demo model is built by the engine venv
+# The demo model is built by the engine venv.
+ENGINE_FIXTURES = {"launch_tiny", "demo_model", "demo_model_path", "demo_model_cache"}
 BROWSER_FIXTURES = {"page", "chromium"}  # tests/support/browser.py
 SLOW_FIXTURES = {"launch_tiny"}  # an engine start, ~40 s
 

@@ -31,7 +31,8 @@ os.environ.setdefault("TOKENWISE_OUTBOUND_ALLOW", "127.0.0.0/8")
 os.environ.setdefault("TOKENWISE_PORT", str(_free_port()))
 os.environ.setdefault("TOKENWISE_MODEL_ROOTS", tempfile.gettempdir())  # tests build models in tmp_path
 os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
-# Tests read the panel's /metrics without a token; the tests of the token set this back (tests/system/test_security_low.py).
+# Tests read the panel's /metrics without a token; the tests of the token set this back
+# (tests/system/test_security_low.py).
 os.environ.setdefault("TOKENWISE_METRICS_PUBLIC", "1")
 # Playwright's sync API runs an event loop in the test thread; the ORM calls made by fixtures are safe.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

@@ -6,7 +6,8 @@ TEAM = "team"
 class BudgetForm(forms.Form):
     target = forms.ChoiceField(label="Budget of")
     money_per_month = forms.DecimalField(label="Money per month", required=False, min_value=0, max_digits=14,
-                                         decimal_places=2, help_text="In the channels' price currency. Blank: no limit.")
+                                         decimal_places=2,
+                                         help_text="In the channels' price currency. Blank: no limit.")
     tokens_per_month = forms.IntegerField(label="Tokens per month", required=False, min_value=0,
                                           max_value=10**15, help_text="Prompt and completion tokens. Blank: no limit.")
 

@@ -56,9 +56,9 @@ MESSAGES = {
     "network": "The request failed: {error}.",
     "not_json": "The server answered {status} but not with JSON ({snippet}): base_url points at a web page or a "
                 "proxy, not the API. OpenAI SDKs need base_url to end in /v1.",
-    "no_choices": "The answer has no \"choices\" (a client says \"KeyError: choices\"): base_url is probably wrong. The "
-                  "SDK appends /chat/completions to base_url, so it must end in /v1: http://127.0.0.1:8000/v1, "
-                  "not http://127.0.0.1:8000.",
+    "no_choices": "The answer has no \"choices\" (a client says \"KeyError: choices\"): base_url is probably "
+                  "wrong. The SDK appends /chat/completions to base_url, so it must end in /v1: "
+                  "http://127.0.0.1:8000/v1, not http://127.0.0.1:8000.",
 }
 
 # A few words for the step's own line; the full message goes into the diagnosis.

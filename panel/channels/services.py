@@ -1,5 +1,5 @@
-"""Channels and routes: validation (the usual mistakes with an OpenAI-compatible base URL as rules), create/update in one transaction, the
-Test button, local channels for deployments, key rotation."""
+"""Channels and routes: validation (the usual mistakes with an OpenAI-compatible base URL as rules), create/update in
+one transaction, the Test button, local channels for deployments, key rotation."""
 import logging
 import math
 import os

@@ -132,7 +132,8 @@ def _aggregates():
     from django.db.models import Count, Q
 
     return {
-        "requests": Count("id"), "errors": Count("id", filter=Q(outcome__in=("error", "upstream_stalled", "upstream_cut"))),
+        "requests": Count("id"),
+        "errors": Count("id", filter=Q(outcome__in=("error", "upstream_stalled", "upstream_cut"))),
         "fallbacks": Count("id", filter=Q(fell_back=True)), "prompt_tokens": Sum("prompt_tokens"),
         "completion_tokens": Sum("completion_tokens"), "cached_tokens": Sum("cached_tokens"), "cost": Sum("cost"),
         "ttft_count": Count("ttft_ms"), "ttft_sum_ms": Sum("ttft_ms"), "latency_sum_ms": Sum("latency_ms"),

@@ -37,7 +37,8 @@ class QuantizationForm(forms.Form):
                   "memory and measurably cost accuracy.")
     w_bit = forms.TypedChoiceField(
         label="Weight bits (round-to-nearest)", coerce=int, initial=4, required=False, empty_value=4,
-        choices=[(4, "4"), (3, "3 (for comparison: vLLM cannot serve it)"), (2, "2 (for comparison: vLLM cannot serve it)")],
+        choices=[(4, "4"), (3, "3 (for comparison: vLLM cannot serve it)"),
+                 (2, "2 (for comparison: vLLM cannot serve it)")],
         help_text="2 and 3 bits show what quantization can cost; the quality report measures them with transformers.")
     smoothquant = forms.FloatField(required=False, min_value=0.05, max_value=0.95, label="SmoothQuant strength",
                                    help_text="W8A8 only: move activation outliers into the weights first (0.5-0.8 "
@@ -124,7 +125,8 @@ class QuantizationForm(forms.Form):
             reasons = "; ".join(f"{candidate.host}: {verdict.reason}" for candidate, verdict in verdicts)
             self.add_error("scheme", f"No GPU worker here can serve {SCHEMES[scheme].label}: {reasons}.")
         elif any(verdict.answer is None for _, verdict in verdicts):
-            self.notes.append(f"Nobody has checked the engine of {', '.join(c.host for c, v in verdicts if v.answer is None)}"
+            unchecked = ", ".join(c.host for c, v in verdicts if v.answer is None)
+            self.notes.append(f"Nobody has checked the engine of {unchecked}"
                               f": it is not known whether it serves {SCHEMES[scheme].label}. Run Check engine on "
                               f"the Workers page.")
 

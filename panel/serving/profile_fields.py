@@ -72,8 +72,8 @@ FIELDS = (
                  help="Share of each GPU's memory vLLM may take. 0.85-0.92 is the stable range."),
     ProfileField("swap_space", int, 0, "Swap space (GiB)", section="kv_cache",
                  comment="CPU 交换空间（GB）", min_value=0, max_value=4096,
-                 help="Kept for config.toml files that have it. vLLM 0.32 has no CPU swap space (a preempted request is "
-                      "recomputed), so this value is not passed to the engine."),
+                 help="Kept for config.toml files that have it. vLLM 0.32 has no CPU swap space (a preempted request "
+                      "is recomputed), so this value is not passed to the engine."),
     # [batching]
     ProfileField("max_num_seqs", int, 256, "Max concurrent sequences", section="batching",
                  comment="最大并发序列数",

@@ -143,7 +143,8 @@ def test_channels_validate_fully_save_nothing_on_error_and_never_return_the_key(
     assert made.status_code == 201, made.content
     channel = Channel.objects.get()
     assert channel.api_key() == "sk-test-abcdef123456" and "abcdef123456" not in made.content.decode()
-    assert made.json()["credential"].endswith("3456") and Decimal(made.json()["price_input_per_million"]) == Decimal("1.5")
+    assert made.json()["credential"].endswith("3456")
+    assert Decimal(made.json()["price_input_per_million"]) == Decimal("1.5")
     changed = call(client, "patch", f"/channels/{channel.pk}", owner_token, {"timeout_seconds": 20})
     assert changed.status_code == 200 and changed.json()["timeout_seconds"] == 20
     assert Channel.objects.get().api_key() == "sk-test-abcdef123456"  # kept: no api_key sent

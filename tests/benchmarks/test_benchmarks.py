@@ -226,7 +226,8 @@ def test_it_plans_the_ladder_and_skips_awq_with_the_reason(team_setup, tiny_mode
     plan = ladders.ladder_profiles(ladder, host)
     assert [step[0] for step in plan] == ["baseline", "awq", "prefix", "batching", "fp8", "ngram"]
     baseline, awq, prefix, batching = (step[4] for step in plan[:4])
-    assert awq is None and "can serve quantized weights (AWQ, W8A8) is not known yet: run its engine check" in plan[1][5]
+    assert awq is None
+    assert "can serve quantized weights (AWQ, W8A8) is not known yet: run its engine check" in plan[1][5]
     assert plan[4][4] is None and "FP8 is not served on cpu-box: not known yet" in plan[4][5]
     assert plan[5][4] is None and "supports speculative decoding is not known yet" in plan[5][5]
     assert (baseline["enable_prefix_caching"], baseline["max_num_seqs"], baseline["block_size"]) == (False, 2, 32)

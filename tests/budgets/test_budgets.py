@@ -114,7 +114,8 @@ def test_it_refuses_a_spent_key_budget_and_leaves_the_other_keys_alone(gateway, 
     assert ask(gateway, priced["raw_batch"]).status_code == 200  # 24 < 30 before it
     refused = ask(gateway, priced["raw_batch"])
     assert refused.status_code == 402
-    assert "this key's monthly budget of 30 tokens is spent (48 tokens this month)" in refused.json()["error"]["message"]
+    said = refused.json()["error"]["message"]
+    assert "this key's monthly budget of 30 tokens is spent (48 tokens this month)" in said
     assert ask(gateway, priced["raw_app"]).status_code == 200  # the team and its other keys go on
     logged(4)
     uses = {use.name: use for use in budget_usage(team=priced["team"])}

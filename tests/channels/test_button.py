@@ -158,7 +158,8 @@ def test_describe_upstream_error_for_statuses_and_exceptions():
     assert "path is wrong" in describe_upstream_error(status=404, step="models")
     said = describe_upstream_error(status=404, body='{"message": "The model `x` does not exist."}')
     assert "not served" in said and "The server said: The model `x` does not exist." in said
-    assert "sk-••••" in describe_upstream_error(status=401, body='{"error": {"message": "bad key sk-abcdefghijklmnop"}}')
+    assert "sk-••••" in describe_upstream_error(status=401,
+                                                body='{"error": {"message": "bad key sk-abcdefghijklmnop"}}')
     request = httpx.Request("GET", "http://127.0.0.1:9/v1/models")
     refused = httpx.ConnectError("[Errno 111] Connection refused", request=request)
     assert "Connection refused" in describe_upstream_error(exception=refused, url="http://127.0.0.1:9/v1")

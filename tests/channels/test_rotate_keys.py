@@ -16,8 +16,8 @@ def test_it_re_encrypts_every_stored_key_under_the_first_key(transactional_db, t
 
     old = os.environ["TOKENWISE_ENCRYPTION_KEYS"]
     good = Channel.objects.create(team=team_setup["team_a"], name="cloud", base_url="https://x.example/v1",
-                                  model_id="m", credential_kind="stored", credential_ciphertext=crypto.encrypt("sk-abcd1234"),
-                                  credential_last4="1234")
+                                  model_id="m", credential_kind="stored",
+                                  credential_ciphertext=crypto.encrypt("sk-abcd1234"), credential_last4="1234")
     lost = Channel.objects.create(team=team_setup["team_a"], name="lost", base_url="https://y.example/v1",
                                   model_id="m", credential_kind="stored", credential_last4="9999",
                                   credential_ciphertext=Fernet(Fernet.generate_key()).encrypt(b"sk-9999").decode())

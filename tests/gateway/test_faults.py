@@ -67,7 +67,8 @@ def test_without_a_fallback_the_client_gets_a_clean_error_naming_the_channel(gat
     assert took < seconds, took
     [row] = records()
     assert row.channel == budgets["local"] and row.attempts == attempts and fallback.requests == []
-    assert row.outcome in ("error", "upstream_stalled", "upstream_cut") and row.request_id == response.headers["x-request-id"]
+    assert row.outcome in ("error", "upstream_stalled", "upstream_cut")
+    assert row.request_id == response.headers["x-request-id"]
     assert [s["channel"] for s in row.attempt_trail] == ["local"] * attempts
 
 

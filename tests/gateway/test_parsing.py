@@ -50,7 +50,8 @@ def test_it_never_crashes_on_arbitrary_authorization_headers(value):
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.integers(min_value=20_000, max_value=200_000), st.sampled_from(["[", '{"a":', '{"model": "m", "messages": [']))
+@given(st.integers(min_value=20_000, max_value=200_000),
+       st.sampled_from(["[", '{"a":', '{"model": "m", "messages": [']))
 def test_it_refuses_hostile_nesting_with_a_400(depth, opener):
     try:
         parse_request((opener * depth).encode(), "chat")

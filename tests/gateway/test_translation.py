@@ -174,7 +174,8 @@ CHAT_AGENT = {
                                      {"type": "image_url", "image_url": {"url": "data:image/png;base64,QUJD"}}]},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+            {"id": "call_2", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
         {"role": "tool", "tool_call_id": "call_2", "content": "24 C"},
         {"role": "user", "content": "Which is warmer?"},

@@ -36,8 +36,10 @@ def checkpoint(tmp_path):
     for layer in range(SHAPE["layers"]):
         prefix = f"model.layers.{layer}"
         tensors.update({
-            f"{prefix}.self_attn.q_proj.weight": ("BF16", [h, h]), f"{prefix}.self_attn.k_proj.weight": ("BF16", [kv, h]),
-            f"{prefix}.self_attn.v_proj.weight": ("BF16", [kv, h]), f"{prefix}.self_attn.o_proj.weight": ("BF16", [h, h]),
+            f"{prefix}.self_attn.q_proj.weight": ("BF16", [h, h]),
+            f"{prefix}.self_attn.k_proj.weight": ("BF16", [kv, h]),
+            f"{prefix}.self_attn.v_proj.weight": ("BF16", [kv, h]),
+            f"{prefix}.self_attn.o_proj.weight": ("BF16", [h, h]),
             f"{prefix}.mlp.gate_proj.weight": ("BF16", [i, h]), f"{prefix}.mlp.up_proj.weight": ("BF16", [i, h]),
             f"{prefix}.mlp.down_proj.weight": ("BF16", [h, i]), f"{prefix}.input_layernorm.weight": ("BF16", [h]),
         })

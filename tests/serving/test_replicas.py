@@ -33,7 +33,7 @@ def test_replicas_spread_over_the_hosts_with_room(team_setup, profile):
 
 
 def test_replicas_spread_even_when_one_host_has_more_room(team_setup, profile):
-    roomy, tight = host("roomy", memory_gib=20), host("tight", memory_gib=3)
+    host("roomy", memory_gib=20), host("tight", memory_gib=3)
     head = launch(team_setup, profile, 3)
     assert sorted(r.host.host for r in head.replicas()) == ["roomy", "roomy", "tight"]  # one each, then stack
 

@@ -43,7 +43,8 @@ def channel(team, name, fake_or_url, model_id, *, key=None, kind="remote", timeo
     base_url = fake_or_url if isinstance(fake_or_url, str) else fake_or_url.base_url
     fields = {"credential_kind": "none"}
     if key:
-        fields = {"credential_kind": "stored", "credential_ciphertext": crypto.encrypt(key), "credential_last4": key[-4:]}
+        fields = {"credential_kind": "stored", "credential_ciphertext": crypto.encrypt(key),
+                  "credential_last4": key[-4:]}
     return Channel.objects.create(team=team, name=name, kind=kind, base_url=base_url, model_id=model_id,
                                   timeout_seconds=timeout, max_retries=retries, retry_backoff=1.0, **fields, **prices)
 

@@ -1,6 +1,6 @@
 """Attack tests: a channel may read its key only from an environment variable the operator binds (in
-TOKENWISE_CREDENTIAL_ENV_BINDINGS; tests/system/test_security_operator_keys.py tests where it may be sent), never from the
-panel's own secrets, at save (page, API), at settings.json import, and for channels saved before the rule."""
+TOKENWISE_CREDENTIAL_ENV_BINDINGS; tests/system/test_security_operator_keys.py tests where it may be sent), never from
+the panel's own secrets, at save (page, API), at settings.json import, and for channels saved before the rule."""
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

@@ -26,7 +26,8 @@ class Command(BaseCommand):
         teams = Team.objects.order_by("pk")
         chosen = teams.filter(name=team).first() if team else teams.first()
         if chosen is None:
-            raise CommandError(f"no team named {team!r}" if team else "no team yet: sign in once (make run creates one)")
+            raise CommandError(f"no team named {team!r}" if team
+                               else "no team yet: sign in once (make run creates one)")
         step = max(count // 10, 5000)
 
         def progress(done):
