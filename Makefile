@@ -7,23 +7,27 @@ ENGINE_VENV := .venv-engine
 ENGINE_PIP_EXTRA ?=
 TW_PIP_FLAGS ?= -q
 
-.PHONY: run test test-fast venv engine browser clean-venvs help
+.PHONY: run test test-fast lint venv engine browser clean-venvs help
 .DEFAULT_GOAL := help
 
 help:
 	@echo "make run        start Tokenwise (web, workers, beat, Redis) at http://127.0.0.1:8000"
 	@echo "make test       set up what the tests need and run the whole suite"
 	@echo "make test-fast  the suite without the engine and browser tests (no .venv-engine, no Chromium)"
+	@echo "make lint       ruff over the whole tree (make test and make test-fast run it first)"
 
 run: $(VENV)/.installed $(ENGINE_VENV)/.installed
 	@$(VENV)/bin/python -m panel.launcher
 
-test: $(VENV)/.installed-test $(ENGINE_VENV)/.installed browser
+test: lint $(ENGINE_VENV)/.installed browser
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # Neither the engine venv nor Chromium: every test but those marked engine or browser (tests/conftest.py marks them).
-test-fast: $(VENV)/.installed-test
+test-fast: lint
 	$(VENV)/bin/python -m pytest -m "not engine and not browser" $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
 
 venv: $(VENV)/.installed
 engine: $(ENGINE_VENV)/.installed

@@ -26,10 +26,16 @@ import sys
 import time
 from pathlib import Path
 
-from engine import evaluate_transformers, evaluation_text
-from engine.evaluation_common import (FILE_TOKENS, GREEDY_TOKENS, JSON_TOKENS, file_result, folder_size,
-                                      held_out_windows, json_result)
-from engine import protocol
+from engine import evaluate_transformers, evaluation_text, protocol
+from engine.evaluation_common import (
+    FILE_TOKENS,
+    GREEDY_TOKENS,
+    JSON_TOKENS,
+    file_result,
+    folder_size,
+    held_out_windows,
+    json_result,
+)
 from engine.protocol import JsonArgumentParser, RunnerError, say
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

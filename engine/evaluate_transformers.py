@@ -5,8 +5,15 @@ quantized weights."""
 import time
 
 from engine import evaluation_text
-from engine.evaluation_common import (FILE_TOKENS, GREEDY_TOKENS, JSON_TOKENS, file_result, folder_size,
-                                      held_out_windows, json_result)
+from engine.evaluation_common import (
+    FILE_TOKENS,
+    GREEDY_TOKENS,
+    JSON_TOKENS,
+    file_result,
+    folder_size,
+    held_out_windows,
+    json_result,
+)
 from engine.protocol import say
 
 

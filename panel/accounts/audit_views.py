@@ -8,9 +8,9 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from panel.accounts.decorators import team_view
-from panel.core.csv_cells import csv_row
 from panel.accounts.models import Role
 from panel.audit.models import AuditAction, AuditEvent
+from panel.core.csv_cells import csv_row
 
 PAGE = 200
 

@@ -14,8 +14,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from panel.budgets.counters import (ADD, TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds,
-                                    month_of)
+from panel.budgets.counters import ADD, TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds, month_of
 from panel.budgets.models import Budget
 from panel.budgets.services import ALERT_AT, budget_crossed
 from panel.core.redis_client import async_redis, registered_script, sync_redis

@@ -7,8 +7,16 @@ from panel.hosts.models import WorkerHost
 from panel.hosts.services import gpu_hosts_online
 from panel.registry.models import CalibrationSource, RegisteredModel
 from panel.registry.quality import engine_of, prompt_file_check
-from panel.registry.schemes import (AUTOAWQ, COMPARISON_ONLY, DEFAULT_SCHEME, LLMC, SCHEMES, calibration_default,
-                                    host_serves, linear_layers)
+from panel.registry.schemes import (
+    AUTOAWQ,
+    COMPARISON_ONLY,
+    DEFAULT_SCHEME,
+    LLMC,
+    SCHEMES,
+    calibration_default,
+    host_serves,
+    linear_layers,
+)
 from panel.registry.services import calibration_text_check
 
 

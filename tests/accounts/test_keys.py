@@ -6,10 +6,9 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from panel.accounts.models import Role
+from panel.accounts.models import Role, TeamKey
 from panel.accounts.services import membership_add
 from panel.channels.models import Route
-from panel.accounts.models import TeamKey
 
 
 @pytest.fixture

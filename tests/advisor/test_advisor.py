@@ -5,11 +5,11 @@ from decimal import Decimal
 import httpx
 import pytest
 
+from panel.accounts.keys import key_issue
 from panel.advisor.services import advice
 from panel.channels.canary import canary_rollback, canary_start
 from panel.channels.models import Channel, Route, RouteChannel
 from panel.gateway.fingerprint import mask, system_prompt_hashes
-from panel.accounts.keys import key_issue
 from panel.usage.models import RequestLog
 from tests.support.advisor_objects import log, make_host, make_model, make_profile, serve
 from tests.support.fake_upstream import FakeUpstream

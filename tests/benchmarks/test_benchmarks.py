@@ -12,8 +12,8 @@ from panel.benchmarks.services import benchmark_execute, benchmark_launch
 from panel.channels.models import Channel, Route, RouteChannel
 from panel.jobs.models import JobState
 from tests.support.benchmarks import assert_sane, fake_channel, post_run, run_now, tiny_model  # noqa: F401 (fixture)
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.credential_env import bind_credential_env
+from tests.support.fake_upstream import FakeUpstream
 
 
 def test_it_measures_a_fake_channel_and_leaves_the_warm_up_out(team_setup):

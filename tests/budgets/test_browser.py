@@ -4,8 +4,8 @@ from decimal import Decimal
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from panel.budgets.services import budgets_reconcile
 from panel.accounts.keys import key_issue
+from panel.budgets.services import budgets_reconcile
 from panel.usage.models import RequestLog
 from tests.support.browser import screenshot, sign_in
 

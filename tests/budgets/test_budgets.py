@@ -10,6 +10,7 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
+from panel.accounts.keys import key_issue
 from panel.accounts.models import Role
 from panel.accounts.services import membership_add
 from panel.audit.models import AuditAction, AuditEvent
@@ -17,7 +18,6 @@ from panel.budgets.models import Budget, BudgetNotice
 from panel.budgets.services import budget_set, budget_usage, budgets_reconcile
 from panel.budgets.tasks import reconcile_budgets
 from panel.channels.models import Channel, Route, RouteChannel
-from panel.accounts.keys import key_issue
 from panel.usage.models import RequestLog
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway_server import GatewayServer

@@ -5,9 +5,9 @@ from playwright.sync_api import expect
 
 from panel.channels.models import Channel
 from tests.support.browser import screenshot, sign_in
+from tests.support.credential_env import bind_credential_env
 from tests.support.environment import FIXTURES
 from tests.support.fake_provider import GOOD_KEY, FakeProvider
-from tests.support.credential_env import bind_credential_env
 
 SEED_B = (FIXTURES / "seed_settings_b.json").read_text()
 

@@ -11,8 +11,8 @@ import pytest
 from panel.channels.diagnosis import describe_upstream_error, diagnose
 from panel.channels.models import Channel, ChannelKind, CredentialKind
 from panel.channels.services import channel_create, channel_test
-from tests.support.fake_provider import GOOD_KEY, FakeProvider
 from tests.support.credential_env import bind_credential_env
+from tests.support.fake_provider import GOOD_KEY, FakeProvider
 
 
 @pytest.fixture

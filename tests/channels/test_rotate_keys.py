@@ -6,8 +6,8 @@ import sys
 
 from cryptography.fernet import Fernet
 
-from panel.core import crypto
 from panel.channels.models import Channel
+from panel.core import crypto
 from tests.support.environment import ROOT, panel_env
 
 

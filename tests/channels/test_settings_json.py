@@ -12,8 +12,8 @@ from panel.channels import settings_json
 from panel.channels.models import Channel, ChannelKind, CredentialKind, Route, RouteChannel, RouteStrategy
 from panel.channels.services import channel_create, route_save
 from panel.channels.settings_json import export_a, export_b, parse, settings_import
-from tests.support.environment import FIXTURES
 from tests.support.credential_env import bind_credential_env
+from tests.support.environment import FIXTURES
 
 SEED_A = (FIXTURES / "seed_settings_a.json").read_text()
 SEED_B = (FIXTURES / "seed_settings_b.json").read_text()

@@ -12,15 +12,15 @@ import plotly.graph_objects as go
 import pytest
 from django.urls import reverse
 
+from panel.accounts.keys import key_issue
 from panel.channels.models import Channel
 from panel.dashboards.cost import cost_summary
 from panel.dashboards.models import DAY, HOUR, LATENCY_COLUMNS, MINUTE, TTFT_COLUMNS, UsageRollup
 from panel.dashboards.pages import TABS, dashboard_page
 from panel.dashboards.rollup import bucket_of, usage_rollup_run
 from panel.dashboards.selectors import DashboardQuery, percentile_from_buckets
-from panel.accounts.keys import key_issue
-from panel.usage.models import RequestLog
 from panel.hosts.models import WorkerHost
+from panel.usage.models import RequestLog
 from tests.support.dashboards import NOW, make_deployment
 
 

@@ -3,16 +3,23 @@ check through the gateway (the same long system prompt, different user messages)
 /metrics; the Cache tab shows a non-zero hit rate, the Latency tab has the requests in its TTFT panel, and the
 gateway process's own /metrics counted them. Run under the heavy lock: flock /tmp/tw-heavy.lock ..."""
 import httpx
-import pytest
 import openai
+import pytest
 from django.urls import reverse
 
+from panel.accounts.keys import key_issue
 from panel.channels.models import Channel
 from panel.dashboards.models import EngineSample
 from panel.dashboards.rollup import usage_rollup_run
-from panel.dashboards.scraper import (COUNTERS, GAUGES, HISTOGRAMS, deployment_scrape, metrics_headers, metrics_url,
-                                      parse_metrics)
-from panel.accounts.keys import key_issue
+from panel.dashboards.scraper import (
+    COUNTERS,
+    GAUGES,
+    HISTOGRAMS,
+    deployment_scrape,
+    metrics_headers,
+    metrics_url,
+    parse_metrics,
+)
 from panel.usage.models import RequestLog
 from tests.support.gateway_server import GatewayServer
 from tests.support.waiting import wait_until

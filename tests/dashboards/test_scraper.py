@@ -8,7 +8,7 @@ import time
 import pytest
 
 from panel.dashboards.models import EngineSample
-from panel.dashboards.scraper import deployments_scrape, deployment_scrape, parse_metrics
+from panel.dashboards.scraper import deployment_scrape, deployments_scrape, parse_metrics
 from panel.dashboards.selectors import DashboardQuery, engine_by_deployment, engine_percentile
 from tests.support.dashboards import make_deployment
 

@@ -10,11 +10,10 @@ import openai
 import pytest
 from django.utils import timezone
 
-from panel.channels.models import Channel
 from panel.accounts.keys import key_issue, key_revoke
+from panel.channels.models import Channel
 from tests.support.fake_upstream import closed_port
-from tests.support.gateway import CHAT, post, records, stream_events
-from tests.support.gateway import fallback, gateway, primary, setup  # noqa: F401 (fixtures)
+from tests.support.gateway import CHAT, fallback, gateway, post, primary, records, setup, stream_events  # noqa: F401 (fixtures)
 from tests.support.gateway_server import GatewayServer
 from tests.support.waiting import wait_until
 

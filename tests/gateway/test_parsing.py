@@ -2,7 +2,8 @@
 another exception."""
 import json
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from panel.gateway.app import ClientError, bearer, parse_request
 

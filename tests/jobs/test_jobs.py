@@ -6,8 +6,16 @@ from django.utils import timezone
 
 from panel.hosts.models import EngineCheck, WorkerHost
 from panel.jobs.models import JobEvent, JobState
-from panel.jobs.services import (append_log, job_cancel, job_claim, job_fail, job_heartbeat, job_succeed,
-                                 job_transition, jobs_reap)
+from panel.jobs.services import (
+    append_log,
+    job_cancel,
+    job_claim,
+    job_fail,
+    job_heartbeat,
+    job_succeed,
+    job_transition,
+    jobs_reap,
+)
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import time
 
 import psutil
 
+from panel.jobs.processes import group_alive, run_streaming
 from tests.support.environment import ROOT, panel_env
 from tests.support.waiting import wait_until
-from panel.jobs.processes import group_alive, run_streaming
 
 CHILD_AND_GRANDCHILD = textwrap.dedent("""
     import subprocess, sys, time

@@ -5,11 +5,11 @@ import time
 import psutil
 import pytest
 
+from panel.hosts import tasks
 from panel.hosts.models import EngineCheck, WorkerHost
 from panel.hosts.services import engine_check_launch
 from panel.jobs.models import JobEvent, JobState
 from tests.support.waiting import wait_until
-from panel.hosts import tasks
 
 
 def online_gpu_host():

@@ -9,7 +9,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 from django.utils import timezone
 
-from engine import awq_calibration, build_demo_model as builder, evaluation_text, quant_schemes
+from engine import awq_calibration, evaluation_text, quant_schemes
+from engine import build_demo_model as builder
 from panel.hosts.models import EngineCheck, WorkerHost
 from panel.registry import schemes
 from panel.registry.models import EvaluationJob, ModelEvaluation, QuantizationJob, RegisteredModel

@@ -11,13 +11,13 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
+from panel.jobs import processes
 from panel.jobs.models import JobEvent, JobState
+from panel.registry import tasks
 from panel.registry.models import QuantizationJob, RegisteredModel
 from panel.registry.services import model_register, quantization_launch
 from tests.support.environment import ROOT, panel_env
 from tests.support.waiting import wait_until
-from panel.jobs import processes
-from panel.registry import tasks
 
 FAST = {"max_calib_samples": 32, "max_calib_seq_len": 256, "backend": "autoawq", "scheme": "w4a16-awq"}
 

@@ -14,8 +14,17 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from panel.serving.configfile import (FIELD_FLAGS, SERVER_MODULE, ConfigFileError, deploy_script, launch_argv,
-                                      toml_export, toml_import, validate_extra_args, yaml_export)
+from panel.serving.configfile import (
+    FIELD_FLAGS,
+    SERVER_MODULE,
+    ConfigFileError,
+    deploy_script,
+    launch_argv,
+    toml_export,
+    toml_import,
+    validate_extra_args,
+    yaml_export,
+)
 from panel.serving.profile_fields import SECTIONS, TOML_FIELDS, defaults, section_fields
 from tests.support.environment import FIXTURES
 

