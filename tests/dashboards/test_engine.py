@@ -74,7 +74,7 @@ def test_it_shows_the_engines_prefix_cache_hits_and_the_ttft_of_gateway_requests
     assert sample.ttft["count"] == len(USERS) and sample.prompt_tokens > 0 and sample.generation_tokens > 0
     assert 0 <= sample.kv_cache_usage <= 1
 
-    wait_until(lambda: RequestLog.objects.filter(channel=local).count() == len(USERS), seconds=10,
+    wait_until(lambda: RequestLog.objects.filter(channel=local).count() == len(USERS), seconds=60,
                message="usage records")
     usage_rollup_run()
     client.force_login(team_setup["vera"])
