@@ -2,7 +2,6 @@
 prompts to the log); engines start with a minimal environment that holds none of the panel's secrets; each
 deployment's engine has its own key, which only the panel sends, and every path of the engine needs it (vLLM's own
 check covers /v1 only)."""
-import asyncio
 import html
 import importlib
 import os
@@ -16,6 +15,7 @@ from panel.jobs import processes
 from panel.serving.configfile import KEY_GUARD, ConfigFileError, deploy_script, launch_argv, validate_extra_args
 from panel.serving.engine_flags import REFUSED
 from panel.serving.supervisor import exposure_problem
+from tests.support.waiting import run_coroutine
 
 SEED = dict(model_name="m", served_model_name="m", extra_args="")
 
@@ -239,7 +239,7 @@ def call(guard, path, headers=(), kind="http"):
 
     scope = {"type": kind, "path": path, "method": "GET",
              "headers": [(name.encode(), value.encode()) for name, value in headers]}
-    asyncio.run(guard(app)(scope, receive, send))
+    run_coroutine(guard(app)(scope, receive, send))  # not asyncio.run: a browser test's loop may be running
     return sent[0].get("status", sent[0].get("code")), reached
 
 
