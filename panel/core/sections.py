@@ -14,8 +14,9 @@ class Section:
 SECTIONS = [
     Section("models", "Models", "◆", "Registered models with their memory cost: weights at FP16, FP8 and INT4, "
             "KV cache per token, and what fits on which GPU. Quantized children appear under their parent."),
-    Section("quantization", "Quantization", "◇", "AWQ quantization jobs (4-bit, group size 128, zero point, GEMM) "
-            "running on GPU workers, with live progress, logs and the size each one saved."),
+    Section("quantization", "Quantization", "◇", "Quantization jobs on GPU workers (llm-compressor or AutoAWQ: W8A8, "
+            "FP8, 4-bit AWQ/GPTQ, mixed precision) with live progress, logs and the size each one saved, each "
+            "followed by a quality report against its parent."),
     Section("serving", "Serving", "▶", "Serving profiles (vLLM's config.toml as a form: quantization, block "
             "size, gpu_memory_utilization, max_num_seqs, prefix caching...) and the vLLM deployments launched "
             "from them, supervised by the workers."),

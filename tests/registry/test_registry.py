@@ -185,3 +185,13 @@ def test_it_keeps_viewers_from_registering(client, team_setup, demo_model):
     client.force_login(team_setup["vera"])
     assert client.post(reverse("model_create"), {"source": str(demo_model)}).status_code == 403
     assert RegisteredModel.objects.count() == 0
+
+
+def test_the_pages_describe_quantization_as_it_is_now(client, team_setup):
+    """Home, Models and Quantization once promised "AWQ quantization jobs ... about 70%": the product quantizes in
+    several schemes, each with a quality report."""
+    client.force_login(team_setup["alice"])
+    for name in ("home", "models", "quantization"):
+        text = client.get(reverse(name)).content.decode()
+        assert "70%" not in text and "AWQ quantization jobs" not in text and "AWQ jobs" not in text, name
+        assert "quality report" in text, name
