@@ -17,6 +17,24 @@ for _name in ("DATABASE_URL", "ENGINE_PYTHON"):
     if "TOKENWISE_TEST_RUN" not in os.environ:
         os.environ.pop(_name, None)
 os.environ.setdefault("TOKENWISE_TEST_RUN", "1")
+
+
+def _own_slot_for_this_xdist_worker():
+    """Under pytest-xdist (`make test` runs two workers), each worker process gets its own data dir (so its own
+    SQLite test database), Redis and panel port; the demo model's cache stays the run's one (built under a lock,
+    panel/registry/demo_model.py). A subprocess of a worker (a Celery worker, manage.py) inherits the slot."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker or os.environ.get("TOKENWISE_TEST_SLOT") == worker or "TOKENWISE_DATA_DIR" not in os.environ:
+        return
+    shared_cache = os.path.join(os.environ["TOKENWISE_DATA_DIR"], "cache")
+    os.makedirs(shared_cache, exist_ok=True)
+    data_dir = tempfile.mkdtemp(prefix=f"tokenwise-test-{worker}-")
+    os.symlink(shared_cache, os.path.join(data_dir, "cache"))
+    os.environ.update(TOKENWISE_TEST_SLOT=worker, TOKENWISE_DATA_DIR=data_dir,
+                      REDIS_URL=f"redis://127.0.0.1:{_free_port()}/0", TOKENWISE_PORT=str(_free_port()))
+
+
+_own_slot_for_this_xdist_worker()
 os.environ.setdefault("DEBUG", "0")
 os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
 os.environ.setdefault("TOKENWISE_DATA_DIR", tempfile.mkdtemp(prefix="tokenwise-test-"))

@@ -4,9 +4,12 @@ engine venv; this module runs that script and reads its JSON lines.
 
 Training takes about a minute, so a build goes into a cache under the data dir, keyed by the builder's own source
 files, and every other folder that asks for the demo model gets a copy of it (a test run trains it once)."""
+import fcntl
 import hashlib
 import os
 import shutil
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
@@ -72,10 +75,32 @@ def build_demo_model(path=None, *, force=False, on_progress=None):
     engine_python()  # no engine venv: say so before copying anything
     if not force and not is_built(path):
         cached = cache_path()
-        if not is_built(cached):
-            run_builder(cached, force=False, on_progress=on_progress)
+        with building_lock(cached):  # a second process building at once waits, then copies the first one's build
+            if not is_built(cached):
+                run_builder(cached, force=False, on_progress=on_progress)
         copy_build(cached, path)
     return run_builder(path, force=force, on_progress=on_progress)
+
+
+@contextmanager
+def building_lock(cached):
+    """Held while the cached build is checked and built: two workers (or a worker and the launcher) on one host that
+    build at the same moment train the model once. The wait ends a little after the builder's own time limit."""
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + BUILD_TIME_LIMIT_SECONDS + 60
+    with open(cached.parent / f".{cached.name}.lock", "w") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DemoModelError("another process has been building the demo model for too long") from None
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def is_built(path):
