@@ -8,7 +8,6 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from panel.accounts.decorators import team_view
-from panel.accounts.models import Role
 from panel.audit.models import AuditAction, AuditEvent
 from panel.core.csv_cells import csv_row
 
@@ -45,13 +44,13 @@ def _filtered(request):
                              actor=request.GET.get("actor", "").strip(), **bounds)
 
 
-@team_view(Role.ADMIN)
+@team_view("audit.view")
 def audit_list(request):
     return render(request, "audit/list.html", {"events": _filtered(request)[:PAGE], "actions": AuditAction.choices,
                                                "query": request.GET})
 
 
-@team_view(Role.ADMIN)
+@team_view("audit.view")
 def audit_csv(request):
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="tokenwise-audit.csv"'
