@@ -6,7 +6,7 @@ from panel.core.sections import SECTIONS
 from panel.hosts.models import WorkerHost
 
 
-@team_view()
+@team_view("team.view")
 def home(request):
     hosts = list(WorkerHost.objects.all())
     context = {

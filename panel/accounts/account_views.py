@@ -20,13 +20,13 @@ def _page(request, form=None, raw_token=None, status=200):
         status=status)
 
 
-@team_view()
+@team_view("account.view")
 def account(request):
     return _page(request)
 
 
 @require_POST
-@team_view()
+@team_view("tokens.create")
 def token_create(request):
     form = TokenForm(request.POST, actor_role=request.membership.role)
     if not form.is_valid():
@@ -47,7 +47,7 @@ def token_create(request):
 
 
 @require_POST
-@team_view()
+@team_view("tokens.revoke")
 def token_revoke_view(request, token_id):
     token = get_object_or_404(tokens_of(user=request.user, team=request.team), pk=token_id)
     if token_revoke(token=token):

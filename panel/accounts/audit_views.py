@@ -2,33 +2,16 @@
 import csv
 from datetime import datetime, time
 
-from django.db.models import Q
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
 from panel.accounts.decorators import team_view
-from panel.accounts.models import Role
-from panel.audit.models import AuditAction, AuditEvent
+from panel.accounts.selectors import team_audit_events
+from panel.audit.models import AuditAction
 from panel.core.csv_cells import csv_row
 
 PAGE = 200
-
-
-def team_audit_events(*, team, action="", actor="", since=None, until=None):
-    """The team's own events, and the sign-ins of its members (those belong to no team), newest first; `since` and
-    `until` are aware datetimes (inclusive)."""
-    members = team.memberships.values("user_id")
-    events = AuditEvent.objects.filter(Q(team=team) | Q(team__isnull=True, actor__in=members))
-    if action in AuditAction.values:
-        events = events.filter(action=action)
-    if actor:
-        events = events.filter(actor_name__icontains=actor)
-    if since is not None:
-        events = events.filter(at__gte=since)
-    if until is not None:
-        events = events.filter(at__lte=until)
-    return events
 
 
 def _filtered(request):
@@ -45,13 +28,13 @@ def _filtered(request):
                              actor=request.GET.get("actor", "").strip(), **bounds)
 
 
-@team_view(Role.ADMIN)
+@team_view("audit.view")
 def audit_list(request):
     return render(request, "audit/list.html", {"events": _filtered(request)[:PAGE], "actions": AuditAction.choices,
                                                "query": request.GET})
 
 
-@team_view(Role.ADMIN)
+@team_view("audit.view")
 def audit_csv(request):
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="tokenwise-audit.csv"'

@@ -1,5 +1,6 @@
-"""Every team-scoped view goes through `team_view`: it signs the user in, resolves the current team and
-checks the role. Objects are then fetched with `team=request.team`, so another team's object is a 404."""
+"""Every team-scoped view goes through `team_view(action)`: it signs the user in, resolves the current team and
+checks the role the action needs (panel/accounts/roles.py). Objects are then fetched with `team=request.team`, so
+another team's object is a 404."""
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
@@ -7,6 +8,7 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 
 from panel.accounts.models import Role
+from panel.accounts.roles import role_for
 from panel.accounts.services import current_membership
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
@@ -23,7 +25,11 @@ def role_check(request, membership, role):
     request.team = membership.team
 
 
-def team_view(role=Role.VIEWER):
+def team_view(action):
+    """A page view for members who may do `action` (a name in the roles table; an unknown one raises here, when the
+    views module is imported)."""
+    role = role_for(action)
+
     def decorate(view):
         @login_required
         @wraps(view)
@@ -34,7 +40,8 @@ def team_view(role=Role.VIEWER):
             role_check(request, membership, role)
             return view(request, *args, **kwargs)
 
-        wrapper.required_role = Role(role)
+        wrapper.action = action
+        wrapper.required_role = role
         return wrapper
 
     return decorate

@@ -106,13 +106,13 @@ def _refused(request, membership, error):
     raise error
 
 
-@team_view(Role.ADMIN)
+@team_view("members.manage")
 def member_list(request):
     return _members_page(request)
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("members.manage")
 def member_invite_view(request):
     form = InviteForm(request.POST, actor_role=request.membership.role)
     if not form.is_valid():
@@ -144,7 +144,7 @@ def member_invite_view(request):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("members.manage")
 def member_link_view(request, membership_id):
     membership = get_object_or_404(Membership.objects.select_related("user"), pk=membership_id, team=request.team)
     try:
@@ -158,7 +158,7 @@ def member_link_view(request, membership_id):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("members.manage")
 def member_role_view(request, membership_id):
     membership = get_object_or_404(Membership.objects.select_related("user"), pk=membership_id, team=request.team)
     form = RoleForm(request.POST)
@@ -181,7 +181,7 @@ def member_role_view(request, membership_id):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("members.manage")
 def member_remove_view(request, membership_id):
     membership = get_object_or_404(Membership.objects.select_related("user"), pk=membership_id, team=request.team)
     try:

@@ -5,7 +5,7 @@ from panel.accounts.decorators import team_view
 from panel.advisor.services import CHECKS, advice
 
 
-@team_view()
+@team_view("advisor.view")
 def advisor(request):
     """Recommendations read from the team's traffic, profiles, deployments and models: every member reads them."""
     found = advice(team=request.team)

@@ -4,8 +4,8 @@ from typing import Any
 
 from ninja import Field, Query, Router, Schema
 
-from panel.accounts import audit_views as pages
-from panel.api.auth import allowed
+from panel.accounts.selectors import team_audit_events
+from panel.api.auth import gate
 from panel.api.errors import errors
 from panel.audit.models import AuditAction
 
@@ -36,11 +36,10 @@ class AuditPage(Schema):
     next_cursor: int | None
 
 
-@router.get("/audit", response=errors({200: AuditPage}))
-@allowed(like=pages.audit_list)
+@router.get("/audit", auth=gate("audit.view"), response=errors({200: AuditPage}))
 def audit_list(request, query: Query[AuditQuery]):
-    events = pages.team_audit_events(team=request.team, action=query.action or "", actor=(query.actor or "").strip(),
-                                     since=query.since, until=query.until).order_by("-id")
+    events = team_audit_events(team=request.team, action=query.action or "", actor=(query.actor or "").strip(),
+                               since=query.since, until=query.until).order_by("-id")
     if query.cursor:
         events = events.filter(id__lt=query.cursor)
     rows = list(events[:query.limit])

@@ -1,13 +1,11 @@
 """Who is calling: a personal access token (`Authorization: Bearer twp-…`) or the browser's session (with Django's
 CSRF check on unsafe methods), and as which member of which team. The role rule is the pages' own
-(`accounts.decorators.role_check`)."""
-from functools import wraps
-
+(`accounts.decorators.role_check`), and so is the role each action needs (`accounts.roles`)."""
 from django.core.exceptions import PermissionDenied
 from ninja.security import HttpBearer, SessionAuth
 
 from panel.accounts.decorators import role_check
-from panel.accounts.models import Role
+from panel.accounts.roles import role_for
 from panel.accounts.services import current_membership
 from panel.accounts.tokens import token_membership
 from panel.audit.models import AuditAction
@@ -15,13 +13,13 @@ from panel.audit.services import audit_record
 
 
 class AccessTokenAuth(HttpBearer):
-    """A personal access token; its member must hold `role` (checked here, before the body is read, as the pages'
-    gate checks before the form)."""
+    """A personal access token; its member must hold the role `action` needs (checked here, before the body is read,
+    as the pages' gate checks before the form)."""
     openapi_description = "A personal access token (twp-…) from Your account; it acts with its member's role."
 
-    def __init__(self, role=Role.VIEWER, *, refusal=""):
+    def __init__(self, action, *, refusal=""):
         super().__init__()
-        self.role = Role(role)
+        self.action, self.role = action, role_for(action)
         self.refusal = refusal  # words for an operation no token may call (it needs a signed-in session)
 
     def authenticate(self, request, token):
@@ -42,9 +40,9 @@ class AccessTokenAuth(HttpBearer):
 class BrowserSession(SessionAuth):
     openapi_description = "The panel's session cookie; unsafe methods need the X-CSRFToken header."
 
-    def __init__(self, role=Role.VIEWER):
+    def __init__(self, action):
         super().__init__()
-        self.role = Role(role)
+        self.action, self.role = action, role_for(action)
 
     def authenticate(self, request, key):
         if request.headers.get("Authorization"):
@@ -59,49 +57,18 @@ class BrowserSession(SessionAuth):
         return user
 
 
-AUTH = [AccessTokenAuth(), BrowserSession()]
+def gate(action, *, token_refusal=""):
+    """The authentication of an operation that does `action` (panel/accounts/roles.py), for its decorator's `auth=`:
+    a personal access token or the browser's session, of a member whose role the action allows. Refused (403,
+    audited) before the request's body or parameters are read, as on the pages; request.team and request.membership
+    are set for the operation. With `token_refusal`, any personal access token is refused with those words (403,
+    audited): only a signed-in session may call the operation."""
+    return [AccessTokenAuth(action, refusal=token_refusal), BrowserSession(action)]
 
 
-def gate_operations(api):
-    """Give every operation the authentication of its role (from `allowed`), so a role below it is refused (403,
-    audited) before the request's body or parameters are even read, as on the pages."""
-    for _, router in api._routers:
-        for path_view in router.path_operations.values():
-            for operation in path_view.operations:
-                role = operation.view_func.required_role
-                refusal = getattr(operation.view_func, "token_refusal", "")
-                callbacks = [AccessTokenAuth(role, refusal=refusal), BrowserSession(role)]
-                operation.auth_param = callbacks  # kept by the copy ninja binds to the API
-                operation._set_auth(callbacks)
+class Ungated(SessionAuth):
+    """The API's default, for an operation that names no action: it lets nobody in (tests/accounts/test_roles.py
+    fails first). A session auth, so that the reference page (Swagger UI) still sends the CSRF token."""
 
-
-def required_role(view):
-    """The role a page view asks for (set by `team_view`)."""
-    while view is not None:
-        if hasattr(view, "required_role"):
-            return view.required_role
-        view = getattr(view, "__wrapped__", None)
-    raise ValueError(f"{view!r} is not a team_view")
-
-
-def allowed(role=None, *, like=None, token_refusal=""):
-    """An API operation open to `role` and above, or to whoever may open the page view `like` (the same rule,
-    read from the page, so the two cannot drift apart). Sets request.team and request.membership. With
-    `token_refusal`, a personal access token is refused with those words (403, audited): only a signed-in session
-    may call the operation."""
-    needed = Role(role) if role is not None else required_role(like)
-
-    def decorate(operation):
-        @wraps(operation)
-        def gated(request, *args, **kwargs):
-            membership = getattr(request, "token_membership", None) or current_membership(request)
-            if membership is None:
-                raise PermissionDenied("You are not a member of any team yet.")
-            role_check(request, membership, needed)
-            return operation(request, *args, **kwargs)
-
-        gated.required_role = needed
-        gated.token_refusal = token_refusal
-        return gated
-
-    return decorate
+    def authenticate(self, request, key):
+        raise PermissionDenied("This operation names no action in the roles table.")

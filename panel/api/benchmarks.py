@@ -6,14 +6,13 @@ from typing import Any
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Status
 
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import errors
 from panel.api.form_bodies import schema_from_form, text_file, validated
 from panel.api.schemas import JobEventOut, JobOut, job_events_out
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.benchmarks import services
-from panel.benchmarks import views as pages
 from panel.benchmarks.forms import BenchmarkForm
 from panel.benchmarks.models import BenchmarkRun
 from panel.jobs.services import job_cancel, job_events
@@ -53,20 +52,17 @@ def _runs(request):
     return BenchmarkRun.objects.filter(team=request.team)
 
 
-@router.get("/benchmarks", response=errors({200: list[BenchmarkOut]}))
-@allowed(like=pages.home)
+@router.get("/benchmarks", auth=gate("benchmarks.view"), response=errors({200: list[BenchmarkOut]}))
 def benchmarks_list(request):
     return [run_out(run) for run in _runs(request).order_by("-created_at")[:200]]
 
 
-@router.get("/benchmarks/{run_id}", response=errors({200: BenchmarkDetail}))
-@allowed(like=pages.run_detail)
+@router.get("/benchmarks/{run_id}", auth=gate("benchmarks.view"), response=errors({200: BenchmarkDetail}))
 def benchmarks_get(request, run_id: int):
     return run_out(get_object_or_404(_runs(request), pk=run_id), detail=True)
 
 
-@router.post("/benchmarks", response=errors({201: BenchmarkOut}))
-@allowed(like=pages.run_create)
+@router.post("/benchmarks", auth=gate("benchmarks.run"), response=errors({201: BenchmarkOut}))
 def benchmarks_start(request, body: BenchmarkStart):
     text = body.prompts_text
     form = validated(BenchmarkForm, body.dict(exclude={"prompts_text"}, exclude_unset=True), team=request.team,
@@ -79,8 +75,7 @@ def benchmarks_start(request, body: BenchmarkStart):
     return Status(201, run_out(run))
 
 
-@router.post("/benchmarks/{run_id}/cancel", response=errors({200: BenchmarkOut}))
-@allowed(like=pages.job_cancel_view)
+@router.post("/benchmarks/{run_id}/cancel", auth=gate("benchmarks.run"), response=errors({200: BenchmarkOut}))
 def benchmarks_cancel(request, run_id: int):
     run = get_object_or_404(_runs(request), pk=run_id)
     if job_cancel(run, actor=request.user):

@@ -4,13 +4,12 @@ from decimal import Decimal
 from ninja import Field, Router, Schema
 
 from panel.accounts.models import TeamKey
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import errors
 from panel.api.form_bodies import validated
 from panel.api.schemas import Money
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
-from panel.budgets import views as pages
 from panel.budgets.counters import month_of
 from panel.budgets.forms import TEAM, BudgetForm
 from panel.budgets.services import budget_set, budget_usage
@@ -48,15 +47,13 @@ def _keys(team):
     return TeamKey.objects.filter(team=team, revoked_at__isnull=True).order_by("name")
 
 
-@router.get("/budgets", response=errors({200: list[UseOut]}))
-@allowed(like=pages.budget_list)
+@router.get("/budgets", auth=gate("budgets.view"), response=errors({200: list[UseOut]}))
 def budgets_list(request):
     return uses(request.team)
 
 
-@router.put("/budgets", response=errors({200: list[UseOut]}),
+@router.put("/budgets", auth=gate("budgets.edit"), response=errors({200: list[UseOut]}),
             summary="Set the monthly budget of the team or of one key (both limits empty removes it)")
-@allowed(like=pages.budget_edit)
 def budgets_set(request, body: BudgetIn):
     given = {"target": str(body.key) if body.key else TEAM, "money_per_month": body.money_per_month,
              "tokens_per_month": body.tokens_per_month}

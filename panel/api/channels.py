@@ -7,14 +7,13 @@ from typing import Any, Literal
 from django.shortcuts import get_object_or_404
 from ninja import Field, Query, Router, Schema, Status
 
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import Invalid, errors
 from panel.api.form_bodies import schema_from_form, validated
 from panel.api.schemas import Money
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels import settings_json
-from panel.channels import views as pages
 from panel.channels.forms import ChannelForm, ImportForm
 from panel.channels.models import Channel, CredentialKind, Route, listed_channels
 from panel.channels.services import (
@@ -96,20 +95,17 @@ def _credential_audit(request, channel, before, api_key, created=False):
                      credential=channel.credential_kind, **({"created": True} if created else {}))
 
 
-@router.get("/channels", response=errors({200: list[ChannelOut]}))
-@allowed(like=pages.channel_list)
+@router.get("/channels", auth=gate("channels.view"), response=errors({200: list[ChannelOut]}))
 def channels_list(request):
     return [channel_out(channel) for channel in listed_channels(request.team).order_by("name")]
 
 
-@router.get("/channels/{channel_id}", response=errors({200: ChannelOut}))
-@allowed(like=pages.channel_detail)
+@router.get("/channels/{channel_id}", auth=gate("channels.view"), response=errors({200: ChannelOut}))
 def channels_get(request, channel_id: int):
     return channel_out(_channel(request, channel_id))
 
 
-@router.post("/channels", response=errors({201: ChannelOut}))
-@allowed(like=pages.channel_create_view)
+@router.post("/channels", auth=gate("channels.edit"), response=errors({201: ChannelOut}))
 def channels_create(request, body: ChannelCreate):
     form = validated(ChannelForm, body, team=request.team)
     channel = channel_create(team=request.team, user=request.user, api_key=form.cleaned_data["api_key"],
@@ -118,9 +114,8 @@ def channels_create(request, body: ChannelCreate):
     return Status(201, channel_out(channel))
 
 
-@router.patch("/channels/{channel_id}", response=errors({200: ChannelOut}),
+@router.patch("/channels/{channel_id}", auth=gate("channels.edit"), response=errors({200: ChannelOut}),
               summary="Change a channel (fields not sent keep their values; an empty api_key keeps the stored key)")
-@allowed(like=pages.channel_edit)
 def channels_change(request, channel_id: int, body: ChannelChange):
     channel = _channel(request, channel_id)
     before = (channel.credential_kind, channel.credential_env, channel.credential_last4)
@@ -133,9 +128,8 @@ def channels_change(request, channel_id: int, body: ChannelChange):
     return channel_out(channel)
 
 
-@router.post("/channels/{channel_id}/credential", response=errors({200: ChannelOut}),
+@router.post("/channels/{channel_id}/credential", auth=gate("channels.edit"), response=errors({200: ChannelOut}),
              summary="Rotate the channel's key: store a new one, encrypted (the channel's credential becomes stored)")
-@allowed(like=pages.channel_edit)
 def channels_rotate(request, channel_id: int, body: CredentialRotate):
     channel = _channel(request, channel_id)
     form = validated(ChannelForm, {"credential_kind": CredentialKind.STORED, "api_key": body.api_key},
@@ -145,15 +139,13 @@ def channels_rotate(request, channel_id: int, body: CredentialRotate):
     return channel_out(channel)
 
 
-@router.post("/channels/{channel_id}/test", response=errors({200: dict[str, Any]}),
+@router.post("/channels/{channel_id}/test", auth=gate("channels.test"), response=errors({200: dict[str, Any]}),
              summary="The Test button: GET /models, then a one-token chat (its result is stored on the channel)")
-@allowed(like=pages.channel_test_view)
 def channels_test(request, channel_id: int):
     return channel_test(_channel(request, channel_id))
 
 
-@router.delete("/channels/{channel_id}", response=errors({204: None}))
-@allowed(like=pages.channel_delete_view)
+@router.delete("/channels/{channel_id}", auth=gate("channels.edit"), response=errors({204: None}))
 def channels_delete(request, channel_id: int):
     channel_delete(channel=_channel(request, channel_id))
     return Status(204, None)
@@ -164,9 +156,8 @@ class ExportQuery(Schema):
     route: int | None = Field(None, ge=1, le=2**53)
 
 
-@router.get("/settings.json", response=errors({200: dict[str, Any]}),
+@router.get("/settings.json", auth=gate("settings.export"), response=errors({200: dict[str, Any]}),
             summary="Export settings.json: format B (every channel, or a route's), or format A (one route)")
-@allowed(like=pages.settings_export_view)
 def settings_export(request, query: Query[ExportQuery]):
     route = None
     if query.route is not None:
@@ -178,9 +169,8 @@ def settings_export(request, query: Query[ExportQuery]):
     return json.loads(settings_json.export_b(team=request.team, route=route))
 
 
-@router.post("/settings.json", response=errors({201: SettingsImported}),
+@router.post("/settings.json", auth=gate("settings.import"), response=errors({201: SettingsImported}),
              summary="Import settings.json (everything or nothing)")
-@allowed(like=pages.settings_import_view)
 def settings_import(request, body: SettingsImport):
     form = validated(ImportForm, {"text": body.text, "replace": body.replace})
     result = settings_json.settings_import(team=request.team, user=request.user, text=form.cleaned_data["payload"],

@@ -7,13 +7,12 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import Invalid, errors
 from panel.api.form_bodies import schema_from_form, validated
 from panel.api.schemas import JobEventOut, JobOut, Money, job_events_out
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
-from panel.hosts import views as pages
 from panel.hosts.forms import GpuPriceForm
 from panel.hosts.models import EngineCheck, WorkerHost
 from panel.hosts.services import engine_check_launch, host_price_set
@@ -63,8 +62,7 @@ def host_out(host):
             "online": host.is_online, "engine_check": check_out(check) if check is not None else None}
 
 
-@router.get("/hosts", response=errors({200: list[HostOut]}))
-@allowed(like=pages.host_list)
+@router.get("/hosts", auth=gate("hosts.view"), response=errors({200: list[HostOut]}))
 def hosts_list(request):
     return [host_out(host) for host in WorkerHost.objects.order_by("kind", "host", "name")]
 
@@ -72,9 +70,8 @@ def hosts_list(request):
 GpuPriceIn = schema_from_form(GpuPriceForm, "GpuPriceIn")
 
 
-@router.put("/hosts/{host_id}/gpu-price", response=errors({200: HostOut}),
+@router.put("/hosts/{host_id}/gpu-price", auth=gate("hosts.price"), response=errors({200: HostOut}),
             summary="Set a host's GPU price per hour and GPU count (superusers only: it counts in every team's costs)")
-@allowed(like=pages.host_price)
 def hosts_price_set(request, host_id: int, body: GpuPriceIn):
     """As the Workers page's price form: hosts are the installation's, so only a superuser sets their price (any
     other caller gets 403, and the refusal is audited); both fields empty clears the price. Each change is audited
@@ -91,9 +88,8 @@ def hosts_price_set(request, host_id: int, body: GpuPriceIn):
     return host_out(host)
 
 
-@router.post("/hosts/{host_id}/engine-checks", response=errors({201: EngineCheckOut}),
+@router.post("/hosts/{host_id}/engine-checks", auth=gate("hosts.check"), response=errors({201: EngineCheckOut}),
              summary="Check what the engine on a GPU host can serve (versions, CPU extensions, CUDA, kernels)")
-@allowed(like=pages.engine_check_create)
 def engine_checks_start(request, host_id: int):
     host = get_object_or_404(WorkerHost, pk=host_id, kind="gpu")
     if not host.is_online:
@@ -103,7 +99,6 @@ def engine_checks_start(request, host_id: int):
     return Status(201, check_out(check))
 
 
-@router.get("/engine-checks/{check_id}", response=errors({200: EngineCheckDetail}))
-@allowed(like=pages.engine_check_detail)
+@router.get("/engine-checks/{check_id}", auth=gate("hosts.view"), response=errors({200: EngineCheckDetail}))
 def engine_checks_get(request, check_id: int):
     return check_out(get_object_or_404(EngineCheck.objects.filter(team=request.team), pk=check_id), detail=True)

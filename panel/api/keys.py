@@ -7,13 +7,12 @@ from ninja import Field, Router, Schema, Status
 
 from panel.accounts.keys import key_issue, key_revoke
 from panel.accounts.models import TeamKey
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import errors
 from panel.api.form_bodies import validated
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels.models import Route
-from panel.gateway import views as pages
 from panel.gateway.forms import KeyIssueForm
 
 router = Router(tags=["gateway keys"])
@@ -49,20 +48,17 @@ def key_out(key):
     return {name: getattr(key, name) for name in KeyOut.model_fields}
 
 
-@router.get("/keys", response=errors({200: list[KeyOut]}))
-@allowed(like=pages.key_list)
+@router.get("/keys", auth=gate("keys.view"), response=errors({200: list[KeyOut]}))
 def keys_list(request):
     return [key_out(key) for key in TeamKey.objects.filter(team=request.team)]
 
 
-@router.get("/keys/{key_id}", response=errors({200: KeyOut}))
-@allowed(like=pages.key_list)
+@router.get("/keys/{key_id}", auth=gate("keys.view"), response=errors({200: KeyOut}))
 def keys_get(request, key_id: int):
     return key_out(get_object_or_404(TeamKey, pk=key_id, team=request.team))
 
 
-@router.post("/keys", response=errors({201: KeyIssued}))
-@allowed(like=pages.key_create)
+@router.post("/keys", auth=gate("keys.manage"), response=errors({201: KeyIssued}))
 def keys_issue(request, body: KeyIssue, response: HttpResponse):
     response["Cache-Control"] = "no-store"  # the key is in this answer only
     routes = Route.objects.filter(team=request.team).values_list("model_name", flat=True)
@@ -75,8 +71,7 @@ def keys_issue(request, body: KeyIssue, response: HttpResponse):
     return Status(201, {**key_out(key), "key": raw})
 
 
-@router.post("/keys/{key_id}/revoke", response=errors({200: KeyOut}))
-@allowed(like=pages.key_revoke_view)
+@router.post("/keys/{key_id}/revoke", auth=gate("keys.manage"), response=errors({200: KeyOut}))
 def keys_revoke(request, key_id: int):
     key = get_object_or_404(TeamKey, pk=key_id, team=request.team)
     if key_revoke(key=key, user=request.user):

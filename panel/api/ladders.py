@@ -5,14 +5,13 @@ from typing import Any
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Status
 
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import errors
 from panel.api.form_bodies import schema_from_form, text_file, validated
 from panel.api.schemas import JobEventOut, JobOut, job_events_out
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.benchmarks import ladder as ladders
-from panel.benchmarks import views as pages
 from panel.benchmarks.forms import LadderForm, SweepForm
 from panel.benchmarks.launch import ladder_from_form, sweep_from_form
 from panel.benchmarks.models import Ladder, Sweep
@@ -97,21 +96,18 @@ def _form(form_class, request, body):
                      files={"prompts_file": text_file("prompts.jsonl", text)} if text else None)
 
 
-@router.get("/ladders", response=errors({200: list[LadderOut]}))
-@allowed(like=pages.home)
+@router.get("/ladders", auth=gate("benchmarks.view"), response=errors({200: list[LadderOut]}))
 def ladders_list(request):
     return [ladder_out(ladder) for ladder in _ladders(request).order_by("-created_at")[:200]]
 
 
-@router.get("/ladders/{ladder_id}", response=errors({200: LadderDetail}))
-@allowed(like=pages.ladder_detail)
+@router.get("/ladders/{ladder_id}", auth=gate("benchmarks.view"), response=errors({200: LadderDetail}))
 def ladders_get(request, ladder_id: int):
     return ladder_out(get_object_or_404(_ladders(request), pk=ladder_id), detail=True)
 
 
-@router.post("/ladders", response=errors({201: LadderOut}),
+@router.post("/ladders", auth=gate("benchmarks.run"), response=errors({201: LadderOut}),
              summary="A config ladder: one model served step by step, each step benchmarked on a GPU worker")
-@allowed(like=pages.ladder_create)
 def ladders_start(request, body: LadderStart):
     ladder = ladder_from_form(team=request.team, user=request.user, form=_form(LadderForm, request, body))
     audit_record(action=AuditAction.BENCHMARK_LAUNCHED, request=request, target=f"ladder #{ladder.pk}",
@@ -119,8 +115,7 @@ def ladders_start(request, body: LadderStart):
     return Status(201, ladder_out(ladder))
 
 
-@router.post("/ladders/{ladder_id}/cancel", response=errors({200: LadderOut}))
-@allowed(like=pages.job_cancel_view)
+@router.post("/ladders/{ladder_id}/cancel", auth=gate("benchmarks.run"), response=errors({200: LadderOut}))
 def ladders_cancel(request, ladder_id: int):
     ladder = get_object_or_404(_ladders(request), pk=ladder_id)
     if job_cancel(ladder, actor=request.user):
@@ -128,21 +123,18 @@ def ladders_cancel(request, ladder_id: int):
     return ladder_out(get_object_or_404(_ladders(request), pk=ladder_id))
 
 
-@router.get("/sweeps", response=errors({200: list[SweepOut]}))
-@allowed(like=pages.home)
+@router.get("/sweeps", auth=gate("benchmarks.view"), response=errors({200: list[SweepOut]}))
 def sweeps_list(request):
     return [sweep_out(sweep) for sweep in _sweeps(request).order_by("-created_at")[:200]]
 
 
-@router.get("/sweeps/{sweep_id}", response=errors({200: SweepDetail}))
-@allowed(like=pages.sweep_detail)
+@router.get("/sweeps/{sweep_id}", auth=gate("benchmarks.view"), response=errors({200: SweepDetail}))
 def sweeps_get(request, sweep_id: int):
     return sweep_out(get_object_or_404(_sweeps(request), pk=sweep_id), detail=True)
 
 
-@router.post("/sweeps", response=errors({201: SweepOut}),
+@router.post("/sweeps", auth=gate("benchmarks.run"), response=errors({201: SweepOut}),
              summary="A max_num_seqs sweep: one serving profile at each value, the best within a P99 target")
-@allowed(like=pages.sweep_create)
 def sweeps_start(request, body: SweepStart):
     sweep = sweep_from_form(team=request.team, user=request.user, form=_form(SweepForm, request, body))
     audit_record(action=AuditAction.BENCHMARK_LAUNCHED, request=request, target=f"sweep #{sweep.pk}",
@@ -150,8 +142,7 @@ def sweeps_start(request, body: SweepStart):
     return Status(201, sweep_out(sweep))
 
 
-@router.post("/sweeps/{sweep_id}/cancel", response=errors({200: SweepOut}))
-@allowed(like=pages.job_cancel_view)
+@router.post("/sweeps/{sweep_id}/cancel", auth=gate("benchmarks.run"), response=errors({200: SweepOut}))
 def sweeps_cancel(request, sweep_id: int):
     sweep = get_object_or_404(_sweeps(request), pk=sweep_id)
     if job_cancel(sweep, actor=request.user):

@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import Invalid, errors
 from panel.api.form_bodies import schema_from_form, text_file, validated
 from panel.api.schemas import JobEventOut, JobOut, job_events_out
@@ -15,7 +15,6 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_cancel, job_events
 from panel.registry import memory
-from panel.registry import views as pages
 from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
 from panel.registry.models import EvaluationJob, QuantizationJob, RegisteredModel
 from panel.registry.quality import evaluation_from_form
@@ -94,23 +93,20 @@ def _jobs(request):
     return QuantizationJob.objects.filter(team=request.team).select_related("source")
 
 
-@router.get("/models", response=errors({200: list[ModelOut]}))
-@allowed(like=pages.model_list)
+@router.get("/models", auth=gate("models.view"), response=errors({200: list[ModelOut]}))
 def models_list(request):
     return [model_out(model) for model in RegisteredModel.objects.filter(team=request.team).order_by("name")]
 
 
-@router.get("/models/{model_id}", response=errors({200: ModelDetail}),
+@router.get("/models/{model_id}", auth=gate("models.view"), response=errors({200: ModelDetail}),
             summary="A model with its memory estimate (weights per precision, KV cache per token, what fits where)")
-@allowed(like=pages.model_detail)
 def models_get(request, model_id: int):
     model = get_object_or_404(RegisteredModel, pk=model_id, team=request.team)
     return {**model_out(model), "memory": memory.estimate(model), "quantization_refused": quantization_refusal(model)}
 
 
-@router.post("/models", response=errors({201: ModelOut}),
+@router.post("/models", auth=gate("models.register"), response=errors({201: ModelOut}),
              summary="Register a checkpoint folder or a hub id that is in the local cache (no download)")
-@allowed(like=pages.model_create)
 def models_register(request, body: ModelRegister):
     data = validated(ModelRegisterForm, body).cleaned_data
     try:
@@ -120,22 +116,19 @@ def models_register(request, body: ModelRegister):
     return Status(201, model_out(model))
 
 
-@router.get("/quantization-jobs", response=errors({200: list[QuantizationJobOut]}))
-@allowed(like=pages.job_list)
+@router.get("/quantization-jobs", auth=gate("models.view"), response=errors({200: list[QuantizationJobOut]}))
 def quantization_list(request):
     return [job_out(job) for job in _jobs(request)[:200]]
 
 
-@router.get("/quantization-jobs/{job_id}", response=errors({200: QuantizationJobDetail}),
+@router.get("/quantization-jobs/{job_id}", auth=gate("models.view"), response=errors({200: QuantizationJobDetail}),
             summary="A job's progress, phase, log tail, history and result")
-@allowed(like=pages.job_detail)
 def quantization_get(request, job_id: int):
     return job_out(get_object_or_404(_jobs(request), pk=job_id), detail=True)
 
 
-@router.post("/models/{model_id}/quantize", response=errors({201: QuantizationJobOut}),
+@router.post("/models/{model_id}/quantize", auth=gate("models.quantize"), response=errors({201: QuantizationJobOut}),
              summary="Quantize a model on a GPU worker (a scheme, its backend, calibration)")
-@allowed(like=pages.job_create)
 def quantization_launch_op(request, model_id: int, body: QuantizationLaunch):
     model = get_object_or_404(RegisteredModel, pk=model_id, team=request.team)
     refusal = quantization_refusal(model)
@@ -174,9 +167,8 @@ def evaluation_out(job, *, detail=False):
     return out
 
 
-@router.post("/models/{model_id}/evaluate", response=errors({201: EvaluationJobOut}),
+@router.post("/models/{model_id}/evaluate", auth=gate("models.evaluate"), response=errors({201: EvaluationJobOut}),
              summary="A quality report: measure the model against its parent (or another model) on a GPU worker")
-@allowed(like=pages.evaluation_create)
 def evaluation_launch_op(request, model_id: int, body: EvaluationLaunch):
     model = get_object_or_404(RegisteredModel.objects.select_related("parent"), pk=model_id, team=request.team)
     text = body.prompt_text
@@ -187,16 +179,14 @@ def evaluation_launch_op(request, model_id: int, body: EvaluationLaunch):
     return Status(201, evaluation_out(job))
 
 
-@router.get("/quality-jobs/{job_id}", response=errors({200: EvaluationJobDetail}),
+@router.get("/quality-jobs/{job_id}", auth=gate("models.view"), response=errors({200: EvaluationJobDetail}),
             summary="A quality report job: progress, history and the measured report")
-@allowed(like=pages.evaluation_detail)
 def evaluation_get(request, job_id: int):
     job = get_object_or_404(EvaluationJob.objects.filter(team=request.team), pk=job_id)
     return evaluation_out(job, detail=True)
 
 
-@router.post("/quality-jobs/{job_id}/cancel", response=errors({200: EvaluationJobOut}))
-@allowed(like=pages.evaluation_cancel)
+@router.post("/quality-jobs/{job_id}/cancel", auth=gate("models.evaluate"), response=errors({200: EvaluationJobOut}))
 def evaluation_cancel_op(request, job_id: int):
     job = get_object_or_404(EvaluationJob.objects.filter(team=request.team), pk=job_id)
     if job_cancel(job, actor=request.user):
@@ -204,8 +194,8 @@ def evaluation_cancel_op(request, job_id: int):
     return evaluation_out(get_object_or_404(EvaluationJob.objects.filter(team=request.team), pk=job_id))
 
 
-@router.post("/quantization-jobs/{job_id}/cancel", response=errors({200: QuantizationJobOut}))
-@allowed(like=pages.job_cancel)
+@router.post("/quantization-jobs/{job_id}/cancel", auth=gate("models.quantize"),
+             response=errors({200: QuantizationJobOut}))
 def quantization_cancel_op(request, job_id: int):
     job = get_object_or_404(_jobs(request), pk=job_id)
     if quantization_cancel(job=job, user=request.user):

@@ -8,13 +8,12 @@ from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
 from panel.accounts.models import TeamKey
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import Invalid, errors
 from panel.api.form_bodies import schema_from_form, validated
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels import canary, rules
-from panel.channels import views as pages
 from panel.channels.forms import CanaryForm
 from panel.channels.models import (
     Channel,
@@ -178,41 +177,36 @@ def _save(request, route, body):
                       affinity_header=body.affinity_header, entries=_entries(request, body))
 
 
-@router.get("/routes", response=errors({200: list[RouteOut]}))
-@allowed(like=pages.channel_list)
+@router.get("/routes", auth=gate("channels.view"), response=errors({200: list[RouteOut]}))
 def routes_list(request):
     routes = listed_routes(request.team).select_related("canary_channel").order_by("model_name")
     return [route_out(route) for route in routes]
 
 
-@router.get("/routes/{route_id}", response=errors({200: RouteOut}))
-@allowed(like=pages.route_detail)
+@router.get("/routes/{route_id}", auth=gate("channels.view"), response=errors({200: RouteOut}))
 def routes_get(request, route_id: int):
     return route_out(_route(request, route_id))
 
 
-@router.post("/routes", response=errors({201: RouteOut}))
-@allowed(like=pages.route_create)
+@router.post("/routes", auth=gate("routes.edit"), response=errors({201: RouteOut}))
 def routes_create(request, body: RouteIn):
     return Status(201, route_out(_fresh(_save(request, None, body))))
 
 
-@router.put("/routes/{route_id}", response=errors({200: RouteOut}), summary="Replace a route and its channels")
-@allowed(like=pages.route_edit)
+@router.put("/routes/{route_id}", auth=gate("routes.edit"), response=errors({200: RouteOut}),
+            summary="Replace a route and its channels")
 def routes_replace(request, route_id: int, body: RouteIn):
     return route_out(_fresh(_save(request, _route(request, route_id), body)))
 
 
-@router.delete("/routes/{route_id}", response=errors({204: None}))
-@allowed(like=pages.route_delete_view)
+@router.delete("/routes/{route_id}", auth=gate("routes.edit"), response=errors({204: None}))
 def routes_delete(request, route_id: int):
     route_delete(route=_route(request, route_id))
     return Status(204, None)
 
 
-@router.post("/routes/{route_id}/canary", response=errors({200: RouteOut}),
+@router.post("/routes/{route_id}/canary", auth=gate("canaries.run"), response=errors({200: RouteOut}),
              summary="Start a canary: a share of the route's traffic to a candidate channel it does not use yet")
-@allowed(like=pages.canary_start_view)
 def canary_start(request, route_id: int, body: CanaryStart):
     route = _route(request, route_id)
     data = validated(CanaryForm, body, route=route).cleaned_data
@@ -221,19 +215,17 @@ def canary_start(request, route_id: int, body: CanaryStart):
     return route_out(_fresh(route))
 
 
-@router.post("/routes/{route_id}/canary/promote", response=errors({200: RouteOut}),
+@router.post("/routes/{route_id}/canary/promote", auth=gate("canaries.run"), response=errors({200: RouteOut}),
              summary="Check and promote: the guards first (a trip rolls back), then one step up if the step has a "
                      "passing verdict; `override_reason` promotes without one, and the audit log keeps it")
-@allowed(like=pages.canary_promote_view)
 def canary_promote(request, route_id: int, override_reason: str = ""):
     canary.canary_check_and_promote(route=_route(request, route_id), request=request,
                                     override_reason=override_reason)
     return route_out(_fresh(_route(request, route_id)))
 
 
-@router.post("/routes/{route_id}/canary/rollback", response=errors({200: RouteOut}),
+@router.post("/routes/{route_id}/canary/rollback", auth=gate("canaries.run"), response=errors({200: RouteOut}),
              summary="Roll a running canary back by hand: its share drops to 0 with your reason")
-@allowed(like=pages.canary_stop_view)
 def canary_rollback(request, route_id: int, body: CanaryRollback):
     route = _route(request, route_id)
     if not canary.canary_rollback(route=route, reason=body.reason.strip() or "rolled back by hand",
@@ -242,8 +234,7 @@ def canary_rollback(request, route_id: int, body: CanaryRollback):
     return route_out(_fresh(route))
 
 
-@router.post("/routes/{route_id}/canary/stop", response=errors({200: RouteOut}))
-@allowed(like=pages.canary_stop_view)
+@router.post("/routes/{route_id}/canary/stop", auth=gate("canaries.run"), response=errors({200: RouteOut}))
 def canary_stop(request, route_id: int):
     route = _route(request, route_id)
     canary.canary_stop(route=route, request=request)
@@ -283,29 +274,26 @@ def _rule(route, rule_id):
     return get_object_or_404(RouteRule, pk=rule_id, route=route)
 
 
-@router.get("/routes/{route_id}/rules", response=errors({200: list[RuleOut]}))
-@allowed(like=pages.route_detail)
+@router.get("/routes/{route_id}/rules", auth=gate("channels.view"), response=errors({200: list[RuleOut]}))
 def rules_list(request, route_id: int):
     return [rule_out(rule) for rule in _route(request, route_id).rules.select_related("key").order_by("position")]
 
 
-@router.post("/routes/{route_id}/rules", response=errors({201: RuleOut}),
+@router.post("/routes/{route_id}/rules", auth=gate("routes.edit"), response=errors({201: RuleOut}),
              summary="Add a rule (tried after the route's other rules)")
-@allowed(like=pages.rule_create_view)
 def rules_create(request, route_id: int, body: RuleIn):
     return Status(201, rule_out(_rule_save(request, _route(request, route_id), None, body)))
 
 
-@router.put("/routes/{route_id}/rules/{rule_id}", response=errors({200: RuleOut}), summary="Replace a rule")
-@allowed(like=pages.rule_edit_view)
+@router.put("/routes/{route_id}/rules/{rule_id}", auth=gate("routes.edit"), response=errors({200: RuleOut}),
+            summary="Replace a rule")
 def rules_replace(request, route_id: int, rule_id: int, body: RuleIn):
     route = _route(request, route_id)
     return rule_out(_rule_save(request, route, _rule(route, rule_id), body))
 
 
-@router.put("/routes/{route_id}/rule-order", response=errors({200: list[RuleOut]}),
+@router.put("/routes/{route_id}/rule-order", auth=gate("routes.edit"), response=errors({200: list[RuleOut]}),
             summary="Put the route's rules in a new order")
-@allowed(like=pages.rule_move_view)
 def rules_reorder(request, route_id: int, body: RuleOrder):
     route = _route(request, route_id)
     rules.rules_reorder(route=route, rule_ids=body.rule_ids)
@@ -314,8 +302,7 @@ def rules_reorder(request, route_id: int, body: RuleOrder):
     return [rule_out(rule) for rule in route.rules.select_related("key").order_by("position")]
 
 
-@router.delete("/routes/{route_id}/rules/{rule_id}", response=errors({204: None}))
-@allowed(like=pages.rule_delete_view)
+@router.delete("/routes/{route_id}/rules/{rule_id}", auth=gate("routes.edit"), response=errors({204: None}))
 def rules_delete(request, route_id: int, rule_id: int):
     route = _route(request, route_id)
     rule = _rule(route, rule_id)

@@ -8,15 +8,14 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
-from panel.accounts.models import Role
-from panel.api.auth import allowed
+from panel.accounts.roles import may
+from panel.api.auth import gate
 from panel.api.errors import errors
 from panel.api.form_bodies import schema_from_form, validated
 from panel.api.schemas import JobEventOut, JobOut, job_events_out
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
-from panel.serving import views as pages
 from panel.serving.configfile import ConfigFileError
 from panel.serving.forms import PROFILE_FIELDS, ImportForm, LaunchForm, ServingProfileForm
 from panel.serving.models import Deployment, ServingProfile
@@ -125,15 +124,13 @@ def _deployment(request, deployment_id):
                              team=request.team)
 
 
-@router.get("/profiles", response=errors({200: list[ProfileOut]}))
-@allowed(like=pages.serving_home)
+@router.get("/profiles", auth=gate("serving.view"), response=errors({200: list[ProfileOut]}))
 def profiles_list(request):
     return [profile_out(profile) for profile in _profiles(request).order_by("name")]
 
 
-@router.post("/profiles/import", response=errors({201: ProfileDetail}),
+@router.post("/profiles/import", auth=gate("profiles.edit"), response=errors({201: ProfileDetail}),
              summary="Create a profile from a config.toml (everything checked; nothing saved on error)")
-@allowed(like=pages.profile_import_view)
 def profiles_import(request, body: ProfileImport):
     form = validated(ImportForm, {"name": body.name, "config": body.config})
     profile = profile_import(team=request.team, user=request.user, text=form.cleaned_data["text"],
@@ -141,15 +138,13 @@ def profiles_import(request, body: ProfileImport):
     return Status(201, profile_out(profile, detail=True))
 
 
-@router.get("/profiles/{profile_id}", response=errors({200: ProfileDetail}),
+@router.get("/profiles/{profile_id}", auth=gate("serving.view"), response=errors({200: ProfileDetail}),
             summary="A profile with its vLLM command and the rules' verdict")
-@allowed(like=pages.profile_detail)
 def profiles_get(request, profile_id: int):
     return profile_out(get_object_or_404(_profiles(request), pk=profile_id), detail=True)
 
 
-@router.post("/profiles", response=errors({201: ProfileDetail}))
-@allowed(like=pages.profile_create)
+@router.post("/profiles", auth=gate("profiles.edit"), response=errors({201: ProfileDetail}))
 def profiles_create(request, body: ProfileCreate):
     form = validated(ServingProfileForm, body, team=request.team)
     profile = form.save(commit=False)
@@ -158,9 +153,8 @@ def profiles_create(request, body: ProfileCreate):
     return Status(201, profile_out(profile, detail=True))
 
 
-@router.patch("/profiles/{profile_id}", response=errors({200: ProfileDetail}),
+@router.patch("/profiles/{profile_id}", auth=gate("profiles.edit"), response=errors({200: ProfileDetail}),
               summary="Change a profile (fields not sent keep their values)")
-@allowed(like=pages.profile_edit)
 def profiles_change(request, profile_id: int, body: ProfileChange):
     profile = get_object_or_404(_profiles(request), pk=profile_id)
     form = validated(ServingProfileForm, body, team=request.team, instance=profile)
@@ -170,11 +164,10 @@ def profiles_change(request, profile_id: int, body: ProfileChange):
 EXPORT_TYPES = {kind: content_type for kind, (_, content_type) in EXPORTS.items()}
 
 
-@router.get("/profiles/{profile_id}/export/{kind}", response=errors({200: str}),
+@router.get("/profiles/{profile_id}/export/{kind}", auth=gate("serving.view"), response=errors({200: str}),
             openapi_extra={"responses": {200: {"description": "The file", "content": {
                 content_type: {"schema": {"type": "string"}} for content_type in EXPORT_TYPES.values()}}}},
             summary="config.toml (toml), vllm_deploy.sh (sh) or vLLM's --config YAML (yaml)")
-@allowed(like=pages.profile_export)
 def profiles_export(request, profile_id: int, kind: Literal["toml", "sh", "yaml"]) -> HttpResponse:
     profile = get_object_or_404(_profiles(request), pk=profile_id)
     filename, content_type, body = profile_export_file(profile, kind)
@@ -183,35 +176,31 @@ def profiles_export(request, profile_id: int, kind: Literal["toml", "sh", "yaml"
     return response
 
 
-@router.get("/deployments", response=errors({200: list[DeploymentOut]}))
-@allowed(like=pages.serving_home)
+@router.get("/deployments", auth=gate("serving.view"), response=errors({200: list[DeploymentOut]}))
 def deployments_list(request):
     rows = Deployment.objects.filter(team=request.team).select_related("profile__model", "host")[:200]
     return [deployment_out(deployment) for deployment in rows]
 
 
-@router.get("/deployments/{deployment_id}", response=errors({200: DeploymentOut}))
-@allowed(like=pages.deployment_detail)
+@router.get("/deployments/{deployment_id}", auth=gate("serving.view"), response=errors({200: DeploymentOut}))
 def deployments_get(request, deployment_id: int):
     return deployment_out(_deployment(request, deployment_id))
 
 
-@router.get("/deployments/{deployment_id}/logs", response=errors({200: DeploymentLogs}),
+@router.get("/deployments/{deployment_id}/logs", auth=gate("serving.view"), response=errors({200: DeploymentLogs}),
             summary="The engine's log tail and the deployment's history")
-@allowed(like=pages.deployment_detail)
 def deployments_logs(request, deployment_id: int):
     deployment = _deployment(request, deployment_id)
     return {"id": deployment.pk, "state": deployment.state, "log_tail": deployment.log_tail,
             "events": job_events_out(job_events(deployment))}
 
 
-@router.post("/profiles/{profile_id}/deployments", response=errors({201: DeploymentOut}),
+@router.post("/profiles/{profile_id}/deployments", auth=gate("deployments.run"), response=errors({201: DeploymentOut}),
              summary="Launch a profile on a GPU worker (the one with the most free memory, or the one named)")
-@allowed(like=pages.deployment_create)
 def deployments_launch(request, profile_id: int, body: DeploymentLaunch):
     profile = get_object_or_404(_profiles(request), pk=profile_id)
     data = validated(LaunchForm, body).cleaned_data
-    if data["attach_to_route"] and not request.membership.allows(Role.ADMIN):
+    if data["attach_to_route"] and not may(request.membership, "routes.edit"):
         raise ValidationError({"attach_to_route": ["Only an admin may attach a deployment to the team's existing "
                                                    "route."]})
     deployment = deployment_launch(team=request.team, user=request.user, profile=profile, host=data["host"],
@@ -222,8 +211,7 @@ def deployments_launch(request, profile_id: int, body: DeploymentLaunch):
     return Status(201, deployment_out(deployment))
 
 
-@router.post("/deployments/{deployment_id}/stop", response=errors({200: DeploymentOut}))
-@allowed(like=pages.deployment_stop_view)
+@router.post("/deployments/{deployment_id}/stop", auth=gate("deployments.run"), response=errors({200: DeploymentOut}))
 def deployments_stop(request, deployment_id: int):
     deployment = _deployment(request, deployment_id)
     if deployment_stop(deployment=deployment, user=request.user):

@@ -6,9 +6,8 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
-from panel.accounts import views as pages
 from panel.accounts.forms import InviteForm, RoleForm
-from panel.accounts.models import Membership, Role
+from panel.accounts.models import Membership
 from panel.accounts.services import (
     account_origin_note,
     member_invite,
@@ -16,7 +15,7 @@ from panel.accounts.services import (
     member_role_change,
     member_setup_link,
 )
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import errors
 from panel.api.form_bodies import schema_from_form, validated
 from panel.audit.models import AuditAction
@@ -67,24 +66,22 @@ def _refused(request, membership, error):
     raise error
 
 
-@router.get("/team", response=errors({200: TeamOut}), summary="The team this token or session works in")
-@allowed(Role.VIEWER)
+@router.get("/team", auth=gate("team.view"), response=errors({200: TeamOut}),
+            summary="The team this token or session works in")
 def team_current(request):
     team = request.team
     return {"id": team.pk, "name": team.name, "slug": team.slug, "role": request.membership.role,
             "via": "token" if getattr(request, "access_token", None) else "session"}
 
 
-@router.get("/members", response=errors({200: list[MemberOut]}))
-@allowed(like=pages.member_list)
+@router.get("/members", auth=gate("members.manage"), response=errors({200: list[MemberOut]}))
 def members_list(request):
     rows = Membership.objects.filter(team=request.team).select_related("user").order_by("user__username")
     return [member_out(membership) for membership in rows]
 
 
-@router.post("/members", response=errors({201: InvitedOut}),
+@router.post("/members", auth=gate("members.manage"), response=errors({201: InvitedOut}),
              summary="Add a member by username, or invite an email (its one-time set-password link is returned)")
-@allowed(like=pages.member_invite_view)
 def members_invite(request, body: MemberInvite, response: HttpResponse):
     response["Cache-Control"] = "no-store"  # a set-password link is in this answer only
     form = validated(InviteForm, body, actor_role=request.membership.role)
@@ -102,8 +99,7 @@ def members_invite(request, body: MemberInvite, response: HttpResponse):
     return Status(201, {**member_out(membership), "setup_link": link, "note": note})
 
 
-@router.patch("/members/{membership_id}", response=errors({200: MemberOut}))
-@allowed(like=pages.member_role_view)
+@router.patch("/members/{membership_id}", auth=gate("members.manage"), response=errors({200: MemberOut}))
 def members_role(request, membership_id: int, body: MemberRole):
     membership = _membership(request, membership_id)
     role = validated(RoleForm, body).cleaned_data["role"]
@@ -118,8 +114,7 @@ def members_role(request, membership_id: int, body: MemberRole):
     return member_out(membership)
 
 
-@router.delete("/members/{membership_id}", response=errors({204: None}))
-@allowed(like=pages.member_remove_view)
+@router.delete("/members/{membership_id}", auth=gate("members.manage"), response=errors({204: None}))
 def members_remove(request, membership_id: int):
     membership = _membership(request, membership_id)
     try:

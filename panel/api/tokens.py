@@ -6,9 +6,8 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
-from panel.accounts import account_views as pages
 from panel.accounts.tokens import token_issue, token_revoke, tokens_of
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import errors
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
@@ -43,16 +42,15 @@ def token_out(token):
     return {name: getattr(token, name) for name in TokenOut.model_fields}
 
 
-@router.get("/tokens", response=errors({200: list[TokenOut]}))
-@allowed(like=pages.account)
+@router.get("/tokens", auth=gate("account.view"), response=errors({200: list[TokenOut]}))
 def tokens_list(request):
     return [token_out(token) for token in tokens_of(user=request.user, team=request.team)]
 
 
 # A token that could issue tokens would outlive its own revocation through the ones it made.
-@router.post("/tokens", response=errors({201: TokenIssued}))
-@allowed(like=pages.token_create, token_refusal="A personal access token cannot issue tokens: create one on Your "
-                                                "account, signed in (or here with the browser's session).")
+@router.post("/tokens", response=errors({201: TokenIssued}),
+             auth=gate("tokens.create", token_refusal="A personal access token cannot issue tokens: create one on "
+                                                      "Your account, signed in (or here with the browser's session)."))
 def tokens_issue(request, body: TokenIssue, response: HttpResponse):
     """Issue a token, shown in this answer only. From a signed-in session only: a token cannot issue tokens."""
     response["Cache-Control"] = "no-store"  # the token is in this answer only
@@ -63,8 +61,7 @@ def tokens_issue(request, body: TokenIssue, response: HttpResponse):
     return Status(201, {**token_out(token), "token": raw})
 
 
-@router.post("/tokens/{token_id}/revoke", response=errors({200: TokenOut}))
-@allowed(like=pages.token_revoke_view)
+@router.post("/tokens/{token_id}/revoke", auth=gate("tokens.revoke"), response=errors({200: TokenOut}))
 def tokens_revoke(request, token_id: int):
     token = get_object_or_404(tokens_of(user=request.user, team=request.team), pk=token_id)
     if token_revoke(token=token):

@@ -10,10 +10,9 @@ from typing import Any
 from django.db.models import Q
 from ninja import Field, Query, Router, Schema
 
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import Invalid, errors
 from panel.api.schemas import Money
-from panel.dashboards import views as pages
 from panel.usage.models import RequestLog
 
 router = Router(tags=["usage"])
@@ -126,8 +125,7 @@ def usage_page(*, team, query):
     return {"items": items, "next_cursor": cursor_encode(items[-1]["id"], high) if more else None}
 
 
-@router.get("/usage", response=errors({200: UsagePage}),
+@router.get("/usage", auth=gate("usage.view"), response=errors({200: UsagePage}),
             summary="Usage records, oldest first, a page at a time (follow next_cursor until it is null)")
-@allowed(like=pages.export_csv)
 def usage_list(request, query: Query[UsageQuery]):
     return usage_page(team=request.team, query=query)

@@ -6,12 +6,11 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
-from panel.api.auth import allowed
+from panel.api.auth import gate
 from panel.api.errors import errors
 from panel.api.form_bodies import schema_from_form, validated
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
-from panel.notifications import views as pages
 from panel.notifications.forms import WebhookForm
 from panel.notifications.models import SUBSCRIBABLE, Webhook
 from panel.notifications.services import (
@@ -23,7 +22,7 @@ from panel.notifications.services import (
     webhook_update,
 )
 
-router = Router(tags=["webhooks"])
+router = Router(tags=["webhooks"], auth=gate("webhooks.manage"))  # every operation here
 
 Event = Literal[tuple(SUBSCRIBABLE)]
 
@@ -91,13 +90,11 @@ def _hook(request, webhook_id):
 
 
 @router.get("/webhooks", response=errors({200: list[WebhookOut]}))
-@allowed(like=pages.webhook_list)
 def webhooks_list(request):
     return [webhook_out(hook) for hook in Webhook.objects.filter(team=request.team)]
 
 
 @router.post("/webhooks", response=errors({201: WebhookWithSecret}))
-@allowed(like=pages.webhook_create_view)
 def webhooks_create(request, body: WebhookIn, response: HttpResponse):
     response["Cache-Control"] = "no-store"  # the secret is in this answer only
     data = validated(WebhookForm, body).cleaned_data
@@ -107,7 +104,6 @@ def webhooks_create(request, body: WebhookIn, response: HttpResponse):
 
 
 @router.patch("/webhooks/{webhook_id}", response=errors({200: WebhookOut}))
-@allowed(like=pages.webhook_edit_view)
 def webhooks_change(request, webhook_id: int, body: WebhookChange):
     hook = _hook(request, webhook_id)
     current = {"name": hook.name, "url": hook.url, "format": hook.format, "events": hook.events,
@@ -120,7 +116,6 @@ def webhooks_change(request, webhook_id: int, body: WebhookChange):
 
 @router.post("/webhooks/{webhook_id}/secret", response=errors({200: WebhookWithSecret}),
              summary="A new signing secret (the old one stops at once)")
-@allowed(like=pages.webhook_secret_view)
 def webhooks_secret(request, webhook_id: int, response: HttpResponse):
     response["Cache-Control"] = "no-store"
     hook = _hook(request, webhook_id)
@@ -131,13 +126,11 @@ def webhooks_secret(request, webhook_id: int, response: HttpResponse):
 
 @router.post("/webhooks/{webhook_id}/test", response=errors({202: DeliveryOut}),
              summary="Send a test message (a real, logged delivery)")
-@allowed(like=pages.webhook_test_view)
 def webhooks_test(request, webhook_id: int):
     return Status(202, delivery_out(webhook_test(webhook=_hook(request, webhook_id), user=request.user)))
 
 
 @router.delete("/webhooks/{webhook_id}", response=errors({204: None}))
-@allowed(like=pages.webhook_delete_view)
 def webhooks_delete(request, webhook_id: int):
     hook = _hook(request, webhook_id)
     webhook_delete(webhook=hook)
@@ -147,7 +140,6 @@ def webhooks_delete(request, webhook_id: int):
 
 @router.get("/webhooks/{webhook_id}/deliveries", response=errors({200: list[DeliveryOut]}),
             summary="The newest 100 deliveries of a webhook, each with its attempts")
-@allowed(like=pages.webhook_list)
 def webhooks_deliveries(request, webhook_id: int):
     hook = _hook(request, webhook_id)
     rows = deliveries_of(team=request.team, webhook=hook).prefetch_related("attempt_log")

@@ -5,7 +5,6 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
-from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.benchmarks import estimate as estimates
@@ -34,12 +33,12 @@ def _form_errors(form, error):
         form.add_error(field if field in form.fields else None, problems)
 
 
-@team_view()
+@team_view("benchmarks.view")
 def home(request):
     return _home(request)
 
 
-@team_view(Role.MEMBER)
+@team_view("benchmarks.run")
 def run_create(request):
     if request.method != "POST":
         return redirect("benchmarks")
@@ -58,13 +57,13 @@ def run_create(request):
     return _home(request, form=form, status=400)
 
 
-@team_view()
+@team_view("benchmarks.view")
 def run_detail(request, run_id):
     run = get_object_or_404(BenchmarkRun, pk=run_id, team=request.team)
     return render(request, "benchmarks/run_detail.html", {"run": run, "events": job_events(run)})
 
 
-@team_view()
+@team_view("benchmarks.view")
 def run_export(request, run_id):
     run = get_object_or_404(BenchmarkRun, pk=run_id, team=request.team, state="succeeded")
     response = JsonResponse(vllm_json.export(run), json_dumps_params={"indent": 2})
@@ -72,7 +71,7 @@ def run_export(request, run_id):
     return response
 
 
-@team_view(Role.MEMBER)
+@team_view("benchmarks.run")
 def run_import(request):
     if request.method != "POST":
         return redirect("benchmarks")
@@ -92,14 +91,14 @@ def run_import(request):
     return _home(request, import_form=form, status=400)
 
 
-@team_view()
+@team_view("benchmarks.view")
 def run_live(request, run_id):
     run = get_object_or_404(BenchmarkRun, pk=run_id, team=request.team)
     return render(request, "benchmarks/_run_live.html", {"run": run, "events": job_events(run)})
 
 
 @require_POST
-@team_view(Role.MEMBER)
+@team_view("benchmarks.run")
 def job_cancel_view(request, kind, job_id):
     model = {"run": BenchmarkRun, "ladder": Ladder, "sweep": Sweep}.get(kind)
     if model is None:
@@ -113,7 +112,7 @@ def job_cancel_view(request, kind, job_id):
     return redirect({"run": "benchmark_run", "ladder": "benchmark_ladder", "sweep": "benchmark_sweep"}[kind], job.pk)
 
 
-@team_view()
+@team_view("benchmarks.view")
 def compare(request):
     raw = request.GET.getlist("run")
     try:
@@ -133,7 +132,7 @@ def compare(request):
         "figures": [] if unfinished else services.runs_compare_figures(runs)})
 
 
-@team_view(Role.MEMBER)
+@team_view("benchmarks.run")
 def ladder_create(request):
     form = LadderForm(request.POST or None, request.FILES or None, team=request.team)
     if request.method == "POST" and form.is_valid():
@@ -177,19 +176,19 @@ def _ladder_context(ladder):
             else None}
 
 
-@team_view()
+@team_view("benchmarks.view")
 def ladder_detail(request, ladder_id):
     ladder = get_object_or_404(Ladder.objects.select_related("model", "host"), pk=ladder_id, team=request.team)
     return render(request, "benchmarks/ladder_detail.html", _ladder_context(ladder))
 
 
-@team_view()
+@team_view("benchmarks.view")
 def ladder_live(request, ladder_id):
     ladder = get_object_or_404(Ladder.objects.select_related("model", "host"), pk=ladder_id, team=request.team)
     return render(request, "benchmarks/_ladder_live.html", _ladder_context(ladder))
 
 
-@team_view(Role.MEMBER)
+@team_view("benchmarks.run")
 def sweep_create(request):
     form = SweepForm(request.POST or None, request.FILES or None, team=request.team)
     if request.method == "POST" and form.is_valid():
@@ -216,20 +215,20 @@ def _sweep_context(sweep):
             "events": job_events(sweep), "figure": ladders.sweep_figure(sweep) if sweep.is_final and points else None}
 
 
-@team_view()
+@team_view("benchmarks.view")
 def sweep_detail(request, sweep_id):
     sweep = get_object_or_404(Sweep.objects.select_related("profile__model", "host"), pk=sweep_id, team=request.team)
     return render(request, "benchmarks/sweep_detail.html", _sweep_context(sweep))
 
 
-@team_view()
+@team_view("benchmarks.view")
 def sweep_live(request, sweep_id):
     sweep = get_object_or_404(Sweep.objects.select_related("profile__model", "host"), pk=sweep_id, team=request.team)
     return render(request, "benchmarks/_sweep_live.html", _sweep_context(sweep))
 
 
 @require_POST
-@team_view(Role.MEMBER)
+@team_view("benchmarks.run")
 def job_remove_view(request, kind, job_id):
     """Remove a finished ladder or sweep with its runs and what its steps made (profiles, deployments, channels,
     routes)."""

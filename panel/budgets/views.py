@@ -3,7 +3,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
-from panel.accounts.models import Role, TeamKey
+from panel.accounts.models import TeamKey
+from panel.accounts.roles import may
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.budgets.counters import month_bounds, month_of
@@ -19,17 +20,17 @@ def _page(request, form=None, status=200):
     month = month_of()
     return render(request, "budgets/list.html", {
         "uses": budget_usage(team=request.team), "form": form or BudgetForm(keys=_keys(request.team)),
-        "can_edit": request.membership.allows(Role.ADMIN), "month": month,
+        "can_edit": may(request.membership, "budgets.edit"), "month": month,
         "renews": month_bounds(month)[1]}, status=status)
 
 
-@team_view()
+@team_view("budgets.view")
 def budget_list(request):
     return _page(request)
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("budgets.edit")
 def budget_edit(request):
     form = BudgetForm(request.POST, keys=_keys(request.team))
     if not form.is_valid():

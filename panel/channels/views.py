@@ -8,6 +8,7 @@ from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
 from panel.accounts.models import Role
+from panel.accounts.roles import may
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels import canary, rules, settings_json
@@ -28,7 +29,7 @@ from panel.registry.quality import served_model_quality
 
 def _render(request, template, context, status=200):
     membership = request.membership
-    context.update(can_admin=membership.allows(Role.ADMIN), can_test=membership.allows(Role.MEMBER),
+    context.update(can_admin=membership.allows(Role.ADMIN), can_test=may(membership, "channels.test"),
                    currency=getattr(settings, "TOKENWISE_CURRENCY", "USD"))
     return render(request, template, context, status=status)
 
@@ -41,7 +42,7 @@ def _routes(request):
     return Route.objects.filter(team=request.team).prefetch_related("routechannel_set__channel")
 
 
-@team_view()
+@team_view("channels.view")
 def channel_list(request):
     # A ladder's or sweep's step channels and routes are the job's own (panel/benchmarks/ownership.py).
     channels = listed_channels(request.team).select_related("deployment")
@@ -51,7 +52,7 @@ def channel_list(request):
     return _render(request, "channels/list.html", context)
 
 
-@team_view(Role.ADMIN)
+@team_view("channels.edit")
 def channel_create_view(request):
     preset = PRESETS.get(request.GET.get("preset", ""))
     form = ChannelForm(request.POST or None, team=request.team, initial=dict(preset["values"]) if preset else {})
@@ -75,7 +76,7 @@ def channel_create_view(request):
                                                           "encryption_problem": encryption_problem()}, status=status)
 
 
-@team_view()
+@team_view("channels.view")
 def channel_detail(request, channel_id):
     channel = get_object_or_404(_channels(request), pk=channel_id)
     routes = Route.objects.filter(team=request.team, routechannel__channel=channel).distinct()
@@ -83,7 +84,7 @@ def channel_detail(request, channel_id):
                                                             "result": channel.last_test or None})
 
 
-@team_view(Role.ADMIN)
+@team_view("channels.edit")
 def channel_edit(request, channel_id):
     channel = get_object_or_404(_channels(request), pk=channel_id)
     form = ChannelForm(request.POST or None, team=request.team, instance=channel)
@@ -113,7 +114,7 @@ def channel_edit(request, channel_id):
 
 
 @require_POST
-@team_view(Role.MEMBER)
+@team_view("channels.test")
 def channel_test_view(request, channel_id):
     channel = get_object_or_404(_channels(request), pk=channel_id)
     result = channel_test(channel)
@@ -125,7 +126,7 @@ def channel_test_view(request, channel_id):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("channels.edit")
 def channel_delete_view(request, channel_id):
     channel = get_object_or_404(_channels(request), pk=channel_id)
     channel_delete(channel=channel)
@@ -133,12 +134,12 @@ def channel_delete_view(request, channel_id):
     return redirect("channels")
 
 
-@team_view(Role.ADMIN)
+@team_view("routes.edit")
 def route_create(request):
     return _route_form(request, None)
 
 
-@team_view(Role.ADMIN)
+@team_view("routes.edit")
 def route_edit(request, route_id):
     return _route_form(request, get_object_or_404(Route, pk=route_id, team=request.team))
 
@@ -164,7 +165,7 @@ def _route_form(request, route):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("routes.edit")
 def route_delete_view(request, route_id):
     route = get_object_or_404(Route, pk=route_id, team=request.team)
     route_delete(route=route)
@@ -172,7 +173,7 @@ def route_delete_view(request, route_id):
     return redirect("channels")
 
 
-@team_view(Role.ADMIN)
+@team_view("settings.import")
 def settings_import_view(request):
     form = ImportForm(request.POST or None, request.FILES or None)
     problems = []
@@ -198,7 +199,7 @@ def settings_import_view(request):
                   status=status)
 
 
-@team_view()
+@team_view("settings.export")
 def settings_export_view(request):
     kind = request.GET.get("format", "b").lower()
     route_id = request.GET.get("route") or None
@@ -230,7 +231,7 @@ def _route(request, route_id):
     return get_object_or_404(Route.objects.select_related("canary_channel"), pk=route_id, team=request.team)
 
 
-@team_view()
+@team_view("channels.view")
 def route_detail(request, route_id):
     """A route's channels and its canary: share, guards, why it was rolled back, and the controls (admins)."""
     route = _route(request, route_id)
@@ -247,7 +248,7 @@ def _route_context(route, form):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("canaries.run")
 def canary_start_view(request, route_id):
     route = _route(request, route_id)
     form = CanaryForm(request.POST, route=route)
@@ -265,7 +266,7 @@ def canary_start_view(request, route_id):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("canaries.run")
 def canary_promote_view(request, route_id):
     route = _route(request, route_id)
     reason = request.POST.get("override_reason", "").strip() if request.POST.get("override") else ""
@@ -288,7 +289,7 @@ def canary_promote_view(request, route_id):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("canaries.run")
 def canary_stop_view(request, route_id):
     route = _route(request, route_id)
     try:
@@ -302,12 +303,12 @@ def canary_stop_view(request, route_id):
 
 # ------------------------------------------------------------------------------------------------- routing rules
 
-@team_view(Role.ADMIN)
+@team_view("routes.edit")
 def rule_create_view(request, route_id):
     return _rule_form(request, _route(request, route_id), None)
 
 
-@team_view(Role.ADMIN)
+@team_view("routes.edit")
 def rule_edit_view(request, route_id, rule_id):
     route = _route(request, route_id)
     return _rule_form(request, route, get_object_or_404(RouteRule, pk=rule_id, route=route))
@@ -341,7 +342,7 @@ def _rule_form(request, route, rule):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("routes.edit")
 def rule_move_view(request, route_id, rule_id):
     route = _route(request, route_id)
     rule = get_object_or_404(RouteRule, pk=rule_id, route=route)
@@ -353,7 +354,7 @@ def rule_move_view(request, route_id, rule_id):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("routes.edit")
 def rule_delete_view(request, route_id, rule_id):
     route = _route(request, route_id)
     rule = get_object_or_404(RouteRule, pk=rule_id, route=route)

@@ -11,7 +11,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
 from panel.accounts.decorators import team_view
-from panel.accounts.models import Role
+from panel.accounts.roles import may
 from panel.compare import checks, services
 from panel.compare.relay import stream_chat
 from panel.compare.services import CompareError
@@ -47,7 +47,7 @@ def _stream(events):
 
 def _compare_page(request, conversation=None):
     team, user = request.team, request.user
-    can_send = request.membership.allows(Role.MEMBER)
+    can_send = may(request.membership, "compare.send")
     context = {
         "choices": services.column_choices(team=team) if can_send else [],
         "defaults": services.columns_default(team=team) if can_send else [],
@@ -66,13 +66,13 @@ def _compare_page(request, conversation=None):
     return render(request, "compare/page.html", context)
 
 
-@team_view(Role.VIEWER)
+@team_view("compare.view")
 @require_GET
 def compare(request):
     return _compare_page(request)
 
 
-@team_view(Role.VIEWER)
+@team_view("compare.view")
 @require_GET
 def compare_conversation(request, conversation_id):
     try:
@@ -83,7 +83,7 @@ def compare_conversation(request, conversation_id):
     return _compare_page(request, conversation)
 
 
-@team_view(Role.MEMBER)
+@team_view("compare.send")
 @require_POST
 def compare_send(request):
     """Save the user's message in every column; the page then opens one stream per column."""
@@ -102,7 +102,7 @@ def compare_send(request):
                                      for index, spec in enumerate(conversation.columns)]})
 
 
-@team_view(Role.MEMBER)
+@team_view("compare.send")
 @require_POST
 def compare_stream(request, conversation_id, column):
     """One column's reply, streamed as NDJSON events, saved when it ends (or when the page goes away)."""
@@ -150,7 +150,7 @@ def _check_column(request, data):
     return services.column_resolve(team=request.team, spec=spec, index=0)
 
 
-@team_view(Role.MEMBER)
+@team_view("compare.send")
 @require_POST
 def compare_json_check(request):
     try:
@@ -164,7 +164,7 @@ def compare_json_check(request):
     return _stream(events)
 
 
-@team_view(Role.MEMBER)
+@team_view("compare.send")
 @require_POST
 def compare_cache_check(request):
     try:
@@ -177,7 +177,7 @@ def compare_cache_check(request):
     return _stream(events)
 
 
-@team_view(Role.MEMBER)
+@team_view("compare.send")
 @require_POST
 def compare_share(request, conversation_id):
     try:
@@ -190,7 +190,7 @@ def compare_share(request, conversation_id):
     return JsonResponse({"conversation": conversation.pk, "shared": conversation.shared})
 
 
-@team_view(Role.VIEWER)
+@team_view("compare.view")
 @require_GET
 def compare_diff(request, conversation_id):
     """?a=0&b=1&turn=-1: the word diff of two columns' answers to one turn."""

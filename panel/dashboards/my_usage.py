@@ -83,24 +83,24 @@ def _data(request, *, key=None):
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def my_usage(request):
     return _render(request)
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def my_usage_data(request):
     return _data(request)
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def key_detail(request, key_id):
     return _render(request, key=get_object_or_404(TeamKey, pk=key_id, team=request.team))
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def key_detail_data(request, key_id):
     return _data(request, key=get_object_or_404(TeamKey, pk=key_id, team=request.team))

@@ -115,7 +115,7 @@ def _keys(team):
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def request_list(request):
     failed = request.GET.get("failed") == "1"
     rows = RequestLog.objects.filter(team=request.team).select_related("channel", "route")
@@ -130,7 +130,7 @@ def request_list(request):
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def request_detail(request, request_id):
     row = get_object_or_404(RequestLog.objects.select_related("channel", "route"), team=request.team,
                             request_id=request_id)

@@ -54,31 +54,31 @@ def _page(request, tab):
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def overview(request):
     return _page(request, "overview")
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def latency(request):
     return _page(request, "latency")
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def cache(request):
     return _page(request, "cache")
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def cost(request):
     return _page(request, "cost")
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def agents(request):
     return _page(request, "agents")
 
@@ -91,7 +91,7 @@ def _tab(request):
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def data(request):
     """The tab's figures, tables (as HTML) and cards as JSON, for live refresh without a page reload."""
     try:
@@ -109,7 +109,7 @@ def data(request):
 
 
 @require_GET
-@team_view()
+@team_view("usage.view")
 def export_csv(request):
     """One table of one tab as CSV, with the same query as the page."""
     try:

@@ -4,7 +4,7 @@ from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
 from panel.accounts.keys import key_issue, key_revoke
-from panel.accounts.models import Role, TeamKey
+from panel.accounts.models import TeamKey
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels.models import Route
@@ -15,7 +15,7 @@ def _route_names(team):
     return list(Route.objects.filter(team=team).values_list("model_name", flat=True))
 
 
-@team_view()
+@team_view("keys.view")
 def key_list(request):
     form = KeyIssueForm(route_names=_route_names(request.team))
     return render(request, "gateway/keys.html", _context(request, form))
@@ -27,7 +27,7 @@ def _context(request, form, raw_key=None):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("keys.manage")
 def key_create(request):
     form = KeyIssueForm(request.POST, route_names=_route_names(request.team))
     if not form.is_valid():
@@ -44,7 +44,7 @@ def key_create(request):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("keys.manage")
 def key_revoke_view(request, key_id):
     key = get_object_or_404(TeamKey, pk=key_id, team=request.team)
     if key_revoke(key=key, user=request.user):

@@ -6,7 +6,6 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
-from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.hosts.forms import GpuPriceForm
@@ -22,18 +21,18 @@ def _hosts_context(request):
     return {"hosts": hosts, "online": sum(1 for host in hosts if host.is_online)}
 
 
-@team_view()
+@team_view("hosts.view")
 def host_list(request):
     return render(request, "hosts/list.html", _hosts_context(request))
 
 
-@team_view()
+@team_view("hosts.view")
 def host_list_live(request):
     return render(request, "hosts/_table.html", _hosts_context(request))
 
 
 @require_POST
-@team_view(Role.MEMBER)
+@team_view("hosts.check")
 def engine_check_create(request, host_id):
     host = get_object_or_404(WorkerHost, pk=host_id, kind="gpu")
     if not host.is_online:
@@ -45,7 +44,7 @@ def engine_check_create(request, host_id):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("hosts.price")
 def host_price(request, host_id):
     """The GPU price of a host (the Cost dashboard's local cost). Hosts are the installation's, and their price
     counts in every team's costs: only a superuser sets it, and each change is audited."""
@@ -67,21 +66,21 @@ def host_price(request, host_id):
     return redirect("hosts")
 
 
-@team_view()
+@team_view("hosts.view")
 def engine_check_detail(request, check_id):
     check = get_object_or_404(EngineCheck.objects.select_related("host"), pk=check_id, team=request.team)
     return render(request, "hosts/check.html", {"job": check, "events": job_events(check),
                                                 "log_url": reverse("engine_check_log", args=[check.pk])})
 
 
-@team_view()
+@team_view("hosts.view")
 def engine_check_live(request, check_id):
     check = get_object_or_404(EngineCheck.objects.select_related("host"), pk=check_id, team=request.team)
     return render(request, "hosts/_check_live.html", {"job": check, "events": job_events(check),
                                                       "log_url": reverse("engine_check_log", args=[check.pk])})
 
 
-@team_view()
+@team_view("hosts.view")
 def engine_check_log(request, check_id):
     """The engine check's whole log as text, banners and all."""
     check = get_object_or_404(EngineCheck, pk=check_id, team=request.team)

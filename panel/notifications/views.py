@@ -6,7 +6,6 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
-from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.notifications.delivery import SIGNATURE_HEADER, TIMESTAMP_HEADER
@@ -43,13 +42,13 @@ def _form_errors(form, error):
         form.add_error(field if field in form.fields else None, problems)
 
 
-@team_view(Role.ADMIN)
+@team_view("webhooks.manage")
 def webhook_list(request):
     return _page(request)
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("webhooks.manage")
 def webhook_create_view(request):
     form = WebhookForm(request.POST)
     if form.is_valid():
@@ -64,7 +63,7 @@ def webhook_create_view(request):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("webhooks.manage")
 def webhook_edit_view(request, webhook_id):
     hook = get_object_or_404(Webhook, pk=webhook_id, team=request.team)
     form = WebhookForm(request.POST)
@@ -81,7 +80,7 @@ def webhook_edit_view(request, webhook_id):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("webhooks.manage")
 def webhook_secret_view(request, webhook_id):
     hook = get_object_or_404(Webhook, pk=webhook_id, team=request.team)
     secret = webhook_secret_rotate(webhook=hook)
@@ -90,7 +89,7 @@ def webhook_secret_view(request, webhook_id):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("webhooks.manage")
 def webhook_test_view(request, webhook_id):
     hook = get_object_or_404(Webhook, pk=webhook_id, team=request.team)
     webhook_test(webhook=hook, user=request.user)
@@ -99,7 +98,7 @@ def webhook_test_view(request, webhook_id):
 
 
 @require_POST
-@team_view(Role.ADMIN)
+@team_view("webhooks.manage")
 def webhook_delete_view(request, webhook_id):
     hook = get_object_or_404(Webhook, pk=webhook_id, team=request.team)
     webhook_delete(webhook=hook)

@@ -4,7 +4,6 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
-from panel.accounts.models import Role
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_cancel as cancel_job
@@ -22,14 +21,14 @@ from panel.registry.services import (
 )
 
 
-@team_view()
+@team_view("models.view")
 def model_list(request):
     models = RegisteredModel.objects.filter(team=request.team).select_related("parent", "created_by")
     return render(request, "registry/model_list.html", {"models": models, "form": ModelRegisterForm()})
 
 
 @require_POST
-@team_view(Role.MEMBER)
+@team_view("models.register")
 def model_create(request):
     form = ModelRegisterForm(request.POST)
     if form.is_valid():
@@ -45,7 +44,7 @@ def model_create(request):
     return render(request, "registry/model_list.html", {"models": models, "form": form}, status=400)
 
 
-@team_view()
+@team_view("models.view")
 def model_detail(request, model_id):
     model = get_object_or_404(RegisteredModel.objects.select_related("parent"), pk=model_id, team=request.team)
     context = {
@@ -60,13 +59,13 @@ def model_detail(request, model_id):
     return render(request, "registry/model_detail.html", context)
 
 
-@team_view()
+@team_view("models.view")
 def job_list(request):
     jobs = QuantizationJob.objects.filter(team=request.team).select_related("source", "result_model")[:200]
     return render(request, "registry/job_list.html", {"jobs": jobs})
 
 
-@team_view(Role.MEMBER)
+@team_view("models.quantize")
 def job_create(request, model_id):
     model = get_object_or_404(RegisteredModel, pk=model_id, team=request.team)
     refusal = quantization_refusal(model)
@@ -88,14 +87,14 @@ def job_create(request, model_id):
                   status=status)
 
 
-@team_view()
+@team_view("models.view")
 def job_detail(request, job_id):
     job = get_object_or_404(QuantizationJob.objects.select_related("source", "result_model", "host"), pk=job_id,
                             team=request.team)
     return render(request, "registry/job_detail.html", {"job": job, "events": job_events(job)})
 
 
-@team_view()
+@team_view("models.view")
 def job_live(request, job_id):
     job = get_object_or_404(QuantizationJob.objects.select_related("source", "result_model"), pk=job_id,
                             team=request.team)
@@ -103,7 +102,7 @@ def job_live(request, job_id):
 
 
 @require_POST
-@team_view(Role.MEMBER)
+@team_view("models.quantize")
 def job_cancel(request, job_id):
     job = get_object_or_404(QuantizationJob, pk=job_id, team=request.team)
     if quantization_cancel(job=job, user=request.user):
@@ -115,7 +114,7 @@ def job_cancel(request, job_id):
 
 
 @require_POST
-@team_view(Role.MEMBER)
+@team_view("models.evaluate")
 def evaluation_create(request, model_id):
     model = get_object_or_404(RegisteredModel.objects.select_related("parent"), pk=model_id, team=request.team)
     form = EvaluationForm(request.POST, request.FILES, model=model)
@@ -134,14 +133,14 @@ def evaluation_create(request, model_id):
     return render(request, "registry/model_detail.html", context, status=400)
 
 
-@team_view()
+@team_view("models.view")
 def evaluation_detail(request, job_id):
     job = get_object_or_404(EvaluationJob.objects.select_related("model", "baseline"), pk=job_id, team=request.team)
     return render(request, "registry/evaluation_detail.html", {"job": job, "events": job_events(job)})
 
 
 @require_POST
-@team_view(Role.MEMBER)
+@team_view("models.evaluate")
 def evaluation_cancel(request, job_id):
     job = get_object_or_404(EvaluationJob, pk=job_id, team=request.team)
     if cancel_job(job, actor=request.user):
@@ -152,7 +151,7 @@ def evaluation_cancel(request, job_id):
     return redirect("evaluation_job", job_id=job.pk)
 
 
-@team_view()
+@team_view("models.view")
 def evaluation_live(request, job_id):
     job = get_object_or_404(EvaluationJob.objects.select_related("model", "baseline"), pk=job_id, team=request.team)
     return render(request, "registry/_evaluation_live.html", {"job": job, "events": job_events(job)})

@@ -6,7 +6,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
-from panel.accounts.models import Role
+from panel.accounts.roles import may
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
@@ -44,12 +44,12 @@ def _home_context(request, import_form):
     }
 
 
-@team_view()
+@team_view("serving.view")
 def serving_home(request):
     return render(request, "serving/home.html", _home_context(request, ImportForm()))
 
 
-@team_view(Role.MEMBER)
+@team_view("profiles.edit")
 def profile_create(request):
     preset = PRESETS.get(request.GET.get("preset", ""))
     initial = dict(preset["values"]) if preset else {}
@@ -66,7 +66,7 @@ def profile_create(request):
     return render(request, "serving/profile_form.html", {"form": form, "preset": preset}, status=status)
 
 
-@team_view(Role.MEMBER)
+@team_view("profiles.edit")
 def profile_edit(request, profile_id):
     profile = get_object_or_404(ServingProfile, pk=profile_id, team=request.team)
     form = ServingProfileForm(request.POST or None, team=request.team, instance=profile)
@@ -81,7 +81,7 @@ def profile_edit(request, profile_id):
 
 
 @require_POST
-@team_view(Role.MEMBER)
+@team_view("profiles.edit")
 def profile_import_view(request):
     form = ImportForm(request.POST, request.FILES)
     if form.is_valid():
@@ -107,7 +107,7 @@ def _command_preview(profile):
     return " ".join(argv)
 
 
-@team_view()
+@team_view("serving.view")
 def profile_detail(request, profile_id):
     profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
     context = {
@@ -121,7 +121,7 @@ def profile_detail(request, profile_id):
     return render(request, "serving/profile_detail.html", context)
 
 
-@team_view()
+@team_view("serving.view")
 def profile_export(request, profile_id, kind):
     profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
     if kind not in EXPORTS:
@@ -137,14 +137,14 @@ def profile_export(request, profile_id, kind):
 
 
 @require_POST
-@team_view(Role.MEMBER)
+@team_view("deployments.run")
 def deployment_create(request, profile_id):
     profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
     form = LaunchForm(request.POST)
     if not form.is_valid():
         messages.error(request, " ".join(m for ms in form.errors.values() for m in ms))
         return redirect("profile_detail", profile_id=profile.pk)
-    if form.cleaned_data["attach_to_route"] and not request.membership.allows(Role.ADMIN):
+    if form.cleaned_data["attach_to_route"] and not may(request.membership, "routes.edit"):
         messages.error(request, "Only an admin may attach a deployment to the team's existing route.")
         return redirect("profile_detail", profile_id=profile.pk)
     try:
@@ -175,20 +175,20 @@ def _detail_context(deployment):
             "all_final": deployment.replicas_final(replicas)}
 
 
-@team_view()
+@team_view("serving.view")
 def deployment_detail(request, deployment_id):
     deployment = _deployment(request, deployment_id)
     return render(request, "serving/deployment_detail.html", _detail_context(deployment))
 
 
-@team_view()
+@team_view("serving.view")
 def deployment_live(request, deployment_id):
     deployment = _deployment(request, deployment_id)
     return render(request, "serving/_deployment_live.html", _detail_context(deployment))
 
 
 @require_POST
-@team_view(Role.MEMBER)
+@team_view("deployments.run")
 def deployment_stop_view(request, deployment_id):
     deployment = _deployment(request, deployment_id)
     if request.POST.get("confirmed") != "1":

@@ -18,10 +18,10 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from panel.accounts.models import ROLE_RANK
-from panel.api.urls import api
 from panel.channels.services import channel_create, route_save
 from panel.wsgi import application
 from tests.support.api_helpers import role_tokens
+from tests.support.url_gates import API_OPERATIONS
 
 EXAMPLES = 4
 LEFT_OUT = {("POST", "/api/v1/channels/{channel_id}/test")}
@@ -29,13 +29,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 def operation_roles():
-    roles = {}
-    for _, router in api._routers:
-        for path, path_view in router.path_operations.items():
-            for operation in path_view.operations:
-                for method in operation.methods:
-                    roles[(method, "/api/v1" + path)] = operation.view_func.required_role
-    return roles
+    return {(method, path): gate.role for method, path, gate in API_OPERATIONS}
 
 
 @pytest.fixture

@@ -31,16 +31,25 @@ def gated_patterns():
 
 
 def api_operations():
-    """(method, path, view) for every operation of the management API."""
-    from panel.api.urls import api
+    """(method, path, token auth) for every operation the management API serves, as its OpenAPI schema lists them;
+    the token auth is the personal-access-token half of the operation's gate (`.action`, `.role`, `.refusal`), read
+    from the operation's decorator or its router's (None: the operation names no action)."""
+    from ninja.constants import NOT_SET
 
-    found = []
-    for prefix, router in api._routers:
+    from panel.api.auth import AccessTokenAuth
+    from panel.api.urls import ROUTERS, api
+
+    gates = {}
+    for router in ROUTERS:
         for path, path_view in router.path_operations.items():
             for operation in path_view.operations:
+                callbacks = operation.auth_callbacks or (router.auth if router.auth is not NOT_SET else [])
+                token_auth = next((each for each in callbacks if isinstance(each, AccessTokenAuth)), None)
                 for method in operation.methods:
-                    found.append((method, "/api/v1" + (prefix + path).replace("//", "/"), operation.view_func))
-    return found
+                    gates[(method, "/api/v1" + path)] = token_auth
+    paths = api.get_openapi_schema()["paths"]
+    return [(method.upper(), path, gates.get((method.upper(), path))) for path, methods in paths.items()
+            for method in methods]
 
 
 API_OPERATIONS = api_operations()

@@ -1,9 +1,10 @@
 """The layering, checked on the project's own imports (every import, those inside functions too): the apps stand in
 layers and an app imports only apps below it (so no two apps import each other, and there is no cycle); no module
-imports a private name (`_x`) of another app; the engine package imports nothing of the panel; the top-level
-modules (settings, urls, the ASGI app, the launcher, seeding) and the Celery package sit above every app.
-docs/ARCHITECTURE.md draws the same layers."""
+imports a private name (`_x`) of another app; no API module imports page views; the engine package imports nothing
+of the panel; the top-level modules (settings, urls, the ASGI app, the launcher, seeding) and the Celery package sit
+above every app. docs/ARCHITECTURE.md draws the same layers."""
 import ast
+import re
 
 from tests.support.environment import ROOT
 
@@ -104,6 +105,16 @@ def test_nothing_imports_another_apps_private_names():
                       for name in names + module.split(".") if name.startswith("_") and not name.startswith("__")
                       and source != target})
     assert private == []
+
+
+def test_no_api_module_imports_a_module_of_page_views():
+    """An API operation names its action in panel/accounts/roles.py, as the page doing the same thing does; it
+    never reads a role (or anything else) from a page view."""
+    pages = {module_of(path) for path in python_files("panel") if re.search(r"^@team_view\(", path.read_text(), re.M)}
+    assert "panel.registry.views" in pages and "panel.accounts.audit_views" in pages
+    reaching = sorted({f"{path}: {module}" for path, source, module, _, names in project_imports()
+                       if source == "api" and {module, *(f"{module}.{name}" for name in names)} & pages})
+    assert reaching == []
 
 
 def test_the_engine_package_imports_nothing_of_the_panel():

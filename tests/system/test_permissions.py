@@ -76,29 +76,29 @@ def api_url(path):
 
 def test_every_api_operation_declares_the_role_of_its_page():
     assert len(API_OPERATIONS) > 40
-    missing = [f"{method} {path}" for method, path, view in API_OPERATIONS if required_role(view) is None]
+    missing = [f"{method} {path}" for method, path, gate in API_OPERATIONS if gate is None]
     assert missing == []
     page_roles = {name: required_role(view) for name, _, view in PATTERNS if name not in PUBLIC}
     # Spot checks that the API reads the pages' rules: keys issued by admins, benchmarks by members, the audit log
     # by admins, dashboards by everyone.
-    roles = {(method, path): required_role(view) for method, path, view in API_OPERATIONS}
+    roles = {(method, path): gate.role for method, path, gate in API_OPERATIONS}
     assert roles[("POST", "/api/v1/keys")] == page_roles["key_create"] == Role.ADMIN
     assert roles[("POST", "/api/v1/benchmarks")] == page_roles["benchmark_create"] == Role.MEMBER
     assert roles[("GET", "/api/v1/audit")] == page_roles["audit"] == Role.ADMIN
     assert roles[("GET", "/api/v1/usage")] == page_roles["dashboards_csv"] == Role.VIEWER
 
 
-@pytest.mark.parametrize("method, path, view", API_OPERATIONS, ids=[f"{m} {p}" for m, p, _ in API_OPERATIONS])
+@pytest.mark.parametrize("method, path, gate", API_OPERATIONS, ids=[f"{m} {p}" for m, p, _ in API_OPERATIONS])
 def test_it_enforces_the_pages_role_on_every_api_operation(client, team_setup, django_user_model, method, path,
-                                                           view):
+                                                           gate):
     from tests.support.api_helpers import bearer, role_tokens
 
-    url, needed = api_url(path), required_role(view)
+    url, needed = api_url(path), gate.role
     anonymous = client.generic(method, url, "{}", content_type="application/json")
     assert anonymous.status_code == 401, (method, path)
     for role, raw in role_tokens(team_setup, django_user_model).items():
         status = client.generic(method, url, "{}", content_type="application/json", **bearer(raw)).status_code
-        if ROLE_RANK[role] < ROLE_RANK[needed] or getattr(view, "token_refusal", ""):
+        if ROLE_RANK[role] < ROLE_RANK[needed] or gate.refusal:
             assert status == 403, (method, path, role, status)
         else:
             assert status != 403 and status < 500, (method, path, role, status)

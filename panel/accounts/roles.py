@@ -1,0 +1,67 @@
+"""Who may do what: the one place roles are decided. Every page view names its action
+(`@team_view("models.register")`) and so does every API operation (`auth=gate("models.register")`); a page and an
+API operation that do the same thing share one action, so the two cannot drift apart. A name missing here raises
+where it is used, at import time. tests/accounts/test_roles.py checks that every view and operation names one and
+that every action here is used."""
+from panel.accounts.models import Role
+
+ACTIONS = {
+    # accounts: the team, Your account, Members, the audit log
+    "team.view": Role.VIEWER,  # the overview page; GET /team
+    "account.view": Role.VIEWER,  # Your account and the tokens listed on it
+    "tokens.create": Role.VIEWER,  # a personal access token acts with at most its member's role
+    "tokens.revoke": Role.VIEWER,
+    "members.manage": Role.ADMIN,  # invite, change a role, remove (the owner rules are the services')
+    "audit.view": Role.ADMIN,
+    # gateway: team keys
+    "keys.view": Role.VIEWER,
+    "keys.manage": Role.ADMIN,  # issue and revoke
+    # channels: channels, routes and their rules, canaries, settings.json
+    "channels.view": Role.VIEWER,  # channels and routes
+    "channels.edit": Role.ADMIN,  # add, change, delete a channel or its credential
+    "channels.test": Role.MEMBER,  # the Test button: one request through the channel
+    "routes.edit": Role.ADMIN,  # add, change, delete a route or its rules; attach a deployment to a route
+    "canaries.run": Role.ADMIN,  # start, promote, roll back, stop
+    "settings.export": Role.VIEWER,
+    "settings.import": Role.ADMIN,
+    # notifications
+    "webhooks.manage": Role.ADMIN,
+    # hosts: GPU workers
+    "hosts.view": Role.VIEWER,
+    "hosts.check": Role.MEMBER,  # run an engine check on a worker
+    "hosts.price": Role.ADMIN,  # set a worker's GPU price
+    # dashboards, advisor
+    "usage.view": Role.VIEWER,  # dashboards, requests, My usage, the CSV export
+    "advisor.view": Role.VIEWER,
+    # compare
+    "compare.view": Role.VIEWER,
+    "compare.send": Role.MEMBER,  # send a turn, check its replies, share the conversation
+    # registry: models, quantization, quality reports
+    "models.view": Role.VIEWER,  # models, quantization jobs, quality reports
+    "models.register": Role.MEMBER,
+    "models.quantize": Role.MEMBER,  # start or cancel a quantization job
+    "models.evaluate": Role.MEMBER,  # start or cancel a quality report
+    # serving: profiles and deployments
+    "serving.view": Role.VIEWER,  # profiles, their exports, deployments and their logs
+    "profiles.edit": Role.MEMBER,  # create, change, import
+    "deployments.run": Role.MEMBER,  # launch and stop
+    # budgets
+    "budgets.view": Role.VIEWER,
+    "budgets.edit": Role.ADMIN,
+    # benchmarks: runs, ladders, sweeps
+    "benchmarks.view": Role.VIEWER,
+    "benchmarks.run": Role.MEMBER,  # start, import, cancel, remove
+}
+
+
+def role_for(action):
+    """The least role that may do `action`; a name not in ACTIONS raises LookupError."""
+    try:
+        return ACTIONS[action]
+    except KeyError:
+        raise LookupError(f"{action!r} is not an action in panel/accounts/roles.py") from None
+
+
+def may(membership, action):
+    """True when `membership` may do `action` (for the buttons a page shows, and checks inside a view)."""
+    return membership.allows(role_for(action))
