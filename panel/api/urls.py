@@ -11,6 +11,7 @@ from panel.api import (
     budgets,
     channels,
     errors,
+    gguf,
     hosts,
     keys,
     ladders,
@@ -37,8 +38,8 @@ api = ManagementAPI(title="Tokenwise management API", version="1", auth=AUTH, ur
                            "is a 404. Refusals are {\"detail\", \"errors\"} with 400 (nothing saved), 401, 403 or 404.",
                openapi_url="/openapi.json", docs_url="/docs")
 errors.install(api)
-for module in (team, tokens, keys, channels, routes, registry, serving, benchmarks, ladders, hosts, budgets, usage,
-               audit, webhooks):
+for module in (team, tokens, keys, channels, routes, registry, gguf, serving, benchmarks, ladders, hosts, budgets,
+               usage, audit, webhooks):
     api.add_router("", module.router)
 gate_operations(api)
 
