@@ -189,3 +189,44 @@ def test_the_command_refuses_in_words(team_setup, roots):
 def test_the_check_tells_a_working_model_from_a_broken_one(figures, state, words):
     verdict, problems = check_verdict(figures)
     assert verdict == state and (words in "; ".join(problems) if words else problems == [])
+
+
+def test_the_pages_show_where_an_imported_model_came_from_and_why_it_is_broken(client, team_setup, roots):
+    import json
+
+    from panel.jobs.services import job_claim, job_succeed
+    from panel.registry.services import model_register
+    from tests.support.safetensors import write_safetensors
+
+    folder = roots / "imported"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 1, "max_position_embeddings": 512, "torch_dtype": "bfloat16"}))
+    write_safetensors(folder / "model.safetensors", {"model.embed_tokens.weight": ("BF16", [100, 64])})
+    team = team_setup["team_a"]
+    model = model_register(team=team, user=None, source=str(folder), name="imported")
+    figures = {"perplexity": 49151.97, "tokens_scored": 511, "question": "What is the capital of France?",
+               "answer": "", "answer_token_ids": [], "max_perplexity": 100}
+    state, problems = check_verdict(figures)
+    RegisteredModel.objects.filter(pk=model.pk).update(
+        state=state, source_sha256="ab" * 32, source_quantization="Q4_1", quantized_upstream=True,
+        provenance={"format": "gguf", "file": "x.Q4_1.gguf", "license": "apache-2.0"},
+        check_figures=dict(figures, problems=problems))
+    write_gguf(roots / "x.Q4_1.gguf")
+    job = gguf_import_launch(team=team, user=None, source=str(roots / "x.Q4_1.gguf"), name="other", enqueue=False)
+    job_claim(job, worker="test")
+    job_succeed(job, result={"model_state": "broken", "problems": problems, "file_type": "Q4_1", "sha256": "ab" * 32,
+                             "check": figures, "architecture": "llama", "seconds": 3.0})
+    GgufImportJob.objects.filter(pk=job.pk).update(result_model=model)
+    client.force_login(team_setup["vera"])  # a viewer reads them all
+    detail = client.get(reverse("model_detail", args=[model.pk])).content.decode()
+    assert "Imported from GGUF" in detail and "ab" * 32 in detail and "Q4_1" in detail and "broken" in detail
+    assert "perplexity 49,152.0 on held-out text" in detail
+    assert "broken" in client.get(reverse("models")).content.decode()
+    live = client.get(reverse("gguf_import_job_live", args=[job.pk])).content.decode()
+    assert "Imported, but broken" in live and "answer is empty" in live
+    client.force_login(team_setup["alice"])
+    assert "Not quantizable" in client.get(reverse("model_detail", args=[model.pk])).content.decode()
+    refused = client.post(reverse("quantization_create", args=[model.pk]), {"scheme": "w8a8-int8"})
+    assert refused.status_code == 400 and "failed its check as a model" in refused.content.decode()
