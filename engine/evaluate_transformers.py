@@ -18,8 +18,6 @@ from engine.protocol import say
 
 
 def evaluate_one(model_dir, *, config, file_items, max_tokens):
-    import math
-
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -34,26 +32,14 @@ def evaluate_one(model_dir, *, config, file_items, max_tokens):
                                   for t in list(model.parameters()) + list(model.buffers()))}
 
     say(phase="perplexity on held-out text", progress=40)
-    total, count, argmax = 0.0, 0, []
-    with torch.no_grad():
-        for window in held_out_windows(tokenizer, max_tokens):
-            ids = torch.tensor([window], device=device)
-            logits = model(input_ids=ids).logits.float()[0, :-1]
-            total += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
-            count += ids.shape[1] - 1
-            argmax.extend(logits.argmax(-1).tolist())
-    result.update(perplexity=round(math.exp(total / count), 4), tokens_scored=count, argmax=argmax)
+    perplexity, count, argmax = held_out_perplexity(model, tokenizer, device, max_tokens)
+    result.update(perplexity=perplexity, tokens_scored=count, argmax=argmax)
 
     def greedy(text, tokens):
-        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).to(device)
-        with torch.no_grad():
-            output = model.generate(**ids, max_new_tokens=tokens, min_new_tokens=1, do_sample=False,
-                                    pad_token_id=tokenizer.pad_token_id)
-        return output[0, ids["input_ids"].shape[1]:].tolist()
+        return greedy_ids(model, tokenizer, device, text, tokens)
 
     def chat(messages, tokens):
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tokenizer.decode(greedy(prompt, tokens), skip_special_tokens=True)
+        return chat_answer(model, tokenizer, device, messages, tokens)
 
     say(phase="greedy continuations", progress=60)
     result["greedy"] = [greedy(prompt, GREEDY_TOKENS) for prompt in evaluation_text.AGREEMENT_PROMPTS]
@@ -66,3 +52,37 @@ def evaluate_one(model_dir, *, config, file_items, max_tokens):
             for item in file_items])
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
+
+
+def held_out_perplexity(model, tokenizer, device, max_tokens):
+    """(perplexity, tokens scored, the argmax token at each scored position) of `model` on the held-out text."""
+    import math
+
+    import torch
+
+    total, count, argmax = 0.0, 0, []
+    with torch.no_grad():
+        for window in held_out_windows(tokenizer, max_tokens):
+            ids = torch.tensor([window], device=device)
+            logits = model(input_ids=ids).logits.float()[0, :-1]
+            total += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+            count += ids.shape[1] - 1
+            argmax.extend(logits.argmax(-1).tolist())
+    return round(math.exp(total / count), 4), count, argmax
+
+
+def greedy_ids(model, tokenizer, device, text, tokens):
+    """The token ids `model` continues `text` with, greedily (at most `tokens`, at least one)."""
+    import torch
+
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).to(device)
+    with torch.no_grad():
+        output = model.generate(**ids, max_new_tokens=tokens, min_new_tokens=1, do_sample=False,
+                                pad_token_id=tokenizer.pad_token_id)
+    return output[0, ids["input_ids"].shape[1]:].tolist()
+
+
+def chat_answer(model, tokenizer, device, messages, tokens):
+    """The greedy answer to chat `messages` through the model's own chat template, as text."""
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.decode(greedy_ids(model, tokenizer, device, prompt, tokens), skip_special_tokens=True)

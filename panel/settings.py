@@ -166,6 +166,13 @@ MODEL_ROOTS = envlist("TOKENWISE_MODEL_ROOTS", [str(MODELS_DIR)])
 # --- Engines (vLLM, AutoAWQ) live in their own venv; the panel only runs them as subprocesses.
 ENGINE_PYTHON = envstr("ENGINE_PYTHON", str(BASE_DIR / ".venv-engine" / "bin" / "python"))
 
+# GGUF import (panel/registry/gguf_import.py, docs/decisions/0047-gguf-import.md): the largest file taken, folders
+# pip reads a package from instead of the index (none: the index pip is configured with), and the check's bound: an
+# imported model whose perplexity on the held-out text is above it is recorded broken.
+GGUF_MAX_BYTES = envint("TOKENWISE_GGUF_MAX_BYTES", 20 * 10**9, minimum=1)
+GGUF_FIND_LINKS = envlist("TOKENWISE_GGUF_FIND_LINKS", [])
+GGUF_MAX_PERPLEXITY = envint("TOKENWISE_GGUF_MAX_PERPLEXITY", 100, minimum=2)
+
 # Where engine servers listen, and the host name the gateway uses to reach them (a GPU host's address when the
 # gateway runs elsewhere). On a CPU host, VLLM_CPU_KVCACHE_SPACE for each server.
 ENGINE_BIND = envstr("TOKENWISE_ENGINE_BIND", "127.0.0.1")

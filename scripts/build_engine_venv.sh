@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the engine venv (vLLM for the CPU, llm-compressor, AutoAWQ) in the order measured to work
+# Build the engine venv (vLLM for the CPU, llm-compressor, AutoAWQ, gguf) in the order measured to work
 # (docs/ARCHITECTURE.md, "Dependencies and why"):
 # - torchvision, torchaudio and torchcodec go (PyPI's builds break `import transformers` beside torch+cpu);
 # - llm-compressor comes after vLLM: pip moves transformers to 5.17.0 (llm-compressor's ceiling, inside vLLM's
@@ -20,4 +20,6 @@ pip install $pip_flags --disable-pip-version-check "$@" llmcompressor==0.14.0.1 
               -e "requires torchaudio" -e "requires torchvision" -e "requires torchcodec" || true
 pip install $pip_flags --disable-pip-version-check --no-deps autoawq==0.2.9
 pip install $pip_flags --disable-pip-version-check "$@" accelerate zstandard datasets
-"$venv/bin/python" -c "import vllm, awq, llmcompressor, compressed_tensors, transformers, torch; print('tokenwise: engine venv ok: vllm', vllm.__version__, 'llm-compressor', llmcompressor.__version__, 'compressed-tensors', compressed_tensors.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+# gguf: transformers' GGUF loader reads and dequantizes GGUF files with it (engine/gguf_import.py).
+pip install $pip_flags --disable-pip-version-check "$@" gguf==0.19.0
+"$venv/bin/python" -c "import vllm, awq, llmcompressor, compressed_tensors, transformers, torch, gguf; from importlib.metadata import version; print('tokenwise: engine venv ok: vllm', vllm.__version__, 'llm-compressor', llmcompressor.__version__, 'compressed-tensors', compressed_tensors.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'gguf', version('gguf'))"

@@ -11,6 +11,7 @@ from panel.api import (
     budgets,
     channels,
     errors,
+    gguf,
     hosts,
     keys,
     ladders,
@@ -38,8 +39,8 @@ api = ManagementAPI(title="Tokenwise management API", version="1", auth=Ungated(
                openapi_url="/openapi.json", docs_url="/docs")
 errors.install(api)
 # Each operation names its action in its decorator (`auth=gate(...)`, panel/accounts/roles.py) or its router's.
-ROUTERS = [module.router for module in (team, tokens, keys, channels, routes, registry, serving, benchmarks, ladders,
-                                        hosts, budgets, usage, audit, webhooks)]
+ROUTERS = [module.router for module in (team, tokens, keys, channels, routes, registry, gguf, serving, benchmarks,
+                                        ladders, hosts, budgets, usage, audit, webhooks)]
 for router in ROUTERS:
     api.add_router("", router)
 

@@ -5,8 +5,14 @@ from panel.jobs.models import Job
 from panel.registry.schemes import SCHEMES
 
 
+class ModelState(models.TextChoices):
+    READY = "ready", "Ready"
+    BROKEN = "broken", "Broken"  # the check after an import failed: loads, but does not work as a model
+
+
 class RegisteredModel(models.Model):
-    """A checkpoint folder the team registered (or a quantization job produced), with the facts read from it."""
+    """A checkpoint folder the team registered (or a quantization job produced, or a GGUF import converted), with
+    the facts read from it."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="models")
     name = models.CharField(max_length=200)
@@ -32,6 +38,15 @@ class RegisteredModel(models.Model):
     dtype = models.CharField(max_length=40)
     size_bytes = models.BigIntegerField()
     quantization = models.JSONField(default=dict, blank=True)  # {} = not quantized
+
+    state = models.CharField(max_length=10, choices=ModelState.choices, default=ModelState.READY)
+    # Where the weights came from, for an imported model: the source file's sha256, its quantization ("Q4_1") and
+    # whether that was lossy (then this dequantized copy is the quality reference: no child can be better).
+    source_sha256 = models.CharField(max_length=64, blank=True)
+    source_quantization = models.CharField(max_length=40, blank=True)
+    quantized_upstream = models.BooleanField(default=False)
+    provenance = models.JSONField(default=dict, blank=True)  # format, file, package, licence, tensor types
+    check_figures = models.JSONField(default=dict, blank=True)  # the check as a model: perplexity, answer, bounds
 
     class Meta:
         ordering = ["name"]
@@ -164,3 +179,26 @@ class EvaluationJob(Job):
     def __str__(self):
         against = f" against {self.baseline}" if self.baseline_id else ""
         return f"quality report of {self.model}{against}"
+
+
+class GgufSource(models.TextChoices):
+    FILE = "file", "A GGUF file under a model root"
+    PACKAGE = "package", "A pip package that ships one"
+
+
+class GgufImportJob(Job):
+    """A GGUF file (or the one a pip package ships) turned into a servable checkpoint on a GPU worker, then checked
+    as a model; the result is a RegisteredModel, ready or broken."""
+
+    source_kind = models.CharField(max_length=10, choices=GgufSource.choices, default=GgufSource.FILE)
+    source = models.CharField(max_length=1000)  # the file's path, or NAME[==VERSION][:FILE.gguf]
+    name = models.CharField(max_length=200, blank=True)
+    output_dir = models.CharField(max_length=1000, blank=True)
+    result_model = models.ForeignKey(RegisteredModel, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+")
+
+    class Meta(Job.Meta):
+        pass
+
+    def __str__(self):
+        return f"GGUF import of {self.source}"

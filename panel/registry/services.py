@@ -16,7 +16,7 @@ from panel.jobs.runner import run_job
 from panel.jobs.services import job_cancel, job_created, job_enqueue
 from panel.registry.hub import NotInCache, hub_cache_dir, looks_like_hub_id, resolve_hub_id
 from panel.registry.inspection import CheckpointError, inspect_checkpoint
-from panel.registry.models import CalibrationSource, QuantizationJob, RegisteredModel
+from panel.registry.models import CalibrationSource, ModelState, QuantizationJob, RegisteredModel
 from panel.registry.quality import engine_of, evaluation_after_quantization
 from panel.registry.schemes import AUTOAWQ, DEFAULT_SCHEME, SCHEMES, scheme_table
 
@@ -76,11 +76,13 @@ def model_register(*, team, user, source, name=""):
     return model_create(team=team, user=user, name=name, folder=folder, hub_id=hub_id, facts=facts)
 
 
-def model_create(*, team, user, name, folder, facts, hub_id="", parent=None):
+def model_create(*, team, user, name, folder, facts, hub_id="", parent=None, **fields):
+    """Insert the model (`fields`: more of its columns, such as an import's provenance); ValidationError when the
+    team already has one of that name."""
     try:
         with transaction.atomic():
             return RegisteredModel.objects.create(team=team, created_by=user, name=name[:200], path=str(folder),
-                                                  hub_id=hub_id, parent=parent, **facts.as_dict())
+                                                  hub_id=hub_id, parent=parent, **facts.as_dict(), **fields)
     except IntegrityError:
         raise ValidationError(f"This team already has a model named {name!r}; pick another name.") from None
 
@@ -115,6 +117,9 @@ def calibration_store(*, team, data):
 
 def quantization_refusal(model):
     """Why `model` cannot be quantized, or None."""
+    if model.state == ModelState.BROKEN:
+        return (f"{model.name} failed its check as a model after it was imported (see its figures): quantizing it "
+                "would only copy a broken model.")
     if model.is_quantized:
         return (f"{model.name} is already quantized ({model.quantization_label}); quantizing it again would stack "
                 "two lossy steps. Quantize its unquantized parent instead.")

@@ -1,10 +1,14 @@
 from django.urls import path
 
-from panel.registry import views
+from panel.registry import gguf_views, views
 
 urlpatterns = [
     path("models/", views.model_list, name="models"),
     path("models/add/", views.model_create, name="model_create"),
+    path("models/import-gguf/", gguf_views.gguf_import_create, name="gguf_import"),
+    path("models/import-gguf/<int:job_id>/", gguf_views.gguf_import_detail, name="gguf_import_job"),
+    path("models/import-gguf/<int:job_id>/live/", gguf_views.gguf_import_live, name="gguf_import_job_live"),
+    path("models/import-gguf/<int:job_id>/cancel/", gguf_views.gguf_import_stop, name="gguf_import_cancel"),
     path("models/<int:model_id>/", views.model_detail, name="model_detail"),
     path("models/<int:model_id>/quantize/", views.job_create, name="quantization_create"),
     path("models/<int:model_id>/evaluate/", views.evaluation_create, name="evaluation_create"),

