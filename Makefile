@@ -19,12 +19,20 @@ help:
 run: $(VENV)/.installed $(ENGINE_VENV)/.installed
 	@$(VENV)/bin/python -m panel.launcher
 
+# The suite in two runs: every test without the engine on $(TEST_WORKERS) pytest-xdist workers (it doubles the pace of
+# the Django tests on two cores), then the engine tests one at a time (two vLLM engines or trainings on two cores slow
+# each other many-fold: measured in docs/benchmarks.md). Both runs always run; the exit status is the first failure's.
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+
 test: lint $(ENGINE_VENV)/.installed browser
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	@first=0; $(VENV)/bin/python -m pytest -m "not engine" $(PARALLEL) $(PYTEST_ARGS) || first=$$?; \
+	second=0; $(VENV)/bin/python -m pytest -m engine $(PYTEST_ARGS) || second=$$?; \
+	for status in $$first $$second; do case $$status in 0|5) ;; *) exit $$status ;; esac; done
 
 # Neither the engine venv nor Chromium: every test but those marked engine or browser (tests/conftest.py marks them).
 test-fast: lint
-	$(VENV)/bin/python -m pytest -m "not engine and not browser" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not engine and not browser" $(PARALLEL) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
