@@ -166,7 +166,7 @@ MODEL_ROOTS = envlist("TOKENWISE_MODEL_ROOTS", [str(MODELS_DIR)])
 # --- Engines (vLLM, AutoAWQ) live in their own venv; the panel only runs them as subprocesses.
 ENGINE_PYTHON = envstr("ENGINE_PYTHON", str(BASE_DIR / ".venv-engine" / "bin" / "python"))
 
-# GGUF import (panel/registry/gguf_import.py, docs/decisions/0047-gguf-import.md): the largest file taken, folders
+# GGUF import (panel/registry/gguf_import.py, docs/decisions/0044-gguf-import.md): the largest file taken, folders
 # pip reads a package from instead of the index (none: the index pip is configured with), and the check's bound: an
 # imported model whose perplexity on the held-out text is above it is recorded broken.
 GGUF_MAX_BYTES = envint("TOKENWISE_GGUF_MAX_BYTES", 20 * 10**9, minimum=1)

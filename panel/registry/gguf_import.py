@@ -1,7 +1,7 @@
 """Importing a model from a GGUF file (or a pip package that ships one): checked here before any job, converted on a
 GPU worker by engine/gguf_import.py (dequantized to bf16 safetensors, tokenizer and chat template), then checked as
 a model; the result is a RegisteredModel that records where its weights came from, ready or broken
-(docs/decisions/0047-gguf-import.md)."""
+(docs/decisions/0044-gguf-import.md)."""
 import logging
 import os
 import re
