@@ -19,16 +19,15 @@ help:
 run: $(VENV)/.installed $(ENGINE_VENV)/.installed
 	@$(VENV)/bin/python -m panel.launcher
 
-# The suite in two runs: every test without the engine on $(TEST_WORKERS) pytest-xdist workers (it doubles the pace of
-# the Django tests on two cores), then the engine tests one at a time (two vLLM engines or trainings on two cores slow
-# each other many-fold: measured in docs/benchmarks.md). Both runs always run; the exit status is the first failure's.
+# The whole suite in one run on $(TEST_WORKERS) pytest-xdist workers, each pinned to its own share of the cores with
+# everything it starts (tests/settings.py): two vLLM engines side by side then take about as long as one alone, where
+# unpinned they slowed each other many-fold (docs/benchmarks.md). The controller builds the demo model first and the
+# files of engine tests go out first (tests/conftest.py), hence --no-loadscope-reorder.
 TEST_WORKERS ?= 2
-PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: lint $(ENGINE_VENV)/.installed browser
-	@first=0; $(VENV)/bin/python -m pytest -m "not engine" $(PARALLEL) $(PYTEST_ARGS) || first=$$?; \
-	second=0; $(VENV)/bin/python -m pytest -m engine $(PYTEST_ARGS) || second=$$?; \
-	for status in $$first $$second; do case $$status in 0|5) ;; *) exit $$status ;; esac; done
+	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 # Neither the engine venv nor Chromium: every test but those marked engine or browser (tests/conftest.py marks them).
 test-fast: lint

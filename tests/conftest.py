@@ -124,6 +124,40 @@ def demo_model_cache():
     return seed
 
 
+def pytest_sessionstart(session):
+    """Under pytest-xdist, the controller builds the run's demo model before it starts the workers, on every core
+    (its training uses two threads): otherwise the first two workers to need it would wait on one another, one
+    training on its single core (tests/settings.py pins each worker) while the other idled on the build's lock."""
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    if "not engine" in (config.option.markexpr or ""):
+        return
+    import tempfile
+
+    from panel.registry.demo_model import DemoModelError, build_demo_model
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="demo-model-", dir=DATA_DIR) as scratch:
+            build_demo_model(Path(scratch) / "tiny")
+    except DemoModelError:
+        pass  # no engine venv, or a failed build: the tests that need the model say so, each in its own words
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Mark every test by its fixtures (below), then put the files of engine tests first, the other slow or browser
+    files next: xdist hands whole files to the workers in this order (`make test` turns off its own reordering),
+    so the longest files start early and the many short ones even out the end of the run."""
+    mark_by_fixtures(items)
+    weight = {}
+    for item in items:
+        file = item.nodeid.split("::")[0]
+        heavy = 0 if item.get_closest_marker("engine") else 1 if item.get_closest_marker("slow") else 2
+        browser = 0 if item.get_closest_marker("browser") else 1
+        weight[file] = min(weight.get(file, (2, 1)), (heavy, browser))
+    items.sort(key=lambda item: weight[item.nodeid.split("::")[0]])
+
+
 # Markers by the fixtures a test uses (its whole fixture closure), so that a new test is marked by what it needs:
 # `make test-fast` runs `not engine and not browser`. A test that needs the engine venv without one of these
 # fixtures (it starts a gpu worker, runs ENGINE_PYTHON or builds the demo model itself) carries the marker
@@ -134,7 +168,7 @@ BROWSER_FIXTURES = {"page", "chromium"}  # tests/support/browser.py
 SLOW_FIXTURES = {"launch_tiny"}  # an engine start, ~40 s
 
 
-def pytest_collection_modifyitems(items):
+def mark_by_fixtures(items):
     for item in items:
         names = set(item.fixturenames)
         if names & ENGINE_FIXTURES:

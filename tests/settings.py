@@ -32,6 +32,21 @@ def _own_slot_for_this_xdist_worker():
     os.symlink(shared_cache, os.path.join(data_dir, "cache"))
     os.environ.update(TOKENWISE_TEST_SLOT=worker, TOKENWISE_DATA_DIR=data_dir,
                       REDIS_URL=f"redis://127.0.0.1:{_free_port()}/0", TOKENWISE_PORT=str(_free_port()))
+    _own_cores(int(worker.removeprefix("gw")), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+def _own_cores(index, count):
+    """Each worker and everything it starts (engines, Celery workers, Chromium inherit the affinity) run on their own
+    share of the cores, and a vLLM engine binds its OpenMP threads to that share: two engines on two cores then take
+    about as long side by side as one alone, where unpinned their spinning threads slowed each other many-fold
+    (docs/benchmarks.md)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if count < 2 or len(cores) < count:
+        return
+    share = len(cores) // count
+    mine = cores[index * share:(index + 1) * share] if index < count else cores
+    os.sched_setaffinity(0, mine)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))
 
 
 _own_slot_for_this_xdist_worker()

@@ -45,10 +45,12 @@ def engine_python():
     return found
 
 
-def builder_argv(path, *, force):
+def builder_argv(path, *, force, steps=None):
     argv = processes.engine_argv(engine_python(), "build_demo_model", path)
     if force:
         argv.append("--force")
+    if steps:
+        argv += ["--steps", str(steps)]
     return argv
 
 
@@ -66,12 +68,15 @@ def cache_path():
     return Path(settings.DATA_DIR) / "cache" / f"demo-model-{digest.hexdigest()[:12]}"
 
 
-def build_demo_model(path=None, *, force=False, on_progress=None):
+def build_demo_model(path=None, *, force=False, steps=None, on_progress=None):
     """Build the demo model at `path` (default: default_demo_model_path()) unless a complete one is there: a copy
-    of the cached build (trained once), or always a fresh build with `force`. `on_progress(text)` gets one
-    readable line per phase. Returns the builder's result: {"path", "parameters", "size_bytes", "seconds",
-    "reused", "training", ...}. Raises DemoModelError on any failure."""
+    of the cached build (trained once), or always a fresh build with `force`, trained for `steps` optimizer steps
+    when given (fewer: a quicker, weaker model). `on_progress(text)` gets one readable line per phase. Returns the
+    builder's result: {"path", "parameters", "size_bytes", "seconds", "reused", "training", ...}.
+    Raises DemoModelError on any failure."""
     path = Path(path) if path else default_demo_model_path()
+    if steps and not force:
+        raise DemoModelError("a build with its own number of training steps is always a fresh build (force)")
     engine_python()  # no engine venv: say so before copying anything
     if not force and not is_built(path):
         cached = cache_path()
@@ -79,7 +84,7 @@ def build_demo_model(path=None, *, force=False, on_progress=None):
             if not is_built(cached):
                 run_builder(cached, force=False, on_progress=on_progress)
         copy_build(cached, path)
-    return run_builder(path, force=force, on_progress=on_progress)
+    return run_builder(path, force=force, steps=steps, on_progress=on_progress)
 
 
 @contextmanager
@@ -121,8 +126,8 @@ def copy_build(source, target):
     partial.rename(target)
 
 
-def run_builder(path, *, force, on_progress):
-    argv = builder_argv(path.absolute(), force=force)
+def run_builder(path, *, force, on_progress, steps=None):
+    argv = builder_argv(path.absolute(), force=force, steps=steps)
     said = {}
 
     def on_line(line):

@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
-from panel.registry.demo_model import DEMO_MODEL_DIRNAME, build_demo_model
+from panel.registry.demo_model import DEMO_MODEL_DIRNAME, DemoModelError, build_demo_model
 
 LOAD_AND_GENERATE = textwrap.dedent("""
     import json, sys
@@ -41,21 +41,26 @@ def file_digests(folder):
     return {item.name: hashlib.sha256(item.read_bytes()).hexdigest() for item in sorted(folder.iterdir())}
 
 
+SHORT_STEPS = 12  # a fresh build that proves the builder without a second full training (10 s, not 130 s)
+
+
 @pytest.fixture(scope="module")
 def demo_model(tmp_path_factory):
-    """One real build per module (training included, not a copy of the cached one), through the command."""
+    """One real build per module (training included, not a copy of the cached one), through the command; a short
+    one: the run's full build is the cached one (the `demo_model_cache` fixture)."""
     path = tmp_path_factory.mktemp("first") / DEMO_MODEL_DIRNAME
     out = io.StringIO()
-    call_command("make_demo_model", str(path), "--force", stdout=out)
+    call_command("make_demo_model", str(path), "--force", "--steps", str(SHORT_STEPS), stdout=out)
     return path, out.getvalue()
 
 
 def test_it_builds_byte_identical_files_twice(demo_model, tmp_path):
     first, output = demo_model
     assert "training tokenizer" in output and f"Demo model at {first}" in output
+    assert f"training step {SHORT_STEPS} of {SHORT_STEPS}" in output
 
     second = tmp_path / DEMO_MODEL_DIRNAME
-    result = build_demo_model(second)  # a copy of the cached build, which is a second, independent build
+    result = build_demo_model(second, force=True, steps=SHORT_STEPS)  # a second, independent build
 
     assert result["path"] == str(second)
     assert file_digests(first) == file_digests(second)
@@ -64,23 +69,31 @@ def test_it_builds_byte_identical_files_twice(demo_model, tmp_path):
     assert [item.name for item in tmp_path.iterdir()] == [DEMO_MODEL_DIRNAME]  # no temporary folder left
 
 
-def test_it_learned_from_its_corpus(demo_model):
-    path, output = demo_model
-    training = json.loads((path / "training.json").read_text())
-    assert "training step 240 of 240" in output
+def test_it_learned_from_its_corpus(demo_model_cache):
+    from panel.registry.demo_model import cache_path
+
+    training = json.loads((cache_path() / "training.json").read_text())  # the run's one full build
     assert training["steps"] == 240 and training["last_loss"] < training["first_loss"] - 2
     # Far below a random model's perplexity on text neither training nor calibration saw.
     assert training["held_out_perplexity"] * 10 < training["random_model_held_out_perplexity"]
     assert training["random_model_held_out_perplexity"] > 1000 and training["held_out_tokens"] > 3000
 
 
-def test_it_copies_the_cached_build_instead_of_training_again(demo_model, tmp_path):
+def test_it_copies_the_cached_build_instead_of_training_again(demo_model_cache, tmp_path):
     from panel.registry.demo_model import cache_path
 
-    path, _ = demo_model
-    assert file_digests(cache_path()) == file_digests(path)
     copy = build_demo_model(tmp_path / "copy")
-    assert copy["reused"] is True and file_digests(tmp_path / "copy") == file_digests(path)
+    assert copy["reused"] is True and file_digests(tmp_path / "copy") == file_digests(cache_path())
+    assert json.loads((tmp_path / "copy" / "training.json").read_text())["steps"] == 240
+
+
+def test_a_build_with_its_own_steps_is_always_a_fresh_one(tmp_path):
+    with pytest.raises(CommandError, match="--steps must be a positive number"):
+        call_command("make_demo_model", str(tmp_path / DEMO_MODEL_DIRNAME), "--force", "--steps", "0",
+                     stdout=io.StringIO())
+    with pytest.raises(DemoModelError, match="always a fresh build"):
+        build_demo_model(tmp_path / DEMO_MODEL_DIRNAME, steps=5)
+    assert not (tmp_path / DEMO_MODEL_DIRNAME).exists()
 
 
 def test_it_reuses_a_complete_model(demo_model):

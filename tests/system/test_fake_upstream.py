@@ -292,10 +292,13 @@ def test_malformed_json_in_a_body_and_in_a_stream(fake, sdk):
 def test_slow_drip_spaces_the_chunks_out(fake, sdk):
     fake.behave("slow_drip", times=2, delay=0.1, chunks=3)
     arrivals = []
+    asked = time.monotonic()
     for _ in stream_chat(sdk(fake)):
         arrivals.append(time.monotonic())
     assert len(arrivals) == 6  # role, 3 words, finish, usage
-    assert all(later - earlier >= 0.08 for earlier, later in zip(arrivals, arrivals[1:]))
+    # A busy client may read two frames in one go, so the gaps it sees can shrink; but no frame can come before the
+    # server sent it, five delays after the first.
+    assert arrivals[-1] - asked >= 5 * 0.1
     started = time.monotonic()
     assert post_chat(fake).json()["choices"][0]["message"]["content"] == content_text(3)
     assert time.monotonic() - started >= 0.18  # the body came in 3 drips
