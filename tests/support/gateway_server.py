@@ -41,11 +41,14 @@ class GatewayServer:
         raise AssertionError("gateway did not start:\n" + self.log_path.read_text())
 
     def stop(self):
+        """SIGTERM, as a supervisor stops it: the process writes its queued usage records on the way out. A SIGKILL
+        (after 30 s: a loaded machine can take a while) loses them, and the log says so."""
         os.killpg(self.process.pid, signal.SIGTERM)
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
+            self.log_file.write(b"\n[test] the gateway did not stop within 30 s of SIGTERM: killed\n")
         self.log_file.close()
 
     def log(self):

@@ -66,7 +66,8 @@ def test_it_routes_to_the_local_deployment_then_falls_back_when_it_stops(deploym
     assert statuses and all(status == 200 for status in statuses), statuses
     local.refresh_from_db()
     assert local.enabled is False
-    wait_until(lambda: RequestLog.objects.count() >= len(statuses) + 1, seconds=60, message="usage records")
+    wait_until(lambda: RequestLog.objects.count() >= len(statuses) + 1, seconds=60,
+               message=f"{len(statuses) + 1} usage records (the gateway's log:\n{gateway.log()[-3000:]})")
     rows = RequestLog.objects.all()
     assert rows.filter(channel=local).exists() and rows.filter(channel=cloud, outcome="ok").exists()
     assert not rows.exclude(outcome="ok").exists()
