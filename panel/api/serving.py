@@ -16,6 +16,7 @@ from panel.api.schemas import JobEventOut, JobOut, job_events_out
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
+from panel.registry.models import RegisteredModel
 from panel.serving.configfile import ConfigFileError
 from panel.serving.forms import PROFILE_FIELDS, ImportForm, LaunchForm, ServingProfileForm
 from panel.serving.models import Deployment, ServingProfile
@@ -26,6 +27,7 @@ from panel.serving.services import (
     deployment_warnings,
     launch_argv,
     profile_check,
+    profile_defaults,
     profile_export_file,
     profile_import,
 )
@@ -54,6 +56,10 @@ class ProfileDetail(ProfileOut):
 class ProfileImport(Schema):
     name: str = Field(..., max_length=100)
     config: str = Field(..., max_length=ImportForm.MAX_BYTES, description="The config.toml text.")
+
+
+class ProfileFromModel(Schema):
+    name: str = Field("", max_length=100, description="The profile's name; empty: the model's name.")
 
 
 class ReplicaOut(Schema):
@@ -144,13 +150,26 @@ def profiles_get(request, profile_id: int):
     return profile_out(get_object_or_404(_profiles(request), pk=profile_id), detail=True)
 
 
-@router.post("/profiles", auth=gate("profiles.edit"), response=errors({201: ProfileDetail}))
-def profiles_create(request, body: ProfileCreate):
-    form = validated(ServingProfileForm, body, team=request.team)
+def _profile_saved(request, form):
     profile = form.save(commit=False)
     profile.team, profile.created_by = request.team, request.user
     profile.save()
     return Status(201, profile_out(profile, detail=True))
+
+
+@router.post("/profiles", auth=gate("profiles.edit"), response=errors({201: ProfileDetail}))
+def profiles_create(request, body: ProfileCreate):
+    return _profile_saved(request, validated(ServingProfileForm, body, team=request.team))
+
+
+@router.post("/profiles/from-model/{model_id}", auth=gate("profiles.edit"), response=errors({201: ProfileDetail}),
+             summary="Create a profile that serves a model as its checkpoint needs (the model page's \"Serve this "
+                     "model\"): its quantization and bits, dtype auto, its own length; nothing saved on error")
+def profiles_from_model(request, model_id: int, body: ProfileFromModel = None):
+    model = get_object_or_404(RegisteredModel, pk=model_id, team=request.team)
+    # A taken name is refused, not replaced by a free one: a script's retry must not leave a second profile.
+    values = profile_defaults(model=model, name=body.name if body else "")
+    return _profile_saved(request, validated(ServingProfileForm, values, team=request.team))
 
 
 @router.patch("/profiles/{profile_id}", auth=gate("profiles.edit"), response=errors({200: ProfileDetail}),

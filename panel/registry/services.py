@@ -18,7 +18,7 @@ from panel.registry.hub import NotInCache, hub_cache_dir, looks_like_hub_id, res
 from panel.registry.inspection import CheckpointError, inspect_checkpoint
 from panel.registry.models import CalibrationSource, ModelState, QuantizationJob, RegisteredModel
 from panel.registry.quality import engine_of, evaluation_after_quantization
-from panel.registry.schemes import AUTOAWQ, DEFAULT_SCHEME, SCHEMES, scheme_table
+from panel.registry.schemes import AUTOAWQ, COMPARISON_ONLY, DEFAULT_SCHEME, SCHEMES, SERVABLE_BITS, scheme_table
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,18 @@ def quantization_refusal(model):
     if model.is_quantized:
         return (f"{model.name} is already quantized ({model.quantization_label}); quantizing it again would stack "
                 "two lossy steps. Quantize its unquantized parent instead.")
+    return None
+
+
+def serving_refusal(model):
+    """Why vLLM cannot serve `model` at all, whatever the profile says, or None (the model page offers "Serve this
+    model" only without one)."""
+    if model.state == ModelState.BROKEN:
+        return (f"{model.name} failed its check as a model after it was imported (see its figures): a deployment "
+                "would serve a broken model.")
+    bits = (model.quantization or {}).get("bits")
+    if bits and bits not in SERVABLE_BITS:
+        return f"{model.name} holds {bits}-bit weights: {COMPARISON_ONLY}."
     return None
 
 

@@ -4,6 +4,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
+from panel.accounts.roles import may
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_cancel as cancel_job
@@ -18,6 +19,7 @@ from panel.registry.services import (
     quantization_choices,
     quantization_from_form,
     quantization_refusal,
+    serving_refusal,
 )
 
 
@@ -44,19 +46,24 @@ def model_create(request):
     return render(request, "registry/model_list.html", {"models": models, "form": form}, status=400)
 
 
-@team_view("models.view")
-def model_detail(request, model_id):
-    model = get_object_or_404(RegisteredModel.objects.select_related("parent"), pk=model_id, team=request.team)
-    context = {
+def _detail_context(request, model, evaluation_form):
+    return {
         "model": model,
         "estimate": memory.estimate(model),
         "children": model.children.filter(team=request.team).order_by("name"),
         "jobs": model.quantization_jobs.order_by("-created_at")[:10],
         "refusal": quantization_refusal(model),
+        "can_serve": may(request.membership, "profiles.edit"),
+        "serving_refusal": serving_refusal(model),
         "report": quality_report(model),
-        "evaluation_form": EvaluationForm(model=model),
+        "evaluation_form": evaluation_form,
     }
-    return render(request, "registry/model_detail.html", context)
+
+
+@team_view("models.view")
+def model_detail(request, model_id):
+    model = get_object_or_404(RegisteredModel.objects.select_related("parent"), pk=model_id, team=request.team)
+    return render(request, "registry/model_detail.html", _detail_context(request, model, EvaluationForm(model=model)))
 
 
 @team_view("models.view")
@@ -126,11 +133,7 @@ def evaluation_create(request, model_id):
         else:
             audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"quality report #{job.pk}")
             return redirect("evaluation_job", job_id=job.pk)
-    context = {"model": model, "estimate": memory.estimate(model), "report": quality_report(model),
-               "children": model.children.filter(team=request.team).order_by("name"),
-               "jobs": model.quantization_jobs.order_by("-created_at")[:10], "refusal": quantization_refusal(model),
-               "evaluation_form": form}
-    return render(request, "registry/model_detail.html", context, status=400)
+    return render(request, "registry/model_detail.html", _detail_context(request, model, form), status=400)
 
 
 @team_view("models.view")

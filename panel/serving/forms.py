@@ -67,8 +67,25 @@ class ServingProfileForm(forms.ModelForm):
             models = list(self.fields["model"].queryset[:2])
             if len(models) == 1 and "model" not in self.initial:
                 self.initial["model"] = models[0].pk  # the team's only model (a fresh install: the demo model)
+                if "quantization" not in self.initial:
+                    quantization, bits = rules.checkpoint_quantization(models[0])
+                    self.initial.update(quantization=quantization, quantization_bits=bits)
             if "max_model_len" not in self.initial:
                 self.initial["max_model_len"] = model_default_length(models[0]) if len(models) == 1 else ""
+
+    def _quantization_from_checkpoint(self, cleaned, model):
+        # The select shows "none" until it is changed, and the rules refuse "none" for a quantized checkpoint (and
+        # AWQ without its bits): a profile for a quantized model failed its first save. vLLM reads the method and
+        # bits from the checkpoint itself (the profile's are never passed for one), so the profile takes the
+        # checkpoint's where it left them at their defaults, and says so.
+        method, bits = rules.checkpoint_quantization(model)
+        if cleaned.get("quantization") == "none" and method in FIELDS_BY_NAME["quantization"].choice_values:
+            cleaned["quantization"] = method
+            self.warnings.append(f"Quantization set to {method}, as {model.name}'s checkpoint says "
+                                 f"({model.quantization_label}): vLLM reads it from the checkpoint.")
+        if (cleaned.get("quantization") == method and cleaned.get("quantization_bits") is None
+                and "quantization_bits" not in self.errors):
+            cleaned["quantization_bits"] = bits
 
     def sections(self):
         return [(title, [self[name] for name in names]) for title, names in SECTIONS]
@@ -83,10 +100,13 @@ class ServingProfileForm(forms.ModelForm):
     def clean(self):
         cleaned = super().clean()
         model = cleaned.get("model")
+        self.warnings = []
         if model is None:
             return cleaned
         if cleaned.get("max_model_len") is None and "max_model_len" not in self.errors:
             cleaned["max_model_len"] = model_default_length(model)
+        if model.is_quantized and "quantization" not in self.errors:
+            self._quantization_from_checkpoint(cleaned, model)
         # Every rule runs even when a field was refused above (that field takes its default for the rules), so
         # the form answers every problem at once, not one round per submit.
         blank = ServingProfile()
@@ -106,7 +126,7 @@ class ServingProfileForm(forms.ModelForm):
                 continue  # already refused, with its own reason
             for message in messages:
                 self.add_error(field if field in self.fields else None, message)
-        self.warnings = list(verdict.warnings)
+        self.warnings += verdict.warnings
         return cleaned
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from panel.registry import memory
 from panel.registry.schemes import SCHEMES, host_serves
 from panel.serving.configfile import ENGINE_HAS_SWAP_SPACE
-from panel.serving.profile_fields import BLOCK_SIZES, defaults
+from panel.serving.profile_fields import BLOCK_SIZES, FIELDS_BY_NAME, defaults
 
 GENERAL = "__all__"  # Django's key for errors that belong to no single field
 STABLE_UTILIZATION = (0.85, 0.92)  # where vLLM runs stably: lower wastes memory, higher risks OOM at peaks
@@ -39,13 +39,20 @@ def suggest_quantization(model):
     return str((model.quantization or {}).get("method") or "none").lower()
 
 
+def checkpoint_quantization(model):
+    """(quantization, quantization_bits) as a profile names them for this checkpoint: its own method ("none" when
+    unquantized) and bits (None when a profile has no such choice)."""
+    bits = (model.quantization or {}).get("bits")
+    return suggest_quantization(model), (bits if bits in FIELDS_BY_NAME["quantization_bits"].choice_values else None)
+
+
 def suggest_values(model):
     """A new profile for this model: the defaults, its quantization, and a context length it supports."""
     values = defaults()
+    quantization, bits = checkpoint_quantization(model)
     values.update(model_name=getattr(model, "hub_id", "") or getattr(model, "path", "") or model.name,
-                  quantization=suggest_quantization(model),
-                  quantization_bits=(model.quantization or {}).get("bits") or None,
-                  max_model_len=min(values["max_model_len"], model.max_position_embeddings))
+                  quantization=quantization, quantization_bits=bits,
+                  max_model_len=min(values["max_model_len"], model.max_position_embeddings or values["max_model_len"]))
     return values
 
 

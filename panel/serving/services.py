@@ -1,5 +1,6 @@
 """Serving profiles and the deployments launched from them."""
 import logging
+import re
 import secrets
 import time
 from pathlib import Path
@@ -24,11 +25,45 @@ from panel.jobs.services import (
 )
 from panel.registry import memory
 from panel.registry.models import RegisteredModel
+from panel.registry.services import serving_refusal
 from panel.serving import configfile, placement, rules, supervisor
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ServingProfile
-from panel.serving.profile_fields import FIELDS
+from panel.serving.profile_fields import FIELDS, FIELDS_BY_NAME
 
 log = logging.getLogger(__name__)
+
+
+NOT_IN_A_SERVED_NAME = re.compile(r"[^A-Za-z0-9._:/-]+")  # what a client would have to quote in `model`
+
+
+def profile_defaults(*, model, name=""):
+    """The values a new profile for `model` starts from, keyed as the profile form takes them: what the model page's
+    "Serve this model" fills the form with and what POST /api/v1/profiles/from-model/{id} saves. The profile and
+    served model name come from the model's name (`name` overrides the profile's); dtype is auto (the checkpoint's
+    own); quantization is what vLLM reads from the checkpoint ("compressed-tensors" for an llm-compressor child,
+    "awq" for an AutoAWQ child, "none" for an unquantized model) with its bits; the length is the model's own, up
+    to 8,192. ValidationError when the model cannot be served at all."""
+    refusal = serving_refusal(model)
+    if refusal:
+        raise ValidationError(refusal)
+    suggested = rules.suggest_values(model)
+    if suggested["quantization"] not in FIELDS_BY_NAME["quantization"].choice_values:
+        raise ValidationError(f"{model.name} is quantized as {suggested['quantization']!r}, a method vLLM cannot be "
+                              "asked to serve from a profile.")
+    served = NOT_IN_A_SERVED_NAME.sub("-", model.name).strip("-")[:200] or f"model-{model.pk}"
+    return {"name": name or served[:100], "model": model.pk, "served_model_name": served, "dtype": "auto",
+            "quantization": suggested["quantization"], "quantization_bits": suggested["quantization_bits"],
+            "max_model_len": suggested["max_model_len"]}
+
+
+def profile_name_free(*, team, name):
+    """`name`, or `name-2`, `name-3`… : the first that no profile of the team has yet."""
+    candidate, number = name, 1
+    while ServingProfile.objects.filter(team=team, name=candidate).exists():
+        number += 1
+        suffix = f"-{number}"
+        candidate = name[:100 - len(suffix)] + suffix
+    return candidate
 
 
 def profile_values(profile):

@@ -1,7 +1,7 @@
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.db.models import Case, Count, Q, When
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -10,6 +10,7 @@ from panel.accounts.roles import may
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
+from panel.registry.models import RegisteredModel
 from panel.serving.configfile import ConfigFileError
 from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
@@ -21,8 +22,10 @@ from panel.serving.services import (
     deployment_warnings,
     launch_argv,
     profile_check,
+    profile_defaults,
     profile_export_file,
     profile_import,
+    profile_name_free,
     profile_values,
 )
 
@@ -49,10 +52,28 @@ def serving_home(request):
     return render(request, "serving/home.html", _home_context(request, ImportForm()))
 
 
+def _model_to_serve(request):
+    """The model a "Serve this model" link names (`?model=<id>`), of this team (else 404); None without one."""
+    model_id = request.GET.get("model")
+    if model_id is None:
+        return None
+    if not model_id.isdigit():
+        raise Http404("no such model")
+    return get_object_or_404(RegisteredModel, pk=int(model_id), team=request.team)
+
+
 @team_view("profiles.edit")
 def profile_create(request):
     preset = PRESETS.get(request.GET.get("preset", ""))
     initial = dict(preset["values"]) if preset else {}
+    model = _model_to_serve(request)
+    if model is not None:
+        try:
+            initial.update(profile_defaults(model=model))
+        except ValidationError as error:
+            messages.error(request, " ".join(error.messages))
+            return redirect("model_detail", model_id=model.pk)
+        initial["name"] = profile_name_free(team=request.team, name=initial["name"])
     form = ServingProfileForm(request.POST or None, team=request.team, initial=initial)
     if request.method == "POST" and form.is_valid():
         profile = form.save(commit=False)
@@ -63,7 +84,8 @@ def profile_create(request):
         messages.success(request, f"Saved profile {profile.name}.")
         return redirect("profile_detail", profile_id=profile.pk)
     status = 400 if request.method == "POST" else 200
-    return render(request, "serving/profile_form.html", {"form": form, "preset": preset}, status=status)
+    return render(request, "serving/profile_form.html", {"form": form, "preset": preset, "model": model},
+                  status=status)
 
 
 @team_view("profiles.edit")

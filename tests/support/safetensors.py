@@ -6,7 +6,7 @@ import struct
 def write_safetensors(path, tensors):
     """A real safetensors file: header + zero-filled data."""
     header, offset = {}, 0
-    sizes = {"F16": 2, "BF16": 2, "F32": 4, "I32": 4}
+    sizes = {"F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I8": 1}
     for name, (dtype, shape) in tensors.items():
         size = sizes[dtype]
         for dim in shape:
