@@ -1,7 +1,8 @@
 """The protocol every engine runner speaks to the panel (panel/jobs/runner.py reads it): one JSON object a line on
 stdout, flushed at once, and an exit status.
 
-    {"phase": "loading model", "progress": 5}        what it does now, 0-100
+    {"phase": "loading model", "progress": 5}        what it does now, 0-100 (a phase may end in " · about 31 s
+                                                     left": the panel drops that estimate when the job ends)
     {"log": "calibration: 128 samples"}              a line for the job's log
     {"result": {...}}                                the last line of a success: exit 0
     {"error": {"kind": KIND, "reason": "..."}}       the last line of a failure: exit 1

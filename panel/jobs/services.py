@@ -1,5 +1,6 @@
 """State changes, heartbeats and the reaper for every `Job` subclass."""
 import logging
+import re
 from datetime import timedelta
 
 from celery import current_app
@@ -13,6 +14,9 @@ from panel.notifications.services import notify
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 200
+# A runner may end its phase with an estimate ("calibrating layer 2 of 30 · about 31 s left"); an ended job has
+# no time left, so the estimate goes when it ends and the phase keeps where it was.
+TIME_LEFT = re.compile(r"\s*·\s*about [^·]* left$")
 
 
 def job_transition(job, *, to, allowed_from, actor=None, reason="", **fields):
@@ -21,11 +25,14 @@ def job_transition(job, *, to, allowed_from, actor=None, reason="", **fields):
     One conditional UPDATE decides; the loser of a race (a second worker, a redelivered message, a reaper)
     gets False and changes nothing. Extra `fields` are written in the same UPDATE. On success the event is
     recorded, `job` is updated in memory and its kind's `on_transition` runs, all in the same transaction. Every
-    final state of every kind sets `finished_at`."""
-    if to in type(job).FINAL_STATES:
+    final state of every kind sets `finished_at` and drops the time-left estimate from the phase."""
+    final = to in type(job).FINAL_STATES
+    if final:
         fields.setdefault("finished_at", timezone.now())
     with transaction.atomic():
-        previous = type(job).objects.filter(pk=job.pk).values_list("state", flat=True).first()
+        previous, phase = type(job).objects.filter(pk=job.pk).values_list("state", "phase").first() or (None, "")
+        if final and "phase" not in fields and TIME_LEFT.search(phase):
+            fields["phase"] = TIME_LEFT.sub("", phase)
         updated = type(job).objects.filter(pk=job.pk, state__in=list(allowed_from)).update(state=to, **fields)
         if not updated:
             return False

@@ -9,6 +9,7 @@ from panel.jobs.models import JobEvent, JobState
 from panel.jobs.services import (
     append_log,
     job_cancel,
+    job_cancelled,
     job_claim,
     job_fail,
     job_heartbeat,
@@ -66,6 +67,23 @@ def test_it_keeps_the_progress_in_range_and_the_log_short(job):
     lines = job.log_tail.splitlines()
     assert len(lines) == 200 and lines[-1] == "line 499"
     assert append_log("a\nb", ["c"]) == "a\nb\nc"
+
+
+@pytest.mark.parametrize("end", ["fail", "cancel", "reap"])
+def test_an_ended_job_has_no_time_left(job, end):
+    job_claim(job, worker="gpu@h1")
+    job_heartbeat(job, progress=30, phase="calibrating layer 2 of 30, sample 5 of 32 · about 31 s left")
+    if end == "fail":
+        job_fail(job, kind="failed", reason="Cannot access accelerator device when none is available")
+    elif end == "cancel":
+        job_cancel(job)
+        assert EngineCheck.objects.get(pk=job.pk).phase.endswith("about 31 s left")  # still running: still counts
+        job_cancelled(job)
+    else:
+        EngineCheck.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+        jobs_reap(stale_after_seconds=60)
+    job.refresh_from_db()
+    assert job.is_final and job.phase == "calibrating layer 2 of 30, sample 5 of 32"
 
 
 def test_it_finishes_and_fails_only_active_jobs(job):
