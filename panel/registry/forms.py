@@ -14,6 +14,8 @@ from panel.registry.schemes import (
     LLMC,
     SCHEMES,
     calibration_default,
+    group_size_default,
+    group_size_refusal,
     host_serves,
     linear_layers,
 )
@@ -29,7 +31,7 @@ class ModelRegisterForm(forms.Form):
     name = forms.CharField(max_length=200, required=False, help_text="Defaults to the folder name or hub id.")
 
 
-GROUP_SIZES = [(32, "32"), (64, "64"), (128, "128 (recommended)"), (256, "256 (smaller, costs accuracy)"),
+GROUP_SIZES = [(32, "32"), (64, "64"), (128, "128"), (256, "256 (smaller, costs accuracy)"),
                (0, "one per output channel (crudest)")]
 
 
@@ -41,8 +43,9 @@ class QuantizationForm(forms.Form):
                                 required=False, label="Backend")
     q_group_size = forms.TypedChoiceField(
         label="Group size (4-bit schemes)", coerce=int, initial=128, choices=GROUP_SIZES,
-        help_text="Weights share one scale per group. 128 is the usual balance; larger groups save a little "
-                  "memory and measurably cost accuracy.")
+        help_text="Weights share one scale per group, cut along each layer's inputs, so the size must divide "
+                  "every layer's input width. The default is the largest of 128, 64 and 32 that this model's "
+                  "shapes allow; larger groups save a little memory and measurably cost accuracy.")
     w_bit = forms.TypedChoiceField(
         label="Weight bits (round-to-nearest)", coerce=int, initial=4, required=False, empty_value=4,
         choices=[(4, "4"), (3, "3 (for comparison: vLLM cannot serve it)"),
@@ -76,6 +79,8 @@ class QuantizationForm(forms.Form):
         self.fields["host"].queryset = WorkerHost.objects.filter(kind="gpu").order_by("host")
         self.calibration_data = None
         self.notes = []
+        if model is not None:
+            self.initial["q_group_size"] = group_size_default(model)
         hosts = gpu_hosts_online()
         if not self.is_bound:
             samples, tokens = calibration_default(host_kind(hosts))
@@ -119,6 +124,10 @@ class QuantizationForm(forms.Form):
                                       f"not {backend}.")
         if backend == AUTOAWQ and group_size == 0:
             self.add_error("q_group_size", "AutoAWQ needs a group size; one scale per channel is llm-compressor's.")
+        elif SCHEMES[scheme].weight_bits == 4 and group_size is not None and self.model is not None:
+            refusal = group_size_refusal(self.model, group_size)
+            if refusal:
+                self.add_error("q_group_size", refusal)
 
     def _check_serving(self, scheme, cleaned):
         """Refuse, in words, a result the chosen host (or every online GPU host) cannot serve."""

@@ -2,7 +2,7 @@ from django.conf import settings
 from django.db import models
 
 from panel.jobs.models import Job
-from panel.registry.schemes import SCHEMES
+from panel.registry.schemes import SCHEMES, uses_calibration
 
 
 class ModelState(models.TextChoices):
@@ -128,6 +128,11 @@ class QuantizationJob(Job):
         if scheme and scheme.weight_bits == 4:
             label += f" g{self.q_group_size}" if self.q_group_size else " per channel"
         return label
+
+    @property
+    def uses_calibration(self):
+        """Whether this run reads calibration text (W8A8 without SmoothQuant, FP8 and round-to-nearest do not)."""
+        return self.scheme in SCHEMES and uses_calibration(self.scheme, smoothquant=self.smoothquant)
 
     @property
     def quant_config(self):

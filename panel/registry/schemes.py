@@ -43,6 +43,11 @@ SCHEMES = {scheme.key: scheme for scheme in [
 DEFAULT_SCHEME = "w8a8-int8"
 
 
+def uses_calibration(scheme_key, *, smoothquant=None):
+    """Whether a run of `scheme_key` reads calibration text: the calibrated schemes, and W8A8 with SmoothQuant."""
+    return SCHEMES[scheme_key].calibrated or (scheme_key == "w8a8-int8" and smoothquant is not None)
+
+
 def calibration_default(host):
     """(samples, tokens per sample) that suit `host`: a CPU host needs far fewer than a GPU's 128 × 512."""
     if host is not None and not host.get("gpus"):
@@ -123,6 +128,44 @@ def linear_layers(model):
         return [name[:-len(".weight")] for name, shape, _ in tensors(model) if is_quantizable(name, shape)]
     except (CheckpointError, OSError):
         return []
+
+
+PREFERRED_GROUP_SIZES = (128, 64, 32)  # largest first: the default is the first that fits
+
+
+def input_widths(model):
+    """{layer name: input width} of the model's quantizable linear layers: a group of weights is cut along the
+    input, so a group size must divide every one of them. From the record's widths when the checkpoint cannot be
+    read from here."""
+    try:
+        return {name[:-len(".weight")]: shape[1] for name, shape, _ in tensors(model) if is_quantizable(name, shape)}
+    except (CheckpointError, OSError):
+        return {key: width for key, width in (("hidden_size", model.hidden_size),
+                                              ("intermediate_size", model.intermediate_size)) if width}
+
+
+def group_size_default(model):
+    """The largest of 128, 64 and 32 that divides every quantized layer's input width (SmolLM2-135M's hidden size is
+    576: 64); 0, one scale per output channel, when none does."""
+    widths = set(input_widths(model).values())
+    for size in PREFERRED_GROUP_SIZES:
+        if all(width % size == 0 for width in widths):
+            return size
+    return 0
+
+
+def group_size_refusal(model, group_size):
+    """Why `group_size` cannot cut `model`'s layers into whole groups, in words; None when it can (0, one scale per
+    output channel, always can)."""
+    if not group_size:
+        return None
+    for name, width in input_widths(model).items():
+        if width % group_size:
+            fits = group_size_default(model)
+            instead = f"{fits} is the largest that fits" if fits else "choose one scale per output channel"
+            return (f"Group size {group_size} does not divide {model.name}'s layer {name}, which takes {width} "
+                    f"inputs: {instead}.")
+    return None
 
 
 def quantized_bytes(out_features, in_features, *, bits, group_size, zero_point, backend):

@@ -18,7 +18,16 @@ from panel.registry.hub import NotInCache, hub_cache_dir, looks_like_hub_id, res
 from panel.registry.inspection import CheckpointError, inspect_checkpoint
 from panel.registry.models import CalibrationSource, ModelState, QuantizationJob, RegisteredModel
 from panel.registry.quality import engine_of, evaluation_after_quantization
-from panel.registry.schemes import AUTOAWQ, COMPARISON_ONLY, DEFAULT_SCHEME, SCHEMES, SERVABLE_BITS, scheme_table
+from panel.registry.schemes import (
+    AUTOAWQ,
+    COMPARISON_ONLY,
+    DEFAULT_SCHEME,
+    SCHEMES,
+    SERVABLE_BITS,
+    group_size_default,
+    group_size_refusal,
+    scheme_table,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,13 +147,14 @@ def serving_refusal(model):
     return None
 
 
-def quantization_launch(*, team, user, source, host=None, scheme=DEFAULT_SCHEME, backend=None, q_group_size=128,
+def quantization_launch(*, team, user, source, host=None, scheme=DEFAULT_SCHEME, backend=None, q_group_size=None,
                         zero_point=True, version="GEMM", w_bit=4, smoothquant=None, keep_patterns=(),
                         keep_as="bf16", calibration=CalibrationSource.BUILTIN, calibration_file="",
                         calibration_name="", max_calib_samples=32, max_calib_seq_len=256, enqueue=True):
     """Create a quantization job and send it to `host`'s queue (or any GPU worker). `backend` defaults to the
-    scheme's own (llm-compressor for every scheme; AutoAWQ is the other choice for W4A16 AWQ). Returns the job;
-    raises ValidationError, saving nothing, for a refused source or a scheme/backend that do not go together."""
+    scheme's own (llm-compressor for every scheme; AutoAWQ is the other choice for W4A16 AWQ); `q_group_size` to
+    the largest the model's shapes allow. Returns the job; raises ValidationError, saving nothing, for a refused
+    source, a scheme/backend that do not go together, or a group size that does not divide the model's layers."""
     refusal = quantization_refusal(source)
     if refusal:
         raise ValidationError(refusal)
@@ -158,6 +168,10 @@ def quantization_launch(*, team, user, source, host=None, scheme=DEFAULT_SCHEME,
         raise ValidationError("Mixed precision needs at least one layer pattern to keep.")
     if w_bit != 4 and not (scheme == "w4a16-rtn" and w_bit in (2, 3)):
         raise ValidationError("Only round-to-nearest takes other weight bits (2 or 3, for comparison).")
+    if q_group_size is None:
+        q_group_size = group_size_default(source)
+    if SCHEMES[scheme].weight_bits == 4 and group_size_refusal(source, q_group_size):
+        raise ValidationError(group_size_refusal(source, q_group_size))
     with transaction.atomic():
         job = QuantizationJob.objects.create(
             team=team, created_by=user, source=source, host=host, backend=backend, scheme=scheme, w_bit=w_bit,

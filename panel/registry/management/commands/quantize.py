@@ -21,8 +21,9 @@ class Command(BaseCommand):
         parser.add_argument("--scheme", default=DEFAULT_SCHEME, choices=sorted(SCHEMES),
                             help=f"default {DEFAULT_SCHEME}")
         parser.add_argument("--backend", choices=[LLMC, AUTOAWQ], help="default: the scheme's (llm-compressor)")
-        parser.add_argument("--group-size", type=int, default=128, choices=[0, 32, 64, 128, 256],
-                            help="4-bit schemes; 0: one scale per output channel")
+        parser.add_argument("--group-size", type=int, choices=[0, 32, 64, 128, 256],
+                            help="4-bit schemes; 0: one scale per output channel; default: the largest of 128, 64 "
+                                 "and 32 that the model's shapes allow")
         parser.add_argument("--bits", type=int, default=4, choices=[2, 3, 4],
                             help="round-to-nearest only: 2 or 3 bits for comparison (vLLM cannot serve them)")
         parser.add_argument("--smoothquant", type=float, help="W8A8: SmoothQuant strength (0.05-0.95) first")
