@@ -20,7 +20,11 @@ on any failure or signal) and the failure kinds (engine/checkpoint.py) are share
 result adds "backend" and "scheme".
 
 Progress moves inside a layer: llm-compressor calibrates one decoder layer at a time over every sample, and this
-script reports "calibrating layer i of N, sample j of M" with an estimate of the time left."""
+script reports "calibrating layer i of N, sample j of M" with an estimate of the time left.
+
+On a host without an accelerator AWQ's calibration cache is not pinned (`unpinned_calibration_cache`): pinning only
+speeds a copy to a GPU, and there torch refuses it."""
+import contextlib
 import json
 import re
 import sys
@@ -231,6 +235,34 @@ def forward_library_log():
     logger.add(lambda message: say(log=str(message).strip()[:500]), level="INFO", format="{message}")
 
 
+# --- a host without an accelerator --------------------------------------------------------------------------
+
+def accelerator_available(torch):
+    accelerator = getattr(torch, "accelerator", None)  # torch 2.6 and later
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def unpinned_calibration_cache(torch):
+    """llm-compressor 0.14's AWQ pins its calibration cache (IntermediatesCache.pin_memory) before each smoothing,
+    to copy it to the GPU faster; on a host without an accelerator torch refuses ("Cannot access accelerator device
+    when none is available", at the second decoder layer). Pinning only speeds a copy to a device, so there the
+    cache stays as it is, for the length of this block. Yields whether the patch is on."""
+    try:
+        from llmcompressor.pipelines.cache import IntermediatesCache
+    except ImportError:  # a release without the cache has nothing to pin
+        IntermediatesCache = None
+    if accelerator_available(torch) or not hasattr(IntermediatesCache, "pin_memory"):
+        yield False
+        return
+    pin = IntermediatesCache.pin_memory
+    IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None
+    try:
+        yield True
+    finally:
+        IntermediatesCache.pin_memory = pin
+
+
 # --- the run ------------------------------------------------------------------------------------------------
 
 def calibration_dataset(args, tokenizer):
@@ -263,11 +295,13 @@ def quantize(args):
 
 def quantize_into(args, model_dir, partial, out_dir):
     progress("loading llm-compressor", 2)
+    import llmcompressor
     import torch
     from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     forward_library_log()
+    version = getattr(llmcompressor, "__version__", "unknown")
     checkpoint.check_weights(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     dataset, calibration = None, None
@@ -287,14 +321,17 @@ def quantize_into(args, model_dir, partial, out_dir):
     modifiers, kept = recipe(args, names)
     reporter = install_progress()
     mark = time.monotonic()
-    if dataset is None:
-        progress(f"quantizing {len(names)} linear layers (no calibration text needed)", 20)
-        oneshot(model=model, recipe=modifiers, tokenizer=tokenizer)
-    else:
-        progress(f"calibrating {len(names)} linear layers", PROGRESS_FROM)
-        oneshot(model=model, recipe=modifiers, tokenizer=tokenizer, dataset=dataset,
-                num_calibration_samples=len(dataset), max_seq_length=args.max_calib_seq_len,
-                shuffle_calibration_samples=False, pipeline="sequential")
+    with unpinned_calibration_cache(torch) as unpinned:
+        say(log=f"backend: llm-compressor {version} on {device_name or device}"
+                + (" (no accelerator: the calibration cache is not pinned)" if unpinned else ""))
+        if dataset is None:
+            progress(f"quantizing {len(names)} linear layers (no calibration text needed)", 20)
+            oneshot(model=model, recipe=modifiers, tokenizer=tokenizer)
+        else:
+            progress(f"calibrating {len(names)} linear layers", PROGRESS_FROM)
+            oneshot(model=model, recipe=modifiers, tokenizer=tokenizer, dataset=dataset,
+                    num_calibration_samples=len(dataset), max_seq_length=args.max_calib_seq_len,
+                    shuffle_calibration_samples=False, pipeline="sequential")
     timings["quantize"] = round(time.monotonic() - mark, 2)
 
     progress("compressing and saving", 92)
@@ -303,7 +340,8 @@ def quantize_into(args, model_dir, partial, out_dir):
     saved = checkpoint.finish_output(model_dir, partial, out_dir, saved_by="llm-compressor")
     timings["save"] = round(time.monotonic() - mark, 2)
     result = {
-        "backend": "llm-compressor", "scheme": args.scheme, "output_path": str(out_dir),
+        "backend": "llm-compressor", "backend_version": version, "scheme": args.scheme,
+        "output_path": str(out_dir),
         "size_before_bytes": checkpoint.folder_size(model_dir),
         "size_after_bytes": checkpoint.folder_size(out_dir), "seconds": None,
         "peak_memory_bytes": checkpoint.peak_memory(torch, memory_kind), "peak_memory_kind": memory_kind,

@@ -90,6 +90,12 @@ def parse_args(argv):
 
 # --- the engine ---------------------------------------------------------------------------------------------
 
+def version_of_awq():
+    import awq
+
+    return getattr(awq, "__version__", "unknown")
+
+
 def import_engine():
     """Import torch, transformers and AutoAWQ. Returns (torch, AutoAWQForCausalLM, AwqQuantizer, supported)."""
     warnings.filterwarnings("ignore", category=DeprecationWarning)  # awq's "deprecated" banner, torch.jit
@@ -192,6 +198,8 @@ def quantize_into(args, config, model_dir, partial, out_dir):
             f"({calibration['blocks']} blocks of {args.max_calib_seq_len})")
 
     device, memory_kind, device_name = describe_device(torch)
+    version = version_of_awq()
+    say(log=f"backend: AutoAWQ {version} on {device_name or device}")
     if memory_kind == "gpu":
         for index in range(torch.cuda.device_count()):
             torch.cuda.reset_peak_memory_stats(index)
@@ -219,6 +227,7 @@ def quantize_into(args, config, model_dir, partial, out_dir):
     timings["save"] = round(time.monotonic() - mark, 2)
 
     result = {
+        "backend": "autoawq", "backend_version": version, "scheme": "w4a16-awq",
         "output_path": str(out_dir),
         "size_before_bytes": folder_size(model_dir),
         "size_after_bytes": folder_size(out_dir),
