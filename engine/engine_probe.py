@@ -7,7 +7,8 @@ import importlib
 import platform
 import sys
 
-from engine.protocol import say
+from engine import protocol
+from engine.protocol import JsonArgumentParser, say
 
 
 def cpu_flags():
@@ -60,7 +61,12 @@ def speculative_ngram():
     return True, ""
 
 
-def main():
+def parse_args(argv):
+    parser = JsonArgumentParser(description="Report what this host's engine can do (versions, CPU, kernels, GPUs).")
+    return parser.parse_args(argv)
+
+
+def probe(args):
     result = {"python": platform.python_version(), "packages": {}, "errors": {}}
     names = ["torch", "transformers", "vllm", "awq", "llmcompressor", "compressed_tensors"]
     for index, name in enumerate(names):
@@ -101,8 +107,11 @@ def main():
     else:
         result["speculative_ngram"], result["speculative_ngram_reason"] = False, "vLLM is not installed"
     say(phase="done", progress=100)
-    say(result=result)
-    return 0
+    return result
+
+
+def main(argv=None):
+    return protocol.run(probe, parse_args=parse_args, classify=protocol.describe, argv=argv)
 
 
 if __name__ == "__main__":

@@ -297,15 +297,25 @@ def test_it_removes_what_a_killed_run_left_behind(demo, tmp_path):
     assert os.listdir(tmp_path) == ["short.txt"]
 
 
-@pytest.mark.parametrize("module", ["quantize_runner", "llmc_quantize", "evaluate", "build_demo_model"])
+# Every engine module a worker runs (each has a main): --help answers, a bad argument is one error line.
+RUNNERS = sorted(path.stem for path in (ROOT / "engine").glob("*.py")
+                 if 'if __name__ == "__main__":' in path.read_text())
+
+
+def test_every_runner_is_checked():
+    assert {"engine_probe", "gguf_import", "model_check", "llmc_quantize", "quantize_runner"} <= set(RUNNERS)
+
+
+@pytest.mark.parametrize("module", RUNNERS)
 def test_help_exits_0_without_an_error_line(module):
     completed = subprocess.run([str(settings.ENGINE_PYTHON), "-m", f"engine.{module}", "--help"], capture_output=True,
                                text=True, timeout=120, cwd=ROOT)
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert "usage:" in completed.stdout and '"error"' not in completed.stdout
+    assert '"result"' not in completed.stdout  # it answered the question and did nothing else
 
 
-@pytest.mark.parametrize("module", ["quantize_runner", "llmc_quantize", "evaluate", "build_demo_model"])
+@pytest.mark.parametrize("module", RUNNERS)
 def test_bad_arguments_are_one_error_line_and_exit_1(module):
     completed = subprocess.run([str(settings.ENGINE_PYTHON), "-m", f"engine.{module}", "--no-such-option"],
                                capture_output=True, text=True, timeout=120, cwd=ROOT)
