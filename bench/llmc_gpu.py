@@ -12,7 +12,12 @@ likely next token agrees. The weights are random, so the perplexities are near t
 little; the agreement and the perplexity change are what to read.
 
     python bench/llmc_gpu.py --tokenizer DIR_WITH_TOKENIZER_FILES [--out-dir DIR] [--schemes fp8-dynamic,w4a16-awq]
-        [--layers 28 --hidden 1536 ...] [--max-calib-samples 128] [--no-quality]
+        [--layers 28 --hidden 1536 ...] [--max-calib-samples 128] [--group-size 128] [--no-quality]
+        [--model CHECKPOINT_DIR]
+
+It runs on a CPU host too (the quantization times of docs/benchmarks.md's CPU table: SmolLM2-135M's shape is
+--layers 30 --hidden 576 --intermediate 1536 --heads 9 --kv-heads 3 --vocab 49152 --group-size 64; --model runs
+the schemes on an existing checkpoint, such as the demo model, instead of building one).
 
 Writes llmc_gpu_<scheme>.jsonl (the runner's lines) and llmc_gpu_summary.json to --out-dir. Not a test.
 """
@@ -50,6 +55,8 @@ def parse_args(argv):
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--max-calib-samples", type=int, default=128)
     parser.add_argument("--max-calib-seq-len", type=int, default=512)
+    parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--model", type=Path, help="an existing checkpoint to quantize (no model is built)")
     parser.add_argument("--no-quality", action="store_true")
     return parser.parse_args(argv)
 
@@ -57,7 +64,7 @@ def parse_args(argv):
 def run_scheme(args, scheme, model_dir, out_model, lines_path):
     argv = [sys.executable, "-m", "engine.llmc_quantize", "--model", str(model_dir), "--out", str(out_model),
             "--scheme", scheme, "--calib", "builtin", "--max-calib-samples", str(args.max_calib_samples),
-            "--max-calib-seq-len", str(args.max_calib_seq_len)]
+            "--max-calib-seq-len", str(args.max_calib_seq_len), "--group-size", str(args.group_size)]
     print("runner:", " ".join(argv), flush=True)
     started = time.monotonic()
     result = error = None
@@ -125,8 +132,8 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(args.work_dir, ignore_errors=True)
-    model_dir = args.work_dir / "qwen2.5-1.5b-shape"
-    model_dir.mkdir(parents=True)
+    model_dir = args.model or args.work_dir / "model"
+    args.work_dir.mkdir(parents=True)
     facts = awq_gpu.machine()
     try:
         import compressed_tensors
@@ -141,7 +148,12 @@ def main(argv=None):
                          "tie_word_embeddings": True, "dtype": "bfloat16", "seed": args.seed},
                "calibration": {"samples": args.max_calib_samples, "seq_len": args.max_calib_seq_len}}
     print(json.dumps(summary), flush=True)
-    summary["model"] = awq_gpu.build_model(args, model_dir)
+    if args.model is None:
+        model_dir.mkdir()
+        summary["model"] = awq_gpu.build_model(args, model_dir)
+    else:
+        summary["model"] = {"path": str(args.model)}
+        summary.pop("shape")
     print("model:", json.dumps(summary["model"]), flush=True)
     baseline = None
     if not args.no_quality:
@@ -151,7 +163,7 @@ def main(argv=None):
         summary["baseline_perplexity"] = round(perplexity, 3)
     summary["runs"] = {}
     for scheme in [name.strip() for name in args.schemes.split(",") if name.strip()]:
-        out_model = args.work_dir / f"qwen2.5-1.5b-shape-{scheme}"
+        out_model = args.work_dir / f"model-{scheme}"
         run = run_scheme(args, scheme, model_dir, out_model, args.out_dir / f"llmc_gpu_{scheme}.jsonl")
         if baseline is not None and run["returncode"] == 0:
             run["quality"] = quality(model_dir, out_model, ids, baseline)

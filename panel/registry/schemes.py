@@ -208,25 +208,31 @@ def expected_size(model, scheme_key, *, group_size=128, backend=LLMC, kept=(), b
 
 # --- time ---------------------------------------------------------------------------------------------------
 
-# Measured (docs/benchmarks.md): on a 2-core CPU the demo model (0.005 B parameters) takes 6 s without calibration
-# (mostly imports) and 3 s more for GPTQ over 32 x 256 tokens; on an H200 the 1.5B shape takes 4.6 s for FP8
-# dynamic and 106 s for AWQ over 22,359 tokens. Seconds = start-up + per billion parameters + a rate x calibration
-# tokens x billions of parameters x 1000. Rough, and shown as "about".
-STARTUP_SECONDS = {"cpu": 5.0, "gpu": 20.0}
-PER_BILLION = {"cpu": 80.0, "gpu": 3.0}  # load, quantize the weights, save
-CALIBRATION_PER_TOKEN_BILLION = {"cpu": {"w4a16-awq": 1.5e-4, "w4a16-gptq": 7e-5, "mixed": 7e-5, "w8a8-int8": 3e-5},
-                                 "gpu": {"w4a16-awq": 3e-3, "w4a16-gptq": 1.5e-3, "mixed": 1.5e-3,
-                                         "w8a8-int8": 3e-4}}
+# Rates measured with engine/llmc_quantize.py (docs/benchmarks.md, "Quantization time on the CPU"): the demo model
+# (5.2 M parameters, 4 layers) and SmolLM2-135M's shape (134.5 M, 30 layers) on this 2-core CPU; Qwen2.5-1.5B's
+# shape on an H200. A job is start-up (imports), reading and writing the weights, and for a calibrated run a cost
+# per sample and decoder layer (each layer runs every sample, one call at a time: on a small model this overhead
+# is most of the time; AWQ also runs each sample once per grid point) plus a cost per calibration token and
+# billion linear parameters. Shown as "about".
+STARTUP_SECONDS = {"cpu": 6.0, "gpu": 11.0}
+WEIGHTS_SECONDS_PER_BILLION = {"cpu": 40.0, "gpu": 2.6}  # load, quantize the weights, save
+SECONDS_PER_SAMPLE_LAYER = {"cpu": {"w4a16-awq": 0.5, "w4a16-gptq": 0.03, "mixed": 0.03, "w8a8-int8": 0.01},
+                            "gpu": {"w4a16-awq": 0.0, "w4a16-gptq": 0.0, "mixed": 0.0, "w8a8-int8": 0.0}}
+# Seconds per million calibration tokens per billion linear parameters. The GPU's GPTQ and SmoothQuant rates are
+# not measured: half and a tenth of AWQ's.
+SECONDS_PER_TOKEN_MILLION_BILLION = {"cpu": {"w4a16-awq": 5e5, "w4a16-gptq": 1.8e5, "mixed": 1.8e5, "w8a8-int8": 3e4},
+                                     "gpu": {"w4a16-awq": 1000.0, "w4a16-gptq": 500.0, "mixed": 500.0,
+                                             "w8a8-int8": 100.0}}
 
 
-def expected_seconds(model, scheme_key, *, samples, tokens, device, smoothquant=False):
-    """A rough duration of the job, from the model's parameter count and the calibration text."""
+def expected_seconds(model, scheme_key, *, samples, tokens, device, smoothquant=None):
+    """About how long a job takes: from the model's parameters and layers, and the calibration text it reads."""
     billions = max(model.parameter_count, 1) / 1e9
-    seconds = STARTUP_SECONDS[device] + PER_BILLION[device] * billions
-    calibrated = SCHEMES[scheme_key].calibrated or (scheme_key == "w8a8-int8" and smoothquant)
-    if calibrated:
-        rate = CALIBRATION_PER_TOKEN_BILLION[device][scheme_key]
-        seconds += rate * samples * tokens * billions * 1000
+    seconds = STARTUP_SECONDS[device] + WEIGHTS_SECONDS_PER_BILLION[device] * billions
+    if uses_calibration(scheme_key, smoothquant=smoothquant):
+        linear = max(model.linear_parameter_count or model.parameter_count, 1) / 1e9
+        seconds += SECONDS_PER_SAMPLE_LAYER[device][scheme_key] * samples * max(model.num_layers, 1)
+        seconds += SECONDS_PER_TOKEN_MILLION_BILLION[device][scheme_key] * samples * tokens / 1e6 * linear
     return seconds
 
 
@@ -234,9 +240,10 @@ def scheme_table(model, hosts, *, engines, samples, tokens):
     """One row per scheme for the quantization form: what it is, whether each online GPU host serves the result,
     the size to expect, and about how long the job takes. `engines` maps a host's pk to its engine check."""
     device = "gpu" if any(host.gpus for host in hosts) else "cpu"
+    group_size = group_size_default(model)
     rows = []
     for key, scheme in SCHEMES.items():
-        size = expected_size(model, key)
+        size = expected_size(model, key, group_size=group_size)
         rows.append({
             "scheme": scheme,
             "serving": [(host, host_serves(key, engines.get(host.pk) or {})) for host in hosts],

@@ -8,8 +8,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
-from panel.registry.models import QuantizationJob
-from panel.registry.schemes import group_size_default, group_size_refusal
+from panel.registry.models import QuantizationJob, RegisteredModel
+from panel.registry.schemes import expected_seconds, group_size_default, group_size_refusal
 from panel.registry.services import model_register, quantization_launch
 from tests.support.safetensors import write_safetensors
 
@@ -86,6 +86,25 @@ def test_the_form_picks_the_fitting_group_size_and_refuses_one_that_does_not_fit
         assert client.post(url, dict(data, q_group_size=64)).status_code == 302
     assert list(QuantizationJob.objects.order_by("pk").values_list("scheme", "q_group_size")) == [
         ("w8a8-int8", 128), ("w4a16-gptq", 64)]
+
+
+# Jobs timed with engine/llmc_quantize.py on this 2-core CPU at the form's CPU calibration, 32 samples x 256 tokens
+# (docs/benchmarks.md, "Quantization time on the CPU"): (parameters, linear parameters, layers), scheme, seconds.
+# Quiet figures where there are some; the 135M GPTQ and the demo AWQ were timed on a busy machine.
+DEMO_SIZE, SMOL_SIZE = (5_242_880, 3_145_728, 4), (134_543_808, 106_168_320, 30)
+MEASURED = [
+    (DEMO_SIZE, "w8a8-int8", 7.4), (DEMO_SIZE, "w4a16-rtn", 7.2), (DEMO_SIZE, "w4a16-gptq", 9.1),
+    (DEMO_SIZE, "w4a16-awq", 145.8),
+    (SMOL_SIZE, "w8a8-int8", 10.0), (SMOL_SIZE, "w4a16-rtn", 13.6), (SMOL_SIZE, "w4a16-gptq", 381.7),
+]
+
+
+@pytest.mark.parametrize("size, scheme, seconds", MEASURED)
+def test_the_time_shown_is_within_a_factor_of_two_of_a_measured_job(size, scheme, seconds):
+    parameters, linear, layers = size
+    model = RegisteredModel(name="m", parameter_count=parameters, linear_parameter_count=linear, num_layers=layers)
+    estimate = expected_seconds(model, scheme, samples=32, tokens=256, device="cpu")
+    assert seconds / 2 <= estimate <= seconds * 2, (scheme, estimate, seconds)
 
 
 def test_the_service_defaults_to_the_fitting_group_size(team_setup, smollm2_shaped):
