@@ -8,10 +8,12 @@ offline engine loads the checkpoint exactly as a deployment would (its quantizat
   builtin calibration corpus uses), from the prompt log-probabilities, and the most likely token at each position
   (the panel compares these between two models: next-token agreement);
 - greedy continuations (16 tokens) of a fixed prompt set;
-- JSON validity: greedy chat answers (the model's own chat template) to prompts that ask for a JSON object;
+- the built-in task set (engine/quality_tasks.py: JSON with given keys and values, one-word answers, copy,
+  classify), greedy chat answers through the model's own chat template as the gateway would send them, scored;
 - a user's evaluation file (JSONL: {"prompt": ...} or {"messages": [...]}, optionally "expected" and "json":
   true), answered greedily; an expected answer counts when the output starts with it;
-- the size on disk and the weights' size in memory as loaded.
+- speed on this host's engine, one request at a time: time to the first token and tokens per second after it;
+- the size on disk.
 
 A checkpoint vLLM cannot load at all (2- or 3-bit weights, kept for comparison) is measured the same way with
 transformers instead (compressed-tensors decompresses it), and its result says so ("engine": "transformers").
@@ -26,16 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from engine import evaluate_transformers, evaluation_text, protocol
-from engine.evaluation_common import (
-    FILE_TOKENS,
-    GREEDY_TOKENS,
-    JSON_TOKENS,
-    file_result,
-    folder_size,
-    held_out_windows,
-    json_result,
-)
+from engine import evaluate_transformers, evaluation_text, protocol, quality_tasks
+from engine.evaluation_common import FILE_TOKENS, GREEDY_TOKENS, file_result, folder_size, held_out_windows, speed
 from engine.protocol import JsonArgumentParser, RunnerError, say
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -108,17 +102,6 @@ def perplexity(llm, windows, SamplingParams):
     return round(math.exp(total / count), 4), count, argmax
 
 
-def weights_in_memory(llm):
-    def measure(model):
-        return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-
-    try:
-        return int(sum(llm.apply_model(measure)))
-    except Exception as error:  # an engine that cannot reach its model from here: say so rather than guess
-        say(log=f"memory of the loaded weights not measured: {type(error).__name__}: {error}")
-        return None
-
-
 def vllm_can_load(config):
     """vLLM loads unquantized, AWQ/GPTQ and compressed-tensors checkpoints with 4- or 8-bit weights."""
     quantization = config.get("quantization_config") or {}
@@ -144,7 +127,6 @@ def evaluate_one(model_dir, *, file_items, max_tokens):
     tokenizer = llm.get_tokenizer()
     result = {"path": str(model_dir), "size_bytes": folder_size(model_dir), "engine": "vllm",
               "quantization": (config.get("quantization_config") or {}).get("quant_method") or "none"}
-    result["memory_bytes"] = weights_in_memory(llm)
 
     say(phase="perplexity on held-out text", progress=40)
     windows = held_out_windows(tokenizer, max_tokens)
@@ -155,10 +137,19 @@ def evaluate_one(model_dir, *, file_items, max_tokens):
     outputs = llm.generate(list(evaluation_text.AGREEMENT_PROMPTS), greedy, use_tqdm=False)
     result["greedy"] = [list(output.outputs[0].token_ids) for output in outputs]
 
-    say(phase="JSON answers", progress=75)
-    prompts = evaluation_text.json_prompts()
-    answers = llm.chat(prompts, SamplingParams(max_tokens=JSON_TOKENS, temperature=0.0), use_tqdm=False)
-    result["json"] = json_result([answer.outputs[0].text for answer in answers])
+    say(phase="the task set", progress=70)
+    items = quality_tasks.tasks()
+    answers = llm.chat([item["messages"] for item in items],
+                       SamplingParams(max_tokens=quality_tasks.ANSWER_TOKENS, temperature=0.0), use_tqdm=False)
+    result["tasks"] = quality_tasks.score(items, [answer.outputs[0].text for answer in answers])
+
+    say(phase="speed, one request at a time", progress=80)
+
+    def generate(prompt, tokens):
+        params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+        return len(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+
+    result["speed"] = speed(generate)
     if file_items:
         say(phase=f"{len(file_items)} prompts of the evaluation file", progress=85)
         result["file"] = answer_file(llm, tokenizer, file_items, SamplingParams)

@@ -4,16 +4,8 @@ decoding and the same chat template; compressed-tensors decompresses the weights
 quantized weights."""
 import time
 
-from engine import evaluation_text
-from engine.evaluation_common import (
-    FILE_TOKENS,
-    GREEDY_TOKENS,
-    JSON_TOKENS,
-    file_result,
-    folder_size,
-    held_out_windows,
-    json_result,
-)
+from engine import evaluation_text, quality_tasks
+from engine.evaluation_common import FILE_TOKENS, GREEDY_TOKENS, file_result, folder_size, held_out_windows
 from engine.protocol import say
 
 
@@ -28,8 +20,7 @@ def evaluate_one(model_dir, *, config, file_items, max_tokens):
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto", device_map=device).eval()
     result = {"path": str(model_dir), "size_bytes": folder_size(model_dir), "engine": "transformers",
               "quantization": (config.get("quantization_config") or {}).get("quant_method") or "none",
-              "memory_bytes": sum(t.numel() * t.element_size()
-                                  for t in list(model.parameters()) + list(model.buffers()))}
+              "speed": None}  # not this host's engine: its speed would mislead
 
     say(phase="perplexity on held-out text", progress=40)
     perplexity, count, argmax = held_out_perplexity(model, tokenizer, device, max_tokens)
@@ -43,8 +34,10 @@ def evaluate_one(model_dir, *, config, file_items, max_tokens):
 
     say(phase="greedy continuations", progress=60)
     result["greedy"] = [greedy(prompt, GREEDY_TOKENS) for prompt in evaluation_text.AGREEMENT_PROMPTS]
-    say(phase="JSON answers", progress=75)
-    result["json"] = json_result([chat(messages, JSON_TOKENS) for messages in evaluation_text.json_prompts()])
+    say(phase="the task set", progress=70)
+    items = quality_tasks.tasks()
+    result["tasks"] = quality_tasks.score(items, [chat(item["messages"], quality_tasks.ANSWER_TOKENS)
+                                                  for item in items])
     if file_items:
         result["file"] = file_result(file_items, [
             chat(item["messages"], FILE_TOKENS) if "messages" in item

@@ -7,7 +7,6 @@ from engine import evaluation_text
 
 WINDOW_TOKENS = 512
 GREEDY_TOKENS = 16
-JSON_TOKENS = 48
 FILE_TOKENS = 64
 
 
@@ -29,9 +28,28 @@ def is_json_object(text):
         return False
 
 
-def json_result(texts):
-    return {"total": len(texts), "valid": sum(is_json_object(text) for text in texts),
-            "examples": [text[:200] for text in texts[:3]]}
+def speed(generate, runs=3):
+    """{"ttft_ms", "tokens_per_second"} of one request at a time on this engine, each the median of `runs`:
+    `generate(prompt, max_tokens)` answers greedily (the end of text ignored) and returns the number of tokens made.
+    TTFT is a one-token answer's time; the rate counts the tokens after the first over the time after the first."""
+    import statistics
+    import time
+
+    def timed(prompt, tokens):
+        started = time.perf_counter()
+        made = generate(prompt, tokens)
+        return time.perf_counter() - started, made
+
+    first = statistics.median(timed(f"{SPEED_PROMPT} ({turn})", 1)[0] for turn in range(runs))
+    rates = []
+    for turn in range(runs):
+        seconds, made = timed(f"{SPEED_PROMPT} [{turn}]", SPEED_TOKENS)
+        rates.append((made - 1) / max(seconds - first, 1e-6))
+    return {"ttft_ms": round(first * 1000, 1), "tokens_per_second": round(statistics.median(rates), 1)}
+
+
+SPEED_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+SPEED_TOKENS = 32
 
 
 def file_result(items, outputs):

@@ -4,8 +4,8 @@
   (engine/build_demo_model.py CORPUS_MODULES) nor the builtin calibration corpus (engine/awq_calibration.py)
   uses, so a perplexity measured on it is on text the model and the quantizer never saw.
 - Prompts for greedy agreement: short prose and code openings.
-- JSON turns: a user asks for a record as a JSON object; the demo model is trained on the "train" split and
-  measured on the "eval" split (other names, other numbers)."""
+- JSON turns: a user asks for a record as a JSON object, naming its keys and values; the demo model is trained on
+  the "train" split and measured on the "eval" split (other names, other numbers) of engine/quality_tasks.py."""
 import sysconfig
 from pathlib import Path
 
@@ -58,13 +58,10 @@ def json_record(index, split):
 
 
 def json_turn(index, *, split):
-    """A chat turn (user, assistant) whose answer is a JSON object."""
+    """A chat turn (user, assistant) whose answer is a JSON object; the question names every key and value, as a
+    user of a real model would (the demo model learns this form from the "train" split)."""
     name, number, active = json_record(index, split)
     answer = f'{{"name": "{name}", "id": {number}, "active": {active}}}'
-    return [{"role": "user", "content": f"Give the record for {name} number {number} as a JSON object."},
-            {"role": "assistant", "content": answer}]
-
-
-def json_prompts(count=24):
-    """The evaluation's JSON prompts: chat messages (the user's turn only) from the eval split."""
-    return [[json_turn(index, split="eval")[0]] for index in range(count)]
+    question = (f'Reply with only a JSON object with the keys "name", "id" and "active": name "{name}", id {number}, '
+                f"active {active}.")
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]

@@ -213,6 +213,13 @@ CANARY_JSON_FAILURE_PERCENT = envint("TOKENWISE_CANARY_JSON_FAILURE_PERCENT", 3,
 # parent's, or whose JSON validity fell more than this many points (the seeds' 3 %, as the canary).
 QUALITY_PERPLEXITY_RISE_PERCENT = envint("TOKENWISE_QUALITY_PERPLEXITY_RISE_PERCENT", 5, minimum=0, maximum=1000)
 QUALITY_JSON_DROP_POINTS = envint("TOKENWISE_QUALITY_JSON_DROP_POINTS", 3, minimum=0, maximum=100)
+# Every other column of the report counts too: the held-out next-token agreement with the parent, the greedy
+# continuations that match it, and the task set's other answers (one word, copy, classify).
+QUALITY_TOKEN_AGREEMENT_MIN_PERCENT = envint("TOKENWISE_QUALITY_TOKEN_AGREEMENT_MIN_PERCENT", 85, minimum=0,
+                                             maximum=100)
+QUALITY_GREEDY_AGREEMENT_MIN_PERCENT = envint("TOKENWISE_QUALITY_GREEDY_AGREEMENT_MIN_PERCENT", 25, minimum=0,
+                                              maximum=100)
+QUALITY_TASK_DROP_POINTS = envint("TOKENWISE_QUALITY_TASK_DROP_POINTS", 10, minimum=0, maximum=100)
 EVALUATION_TIME_LIMIT_SECONDS = envint("TOKENWISE_EVALUATION_TIME_LIMIT_SECONDS", 3600, minimum=60)
 CANARY_ERROR_PERCENT = envint("TOKENWISE_CANARY_ERROR_PERCENT", 5, minimum=0, maximum=100)
 CANARY_P99_RATIO_PERCENT = envint("TOKENWISE_CANARY_P99_RATIO_PERCENT", 150, minimum=100)  # candidate vs stable

@@ -147,15 +147,15 @@ class ModelEvaluation(models.Model):
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="evaluations")
     job = models.ForeignKey("registry.EvaluationJob", null=True, blank=True, on_delete=models.SET_NULL,
                             related_name="evaluations")
-    inputs_key = models.CharField(max_length=80, default="builtin")
+    inputs_key = models.CharField(max_length=80, default="builtin-tasks")  # quality.BUILTIN
     created_at = models.DateTimeField(auto_now_add=True)
     perplexity = models.FloatField()
     tokens_scored = models.PositiveIntegerField()
     json_valid = models.PositiveIntegerField()
     json_total = models.PositiveIntegerField()
     size_bytes = models.BigIntegerField()
-    memory_bytes = models.BigIntegerField(null=True, blank=True)
-    details = models.JSONField(default=dict, blank=True)  # argmax, greedy, file answers, examples, seconds
+    # argmax, greedy, tasks ({"answers", "right", "kinds"}), speed ({"ttft_ms", "tokens_per_second"}), file, seconds
+    details = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -163,6 +163,18 @@ class ModelEvaluation(models.Model):
     @property
     def json_percent(self):
         return 100.0 * self.json_valid / self.json_total if self.json_total else None
+
+    @property
+    def task_counts(self):
+        """(right, total) over the task set's other kinds than JSON (one word, copy, classify)."""
+        kinds = (self.details.get("tasks") or {}).get("kinds") or {}
+        pairs = [value for kind, value in kinds.items() if kind != "json"]
+        return sum(right for right, _ in pairs), sum(total for _, total in pairs)
+
+    @property
+    def task_percent(self):
+        right, total = self.task_counts
+        return 100.0 * right / total if total else None
 
 
 class EvaluationJob(Job):
@@ -175,7 +187,7 @@ class EvaluationJob(Job):
     host = models.ForeignKey("hosts.WorkerHost", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     prompt_file = models.CharField(max_length=1000, blank=True)
     prompt_file_name = models.CharField(max_length=255, blank=True)
-    inputs_key = models.CharField(max_length=80, default="builtin")
+    inputs_key = models.CharField(max_length=80, default="builtin-tasks")  # quality.BUILTIN
     measured = models.JSONField(default=list, blank=True)  # ids of the models this job measures
 
     class Meta(Job.Meta):

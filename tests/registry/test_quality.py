@@ -9,12 +9,19 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 from django.utils import timezone
 
-from engine import awq_calibration, evaluation_text, quant_schemes
+from engine import awq_calibration, evaluation_text, quality_tasks, quant_schemes
 from engine import build_demo_model as builder
 from panel.hosts.models import EngineCheck, WorkerHost
 from panel.registry import schemes
 from panel.registry.models import EvaluationJob, ModelEvaluation, QuantizationJob, RegisteredModel
-from panel.registry.quality import compare, evaluation_launch, prompt_file_check, quality_flags, quality_report
+from panel.registry.quality import (
+    compare,
+    evaluation_launch,
+    prompt_file_check,
+    quality_flags,
+    quality_report,
+    quality_verdict,
+)
 from tests.support.safetensors import write_safetensors
 
 CPU_AVX512 = {"kernels": {"int8_scaled_mm": True, "w4a16": True, "fp8": False}, "cuda_devices": [],
@@ -118,10 +125,23 @@ def test_it_estimates_longer_for_calibration_and_bigger_models(model):
     assert schemes.calibration_default({"gpus": [{"name": "H200"}]}) == (128, 512)
 
 
-def evaluation(model, *, perplexity, json_valid=20, argmax=(1, 2, 3, 4), greedy=((1, 2),), size=1000):
-    return ModelEvaluation.objects.create(model=model, perplexity=perplexity, tokens_scored=len(argmax),
-                                          json_valid=json_valid, json_total=24, size_bytes=size,
-                                          details={"argmax": list(argmax), "greedy": [list(g) for g in greedy]})
+PARENT_ARGMAX = tuple(range(20))
+PARENT_GREEDY = ((1, 2), (3, 4), (5, 6), (7, 8))
+
+
+def evaluation(model, *, perplexity, json_right=12, tasks_right=12, argmax=PARENT_ARGMAX, greedy=PARENT_GREEDY,
+               size=1000, answers=("Tokyo",) * 26):
+    kinds = {"json": [json_right, 12], "word": [min(tasks_right, 6), 6], "copy": [max(0, tasks_right - 6), 8]}
+    return ModelEvaluation.objects.create(
+        model=model, perplexity=perplexity, tokens_scored=len(argmax), json_valid=json_right, json_total=12,
+        size_bytes=size, details={"argmax": list(argmax), "greedy": [list(g) for g in greedy],
+                                  "tasks": {"answers": list(answers), "kinds": kinds},
+                                  "speed": {"ttft_ms": 40.0, "tokens_per_second": 21.5}})
+
+
+def differing(values, count):
+    """`values` with the first `count` of them changed."""
+    return tuple(value + 1000 if index < count else value for index, value in enumerate(values))
 
 
 def child_of(model, name, scheme="w8a8-int8"):
@@ -132,36 +152,68 @@ def child_of(model, name, scheme="w8a8-int8"):
         quantization={"method": "compressed-tensors", "bits": 8, "scheme": scheme})
 
 
-def test_it_compares_a_model_with_its_parent_and_flags_what_crossed_a_limit(model):
-    parent = evaluation(model, perplexity=20.0, json_valid=24)
-    good = evaluation(child_of(model, "w8"), perplexity=20.4, json_valid=24, argmax=(1, 2, 3, 9))
-    bad = evaluation(child_of(model, "crude", "w4a16-rtn"), perplexity=23.0, json_valid=22, argmax=(1, 5, 6, 9),
-                     greedy=((1, 3),))
+def test_a_child_close_to_its_parent_in_every_column_is_safe_to_serve_in_words(model):
+    parent = evaluation(model, perplexity=20.0)
+    good = evaluation(child_of(model, "w8"), perplexity=20.4, argmax=differing(PARENT_ARGMAX, 1))
 
     fine = compare(good, parent)
-    assert round(fine.perplexity_change, 1) == 2.0 and fine.token_agreement == 75.0
-    assert fine.greedy_agreement == 100.0 and fine.json_drop == 0.0 and fine.flags == ()
-    crude = compare(bad, parent)
-    assert round(crude.perplexity_change) == 15 and crude.token_agreement == 25.0 and crude.greedy_agreement == 0
-    assert [flag.split(" (")[0] for flag in crude.flags] == ["perplexity up 15.0%", "JSON validity down 8.3 points"]
-    assert quality_flags(bad.model) == list(crude.flags) and quality_flags(good.model) == []
+    assert round(fine.perplexity_change, 1) == 2.0 and fine.token_agreement == 95.0 and fine.greedy_agreement == 100
+    assert fine.json_drop == 0.0 and fine.task_drop == 0.0 and fine.same_answers == 100 and fine.flags == ()
+    assert fine.verdict == "safe"
+    assert fine.words == ("W8A8 INT8: perplexity +2.0%, keeps every JSON answer and 12 of 14 other task answers: "
+                          "safe to serve.")
+    assert quality_flags(good.model) == [] and quality_verdict(good.model).verdict == "safe"
+
+
+@pytest.mark.parametrize("changes, flag", [
+    ({"perplexity": 21.4}, "perplexity up 7.0% (more than 5%)"),
+    ({"json_right": 11}, "JSON answers down 8.3 points (more than 3)"),
+    ({"tasks_right": 9}, "task answers down 21.4 points (more than 10)"),
+    ({"argmax": differing(PARENT_ARGMAX, 4)}, "next-token agreement 80.0% (under 85%)"),
+    # Today's perplexity and JSON can look fine while the greedy answers went elsewhere: that counts too.
+    ({"greedy": ((0, 0),) * 4}, "same greedy answer in 0% of prompts (under 25%)"),
+])
+def test_every_column_counts_toward_the_verdict(model, changes, flag):
+    parent = evaluation(model, perplexity=20.0)
+    child = evaluation(child_of(model, "w8"), **{"perplexity": 20.2, **changes})
+    judged = compare(child, parent)
+    assert judged.flags == (flag,) and judged.verdict == "check"
+    assert judged.words == f"W8A8 INT8: {flag}: check its answers before serving it."
+
+
+@pytest.mark.parametrize("changes", [{"perplexity": 26.0}, {"json_right": 10}, {"tasks_right": 5},
+                                     {"argmax": differing(PARENT_ARGMAX, 10)}])
+def test_three_times_a_limit_is_not_for_production(model, changes):
+    parent = evaluation(model, perplexity=20.0)
+    child = evaluation(child_of(model, "crude", "w4a16-rtn"), **{"perplexity": 20.2, **changes})
+    judged = compare(child, parent)
+    assert judged.verdict == "reject" and judged.words.endswith(": not for production.")
+    assert judged.words.startswith(f"{child.model.quantization_label}: ")
+    assert quality_flags(child.model) == list(judged.flags)
 
 
 def test_it_reports_the_parent_and_every_sibling_side_by_side(client, team_setup, model):
-    evaluation(model, perplexity=20.0)
-    evaluation(child_of(model, "small-w8a8"), perplexity=20.2)
+    evaluation(model, perplexity=20.0, size=4000)
+    evaluation(child_of(model, "small-w8a8"), perplexity=20.2, size=2000)
+    evaluation(child_of(model, "small-w4", "w4a16-gptq"), perplexity=20.5, size=1200,
+               answers=("Paris",) * 26)
     child_of(model, "small-fp8", "fp8-dynamic")  # not measured yet
     crude = child_of(model, "small-rtn", "w4a16-rtn")
-    evaluation(crude, perplexity=30.0, json_valid=10)
+    evaluation(crude, perplexity=30.0, json_right=6)
 
     report = quality_report(crude)
-    assert [row["model"].name for row in report["rows"]] == ["small", "small-fp8", "small-rtn", "small-w8a8"]
+    assert [row["model"].name for row in report["rows"]] == ["small", "small-fp8", "small-rtn", "small-w4",
+                                                              "small-w8a8"]
     assert report["subject"]["model"] == crude and report["rows"][1]["comparison"] is None
+    assert report["recommended"]["model"].name == "small-w4"  # the smallest of those safe to serve
+    assert report["rows"][3]["comparison"].same_answers == 0
 
     client.force_login(team_setup["alice"])
     page = client.get(reverse("model_detail", args=[crude.pk])).content.decode()
-    assert "lost quality against small" in page and "perplexity up 50.0%" in page
-    assert "not measured yet" in page and page.count("within limits") == 1 and "flagged" in page
+    assert "Not for production." in page and "perplexity up 50.0%" in page and "JSON answers down 50.0 points" in page
+    assert "not measured yet" in page and page.count(">safe to serve<") == 2 and ">not for production<" in page
+    assert "Recommended:" in page and "21.5 tokens/s" in page and "TTFT 40 ms" in page
+    assert "In memory" not in page
 
 
 def test_it_refuses_a_report_against_another_teams_model_or_itself(team_setup, model):
@@ -261,7 +313,7 @@ def test_the_evaluation_inputs_were_never_trained_on_nor_calibrated_on():
     assert not held_out & set(awq_calibration.BUILTIN_CORPUS_MODULES)
     assert len(evaluation_text.held_out_texts()) == len(held_out)
     train = {evaluation_text.json_turn(i, split="train")[1]["content"] for i in range(600)}
-    evaluate = {evaluation_text.json_turn(i, split="eval")[1]["content"] for i in range(24)}
+    evaluate = {evaluation_text.json_turn(i, split="eval")[1]["content"] for i in range(quality_tasks.JSON_TASKS)}
     assert not train & evaluate and all(json.loads(answer) for answer in evaluate)
     assert not set(evaluation_text.TRAIN_NAMES) & set(evaluation_text.EVAL_NAMES)
 

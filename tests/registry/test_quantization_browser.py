@@ -54,6 +54,6 @@ def test_it_quantizes_from_the_form_and_shows_the_quality_report(page, live_serv
     quality = page.locator("table.quality")
     expect(quality.locator("tr").nth(1)).to_contain_text("tiny (parent)")
     expect(quality.locator("tr.current")).to_contain_text("W8A8 INT8")
-    expect(quality.locator("tr.current")).to_contain_text("within limits")
+    expect(quality.locator("tr.current")).to_contain_text("safe to serve")
     page.locator("#quality").scroll_into_view_if_needed()
     screenshot(page, "model-quality")

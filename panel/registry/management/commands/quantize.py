@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from panel.jobs.services import job_cancel
 from panel.registry.management.terminal import follow
 from panel.registry.models import CalibrationSource, EvaluationJob, RegisteredModel
-from panel.registry.quality import evaluation_execute, quality_flags
+from panel.registry.quality import evaluation_execute, quality_verdict
 from panel.registry.schemes import AUTOAWQ, DEFAULT_SCHEME, LLMC, SCHEMES
 from panel.registry.services import calibration_store, calibration_text_check, quantization_execute, quantization_launch
 
@@ -82,11 +82,15 @@ class Command(BaseCommand):
             self.stdout.write(f"quality report #{report_id}: measuring it and {model.name} as vLLM serves them")
             report = follow(EvaluationJob.objects.get(pk=report_id), evaluation_execute)
             for measured in report.result.get("models", []):
-                self.stdout.write(f"  {measured['path']}: perplexity {measured['perplexity']:.2f}, JSON valid "
-                                  f"{measured['json']['valid']} of {measured['json']['total']}")
-            flags = quality_flags(RegisteredModel.objects.get(pk=result["model_id"]))
-            self.stdout.write(self.style.WARNING("flagged: " + "; ".join(flags)) if flags
-                              else "within the quality limits of its parent")
+                kinds = measured.get("tasks") or {}
+                right = sum(pair[0] for kind, pair in kinds.items() if kind != "json")
+                total = sum(pair[1] for kind, pair in kinds.items() if kind != "json")
+                json_right, json_total = kinds.get("json", [0, 0])
+                self.stdout.write(f"  {measured['path']}: perplexity {measured['perplexity']:.2f}, JSON answers "
+                                  f"{json_right} of {json_total}, other tasks {right} of {total}")
+            verdict = quality_verdict(RegisteredModel.objects.get(pk=result["model_id"]))
+            if verdict is not None:
+                self.stdout.write(self.style.WARNING(verdict.words) if verdict.flags else verdict.words)
 
     def find_model(self, key, team_name):
         models = RegisteredModel.objects.select_related("team")
