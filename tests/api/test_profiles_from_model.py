@@ -1,12 +1,11 @@
 """POST /api/v1/profiles/from-model/{id}: the model page's "Serve this model" for scripts, with the same defaults;
 refusals write nothing."""
-import pytest
 
 from panel.accounts.models import Role
 from panel.registry.models import ModelState, RegisteredModel
 from panel.serving.models import ServingProfile
 from tests.support.api_helpers import call, owner_token, token_for  # noqa: F401 (owner_token: a fixture)
-from tests.support.checkpoints import AUTOAWQ_W4, LLM_COMPRESSOR_W8A8, child_register, parent_register
+from tests.support.checkpoints import AUTOAWQ_W4, child_register, parent, parent_register, w8a8  # noqa: F401 (fixtures)
 
 
 def from_model(client, model_id, token, body=None):
@@ -14,17 +13,6 @@ def from_model(client, model_id, token, body=None):
     if body is None:
         return call(client, "post", f"/profiles/from-model/{model_id}", token, content_type="application/json")
     return call(client, "post", f"/profiles/from-model/{model_id}", token, body)
-
-
-@pytest.fixture
-def parent(team_setup, tmp_path):
-    return parent_register(team_setup["team_a"], tmp_path / "tiny")
-
-
-@pytest.fixture
-def w8a8(parent, tmp_path):
-    return child_register(parent, tmp_path / "tiny-w8a8-int8", quantization_config=LLM_COMPRESSOR_W8A8,
-                          backend="llm-compressor", scheme="w8a8-int8", name="tiny-w8a8-int8")
 
 
 def test_it_creates_the_profile_an_llm_compressor_child_needs(client, team_setup, owner_token, w8a8):

@@ -14,21 +14,11 @@ from panel.serving.services import profile_defaults
 from tests.support.checkpoints import (
     AUTOAWQ_W4,
     LLM_COMPRESSOR_W4A16,
-    LLM_COMPRESSOR_W8A8,
     child_register,
+    parent,  # noqa: F401 (a fixture)
     parent_register,
+    w8a8,  # noqa: F401 (a fixture)
 )
-
-
-@pytest.fixture
-def parent(team_setup, tmp_path):
-    return parent_register(team_setup["team_a"], tmp_path / "tiny")
-
-
-@pytest.fixture
-def w8a8(parent, tmp_path):
-    return child_register(parent, tmp_path / "tiny-w8a8-int8", quantization_config=LLM_COMPRESSOR_W8A8,
-                          backend="llm-compressor", scheme="w8a8-int8", name="tiny-w8a8-int8")
 
 
 @pytest.fixture

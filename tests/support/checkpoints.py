@@ -3,6 +3,8 @@ children its quantization jobs leave: llm-compressor's compressed-tensors and Au
 through the registry's own services, for tests that need a model's facts but no engine."""
 import json
 
+import pytest
+
 from panel.registry.inspection import inspect_checkpoint
 from panel.registry.services import model_create, model_register
 from tests.support.safetensors import write_safetensors
@@ -68,3 +70,15 @@ def child_register(parent, folder, *, quantization_config, backend, scheme, name
     if backend != "autoawq":
         facts.quantization.update(scheme=scheme, keep_as=None)
     return model_create(team=parent.team, user=None, name=name, folder=folder, facts=facts, parent=parent)
+
+
+# Fixtures of the tests that serve these checkpoints (tests/serving, tests/api): import them by name.
+@pytest.fixture
+def parent(team_setup, tmp_path):
+    return parent_register(team_setup["team_a"], tmp_path / "tiny")
+
+
+@pytest.fixture
+def w8a8(parent, tmp_path):
+    return child_register(parent, tmp_path / "tiny-w8a8-int8", quantization_config=LLM_COMPRESSOR_W8A8,
+                          backend="llm-compressor", scheme="w8a8-int8", name="tiny-w8a8-int8")
