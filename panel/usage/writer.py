@@ -1,10 +1,10 @@
 """Usage records are written in batches by one background thread, so the gateway never waits on the database.
-Records still queued when the process exits are written by an atexit hook."""
+At exit the hook stops that thread, waits for the batch it holds (a daemon thread is frozen mid-write when the
+interpreter finalizes, and its batch was lost), then writes what is still queued."""
 import atexit
 import logging
 import queue
 import threading
-import time
 
 from django.db import close_old_connections, connection
 
@@ -14,10 +14,12 @@ log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.2
 BATCH = 500
+EXIT_WAIT_SECONDS = 30  # the longest the exit hook waits for the thread's batch before writing the rest itself
 
 _queue = queue.Queue()
 _thread = None
 _lock = threading.Lock()
+_stop = threading.Event()
 
 
 def record(**fields):
@@ -63,14 +65,22 @@ def _write(rows):
 
 
 def _run():
-    while True:
+    while not _stop.is_set():
         # Rows wait in the queue (where the exit hook finds them) and go in one batch per FLUSH_SECONDS: waking on
         # the first row wrote batches of one or two rows, a transaction each, most of a row's cost (benchmarks.md).
-        time.sleep(FLUSH_SECONDS)
-        while rows := _take(BATCH):
+        _stop.wait(FLUSH_SECONDS)
+        while not _stop.is_set() and (rows := _take(BATCH)):
             _write(rows)
 
 
 @atexit.register
 def flush():
+    """Stop the thread after its current batch, then write every row still queued."""
+    _stop.set()
+    thread = _thread
+    if thread is not None and thread.is_alive():
+        thread.join(EXIT_WAIT_SECONDS)
+        if thread.is_alive():
+            log.error("the usage writer still holds a batch after %d s; writing the queued rows beside it",
+                      EXIT_WAIT_SECONDS)
     _write(_take())

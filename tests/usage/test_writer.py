@@ -30,3 +30,39 @@ def test_every_row_queued_before_exit_is_written(transactional_db):
     assert "could not write" not in done.stderr, done.stderr[-2500:]
     assert RequestLog.objects.count() == 5000
     assert len(set(RequestLog.objects.values_list("request_id", flat=True))) == 5000
+
+
+HOLD_A_BATCH_THEN_EXIT = textwrap.dedent("""
+    import django, threading, time
+    django.setup()
+    from panel.usage import writer
+    from panel.usage.models import RequestLog
+    writing = threading.Event()
+    bulk_create = RequestLog.objects.bulk_create
+    def slow_bulk_create(rows):
+        if threading.current_thread().name == "tokenwise-usage-writer":
+            writing.set()
+            time.sleep(1)  # the process exits while the writer thread holds this batch
+        return bulk_create(rows)
+    RequestLog.objects.bulk_create = slow_bulk_create
+    for number in range(300):
+        writer.record(endpoint="chat", model="m", status_code=200, outcome="ok", latency_ms=1.0,
+                      request_id=f"r{number}")
+    assert writing.wait(10), "the writer thread never took a batch"
+    for number in range(300, 350):  # queued while the thread is busy: the exit hook's to write
+        writer.record(endpoint="chat", model="m", status_code=200, outcome="ok", latency_ms=1.0,
+                      request_id=f"r{number}")
+""")
+
+
+def test_the_batch_the_writer_holds_at_exit_is_written(transactional_db):
+    """The exit hook waits for the thread's batch: a daemon thread is frozen when the interpreter finalizes, and
+    the 300 rows it held were lost while the hook wrote only the 50 still queued (a gateway stopped cleanly in CI
+    kept none of one request's records)."""
+    from django.db import connection
+
+    env = panel_env(DATABASE_URL=f"sqlite:///{connection.settings_dict['NAME']}")
+    done = subprocess.run([sys.executable, "-c", HOLD_A_BATCH_THEN_EXIT], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert RequestLog.objects.count() == 350, done.stderr[-2500:]
