@@ -234,6 +234,8 @@ GATEWAY_MAX_TOKENS = envint("TOKENWISE_GATEWAY_MAX_TOKENS", 131072, minimum=1)
 GATEWAY_BACKOFF_BASE_SECONDS = envint("TOKENWISE_GATEWAY_BACKOFF_BASE_MS", 200, minimum=0) / 1000
 BUDGET_CACHE_SECONDS = envint("TOKENWISE_BUDGET_CACHE_SECONDS", 5, minimum=0)  # a budget change applies within this
 BUDGET_RECONCILE_SECONDS = envint("TOKENWISE_BUDGET_RECONCILE_SECONDS", 60, minimum=1)
+# The completion a request without max_tokens is held for against its budgets (budgets/reservations.py)
+BUDGET_RESERVE_COMPLETION_TOKENS = envint("TOKENWISE_BUDGET_RESERVE_COMPLETION_TOKENS", 4096, minimum=1)
 
 # Webhooks (panel/notifications): one attempt waits at most WEBHOOK_TIMEOUT_SECONDS; a failed one is tried again
 # after WEBHOOK_BACKOFF_SECONDS × 3^(attempt - 1), up to WEBHOOK_MAX_ATTEMPTS; beat sends what is due.

@@ -17,11 +17,17 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 0
 """
 
-# KEYS: money and tokens counters, per scope. ARGV: money units, tokens, TTL seconds. Returns the counters after, as
-# strings (exact: a Lua number is exact only to 2^53 and prints 14 digits). One call, not a pipeline of eight.
+# KEYS: money and tokens counters, per scope, then the held money and tokens of each scope the request reserved in
+# (reservations.py). ARGV: money units, tokens, TTL seconds, the number of counter keys, then the units and tokens
+# held for the request, released here. Returns the counters after, as strings (exact: a Lua number is exact only to
+# 2^53 and prints 14 digits). One call, not a pipeline of eight.
 ADD = """
+for i = tonumber(ARGV[4]) + 1, #KEYS, 2 do
+  redis.call('DECRBY', KEYS[i], ARGV[5])
+  redis.call('DECRBY', KEYS[i + 1], ARGV[6])
+end
 local after = {}
-for i = 1, #KEYS, 2 do
+for i = 1, tonumber(ARGV[4]), 2 do
   redis.call('INCRBY', KEYS[i], ARGV[1])
   redis.call('INCRBY', KEYS[i + 1], ARGV[2])
   redis.call('EXPIRE', KEYS[i], ARGV[3])
@@ -51,6 +57,12 @@ def counter_keys(month, scope, ident):
     """(money key, tokens key) of a team (`scope`="team") or a key (`scope`="key")."""
     base = f"tw:budget:{month}:{scope}:{ident}"
     return f"{base}:money", f"{base}:tokens"
+
+
+def held_keys(month, scope, ident):
+    """(money key, tokens key) of what requests in flight of a team or key hold against its budget."""
+    base = f"tw:budget:{month}:{scope}:{ident}"
+    return f"{base}:held-money", f"{base}:held-tokens"
 
 
 def money_units(amount):

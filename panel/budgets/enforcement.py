@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from panel.budgets.counters import ADD, TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds, month_of
 from panel.budgets.models import Budget
+from panel.budgets.reservations import Reservation
 from panel.budgets.services import ALERT_AT, budget_crossed
 from panel.core.redis_client import async_redis, registered_script, sync_redis
 
@@ -120,20 +121,23 @@ def add_script():
     return registered_script(ADD)
 
 
-async def count(key, cost, tokens, *, team_id=None):
+async def count(key, cost, tokens, *, team_id=None, reservation=None):
     """Add a finished request's cost and tokens to the month's counters of its team and key (`key` None: a request
-    made inside the panel, counted against `team_id`). Counted whether or not a budget exists yet, so a budget set
-    later counts this month's spend at once. A request that takes a budget past 80% or 100% raises that notice
-    (once a month, through panel/notifications) in the background."""
+    made inside the panel, counted against `team_id`), and release what it held (`reservation`, from admission).
+    Counted whether or not a budget exists yet, so a budget set later counts this month's spend at once. A request
+    that takes a budget past 80% or 100% raises that notice (once a month, through panel/notifications) in the
+    background."""
     team_id = key.team_id if key is not None else team_id
-    if team_id is None or (cost <= 0 and tokens <= 0):
+    if team_id is None or (cost <= 0 and tokens <= 0 and reservation is None):
         return
     month = month_of()
     units = money_units(cost)
     scopes = [("team", team_id)] + ([("key", key.id)] if key is not None else [])
+    held = reservation or Reservation((), 0, 0)
     try:
         counters = [name for scope, ident in scopes for name in counter_keys(month, scope, ident)]
-        results = await add_script()(keys=counters, args=[units, tokens, TTL_SECONDS])
+        results = await add_script()(keys=[*counters, *held.keys],
+                                     args=[units, tokens, TTL_SECONDS, len(counters), held.money_units, held.tokens])
     except (RedisError, OSError) as error:
         log.warning("budget counters not updated (%s); the reconciliation will catch up", type(error).__name__)
         return

@@ -3,9 +3,11 @@ and its own monthly budgets (budgets/enforcement.py) and the session lookup (gat
 one script call, so a request waits on one round trip before the upstream is called, not four.
 
 The script keeps each part's rules and their order: a key over a per-minute limit is refused (429) before its
-request is counted in the window; a counted request over a budget is refused (402); only an admitted request becomes
-a turn of a session. A part that does not apply (no limits, no budget, no prompt to hash) is left out, and a request
-with none of them costs no call. When Redis cannot be reached the request goes, without session fields."""
+request is counted in the window; a counted request over a budget, or whose maximum the budget's rest cannot cover
+beside what requests in flight hold, is refused (402); an admitted request holds its maximum against each budget
+(budgets/reservations.py) and becomes a turn of a session. A part that does not apply (no limits, no budget, no
+prompt to hash) is left out, and a request with none of them costs no call. When Redis cannot be reached the
+request goes, without session fields."""
 import json
 import logging
 from dataclasses import dataclass, field
@@ -13,17 +15,22 @@ from dataclasses import dataclass, field
 from redis.exceptions import RedisError
 
 from panel.budgets import enforcement as budgets
+from panel.budgets import reservations
+from panel.channels.rules import input_token_estimate
 from panel.core.redis_client import registered_script
 from panel.gateway import rate_limits, sessions
 
 log = logging.getLogger(__name__)
 
 # KEYS: the window's request and token counters (when the key has limits), each budget scope's money and token
-# counters, then the key's prefix keys, one per prompt block (sessions.prefix_keys: the shortest prompt first).
-# ARGV[1]: JSON {rate_keys, rpm, tpm, budgets: [[money units, tokens] as strings, "" for none], session: false or
-# {declared, new, state_prefix, ttl}}; ARGV[2]: this request's block hashes as JSON, for the session's new state.
+# counters, then each scope's held money and tokens, then the key's prefix keys, one per prompt block
+# (sessions.prefix_keys: the shortest prompt first).
+# ARGV[1]: JSON {rate_keys, rpm, tpm, budgets: [[money units, tokens] as strings, "" for none], hold: false or
+# [money units, tokens] as strings (then the held keys are in KEYS), held_ttl, session: false or {declared, new,
+# state_prefix, ttl}}; ARGV[2]: this request's block hashes as JSON, for the session's new state.
 # Returns {verdict, budget counters, session id, turn, the session's previous state}: verdict 0 admitted, 1 over
-# requests per minute, 2 over tokens per minute, 3 a budget spent.
+# requests per minute, 2 over tokens per minute, 3 a budget spent, 4 the request's maximum does not fit a budget
+# (then {4, counters, the budget's index, its held money, its held tokens}).
 # The session's state key is named inside the script (it depends on the session found): fine on one Redis server,
 # which is what the gateway uses; a Redis Cluster would need the keys in KEYS.
 ADMIT = """
@@ -47,7 +54,13 @@ if ask.rate_keys > 0 then
   used = 2
 end
 
+local function over(spent, held, asked, limit)
+  -- money units and tokens stay below 2^53 here (a budget under 90 million), where a Lua number is exact
+  return limit ~= '' and tonumber(spent) + held + tonumber(asked) > tonumber(limit)
+end
+
 local counters, spent = {}, false
+local scopes = #ask.budgets
 for _, limits in ipairs(ask.budgets) do
   local money = redis.call('GET', KEYS[used + 1]) or '0'
   local tokens = redis.call('GET', KEYS[used + 2]) or '0'
@@ -57,6 +70,23 @@ for _, limits in ipairs(ask.budgets) do
   used = used + 2
 end
 if spent then return {3, counters} end
+if ask.hold then
+  for i, limits in ipairs(ask.budgets) do
+    local held_money = tonumber(redis.call('GET', KEYS[used + 2 * i - 1]) or '0')
+    local held_tokens = tonumber(redis.call('GET', KEYS[used + 2 * i]) or '0')
+    if over(counters[2 * i - 1], held_money, ask.hold[1], limits[1])
+        or over(counters[2 * i], held_tokens, ask.hold[2], limits[2]) then
+      return {4, counters, i, held_money, held_tokens}
+    end
+  end
+  for i = used + 1, used + 2 * scopes, 2 do
+    redis.call('INCRBY', KEYS[i], ask.hold[1])
+    redis.call('INCRBY', KEYS[i + 1], ask.hold[2])
+    redis.call('EXPIRE', KEYS[i], ask.held_ttl)
+    redis.call('EXPIRE', KEYS[i + 1], ask.held_ttl)
+  end
+  used = used + 2 * scopes
+end
 
 local session = ask.session
 if not session then return {0, counters} end
@@ -90,22 +120,28 @@ class Admission:
     rate_limited: tuple | None = None
     budget_spent: str | None = None
     session: dict = field(default_factory=dict)
+    reservation: reservations.Reservation | None = None  # what the request holds against its budgets
 
 
-async def admit(key, *, body, headers, session=True):
-    """Check `key`'s per-minute limits and budgets, count the request in its window and, when it may go, give it
-    its session (`session=False`: a request that is no turn of one, such as a token count): one Redis call."""
+async def admit(key, *, body, headers, session=True, channels=()):
+    """Check `key`'s per-minute limits and budgets, count the request in its window and, when it may go, hold its
+    maximum (at the highest price among `channels`, its route's) against its budgets and give it its session
+    (`session=False`: a request that is no turn of one, such as a token count): one Redis call."""
     limited = bool(key.rpm_limit or key.tpm_limit)
     scopes, month = await budgets.scopes_for(key)
     asked = sessions.session_ask(body=body, headers=headers) if session else None
     if not limited and not scopes and asked is None:
         return Admission()
     minute, retry_after = rate_limits.window()
+    held = reservations.scope_held_keys(scopes, month) if session else []
+    request_max = reservations.maximum(input_token_estimate(body), body, channels) if held else None
     keys = [*(rate_limits.window_keys(key.id, minute) if limited else ()),
-            *budgets.scope_counter_keys(scopes, month),
+            *budgets.scope_counter_keys(scopes, month), *held,
             *(sessions.prefix_keys(key.id, asked.hashes) if asked else ())]
     request = {"rate_keys": 2 if limited else 0, "rpm": key.rpm_limit or 0, "tpm": key.tpm_limit or 0,
                "budgets": budgets.scope_limits(scopes),
+               "hold": bool(request_max) and [str(request_max.money_units), str(request_max.tokens)],
+               "held_ttl": reservations.HELD_SECONDS,
                "session": asked is not None and {"declared": asked.declared, "new": asked.new_id,
                                                  "state_prefix": sessions.state_prefix(key.team_id),
                                                  "ttl": sessions.SESSION_SECONDS}}
@@ -121,7 +157,12 @@ async def admit(key, *, body, headers, session=True):
         return Admission(rate_limited=("requests per minute" if verdict == 1 else "tokens per minute", retry_after))
     if verdict == 3:
         return Admission(budget_spent=budgets.verdict(scopes, answer[1], month))
+    if verdict == 4:
+        return Admission(budget_spent=reservations.shortfall_words(scopes, answer[2] - 1, answer[1],
+                                                                   (answer[3], answer[4]), request_max))
+    held = request_max and reservations.Reservation(tuple(held), request_max.money_units, request_max.tokens)
     if asked is None:
-        return Admission()
+        return Admission(reservation=held)
     session_id, turn, previous = answer[2].decode(), answer[3], answer[4]
-    return Admission(session=sessions.session_fields(asked, session_id=session_id, turn=turn, previous=previous))
+    return Admission(session=sessions.session_fields(asked, session_id=session_id, turn=turn, previous=previous),
+                     reservation=held)

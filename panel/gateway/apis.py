@@ -6,7 +6,6 @@ completions and Anthropic Messages it is translated (panel/gateway/translation.p
 stream, is translated back. Completions, responses and embeddings pass through to channels that speak the OpenAI API
 only. A channel the request cannot reach is skipped; when none is left the client gets a 400 naming the reason."""
 import json
-import time
 
 from django.conf import settings
 
@@ -117,7 +116,18 @@ class Passage:
             payload = dict(self.body, model=target.model_id)
         else:
             payload = dict(self._body_in(api), model=target.model_id)
+        if stream and self.continuous_usage(target, api):
+            # The engine's own counts on every chunk: a client that leaves mid-stream is charged measured figures
+            payload["stream_options"] = {**(payload.get("stream_options") or {}), "continuous_usage_stats": True}
         return api, PATHS[api], payload
+
+    def continuous_usage(self, target, api=None):
+        """Whether the gateway asks `target` for usage on every chunk: a local vLLM engine in chat or completions
+        (a cloud API may refuse the option)."""
+        return target.loopback_ok and (api or self.upstream_api(target)) in (CHAT, COMPLETIONS)
+
+    def client_wants_every_usage(self):
+        return bool((self.body.get("stream_options") or {}).get("continuous_usage_stats"))
 
     def answer(self, target, data):
         """(the client's body, the usage fields) of a channel's whole answer; UpstreamError("malformed") when it is
@@ -198,12 +208,9 @@ class StreamAdapter:
         self.exchange = exchange
         self.model = model
         self.finished = False
-        self.pieces = 0  # content deltas sent, the completion's size when the channel reports no usage
 
     def content_arrived(self):
-        self.pieces += 1
-        if self.exchange.fields["ttft_ms"] is None:
-            self.exchange.fields["ttft_ms"] = (time.perf_counter() - self.exchange.started) * 1000
+        self.exchange.content_arrived()
 
     def failure(self, error):
         event = {"error": {"message": str(error), "type": "upstream_error", "code": error.kind}}

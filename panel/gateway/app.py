@@ -101,6 +101,10 @@ def parse_request(raw, endpoint):
     elif endpoint in ("responses", "embeddings"):
         if not isinstance(body.get("input"), (str, list)) or not body["input"]:
             raise ClientError(400, "'input' is required (a string or a list)", code="invalid_input")
+        if body.get("background"):
+            raise ClientError(400, "'background' responses are not served through the gateway: the work would "
+                                   "outlive the request, where it can be neither stopped nor charged; send the "
+                                   "request without it (streamed, if it is long)", code="background_not_supported")
     elif not isinstance(body.get("prompt"), (str, list)):
         raise ClientError(400, "'prompt' is required (a string or a list)", code="invalid_prompt")
     if "stream" in body and not isinstance(body["stream"], bool):
@@ -168,7 +172,9 @@ async def application(scope, receive, send):
             route, exchange.fields["route_rule_id"] = rules.route_for_request(route, facts)
         # A count is admitted like any request (a key at its per-minute limit or with a spent budget cannot call
         # the provider through it), but it is no turn of a session.
-        admitted = await admission.admit(exchange.key, body=body, headers=scope["headers"], session=not counting)
+        admitted = await admission.admit(exchange.key, body=body, headers=scope["headers"], session=not counting,
+                                         channels=[entry.channel for entry in route.entries])
+        exchange.reservation = admitted.reservation
         if admitted.rate_limited is not None:
             which, retry_after = admitted.rate_limited
             raise ClientError(429, f"this key's {which} limit is reached; retry in {retry_after} s",
@@ -180,6 +186,7 @@ async def application(scope, receive, send):
             await until_disconnect(exchange, token_count.respond(exchange, route, body, send), receive)
             return
         exchange.fields.update(admitted.session)  # a refused request is no turn of a session: it has none
+        exchange.body = body  # its prompt is charged by estimate if the upstream reports no usage
         passage = Passage(endpoint, body)
         targets, lease = await BALANCER.place(route, route.ordered(exchange.fields), body=body,
                                               headers=scope["headers"], key_id=exchange.key.id,

@@ -7,6 +7,7 @@ import time
 from decimal import Decimal
 
 from panel.budgets import enforcement as budgets
+from panel.channels.rules import input_token_estimate
 from panel.gateway import metrics, rate_limits
 from panel.usage import writer as usage_writer
 
@@ -45,6 +46,12 @@ class Exchange:
         self.recorded = True  # False for what is not a request for an answer (GET /v1/models)
         self.responded = False  # the whole response has been sent
         self.settled = False
+        # What the request is charged when the upstream reports no usage (a client that left before the usage
+        # chunk, a channel that sends none): the prompt's estimate from the body's text (panel/channels/rules.py,
+        # worked out only then) and one token per content piece relayed to the client.
+        self.body = None
+        self.pieces = 0
+        self.reservation = None  # what the request holds against its budgets until it is settled
 
     @property
     def headers(self):
@@ -72,6 +79,34 @@ class Exchange:
         self.fields.update(status_code=status, outcome=outcome or OUTCOME_FOR_KIND.get(kind, "error"),
                            error_kind=kind[:40])
 
+    def content_arrived(self):
+        """One content piece of a stream is on its way to the client."""
+        self.pieces += 1
+        if self.fields["ttft_ms"] is None:
+            self.fields["ttft_ms"] = (time.perf_counter() - self.started) * 1000
+
+    def estimate_missing_usage(self):
+        """Fill in the figures the upstream did not report, and say which ones are estimated. The prompt is charged
+        once an upstream has read it: it answered (a stream cut later, a channel without usage), or the client left
+        while it was being called; a request every channel refused (or that left during a retry's wait) is not."""
+        fields = self.fields
+        estimated = []
+        upstream_read_it = self.target is not None or (fields["outcome"] == "client_closed"
+                                                       and self.attempt_in_flight())
+        if not fields["prompt_tokens"] and self.body is not None and upstream_read_it:
+            fields["prompt_tokens"] = input_token_estimate(self.body)
+            estimated.append("prompt")
+        if not fields["completion_tokens"] and self.pieces:
+            fields["completion_tokens"] = self.pieces
+            estimated.append("completion")
+        fields["tokens_estimated"] = "+".join(estimated) or None
+
+    def attempt_in_flight(self):
+        """An upstream call was under way (started, not ended) when the request ended: every attempt ended adds a
+        step to the trail; a channel skipped as misconfigured adds one without an attempt."""
+        ended = sum(1 for step in self.log["trail"] if step["outcome"] != "misconfigured")
+        return self.log["attempts"] > ended
+
     def client_left(self):
         """The client went away before the whole answer was sent: nothing more is done for it. A request that had
         already failed (a stream cut, its error event sent) keeps that outcome: the client left because of it."""
@@ -84,14 +119,15 @@ class Exchange:
         if self.settled:
             return
         self.settled = True
+        self.estimate_missing_usage()
         fields = self.fields
-        fields["cost"] = cost_of(self.target, fields["prompt_tokens"], fields["completion_tokens"],
+        fields["cost"] = cost_of(self.channel, fields["prompt_tokens"], fields["completion_tokens"],
                                  fields["cached_tokens"], fields["cache_write_tokens"] or 0)
         if self.key is not None or self.team_id is not None:
             # Shielded: a client that leaves mid-count does not undo it (the relay is cancelled, the count is not).
             await asyncio.shield(count_against_limits(self.key, fields["cost"],
                                                       fields["prompt_tokens"] + fields["completion_tokens"],
-                                                      team_id=self.team_id))
+                                                      team_id=self.team_id, reservation=self.reservation))
 
     async def finish(self):
         try:
@@ -118,13 +154,13 @@ class Exchange:
                         fields["error_kind"] or "-", fields["latency_ms"])
 
 
-async def count_against_limits(key, cost, tokens, *, team_id=None):
+async def count_against_limits(key, cost, tokens, *, team_id=None, reservation=None):
     """Add a request's tokens to its key's per-minute window and its cost and tokens to the budget counters (a
-    request made inside the panel, without a key, to its team's)."""
+    request made inside the panel, without a key, to its team's), releasing what it held against them."""
     try:
         if key is not None:
             await rate_limits.count_tokens(key, tokens)
-        await budgets.count(key, cost, tokens, team_id=team_id)
+        await budgets.count(key, cost, tokens, team_id=team_id, reservation=reservation)
     except Exception as error:  # a Redis outage must not turn a good answer into an error
         log.warning("request not counted against the limits of key %s / team %s (%s); the budget reconciliation "
                     "catches up", key.id if key else "-", team_id, type(error).__name__)

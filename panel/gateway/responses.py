@@ -98,7 +98,8 @@ async def stream_response(exchange, route, passage, send):
     try:
         if adapter is None:
             client_wants_usage = bool((passage.body.get("stream_options") or {}).get("include_usage"))
-            await relay_stream(exchange, opened, passage.model, client_wants_usage, send)
+            strip_usage = passage.continuous_usage(target) and not passage.client_wants_every_usage()
+            await relay_stream(exchange, opened, passage.model, client_wants_usage, send, strip_usage)
         else:
             await relay_events(exchange, opened, adapter, send)
     finally:
@@ -124,15 +125,10 @@ async def relay_events(exchange, opened, adapter, send):
     the first byte a failure becomes the client's API's error event."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + exchange.headers})
 
-    async def settle():
-        if not exchange.fields["completion_tokens"]:
-            exchange.fields["completion_tokens"] = adapter.pieces
-        await exchange.settle()
-
     async def forward(line):
         out = adapter.feed(line)
         if adapter.finished:
-            await settle()  # before the last event: a client may stop reading there
+            await exchange.settle()  # before the last event: a client may stop reading there
         if out:
             await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
 
@@ -150,7 +146,7 @@ async def relay_events(exchange, opened, adapter, send):
         error = stream_failure(error)
         exchange.fail(502, error.kind)
         await send({"type": "http.response.body", "body": adapter.failure(error), "more_body": True})
-    await settle()
+    await exchange.settle()
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     exchange.responded = True
     if adapter.finished:
@@ -161,15 +157,14 @@ async def relay_events(exchange, opened, adapter, send):
             pass
 
 
-async def relay_stream(exchange, opened, model_name, client_wants_usage, send):
-    """Forward the upstream's SSE lines; after the first byte a failure becomes an SSE error event."""
+async def relay_stream(exchange, opened, model_name, client_wants_usage, send, strip_usage=False):
+    """Forward the upstream's SSE lines; after the first byte a failure becomes an SSE error event. `strip_usage`:
+    the usage on every chunk was the gateway's request, not the client's, and is taken out of its chunks."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + exchange.headers})
     content = []
     finished = False
 
     async def settle():
-        if not exchange.fields["completion_tokens"]:
-            exchange.fields["completion_tokens"] = len(content)
         if exchange.fields["json_requested"]:
             exchange.fields["json_valid"] = is_json("".join(content))
         await exchange.settle()
@@ -193,12 +188,13 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send):
         choices = event.get("choices") or []
         if not choices and "usage" in event and not client_wants_usage:
             return  # the usage chunk we asked for on our own account
+        if choices and strip_usage:
+            event.pop("usage", None)
         for choice in choices:
             piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
             if piece:
                 content.append(piece)
-                if exchange.fields["ttft_ms"] is None:
-                    exchange.fields["ttft_ms"] = (time.perf_counter() - exchange.started) * 1000
+                exchange.content_arrived()
         event["model"] = model_name
         await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
                     "more_body": True})

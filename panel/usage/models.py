@@ -36,6 +36,10 @@ class RequestLog(models.Model):
     # Prompt tokens written to the provider's prompt cache (Anthropic's cache_creation_input_tokens), part of
     # prompt_tokens like cached_tokens. Nullable: adding it is an ALTER TABLE, not a copy of the table.
     cache_write_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Which token figures are estimated, not reported by the upstream: "prompt", "completion", "prompt+completion"
+    # (a client that left before the usage chunk, a channel that reports none: panel/gateway/exchange.py). None:
+    # every figure is the upstream's own. Nullable: adding it is an ALTER TABLE, not a copy of the table.
+    tokens_estimated = models.CharField(max_length=20, null=True, blank=True)
     ttft_ms = models.FloatField(null=True, blank=True)
     latency_ms = models.FloatField()
     cost = models.DecimalField(max_digits=14, decimal_places=8, default=0)

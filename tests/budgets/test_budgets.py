@@ -1,7 +1,7 @@
 """Budgets per team and per key: the gateway refuses a spent budget with HTTP 402 `budget_exceeded`, the banner
 warns at 80%, the 80% and 100% notices are audited once a month, the reconciliation rebuilds the Redis counters
 from the usage records after a flush, and the budget form writes nothing on bad input."""
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 
 import httpx
 import pytest
@@ -14,10 +14,13 @@ from panel.accounts.keys import key_issue
 from panel.accounts.models import Role
 from panel.accounts.services import membership_add
 from panel.audit.models import AuditAction, AuditEvent
+from panel.budgets.counters import held_keys, money_from_units, month_of
 from panel.budgets.models import Budget, BudgetNotice
+from panel.budgets.reservations import maximum
 from panel.budgets.services import budget_set, budget_usage, budgets_reconcile
 from panel.budgets.tasks import reconcile_budgets
 from panel.channels.models import Channel, Route, RouteChannel
+from panel.channels.rules import input_token_estimate
 from panel.usage.models import RequestLog
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway_server import GatewayServer
@@ -63,63 +66,80 @@ def logged(count):
     return wait_until(lambda: RequestLog.objects.count() >= count, seconds=10, message=f"{count} usage records")
 
 
+def most_a_request_may_cost():
+    """What the gateway holds for one CHAT request: its prompt's estimate plus max_tokens at the route's price."""
+    held = maximum(input_token_estimate(CHAT), CHAT, [Channel.objects.get(name="cloud")])
+    return money_from_units(held.money_units)
+
+
 def test_it_refuses_a_spent_team_budget_alerts_once_and_survives_a_redis_flush(gateway, priced, client):
     team, fake = priced["team"], priced["fake"]
     assert ask(gateway, priced["raw_app"]).status_code == 200  # before any budget
     logged(1)
     assert RequestLog.objects.get().cost == COST
-    budget_set(team=team, money_per_month=COST * Decimal("2.5"), user=priced["alice"])  # 0.30
-    assert ask(gateway, priced["raw_app"]).status_code == 200  # 0.12 spent before it
+    most = most_a_request_may_cost()
+    assert most > COST  # the estimate and max_tokens bound the real cost from above
+    limit = (COST + most).quantize(Decimal("0.01"), rounding=ROUND_CEILING)  # a budget has cents
+    budget_set(team=team, money_per_month=limit, user=priced["alice"])
+    assert ask(gateway, priced["raw_app"]).status_code == 200  # 0.12 spent before it, and room for its most
     logged(2)
-    # 0.24 of 0.30: the request that crossed 80% raised the notice itself, not the reconciliation a minute later
+    # 0.24 spent: the request that crossed 80% raised the notice itself, not the reconciliation a minute later
     notice = wait_until(lambda: BudgetNotice.objects.filter(level=BudgetNotice.Level.ALERT).first(), seconds=5,
                         message="the 80% notice")
     assert budgets_reconcile() == []
     client.force_login(priced["vera"])  # a viewer sees the banner and the page
     banner = client.get(reverse("home")).content.decode()
-    assert "80% of the monthly money budget spent" in banner
-    assert ask(gateway, priced["raw_batch"]).status_code == 200  # 0.24 before it: allowed, overshoots to 0.36
-    logged(3)
+    assert f"{int(2 * COST / limit * 100)}% of the monthly money budget spent" in banner
     upstream_seen = len(fake.requests)
-    refused = ask(gateway, priced["raw_app"])
+    refused = ask(gateway, priced["raw_batch"])  # 0.24 spent: what is left cannot cover this request's most
     assert refused.status_code == 402
     error = refused.json()["error"]
     assert (error["code"], error["type"]) == ("budget_exceeded", "insufficient_quota")
-    assert "this team's monthly budget of 0.30 USD is spent (0.36 USD this month)" in error["message"]
-    assert "renews on" in error["message"]
+    assert f"costing up to {most:.6f} USD at the route's highest price" in error["message"]
+    assert (f"this team's monthly budget of {limit} USD has {limit - 2 * COST:.6f} USD left (0.240000 spent, "
+            f"0.000000 held by requests in flight): lower max_tokens or raise the budget") in error["message"]
     assert len(fake.requests) == upstream_seen  # nothing went upstream
-    logged(4)
+    logged(3)
     row = RequestLog.objects.order_by("-created_at").first()
     assert (row.status_code, row.error_kind, row.cost) == (402, "budget_exceeded", 0)
-    exhausted = BudgetNotice.objects.get(level=BudgetNotice.Level.EXHAUSTED)  # raised by the crossing request
-    assert exhausted.pk > notice.pk
+
+    budget_set(team=team, money_per_month=Decimal("0.24"), user=priced["alice"])  # lowered to what is spent
+    spent = ask(gateway, priced["raw_app"])
+    assert spent.status_code == 402
+    assert "this team's monthly budget of 0.24 USD is spent (0.24 USD this month)" in spent.json()["error"]["message"]
+    assert "renews on" in spent.json()["error"]["message"]
+    [exhausted] = budgets_reconcile()
+    assert exhausted.level == BudgetNotice.Level.EXHAUSTED and exhausted.pk > notice.pk
     assert budgets_reconcile() == []  # once a month
     assert [e.action for e in AuditEvent.objects.filter(team=team).order_by("id")] == [
         AuditAction.BUDGET_ALERT, AuditAction.BUDGET_EXHAUSTED]
     assert "the monthly budget is spent" in client.get(reverse("budgets")).content.decode()
 
     # A Redis flush forgets the counters; the reconciliation (the beat task's body) brings them back.
+    budget_set(team=team, money_per_month=COST * 3, user=priced["alice"])  # 0.36
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
     assert ask(gateway, priced["raw_app"]).status_code == 200  # the window until the next reconciliation
     logged(5)
     assert reconcile_budgets() == 0  # no new notice
     again = ask(gateway, priced["raw_app"])
-    assert again.status_code == 402 and "0.48 USD this month" in again.json()["error"]["message"]
+    assert again.status_code == 402 and "0.36 USD is spent (0.36 USD this month)" in again.json()["error"]["message"]
     assert settings.CELERY_BEAT_SCHEDULE["reconcile-budgets"]["task"] == reconcile_budgets.name
 
 
-def test_it_refuses_a_spent_key_budget_and_leaves_the_other_keys_alone(gateway, priced):
-    budget_set(team=priced["team"], key=priced["batch"], tokens_per_month=30, user=priced["alice"])
+def test_it_refuses_a_request_a_key_budget_cannot_cover_and_leaves_the_other_keys_alone(gateway, priced):
+    most = input_token_estimate(CHAT) + CHAT["max_tokens"]  # the tokens held for one request
+    budget_set(team=priced["team"], key=priced["batch"], tokens_per_month=24 + most, user=priced["alice"])
     assert ask(gateway, priced["raw_batch"]).status_code == 200  # 24 tokens
-    assert ask(gateway, priced["raw_batch"]).status_code == 200  # 24 < 30 before it
+    assert ask(gateway, priced["raw_batch"]).status_code == 200  # 24 + its most fit exactly
     refused = ask(gateway, priced["raw_batch"])
     assert refused.status_code == 402
     said = refused.json()["error"]["message"]
-    assert "this key's monthly budget of 30 tokens is spent (48 tokens this month)" in said
+    assert (f"this key's monthly budget of {24 + most} tokens has {most - 24} left (48 spent, 0 held by requests in "
+            f"flight): lower max_tokens or raise the budget") in said
     assert ask(gateway, priced["raw_app"]).status_code == 200  # the team and its other keys go on
     logged(4)
     uses = {use.name: use for use in budget_usage(team=priced["team"])}
-    assert uses[f"Key {priced['batch']}"].tokens == 48 and uses[f"Key {priced['batch']}"].level == "exhausted"
+    assert uses[f"Key {priced['batch']}"].tokens == 48 and uses[f"Key {priced['batch']}"].level == "alert"
     assert uses[f"Whole team ({priced['team'].name})"].tokens == 72
 
 
@@ -288,25 +308,29 @@ def test_a_budget_set_after_the_spend_refuses_the_next_request_at_once(gateway, 
     assert ask(gateway, priced["raw_batch"]).status_code == 200  # another key of the team is not affected
 
 
-def test_overshoot_is_bounded_by_the_requests_in_flight(gateway, priced):
-    """16 concurrent streams against a budget smaller than one of them: all were admitted before any finished, so
-    the overshoot is at most their own tokens, and the next request is refused at once."""
+@pytest.mark.parametrize("streams", [16, 64])
+def test_concurrent_streams_end_at_or_under_the_budget(gateway, priced, streams):
+    """Many concurrent streams against a budget that holds five of them: each admitted stream held its most before
+    it went, so the spend ends at or under the budget, the rest are refused with 402, and nothing stays held."""
     import concurrent.futures
 
     priced["fake"].behave("slow_drip", delay=0.02)
-    budget_set(team=priced["team"], key=priced["app"], tokens_per_month=10, user=priced["alice"])
+    most = input_token_estimate(CHAT) + CHAT["max_tokens"]
+    budget_set(team=priced["team"], key=priced["app"], tokens_per_month=5 * most, user=priced["alice"])
 
     def stream():
-        with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=dict(CHAT, stream=True), timeout=30,
+        with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=dict(CHAT, stream=True), timeout=60,
                           headers={"Authorization": f"Bearer {priced['raw_app']}"}) as response:
             return response.status_code, b"".join(response.iter_bytes())
 
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda _: stream(), range(16)))
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        answers = list(pool.map(lambda _: stream(), range(streams)))
     admitted = sum(1 for status, _ in answers if status == 200)
-    assert admitted >= 1 and all(status in (200, 402) for status, _ in answers)
-    refused = ask(gateway, priced["raw_app"])
-    assert refused.status_code == 402
-    logged(17)
+    assert 1 <= admitted and all(status in (200, 402) for status, _ in answers)
+    logged(streams)
     spent = sum(r.prompt_tokens + r.completion_tokens for r in RequestLog.objects.filter(key=priced["app"]))
-    assert spent <= 16 * 24 and spent == admitted * 24  # the overshoot: only what was already in flight
+    assert spent == admitted * 24 <= 5 * most
+    held = redis.Redis.from_url(settings.REDIS_URL).mget(held_keys(month_of(), "key", priced["app"].id))
+    assert [int(value) for value in held] == [0, 0]  # every hold released at the end
+    again = ask(gateway, priced["raw_app"])  # admitted again only if its most fits beside the spend
+    assert again.status_code == (200 if spent + most <= 5 * most else 402)

@@ -200,14 +200,16 @@ def test_refusals_have_anthropic_error_shapes_the_sdk_raises(gateway, setup, ant
 
 def test_a_budget_spent_by_messages_refuses_the_next_chat_request(gateway, setup):
     from panel.budgets.services import budget_set
+    from panel.channels.rules import input_token_estimate
 
-    budget_set(team=setup["team"], key=setup["key"], tokens_per_month=10, user=setup["alice"])
+    most = input_token_estimate({"messages": REVIEW}) + 50  # room for this request's most, and no more
+    budget_set(team=setup["team"], key=setup["key"], tokens_per_month=most, user=setup["alice"])
     client_for(gateway, setup["raw"]).messages.create(model="claude", max_tokens=50, messages=REVIEW)
     refused = httpx.post(f"{gateway.url}/v1/chat/completions", headers={"Authorization": f"Bearer {setup['raw']}"},
-                         json={"model": "local", "max_tokens": 5, "messages": REVIEW}, timeout=30)
+                         json={"model": "local", "max_tokens": 50, "messages": REVIEW}, timeout=30)
     assert refused.status_code == 402 and refused.json()["error"]["code"] == "budget_exceeded"
     with pytest.raises(anthropic.APIStatusError) as spent:
-        client_for(gateway, setup["raw"]).messages.create(model="claude", max_tokens=5, messages=REVIEW)
+        client_for(gateway, setup["raw"]).messages.create(model="claude", max_tokens=50, messages=REVIEW)
     assert spent.value.status_code == 402 and spent.value.body["error"]["type"] == "billing_error"
 
 

@@ -64,8 +64,8 @@ def setup(team_setup, primary, fallback):
     return {"team": team, "local": local, "cloud": cloud, "route": route, "key": key, "raw": raw, **team_setup}
 
 
-def post(gateway, raw, body, **kwargs):
-    return httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30,
+def post(gateway, raw, body, timeout=30, **kwargs):
+    return httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=timeout,
                       headers={"Authorization": f"Bearer {raw}"}, **kwargs)
 
 

