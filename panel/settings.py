@@ -121,7 +121,10 @@ CACHES = {
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "tokenwise",
         # JSON, not Django's pickle: a value planted in Redis is data, never code (what is cached: counters)
-        "OPTIONS": {"serializer": "panel.core.cache_serializer.JsonSerializer"},
+        # A stalled Redis ends a cache call with an error after this, never a wait without end (redis-py 8's own
+        # default, written here so that no upgrade drops it; the roll-up's lock is taken through this cache).
+        "OPTIONS": {"serializer": "panel.core.cache_serializer.JsonSerializer", "socket_timeout": 5,
+                    "socket_connect_timeout": 5},
     }
 }
 

@@ -5,10 +5,12 @@ minutes they fall in, and recomputes those whole minutes from every record in th
 that hold them from the minute rows. A late record (an old `created_at`, a new id) therefore lands in its minute,
 and running it twice changes nothing."""
 import bisect
+import logging
 from collections import defaultdict
 
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import F, Sum
+from redis import RedisError
 
 from panel.channels.models import Channel
 from panel.dashboards.models import (
@@ -23,14 +25,20 @@ from panel.dashboards.models import (
 )
 from panel.usage.models import RequestLog
 
+log = logging.getLogger(__name__)
+
 # Ids are re-read this far behind the watermark: on PostgreSQL two writers can commit ids out of order, so a row
 # with a smaller id may become visible after a larger one. Re-reading is cheap because the work is idempotent.
 OVERLAP_IDS = 2000
 BATCH_IDS = 50000
 MAX_RUN_SECONDS = 6 * HOUR  # bounds the records one transaction reads
 JOIN_GAP_SECONDS = HOUR
+# roll_up_usage's time limits (tasks.py). The run's lock lasts as long as the hard limit, so the lock of a run killed
+# there is gone when the run is; a longer lock made every roll-up after such a kill skip for minutes.
+SOFT_TIME_LIMIT_SECONDS = 300
+HARD_TIME_LIMIT_SECONDS = 360
 LOCK_KEY = "dashboards:rollup-running"
-LOCK_SECONDS = 600
+LOCK_SECONDS = HARD_TIME_LIMIT_SECONDS
 SUMMED = ("requests", "errors", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens", "cost",
           "ttft_count", "ttft_sum_ms", "latency_sum_ms") + TTFT_COLUMNS + LATENCY_COLUMNS
 
@@ -41,17 +49,41 @@ def bucket_of(milliseconds):
 
 
 def usage_rollup_run(*, batch_ids=BATCH_IDS, lock=True):
-    """Roll up every record added since the last run. Returns the number of records read, or None when another run
-    holds the lock (beat may fire again while a long run is still going; two runs would both insert a minute)."""
-    from django.core.cache import cache
-
-    if lock and not cache.add(LOCK_KEY, 1, timeout=LOCK_SECONDS):
+    """Roll up every record added since the last run. Returns the number of records read, or None when this round is
+    skipped: another run holds the lock (beat may fire again while a long run is still going; two runs would both
+    insert a minute), Redis did not answer within its socket timeout, or the database stayed locked past SQLite's
+    busy timeout. A skip for Redis or the database is logged; the next beat tick tries again."""
+    if lock and not _lock_take():
         return None
     try:
         return _run(batch_ids)
+    except OperationalError as error:
+        if "locked" not in str(error):
+            raise
+        log.warning("usage roll-up skipped: the database stayed locked past its busy timeout (%s)", error)
+        return None
     finally:
         if lock:
-            cache.delete(LOCK_KEY)
+            _lock_release()
+
+
+def _lock_take():
+    from django.core.cache import cache
+
+    try:
+        return cache.add(LOCK_KEY, 1, timeout=LOCK_SECONDS)
+    except RedisError as error:
+        log.warning("usage roll-up skipped: Redis did not answer for the roll-up's lock (%s)", error)
+        return False
+
+
+def _lock_release():
+    from django.core.cache import cache
+
+    try:
+        cache.delete(LOCK_KEY)
+    except RedisError as error:
+        log.warning("the usage roll-up's lock was not released (%s); it expires within %s s", error, LOCK_SECONDS)
 
 
 def _run(batch_ids):

@@ -2,7 +2,7 @@
 from celery import shared_task
 
 from panel.dashboards.compaction import engine_samples_compact
-from panel.dashboards.rollup import usage_rollup_run
+from panel.dashboards.rollup import HARD_TIME_LIMIT_SECONDS, SOFT_TIME_LIMIT_SECONDS, usage_rollup_run
 from panel.dashboards.scraper import deployments_scrape
 
 
@@ -13,6 +13,6 @@ def scrape_engines():
     return scraped
 
 
-@shared_task(soft_time_limit=300, time_limit=360, ignore_result=True)
+@shared_task(soft_time_limit=SOFT_TIME_LIMIT_SECONDS, time_limit=HARD_TIME_LIMIT_SECONDS, ignore_result=True)
 def roll_up_usage():
     return usage_rollup_run()

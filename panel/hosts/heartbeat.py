@@ -13,6 +13,29 @@ log = logging.getLogger(__name__)
 _stop = threading.Event()
 _thread = None
 
+# A Celery worker forks its pool's processes from the process this thread beats in (a fresh one every
+# CELERY_WORKER_MAX_TASKS_PER_CHILD tasks). A fork during a beat's database write copies SQLite's process-wide locks
+# as held by a thread the child does not have, and the child's first query waits on them without end, past its soft
+# time limit (issue 29: a roll-up killed at its hard limit). So a fork waits for the beat in flight, up to this long.
+FORK_WAITS_FOR_BEAT_SECONDS = 60
+beating = threading.Lock()  # held while a beat runs
+_held_for_fork = False
+
+
+def _before_fork():
+    global _held_for_fork
+    _held_for_fork = beating.acquire(timeout=FORK_WAITS_FOR_BEAT_SECONDS)
+    if not _held_for_fork:
+        log.warning("forking while a worker heartbeat is still running after %s s", FORK_WAITS_FOR_BEAT_SECONDS)
+
+
+def _after_fork():
+    if _held_for_fork:
+        beating.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
+
 
 def gpu_facts():
     """GPUs through NVML when the driver is there; an empty list on a CPU host."""
@@ -59,11 +82,12 @@ def facts(consumer_queues, node_name, started_at):
 def beat_once(consumer_queues, node_name, started_at):
     from panel.hosts.services import host_heartbeat
 
-    close_old_connections()
-    try:
-        host_heartbeat(**facts(consumer_queues, node_name, started_at))
-    finally:
+    with beating:
         close_old_connections()
+        try:
+            host_heartbeat(**facts(consumer_queues, node_name, started_at))
+        finally:
+            close_old_connections()
 
 
 def start(consumer):
