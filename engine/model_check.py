@@ -11,7 +11,8 @@ from pathlib import Path
 
 from engine import checkpoint, protocol
 from engine.evaluate_transformers import greedy_ids, held_out_perplexity
-from engine.protocol import JsonArgumentParser, say
+from engine.evaluation_common import held_out_windows
+from engine.protocol import JsonArgumentParser, RunnerError, say
 
 QUESTION = "What is the capital of France? Answer in one word."
 EXPECTED_WORD = "Paris"
@@ -35,6 +36,9 @@ def check(model_dir, *, max_tokens=CHECK_TOKENS, progress_from=0, progress_to=10
     # float32 on a CPU: the check is a few forward passes, and CPUs without bf16 units run float32 faster.
     dtype = "auto" if device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, device_map=device).eval()
+    if not held_out_windows(tokenizer, max_tokens):  # nothing to score: a perplexity would divide by zero
+        raise RunnerError("no_tokenizer", f"its tokenizer turns the held-out text into no tokens: {model_dir} has "
+                                          "no working tokenizer (tokenizer.json, tokenizer_config.json)")
     say(phase="checking the model: perplexity on held-out text", progress=progress_from + span // 3)
     perplexity, scored, _ = held_out_perplexity(model, tokenizer, device, max_tokens)
     say(phase="checking the model: a greedy answer", progress=progress_from + 2 * span // 3)

@@ -1,5 +1,6 @@
 """Models, their quantization jobs and quality reports (as on Models and Quantization): register, read, quantize,
-follow a job, cancel it, read its result (the quantized child model), and measure a model's quality report."""
+follow a job, cancel it, read its result (the quantized child model), measure a model's quality report, and check a
+model as a model again (Re-check)."""
 import datetime
 from typing import Any
 
@@ -16,7 +17,8 @@ from panel.audit.services import audit_record
 from panel.jobs.services import job_cancel, job_events
 from panel.registry import memory
 from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
-from panel.registry.models import EvaluationJob, QuantizationJob, RegisteredModel
+from panel.registry.gguf_import import model_check_launch
+from panel.registry.models import EvaluationJob, ModelCheckJob, QuantizationJob, RegisteredModel
 from panel.registry.quality import evaluation_from_form
 from panel.registry.services import model_register, quantization_cancel, quantization_from_form, quantization_refusal
 
@@ -40,12 +42,16 @@ class ModelOut(Schema):
     dtype: str
     size_bytes: int
     quantization: dict[str, Any]
+    state: str = Field(description="ready, or broken: it failed its check as a model (it cannot be served or "
+                                   "quantized until a re-check passes).")
     created_at: datetime.datetime
 
 
 class ModelDetail(ModelOut):
     memory: dict[str, Any]
     quantization_refused: str | None
+    check_figures: dict[str, Any] = Field(description="Its last check as a model: perplexity, the greedy answer, "
+                                                      "the bound and the problems found (empty: never checked).")
 
 
 ModelRegister = schema_from_form(ModelRegisterForm, "ModelRegister")
@@ -102,7 +108,8 @@ def models_list(request):
             summary="A model with its memory estimate (weights per precision, KV cache per token, what fits where)")
 def models_get(request, model_id: int):
     model = get_object_or_404(RegisteredModel, pk=model_id, team=request.team)
-    return {**model_out(model), "memory": memory.estimate(model), "quantization_refused": quantization_refusal(model)}
+    return {**model_out(model), "memory": memory.estimate(model), "quantization_refused": quantization_refusal(model),
+            "check_figures": model.check_figures}
 
 
 @router.post("/models", auth=gate("models.register"), response=errors({201: ModelOut}),
@@ -201,3 +208,37 @@ def quantization_cancel_op(request, job_id: int):
     if quantization_cancel(job=job, user=request.user):
         audit_record(action=AuditAction.JOB_CANCELLED, request=request, target=f"quantization #{job.pk}")
     return job_out(get_object_or_404(_jobs(request), pk=job_id))
+
+
+class ModelCheckJobOut(JobOut):
+    model_id: int
+    result: dict[str, Any] = Field(description="Once done: the figures, the problems found, model_state (ready or "
+                                               "broken) and previous_state.")
+
+
+class ModelCheckJobDetail(ModelCheckJobOut):
+    log_tail: str
+    events: list[JobEventOut]
+
+
+def check_out(job, *, detail=False):
+    out = {name: getattr(job, name) for name in ModelCheckJobOut.model_fields}
+    if detail:
+        out.update(log_tail=job.log_tail, events=job_events_out(job_events(job)))
+    return out
+
+
+@router.post("/models/{model_id}/check", auth=gate("models.register"), response=errors({201: ModelCheckJobOut}),
+             summary="Re-check: check a model as a model again on a GPU worker (perplexity, a greedy answer); its "
+                     "state becomes ready or broken when the check ends")
+def model_check_op(request, model_id: int):
+    model = get_object_or_404(RegisteredModel, pk=model_id, team=request.team)
+    job = model_check_launch(team=request.team, user=request.user, model=model)
+    audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"check #{job.pk} of {model.name}")
+    return Status(201, check_out(job))
+
+
+@router.get("/model-checks/{job_id}", auth=gate("models.view"), response=errors({200: ModelCheckJobDetail}),
+            summary="A model check: progress, history and, once done, the figures and the model's new state")
+def model_check_get(request, job_id: int):
+    return check_out(get_object_or_404(ModelCheckJob.objects.filter(team=request.team), pk=job_id), detail=True)

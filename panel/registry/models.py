@@ -219,3 +219,17 @@ class GgufImportJob(Job):
 
     def __str__(self):
         return f"GGUF import of {self.source}"
+
+
+class ModelCheckJob(Job):
+    """A model checked as a model again (engine/model_check.py: perplexity on held-out text, a greedy answer) on a
+    GPU worker, as after a GGUF import: it ends by setting the model ready or broken with the new figures. A check
+    that could not run leaves the model as it was."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="check_jobs")
+
+    class Meta(Job.Meta):
+        pass
+
+    def __str__(self):
+        return f"check of {self.model}"

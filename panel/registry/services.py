@@ -124,11 +124,17 @@ def calibration_store(*, team, data):
     return path
 
 
+def check_failed_refusal(model, *, doing):
+    """Why a model that failed its check as a model cannot be `doing` ("served"), and what to do, in words."""
+    problems = "; ".join((model.check_figures or {}).get("problems") or []) or "see the figures on its page"
+    return (f"{model.name} failed its check as a model ({problems}): it cannot be {doing}. Re-check it "
+            f"(Models → {model.name} → Re-check) once its files are fixed, or import it again.")
+
+
 def quantization_refusal(model):
     """Why `model` cannot be quantized, or None."""
     if model.state == ModelState.BROKEN:
-        return (f"{model.name} failed its check as a model after it was imported (see its figures): quantizing it "
-                "would only copy a broken model.")
+        return check_failed_refusal(model, doing="quantized: its children would copy a broken model")
     if model.is_quantized:
         return (f"{model.name} is already quantized ({model.quantization_label}); quantizing it again would stack "
                 "two lossy steps. Quantize its unquantized parent instead.")
@@ -139,8 +145,7 @@ def serving_refusal(model):
     """Why vLLM cannot serve `model` at all, whatever the profile says, or None (the model page offers "Serve this
     model" only without one)."""
     if model.state == ModelState.BROKEN:
-        return (f"{model.name} failed its check as a model after it was imported (see its figures): a deployment "
-                "would serve a broken model.")
+        return check_failed_refusal(model, doing="served")
     bits = (model.quantization or {}).get("bits")
     if bits and bits not in SERVABLE_BITS:
         return f"{model.name} holds {bits}-bit weights: {COMPARISON_ONLY}."

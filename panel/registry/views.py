@@ -11,6 +11,7 @@ from panel.jobs.services import job_cancel as cancel_job
 from panel.jobs.services import job_events
 from panel.registry import memory
 from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
+from panel.registry.gguf_import import model_check_launch, model_check_refusal
 from panel.registry.models import EvaluationJob, QuantizationJob, RegisteredModel
 from panel.registry.quality import evaluation_from_form, quality_report
 from panel.registry.services import (
@@ -57,13 +58,39 @@ def _detail_context(request, model, evaluation_form):
         "serving_refusal": serving_refusal(model),
         "report": quality_report(model),
         "evaluation_form": evaluation_form,
+        **_check_context(request, model),
     }
+
+
+def _check_context(request, model):
+    return {"model": model, "check_job": model.check_jobs.first(), "check_refusal": model_check_refusal(model),
+            "can_check": may(request.membership, "models.register")}
 
 
 @team_view("models.view")
 def model_detail(request, model_id):
     model = get_object_or_404(RegisteredModel.objects.select_related("parent"), pk=model_id, team=request.team)
     return render(request, "registry/model_detail.html", _detail_context(request, model, EvaluationForm(model=model)))
+
+
+@require_POST
+@team_view("models.register")
+def model_check_create(request, model_id):
+    model = get_object_or_404(RegisteredModel, pk=model_id, team=request.team)
+    try:
+        job = model_check_launch(team=request.team, user=request.user, model=model)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    else:
+        audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"check #{job.pk} of {model.name}")
+        messages.info(request, f"Re-check of {model.name} queued: this page shows the outcome when it ends.")
+    return redirect("model_detail", model_id=model.pk)
+
+
+@team_view("models.view")
+def model_check_live(request, model_id):
+    model = get_object_or_404(RegisteredModel, pk=model_id, team=request.team)
+    return render(request, "registry/_model_check.html", _check_context(request, model))
 
 
 @team_view("models.view")

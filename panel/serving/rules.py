@@ -7,7 +7,9 @@ import math
 from dataclasses import dataclass, field
 
 from panel.registry import memory
+from panel.registry.models import ModelState
 from panel.registry.schemes import SCHEMES, host_serves
+from panel.registry.services import check_failed_refusal
 from panel.serving.configfile import ENGINE_HAS_SWAP_SPACE
 from panel.serving.profile_fields import BLOCK_SIZES, FIELDS_BY_NAME, defaults
 
@@ -62,6 +64,9 @@ def check_profile(values, *, model, host=None, cpu_kv_cache_bytes=DEFAULT_CPU_KV
     "serves_awq": bool|None}). `cpu_kv_cache_bytes` is the KV space a CPU engine gets (VLLM_CPU_KVCACHE_SPACE)."""
     profile = {**defaults(), **values}
     verdict = Verdict()
+    # A model that failed its check as a model starts, and answers nonsense: refused whatever the profile says.
+    if getattr(model, "state", ModelState.READY) == ModelState.BROKEN:
+        verdict.error("model", check_failed_refusal(model, doing="served"))
     _check_tensor_parallel(verdict, profile, model)
     _check_utilization(verdict, profile)
     _check_quantization(verdict, profile, model)

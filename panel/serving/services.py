@@ -130,7 +130,11 @@ def deployment_launch(*, team, user, profile, host=None, replicas=1, restart_on_
     GPU workers (all on `host` when given). Returns the first replica's row, which stands for the deployment.
     Replicas of a deployment of several are always restarted after a crash (the others serve meanwhile).
     `attach_to_route` (an admin's choice, checked by the caller): its local channels join the team's existing
-    route of the same served name; without it that route is left as it is."""
+    route of the same served name; without it that route is left as it is. ValidationError, saving nothing, when
+    the model cannot be served (it failed its check as a model) or no host can run the profile."""
+    refusal = serving_refusal(profile.model)  # before any host: the model is the problem, wherever it would run
+    if refusal:
+        raise ValidationError(refusal)
     if host is not None and not host.is_online:
         raise ValidationError(f"{host.name} is offline.")
     hosts = placement.replicas_place(profile, replicas, host=host, check=profile_check)

@@ -1,6 +1,6 @@
 // Live regions: an element with data-live-url is re-rendered from that URL (an HTML partial) every
 // data-live-every milliseconds. Polling backs off while the tab is hidden and stops once the element
-// carries data-live-done (a job that reached a final state).
+// carries data-live-done (a job that reached a final state); with data-live-reload, the page reloads then.
 (function () {
   "use strict";
   const HIDDEN_FACTOR = 6;
@@ -23,6 +23,8 @@
         region.querySelectorAll(".log pre").forEach((pre) => { pre.scrollTop = pre.scrollHeight; });
         const final = region.querySelector("[data-final]");
         if (final) region.setAttribute("data-live-done", "");
+        // A region whose job's end changes the rest of the page (a model's state, its buttons) reloads it.
+        if (final && region.hasAttribute("data-live-reload")) window.location.reload();
         failures = 0;
       } catch (error) {
         failures += 1;

@@ -27,7 +27,8 @@ from panel.registry.gguf_import import (
     conversion_cache,
     gguf_import_execute,
     gguf_import_launch,
-    model_check_run,
+    model_check_execute,
+    model_check_launch,
 )
 from panel.registry.models import GgufImportJob, ModelState
 from panel.registry.services import model_register
@@ -160,9 +161,15 @@ def test_a_conversion_that_loads_but_does_not_work_is_marked_broken(smollm2, tea
     # The final norm zeroed: every logit is 0, as when a loader misreads one tensor type; the files still load.
     zero_tensor(broken / "model.safetensors", "model.norm.weight")
     model = model_register(team=team_setup["team_a"], user=None, source=str(broken), name="broken")
-    figures = model_check_run(model=model)
+    job = model_check_launch(team=team_setup["team_a"], user=None, model=model, enqueue=False)
+    model_check_execute(job_id=job.pk, worker="test")  # the Re-check task's body
+    job.refresh_from_db()
     model.refresh_from_db()
-    assert model.state == ModelState.BROKEN and model.check_figures == figures
+    assert job.state == JobState.SUCCEEDED, (job.failure_reason, job.log_tail)
+    figures = model.check_figures
+    assert model.state == ModelState.BROKEN and (job.result["previous_state"], job.result["model_state"]) == (
+        ModelState.READY, ModelState.BROKEN)
+    assert {key: job.result[key] for key in figures} == figures
     assert figures["perplexity"] > 1000, figures
     assert any("perplexity" in problem for problem in figures["problems"]), figures
     # Every logit equal: greedy picks token 0 (<|endoftext|>, a special token) every time: no answer at all.

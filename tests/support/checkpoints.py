@@ -6,6 +6,7 @@ import json
 import pytest
 
 from panel.registry.inspection import inspect_checkpoint
+from panel.registry.models import ModelState, RegisteredModel
 from panel.registry.services import model_create, model_register
 from tests.support.safetensors import write_safetensors
 
@@ -70,6 +71,22 @@ def child_register(parent, folder, *, quantization_config, backend, scheme, name
     if backend != "autoawq":
         facts.quantization.update(scheme=scheme, keep_as=None)
     return model_create(team=parent.team, user=None, name=name, folder=folder, facts=facts, parent=parent)
+
+
+# A model as a failed check as a model leaves it (after a GGUF import, or a Re-check), and the words every path
+# that would serve the parent ("tiny") refuses it in.
+CHECK_PROBLEM = "its greedy answer repeats one token (20 of 24 tokens): '!!!!'"
+SERVING_REFUSED = ("tiny failed its check as a model (" + CHECK_PROBLEM + "): it cannot be served. Re-check it "
+                   "(Models → tiny → Re-check) once its files are fixed, or import it again.")
+
+
+def check_failed(model):
+    """Mark `model` broken with the check's figures, as engine/model_check.py's verdict does."""
+    RegisteredModel.objects.filter(pk=model.pk).update(state=ModelState.BROKEN, check_figures={
+        "perplexity": 12.0, "tokens_scored": 511, "question": "What is the capital of France? Answer in one word.",
+        "answer": "!!!!", "problems": [CHECK_PROBLEM], "max_perplexity": 100})
+    model.refresh_from_db()
+    return model
 
 
 # Fixtures of the tests that serve these checkpoints (tests/serving, tests/api): import them by name.
