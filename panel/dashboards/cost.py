@@ -14,7 +14,7 @@ from panel.dashboards.selectors import DashboardQuery, usage_grouped
 from panel.serving.models import Deployment
 
 MONTH_SECONDS = 30 * 24 * 3600
-TOKEN_COLUMNS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cost")
+TOKEN_COLUMNS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "cost")
 
 
 @dataclass
@@ -29,6 +29,8 @@ class CostLine:
     gpu_hours: float = 0.0
     hourly: float | None = None
     baseline: float | None = None  # these tokens at the cloud baseline's prices
+    cached: int = 0  # prompt tokens read from the provider's cache (part of `tokens`)
+    cache_writes: int = 0  # prompt tokens written to it (part of `tokens`)
 
     @property
     def per_million(self):
@@ -142,11 +144,12 @@ def cost_summary(query: DashboardQuery):
         tokens = row["prompt_tokens"] + row["completion_tokens"]
         channel = channels.get(row["channel_id"])
         name = channel.name if channel else "(deleted channel)"
+        cache = {"cached": row["cached_tokens"], "cache_writes": row["cache_write_tokens"]}
         if not row["local"]:
             summary.lines.append(CostLine(name=name, kind="remote", requests=row["requests"], tokens=tokens,
-                                          cost=float(row["cost"])))
+                                          cost=float(row["cost"]), **cache))
             continue
-        line = CostLine(name=name, kind="local", requests=row["requests"], tokens=tokens, cost=None)
+        line = CostLine(name=name, kind="local", requests=row["requests"], tokens=tokens, cost=None, **cache)
         deployment = deployments.get(row["deployment_id"])
         if deployment is not None:
             line.gpu_hours = deployment_up_hours(deployment, since=query.start, until=query.end)
@@ -158,7 +161,7 @@ def cost_summary(query: DashboardQuery):
                 line.cost = line.gpu_hours * line.hourly * share
         if summary.baseline_channel is not None:
             line.baseline = float(summary.baseline_channel.cost(row["prompt_tokens"], row["completion_tokens"],
-                                                                row["cached_tokens"]))
+                                                                row["cached_tokens"], row["cache_write_tokens"]))
         summary.lines.append(line)
     summary.lines.sort(key=lambda line: (line.kind, -line.tokens))
     return summary

@@ -34,6 +34,7 @@ class UsageRollup(models.Model):
     prompt_tokens = models.BigIntegerField(default=0)
     completion_tokens = models.BigIntegerField(default=0)
     cached_tokens = models.BigIntegerField(default=0)
+    cache_write_tokens = models.BigIntegerField(default=0)  # prompt tokens written to the provider's cache
     cost = models.FloatField(default=0)
     ttft_count = models.PositiveIntegerField(default=0)
     ttft_sum_ms = models.FloatField(default=0)

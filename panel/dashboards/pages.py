@@ -116,11 +116,12 @@ def overview(query):
                   ("Error rate", _percent(_rate(totals["errors"], totals["requests"])),
                    f"{totals['fallbacks']:,} fallbacks"),
                   ("Cost recorded", money_text(totals["cost"]), "cloud prices of the channels")]
-    columns = ["requests", "errors", "fallbacks", "prompt tokens", "completion tokens", "cached tokens", "cost"]
+    columns = ["requests", "errors", "fallbacks", "prompt tokens", "completion tokens", "cached tokens",
+               "cache writes", "cost"]
 
     def counts(row):
         return [row["requests"], row["errors"], row["fallbacks"], row["prompt_tokens"], row["completion_tokens"],
-                row["cached_tokens"], _money(row["cost"])]
+                row["cached_tokens"], row["cache_write_tokens"], _money(row["cost"])]
 
     grouped = sorted(usage_grouped(query, by=("channel_id",)), key=lambda row: -row["requests"])
     page.tables.append(Table("channels", "By channel", ["channel"] + columns,
@@ -259,9 +260,10 @@ def cost(query):
     if summary.local_unknown:
         page.figures["savings"]["layout"]["title"]["text"] = f"All-cloud cost ({query.range}); actual unknown"
     page.tables.append(Table("cost", "Cost by channel", [
-        "channel", "kind", "requests", "tokens", "GPU hours", "price per hour", "cost", "cost / 1M tokens",
-        "same tokens at the cloud baseline"],
-        [[line.name, line.kind, line.requests, line.tokens, round(line.gpu_hours, 3) if line.kind == "local" else "",
+        "channel", "kind", "requests", "tokens", "cached prompt tokens", "cache writes", "GPU hours", "price per hour",
+        "cost", "cost / 1M tokens", "same tokens at the cloud baseline"],
+        [[line.name, line.kind, line.requests, line.tokens, line.cached, line.cache_writes,
+          round(line.gpu_hours, 3) if line.kind == "local" else "",
           _money(line.hourly) if line.hourly is not None else ("unknown" if line.kind == "local" else ""),
           _money(line.cost) if line.cost is not None else "unknown",
           _money(line.per_million) if line.cost is not None or line.kind == "remote" else "unknown",

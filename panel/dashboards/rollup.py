@@ -39,7 +39,8 @@ SOFT_TIME_LIMIT_SECONDS = 300
 HARD_TIME_LIMIT_SECONDS = 360
 LOCK_KEY = "dashboards:rollup-running"
 LOCK_SECONDS = HARD_TIME_LIMIT_SECONDS
-SUMMED = ("requests", "errors", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens", "cost",
+SUMMED = ("requests", "errors", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens",
+          "cache_write_tokens", "cost",
           "ttft_count", "ttft_sum_ms", "latency_sum_ms") + TTFT_COLUMNS + LATENCY_COLUMNS
 
 
@@ -167,7 +168,8 @@ def _aggregates():
         "requests": Count("id"),
         "errors": Count("id", filter=Q(outcome__in=("error", "upstream_stalled", "upstream_cut"))),
         "fallbacks": Count("id", filter=Q(fell_back=True)), "prompt_tokens": Sum("prompt_tokens"),
-        "completion_tokens": Sum("completion_tokens"), "cached_tokens": Sum("cached_tokens"), "cost": Sum("cost"),
+        "completion_tokens": Sum("completion_tokens"), "cached_tokens": Sum("cached_tokens"),
+        "cache_write_tokens": Sum("cache_write_tokens"), "cost": Sum("cost"),
         "ttft_count": Count("ttft_ms"), "ttft_sum_ms": Sum("ttft_ms"), "latency_sum_ms": Sum("latency_ms"),
         **_bucket_counts("ttft_ms", TTFT_COLUMNS), **_bucket_counts("latency_ms", LATENCY_COLUMNS)}
 

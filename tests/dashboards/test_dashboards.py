@@ -50,6 +50,7 @@ def write_records(traffic, count, *, hours=3, seed=7):
             model=rng.choice(["tiny-chat", "c"]), status_code=502 if failed else 200,
             outcome="error" if failed else rng.choice(["ok", "ok", "client_closed"]), fell_back=rng.random() < 0.2,
             prompt_tokens=prompt, completion_tokens=rng.randint(0, 500), cached_tokens=rng.randint(0, prompt),
+            cache_write_tokens=rng.choice([None, rng.randint(0, prompt)]),
             ttft_ms=None if failed else rng.choice([rng.uniform(1, 100_000), 25.0, 60000.0]),
             latency_ms=rng.uniform(1, 120_000), cost=Decimal(rng.randint(0, 10**6)) / 10**8))
     RequestLog.objects.bulk_create(rows)
@@ -62,13 +63,15 @@ def expected_rollups(team, period):
         start = int(row.created_at.timestamp() // period * period)
         group = want.setdefault((start, row.channel_id, row.key_id, row.model), {
             "requests": 0, "errors": 0, "fallbacks": 0, "prompt_tokens": 0, "completion_tokens": 0,
-            "cached_tokens": 0, "cost": Decimal(0), "ttft_count": 0, "ttft": [0] * 16, "latency": [0] * 16})
+            "cached_tokens": 0, "cache_write_tokens": 0, "cost": Decimal(0), "ttft_count": 0, "ttft": [0] * 16,
+            "latency": [0] * 16})
         group["requests"] += 1
         group["errors"] += row.outcome == "error"
         group["fallbacks"] += row.fell_back
         group["prompt_tokens"] += row.prompt_tokens
         group["completion_tokens"] += row.completion_tokens
         group["cached_tokens"] += row.cached_tokens
+        group["cache_write_tokens"] += row.cache_write_tokens or 0
         group["cost"] += row.cost
         if row.ttft_ms is not None:
             group["ttft_count"] += 1
@@ -84,7 +87,8 @@ def stored_rollups(team, period):
         assert key not in got, f"two rollup rows for {key}"
         got[key] = {"requests": row.requests, "errors": row.errors, "fallbacks": row.fallbacks,
                     "prompt_tokens": row.prompt_tokens, "completion_tokens": row.completion_tokens,
-                    "cached_tokens": row.cached_tokens, "cost": Decimal(str(round(row.cost, 8))),
+                    "cached_tokens": row.cached_tokens, "cache_write_tokens": row.cache_write_tokens,
+                    "cost": Decimal(str(round(row.cost, 8))),
                     "ttft_count": row.ttft_count, "ttft": [getattr(row, c) for c in TTFT_COLUMNS],
                     "latency": [getattr(row, c) for c in LATENCY_COLUMNS]}
     return got
@@ -175,6 +179,31 @@ def test_it_computes_the_cost_page_as_by_hand(traffic):
     page = dashboard_page(tab="cost", query=query)
     assert "No GPU price on: h" in page.table("cost").note
     assert cost_summary(query).lines[0].cost is None
+
+
+def test_the_cost_tab_shows_cache_reads_and_writes_by_channel_and_prices_the_baseline_with_them(traffic):
+    team, local, cloud = traffic["team"], traffic["local"], traffic["cloud"]
+    cloud.price_cache_write_per_million = Decimal("1.0")
+    cloud.save()
+    for _ in range(2):  # an agent's turns through a provider with a prompt cache: 300 read and 500 written of 1,000
+        RequestLog.objects.create(team=team, channel=cloud, created_at=NOW - timedelta(minutes=5), endpoint="messages",
+                                  model="c", status_code=200, outcome="ok", prompt_tokens=1000, cached_tokens=300,
+                                  cache_write_tokens=500, completion_tokens=100, latency_ms=100, cost=Decimal("1"))
+    RequestLog.objects.create(team=team, channel=local, created_at=NOW - timedelta(minutes=5), endpoint="messages",
+                              model="tiny-chat", status_code=200, outcome="ok", prompt_tokens=1000, cached_tokens=0,
+                              cache_write_tokens=1000, completion_tokens=0, latency_ms=100)
+    usage_rollup_run()
+    query = DashboardQuery(team=team, range="1h", now=NOW.timestamp())
+    table = dashboard_page(tab="cost", query=query).table("cost")
+    rows = {row[0]: dict(zip(table.columns, row)) for row in table.rows}
+    assert (rows["cloud"]["cached prompt tokens"], rows["cloud"]["cache writes"]) == (600, 1000)
+    assert rows["local"]["cache writes"] == 1000
+    # The local tokens at the cloud's prices: 1,000 written to its cache at 1.0 per million
+    (local_line,) = [line for line in cost_summary(query).lines if line.kind == "local"]
+    assert local_line.baseline == pytest.approx(1000 * 1.0 / 1e6)
+    overview = dashboard_page(tab="overview", query=query).table("channels")
+    assert {row[0]: dict(zip(overview.columns, row))["cache writes"] for row in overview.rows} == {
+        "cloud": 1000, "local": 1000}
 
 
 def test_a_stopped_deployments_gpu_hours_stop_at_its_stop_time(traffic):
