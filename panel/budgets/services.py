@@ -15,6 +15,7 @@ from panel.budgets.counters import (
     RAISE_TO_AT_LEAST,
     TTL_SECONDS,
     counter_keys,
+    held_keys,
     money_from_units,
     money_units,
     month_bounds,
@@ -82,10 +83,13 @@ def budget_spend_recorded(*, team_id, month):
 
 
 def _counted(client, month, scopes):
-    """The Redis counters of `scopes` [(scope, id)]: {(scope, id): (money, tokens)}."""
-    names = [name for scope, ident in scopes for name in counter_keys(month, scope, ident)]
+    """The Redis counters of `scopes` [(scope, id)]: {(scope, id): (money, tokens, money held, tokens held)}, the
+    held figures what requests in flight hold against the budget (budgets/reservations.py)."""
+    names = [name for scope, ident in scopes
+             for name in (*counter_keys(month, scope, ident), *held_keys(month, scope, ident))]
     values = client.mget(names) if names else []
-    return {scopes[i]: (money_from_units(values[2 * i]), int(values[2 * i + 1] or 0)) for i in range(len(scopes))}
+    return {scopes[i]: (money_from_units(values[4 * i]), int(values[4 * i + 1] or 0),
+                        money_from_units(values[4 * i + 2]), int(values[4 * i + 3] or 0)) for i in range(len(scopes))}
 
 
 @dataclass
@@ -97,6 +101,8 @@ class Use:
     budget: Budget | None
     money: Decimal
     tokens: int
+    held_money: Decimal = Decimal(0)  # what requests in flight hold against the budget
+    held_tokens: int = 0
 
     def _fraction(self, spent, limit):
         if limit is None:
@@ -149,10 +155,11 @@ def budget_usage(*, team, recorded=True, month=None):
     names = {("team", team.pk): f"Whole team ({team.name})", **{("key", k.pk): f"Key {k}" for k in keys}}
     uses = []
     for scope, ident in scopes:
-        money_a, tokens_a = counted.get((scope, ident), (Decimal(0), 0))
+        money_a, tokens_a, held_money, held_tokens = counted.get((scope, ident), (Decimal(0), 0, Decimal(0), 0))
         money_b, tokens_b = spend.get((scope, ident), (Decimal(0), 0))
         uses.append(Use(scope, ident, names[(scope, ident)], budgets.get(None if scope == "team" else ident),
-                        max(money_a, money_b), max(tokens_a, tokens_b)))
+                        max(money_a, money_b), max(tokens_a, tokens_b), max(held_money, Decimal(0)),
+                        max(held_tokens, 0)))
     return uses
 
 

@@ -334,3 +334,24 @@ def test_concurrent_streams_end_at_or_under_the_budget(gateway, priced, streams)
     assert [int(value) for value in held] == [0, 0]  # every hold released at the end
     again = ask(gateway, priced["raw_app"])  # admitted again only if its most fits beside the spend
     assert again.status_code == (200 if spent + most <= 5 * most else 402)
+
+
+def test_the_budgets_page_shows_what_requests_in_flight_hold(gateway, priced, client):
+    import threading
+
+    priced["fake"].behave("slow_drip", delay=0.2)
+    most = input_token_estimate(CHAT) + CHAT["max_tokens"]
+    budget_set(team=priced["team"], key=priced["app"], tokens_per_month=10 * most, user=priced["alice"])
+    streaming = threading.Thread(target=lambda: httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=dict(CHAT, stream=True), timeout=60,
+        headers={"Authorization": f"Bearer {priced['raw_app']}"}))
+    streaming.start()
+    app = f"Key {priced['app']}"
+    held = wait_until(lambda: {use.name: use for use in budget_usage(team=priced["team"])}[app].held_tokens,
+                      seconds=20, message="the stream's hold")
+    assert held == most
+    client.force_login(priced["vera"])
+    page = client.get(reverse("budgets")).content.decode()
+    assert "Held by requests in flight" in page and f"{most} tokens" in page
+    streaming.join(60)
+    assert {use.name: use for use in budget_usage(team=priced["team"])}[app].held_tokens == 0
