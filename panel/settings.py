@@ -259,6 +259,8 @@ BENCHMARK_DEPLOYMENT_READY_SECONDS = envint("TOKENWISE_BENCHMARK_DEPLOYMENT_READ
 DASHBOARDS_SCRAPE_EVERY_SECONDS = envint("TOKENWISE_SCRAPE_EVERY_SECONDS", 10, minimum=1)
 DASHBOARDS_SCRAPE_TIMEOUT_SECONDS = envint("TOKENWISE_SCRAPE_TIMEOUT_SECONDS", 3, minimum=1)
 DASHBOARDS_ROLLUP_EVERY_SECONDS = envint("TOKENWISE_ROLLUP_EVERY_SECONDS", 10, minimum=1)
+# Local requests' share of their deployment's GPU cost is allocated this often (panel/dashboards/local_cost.py).
+LOCAL_COST_EVERY_SECONDS = envint("TOKENWISE_LOCAL_COST_EVERY_SECONDS", 60, minimum=1)
 METRICS_TOKEN = envstr("TOKENWISE_METRICS_TOKEN", "")
 METRICS_PUBLIC = envbool("TOKENWISE_METRICS_PUBLIC", False)  # /metrics without a token: the operator's choice
 
@@ -295,6 +297,7 @@ CELERY_BEAT_SCHEDULE = {
     "reap-stale-jobs": {"task": "panel.jobs.tasks.reap_stale_jobs", "schedule": REAPER_EVERY_SECONDS},
     "scrape-engines": {"task": "panel.dashboards.tasks.scrape_engines", "schedule": DASHBOARDS_SCRAPE_EVERY_SECONDS},
     "roll-up-usage": {"task": "panel.dashboards.tasks.roll_up_usage", "schedule": DASHBOARDS_ROLLUP_EVERY_SECONDS},
+    "allocate-local-cost": {"task": "panel.dashboards.tasks.allocate_local_cost", "schedule": LOCAL_COST_EVERY_SECONDS},
     "check-canaries": {"task": "panel.channels.tasks.check_canaries", "schedule": CANARY_CHECK_EVERY_SECONDS},
     "reconcile-budgets": {"task": "panel.budgets.tasks.reconcile_budgets", "schedule": BUDGET_RECONCILE_SECONDS},
     "deliver-webhooks": {"task": "panel.notifications.tasks.deliver_due", "schedule": WEBHOOK_DUE_EVERY_SECONDS},

@@ -20,8 +20,8 @@ router = Router(tags=["usage"])
 ID_SLACK = 2000  # as the rollup's overlap: writers may commit ids slightly out of time order
 FIELDS = ("id", "created_at", "key_id", "route_id", "channel_id", "endpoint", "model", "stream", "status_code",
           "outcome", "error_kind", "attempts", "fell_back", "prompt_tokens", "completion_tokens", "cached_tokens",
-          "cache_write_tokens", "tokens_estimated", "ttft_ms", "latency_ms", "cost", "json_requested", "json_valid",
-          "canary", "request_id", "attempt_trail")
+          "cache_write_tokens", "tokens_estimated", "ttft_ms", "latency_ms", "cost", "gpu_cost", "json_requested",
+          "json_valid", "canary", "request_id", "attempt_trail")
 
 
 class UsageQuery(Schema):
@@ -64,6 +64,10 @@ class UsageRecord(Schema):
     ttft_ms: float | None
     latency_ms: float
     cost: Money
+    gpu_cost: Money | None = Field(None, description="A local request's share of its deployment's GPU cost in its "
+                                                     "minute (split by tokens), already part of cost. Empty: a "
+                                                     "cloud request, a host without a GPU price, or not allocated "
+                                                     "yet (a few minutes after the request).")
     json_requested: bool
     json_valid: bool | None
     canary: bool | None

@@ -58,6 +58,17 @@ class RollupWatermark(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
 
+class LocalCostWatermark(models.Model):
+    """How far a deployment's GPU cost has been allocated to its requests (panel/dashboards/local_cost.py): every
+    minute from `allocated_since` to before `allocated_until` (epoch seconds); `checked_id` is the highest RequestLog
+    id seen when it last looked, from which it looks for rows written late into an allocated minute."""
+
+    deployment = models.OneToOneField("serving.Deployment", on_delete=models.CASCADE, related_name="+")
+    allocated_since = models.BigIntegerField()  # the first minute allocated: nothing before it is ever rewritten
+    allocated_until = models.BigIntegerField()
+    checked_id = models.BigIntegerField(default=0)
+
+
 class EngineSample(models.Model):
     """One scrape of a deployment's /metrics: what changed since the previous good scrape (deltas of counters and
     histograms), the gauges as read, and the cumulative values the next scrape subtracts. A failed scrape is a gap:

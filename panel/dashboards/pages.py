@@ -115,7 +115,8 @@ def overview(query):
                    f"{totals['cached_tokens']:,} prompt tokens from cache"),
                   ("Error rate", _percent(_rate(totals["errors"], totals["requests"])),
                    f"{totals['fallbacks']:,} fallbacks"),
-                  ("Cost recorded", money_text(totals["cost"]), "cloud prices of the channels")]
+                  ("Cost recorded", money_text(totals["cost"]),
+                   "cloud prices, and local requests' share of GPU cost")]
     columns = ["requests", "errors", "fallbacks", "prompt tokens", "completion tokens", "cached tokens",
                "cache writes", "cost"]
 
@@ -269,6 +270,8 @@ def cost(query):
           _money(line.per_million) if line.cost is not None or line.kind == "remote" else "unknown",
           _money(line.baseline) if line.kind == "local" else ""] for line in lines],
         note=("Local cost: the host's GPU price per hour × GPUs × the hours the deployment was up in this range. "
+              "Each request carries its minute's share of it, by tokens; idle minutes count here but are charged to no "
+              "request. "
               + (f"No GPU price on: {unpriced}: its local cost is unknown until a price is set on the Workers "
                  "page, and no savings are computed." if unpriced else ""))))
     baseline = summary.baseline_channel

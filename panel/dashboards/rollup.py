@@ -6,7 +6,9 @@ that hold them from the minute rows. A late record (an old `created_at`, a new i
 and running it twice changes nothing."""
 import bisect
 import logging
+import time
 from collections import defaultdict
+from contextlib import contextmanager
 
 from django.db import OperationalError, transaction
 from django.db.models import F, Sum
@@ -85,6 +87,23 @@ def _lock_release():
         cache.delete(LOCK_KEY)
     except RedisError as error:
         log.warning("the usage roll-up's lock was not released (%s); it expires within %s s", error, LOCK_SECONDS)
+
+
+@contextmanager
+def usage_rollup_lock(*, wait_seconds):
+    """Hold the roll-up's lock around work that recomputes minutes outside a roll-up run (two writers of one minute
+    would both insert it on PostgreSQL). Yields whether it was taken within `wait_seconds` (each Redis call is bounded
+    by the cache's socket timeout)."""
+    deadline = time.monotonic() + wait_seconds
+    taken = _lock_take()
+    while not taken and time.monotonic() < deadline:
+        time.sleep(0.25)
+        taken = _lock_take()
+    try:
+        yield taken
+    finally:
+        if taken:
+            _lock_release()
 
 
 def _run(batch_ids):

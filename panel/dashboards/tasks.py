@@ -2,6 +2,7 @@
 from celery import shared_task
 
 from panel.dashboards.compaction import engine_samples_compact
+from panel.dashboards.local_cost import local_cost_allocate
 from panel.dashboards.rollup import HARD_TIME_LIMIT_SECONDS, SOFT_TIME_LIMIT_SECONDS, usage_rollup_run
 from panel.dashboards.scraper import deployments_scrape
 
@@ -16,3 +17,9 @@ def scrape_engines():
 @shared_task(soft_time_limit=SOFT_TIME_LIMIT_SECONDS, time_limit=HARD_TIME_LIMIT_SECONDS, ignore_result=True)
 def roll_up_usage():
     return usage_rollup_run()
+
+
+# The roll-up's limits: the run holds the roll-up's lock, which lasts as long as the hard limit.
+@shared_task(soft_time_limit=SOFT_TIME_LIMIT_SECONDS, time_limit=HARD_TIME_LIMIT_SECONDS, ignore_result=True)
+def allocate_local_cost():
+    return local_cost_allocate().minutes

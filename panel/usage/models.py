@@ -43,6 +43,10 @@ class RequestLog(models.Model):
     ttft_ms = models.FloatField(null=True, blank=True)
     latency_ms = models.FloatField()
     cost = models.DecimalField(max_digits=14, decimal_places=8, default=0)
+    # A local request's share of its deployment's GPU cost in its minute, already part of `cost`
+    # (panel/dashboards/local_cost.py). None: not allocated (a remote channel, an unpriced host, a minute not yet
+    # allocated). Nullable: adding it is an ALTER TABLE, not a copy of the table.
+    gpu_cost = models.DecimalField(max_digits=14, decimal_places=8, null=True, blank=True)
     json_requested = models.BooleanField(default=False)
     json_valid = models.BooleanField(null=True, blank=True)
     # Keyed hashes of the system prompt as sent and with its dynamic-looking spans masked (gateway/fingerprint.py):

@@ -1,0 +1,180 @@
+"""Local requests carry their GPU cost. Each minute, a deployment costs its host's GPU price per hour × its GPUs × the
+time it was up in that minute (as the Cost tab counts it: `deployment_hourly_price`, `deployment_up_hours`); that
+cost is split among the requests its local channels served in the minute, by prompt + completion tokens (by request
+count when none has any), written to each row's `gpu_cost` and added to its `cost`. Budgets, the roll-ups and the
+spend per key and team then count it. A minute without requests is charged to no one ([0050]).
+
+- A minute is allocated SETTLE_SECONDS after it ended: the usage writer stamps a row when it writes it (a batch every
+  FLUSH_SECONDS, a write waits at most SQLite's busy timeout), so by then the minute's rows are in.
+- A row written later still into an allocated minute (a writer stalled past the margin, rows imported or seeded) is
+  found by id (above the deployment's `checked_id`, less the roll-up's overlap for PostgreSQL's out-of-order commits)
+  and its whole minute is split again among all its rows: the late row gets its share, the others give up theirs,
+  and the minute's total stays its GPU cost. Nothing is missed and nothing is charged twice.
+- Allocating a minute sets each row's gpu_cost and moves its cost by the difference, so doing it again changes
+  nothing. The rows, the watermark and the minute's roll-up are written in one transaction.
+- Rounding: costs have 8 decimal places. A minute's cost is the difference of the deployment's cumulative GPU cost
+  since it became ready, each rounded to 1e-8, so minutes add up to the rounded whole; a minute is split by largest
+  remainders, so its rows' shares add up to it exactly."""
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
+
+from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Greatest, TruncMinute
+
+from panel.budgets.counters import month_bounds, month_of
+from panel.channels.models import Channel, ChannelKind
+from panel.dashboards.cost import deployment_hourly_price, deployment_up_hours
+from panel.dashboards.models import MINUTE, LocalCostWatermark
+from panel.dashboards.rollup import OVERLAP_IDS, usage_rollup_lock, usage_rollup_minutes
+from panel.serving.models import Deployment
+from panel.usage.models import RequestLog
+
+log = logging.getLogger(__name__)
+
+SETTLE_SECONDS = 120  # a minute is allocated this long after it ended
+MAX_MINUTES_PER_RUN = 24 * 60  # per deployment: a catch-up goes a day at a time
+LOCK_WAIT_SECONDS = 30  # for the roll-up's lock (a roll-up run takes milliseconds)
+LATE_ROWS_WINDOW_SECONDS = 3600  # a finished deployment is still checked for late rows this long after its end
+UNIT = 10**8  # RequestLog.cost has 8 decimal places
+
+
+@dataclass
+class Allocation:
+    """What one run did."""
+
+    minutes: int = 0  # minutes whose GPU cost was split among their rows
+    rows: int = 0
+    late_minutes: int = 0  # of those, allocated minutes split again because a row arrived late
+    unpriced: list = field(default_factory=list)  # hosts of running deployments without a GPU price: not allocated
+    skipped: bool = False  # the roll-up's lock was not taken in time: the next run does this run's work
+
+
+def local_cost_allocate(*, now=None):
+    """Split each priced deployment's GPU cost of every minute that ended SETTLE_SECONDS ago and was not allocated
+    yet among the requests it served in it, and again for any allocated minute a row arrived in late. A deployment
+    first seen starts at its ready minute, or at the start of this month if it was ready before (a closed month's
+    spend is not rewritten). Returns an Allocation."""
+    now = time.time() if now is None else now
+    horizon = _floor(now - SETTLE_SECONDS)
+    month_start = month_bounds(month_of(datetime.fromtimestamp(now, tz=timezone.utc)))[0]
+    result = Allocation()
+    with usage_rollup_lock(wait_seconds=LOCK_WAIT_SECONDS) as taken:
+        if not taken:
+            log.warning("local GPU cost not allocated: the roll-up's lock stayed taken for %s s", LOCK_WAIT_SECONDS)
+            result.skipped = True
+            return result
+        top = RequestLog.objects.order_by("-id").values_list("id", flat=True).first() or 0
+        watermarks = LocalCostWatermark.objects.in_bulk(field_name="deployment_id")
+        deployments = (Deployment.objects.filter(ready_at__isnull=False)
+                       .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=month_start))
+                       .select_related("host").order_by("pk"))
+        for deployment in deployments:
+            hourly = deployment_hourly_price(deployment)
+            if hourly is None:
+                if deployment.finished_at is None:
+                    result.unpriced.append(deployment.host.host if deployment.host else f"deployment #{deployment.pk}")
+                continue
+            if deployment.pk not in watermarks:
+                first = _floor(max(deployment.ready_at, month_start).timestamp())
+                watermarks[deployment.pk] = LocalCostWatermark.objects.create(
+                    deployment=deployment, allocated_since=first, allocated_until=first, checked_id=top)
+            watermark = watermarks[deployment.pk]
+            if not _done(deployment, watermark, now):
+                _deployment_allocate(deployment, watermark, hourly, horizon=horizon, top=top, result=result)
+    if result.unpriced:
+        log.info("no GPU price on %s: their requests carry no GPU cost", ", ".join(sorted(set(result.unpriced))))
+    return result
+
+
+def _done(deployment, watermark, now):
+    """A finished deployment whose last minute is allocated and whose late rows have had their hour."""
+    ended = deployment.finished_at
+    return (ended is not None and watermark.allocated_until >= _ceil(ended.timestamp())
+            and now - ended.timestamp() > LATE_ROWS_WINDOW_SECONDS)
+
+
+def _deployment_allocate(deployment, watermark, hourly, *, horizon, top, result):
+    channels = list(Channel.objects.filter(deployment=deployment, kind=ChannelKind.LOCAL).values_list("id", flat=True))
+    start = watermark.allocated_until
+    end = min(horizon, start + MAX_MINUTES_PER_RUN * MINUTE)
+    if deployment.finished_at is not None:
+        end = min(end, _ceil(deployment.finished_at.timestamp()))
+    late = busy = ()
+    if channels:
+        late = {_floor(created.timestamp()) for created in RequestLog.objects.filter(
+            id__gt=watermark.checked_id - OVERLAP_IDS, id__lte=top, channel_id__in=channels, gpu_cost__isnull=True,
+            created_at__gte=_moment(watermark.allocated_since), created_at__lt=_moment(start))
+            .values_list("created_at", flat=True)}
+        busy = {_floor(minute.timestamp()) for minute in RequestLog.objects.filter(
+            channel_id__in=channels, created_at__gte=_moment(start), created_at__lt=_moment(end)).order_by()
+            .annotate(minute=TruncMinute("created_at")).values_list("minute", flat=True).distinct()} if end > start \
+            else ()
+    for minute in sorted(late):
+        result.rows += _minute_allocate(deployment, watermark, channels, minute, hourly)
+        result.minutes += 1
+        result.late_minutes += 1
+    for minute in sorted(busy):
+        result.rows += _minute_allocate(deployment, watermark, channels, minute, hourly)
+        result.minutes += 1
+    # The idle minutes up to `end` are passed: charged to no one.
+    LocalCostWatermark.objects.filter(pk=watermark.pk).update(allocated_until=Greatest("allocated_until", end),
+                                                              checked_id=Greatest("checked_id", top))
+
+
+def _minute_allocate(deployment, watermark, channels, minute, hourly):
+    """Split one minute's GPU cost among the rows of that minute, with the watermark and the roll-up of the minute
+    in the same transaction. Returns the number of rows."""
+    units = _units_until(deployment, hourly, minute + MINUTE) - _units_until(deployment, hourly, minute)
+    with transaction.atomic():
+        # The watermark first: its UPDATE takes the write lock (SQLite) or the row's lock (PostgreSQL) before the
+        # rows are read, so two runs never split one minute from a stale read.
+        LocalCostWatermark.objects.filter(pk=watermark.pk).update(
+            allocated_until=Greatest("allocated_until", minute + MINUTE))
+        rows = list(RequestLog.objects.filter(channel_id__in=channels, created_at__gte=_moment(minute),
+                                              created_at__lt=_moment(minute + MINUTE)).order_by("id")
+                    .only("id", "team_id", "prompt_tokens", "completion_tokens", "cost", "gpu_cost"))
+        shares = shares_split(units, [row.prompt_tokens + row.completion_tokens for row in rows])
+        for row, share in zip(rows, shares):
+            gpu_cost = Decimal(share) / UNIT
+            row.cost, row.gpu_cost = row.cost - (row.gpu_cost or 0) + gpu_cost, gpu_cost
+        RequestLog.objects.bulk_update(rows, ["cost", "gpu_cost"], batch_size=500)
+        for team_id in sorted({row.team_id for row in rows if row.team_id is not None}):
+            usage_rollup_minutes(team_id=team_id, minutes={minute})
+    return len(rows)
+
+
+def shares_split(units, weights):
+    """Split `units` (integers) in proportion to `weights`, by largest remainders (ties to the earlier row): the
+    shares add up to `units` exactly. All weights zero: equal weights."""
+    if not weights:
+        return []
+    if not any(weights):
+        weights = [1] * len(weights)
+    total = sum(weights)
+    shares = [units * weight // total for weight in weights]
+    order = sorted(range(len(weights)), key=lambda i: (-(units * weights[i] % total), i))
+    for i in order[:units - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def _units_until(deployment, hourly, until):
+    """The deployment's GPU cost from its ready time to `until`, in 1e-8 units."""
+    hours = deployment_up_hours(deployment, since=deployment.ready_at.timestamp(), until=until)
+    return round(hours * hourly * UNIT)
+
+
+def _moment(seconds):
+    return datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+def _floor(seconds):
+    return int(seconds // MINUTE * MINUTE)
+
+
+def _ceil(seconds):
+    return -int(-seconds // MINUTE * MINUTE)
