@@ -20,8 +20,8 @@ router = Router(tags=["usage"])
 ID_SLACK = 2000  # as the rollup's overlap: writers may commit ids slightly out of time order
 FIELDS = ("id", "created_at", "key_id", "route_id", "channel_id", "endpoint", "model", "stream", "status_code",
           "outcome", "error_kind", "attempts", "fell_back", "prompt_tokens", "completion_tokens", "cached_tokens",
-          "cache_write_tokens", "tokens_estimated", "ttft_ms", "latency_ms", "cost", "gpu_cost", "json_requested",
-          "json_valid", "canary", "request_id", "attempt_trail")
+          "cache_write_tokens", "reasoning_tokens", "tokens_estimated", "ttft_ms", "latency_ms", "cost", "gpu_cost",
+          "json_requested", "json_valid", "canary", "request_id", "attempt_trail")
 
 
 class UsageQuery(Schema):
@@ -56,6 +56,9 @@ class UsageRecord(Schema):
     cache_write_tokens: int | None = Field(None, description="Prompt tokens written to the provider's prompt cache "
                                                              "(Anthropic's cache creation tokens); part of "
                                                              "prompt_tokens. Empty where the provider did not say.")
+    reasoning_tokens: int | None = Field(None, description="Completion tokens spent reasoning before the answer, "
+                                                           "where the provider reports them; part of "
+                                                           "completion_tokens.")
     tokens_estimated: str | None = Field(None, description="Which token figures are estimated rather than reported "
                                                            "by the upstream: 'prompt', 'completion' or "
                                                            "'prompt+completion' (a client that left before the "

@@ -31,12 +31,19 @@ def speaks(target, api):
 
 # ------------------------------------------------------------------------------------------------- usage
 
+def _reasoning(details):
+    """The reasoning tokens of a usage's completion or output details; None where the upstream does not say."""
+    value = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def openai_usage(usage):
     usage = usage if isinstance(usage, dict) else {}
     details = usage.get("prompt_tokens_details")
     return {"prompt_tokens": int(usage.get("prompt_tokens") or 0),
             "completion_tokens": int(usage.get("completion_tokens") or 0),
-            "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0}
+            "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
+            "reasoning_tokens": _reasoning(usage.get("completion_tokens_details"))}
 
 
 def messages_usage(usage):
@@ -55,7 +62,8 @@ def responses_usage(usage):
     details = usage.get("input_tokens_details")
     return {"prompt_tokens": int(usage.get("input_tokens") or 0),
             "completion_tokens": int(usage.get("output_tokens") or 0),
-            "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0}
+            "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
+            "reasoning_tokens": _reasoning(usage.get("output_tokens_details"))}
 
 
 # ------------------------------------------------------------------------------------------------- one request

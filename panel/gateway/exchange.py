@@ -9,6 +9,7 @@ from decimal import Decimal
 from panel.budgets import enforcement as budgets
 from panel.channels.rules import input_token_estimate
 from panel.gateway import metrics, rate_limits
+from panel.gateway.apis import openai_usage
 from panel.usage import writer as usage_writer
 
 log = logging.getLogger("panel.gateway")
@@ -33,7 +34,8 @@ class Exchange:
         self.request_id = new_request_id()
         self.fields = {"endpoint": endpoint, "model": "", "stream": False, "status_code": 200, "outcome": "ok",
                        "error_kind": "", "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
-                       "cache_write_tokens": None, "ttft_ms": None, "json_requested": False, "json_valid": None}
+                       "cache_write_tokens": None, "reasoning_tokens": None, "ttft_ms": None, "json_requested": False,
+                       "json_valid": None}
         self.log = {"attempts": 0, "fell_back": False, "rate_limited": 0, "trail": [], "current": None}
         self.key = None
         self.team_id = None  # for a request made inside the panel (Compare), which has no key
@@ -63,13 +65,10 @@ class Exchange:
         return self.target or self.log["current"]
 
     def usage_from(self, data):
+        """The usage of a chat or completions chunk, where it carries one."""
         usage_data = data.get("usage") if isinstance(data, dict) else None
-        if not isinstance(usage_data, dict):
-            return
-        self.fields["prompt_tokens"] = int(usage_data.get("prompt_tokens") or 0)
-        self.fields["completion_tokens"] = int(usage_data.get("completion_tokens") or 0)
-        details = usage_data.get("prompt_tokens_details") or {}
-        self.fields["cached_tokens"] = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+        if isinstance(usage_data, dict):
+            self.fields.update(openai_usage(usage_data))
 
     def take_usage(self, usage):
         """The usage fields of an answer in any API (panel/gateway/apis.py turns each into these names)."""

@@ -40,6 +40,9 @@ class RequestLog(models.Model):
     # (a client that left before the usage chunk, a channel that reports none: panel/gateway/exchange.py). None:
     # every figure is the upstream's own. Nullable: adding it is an ALTER TABLE, not a copy of the table.
     tokens_estimated = models.CharField(max_length=20, null=True, blank=True)
+    # Completion tokens the model spent reasoning before its answer, where the upstream reports them (OpenAI's
+    # completion_tokens_details / output_tokens_details); part of completion_tokens and priced with them. Nullable.
+    reasoning_tokens = models.PositiveIntegerField(null=True, blank=True)
     ttft_ms = models.FloatField(null=True, blank=True)
     latency_ms = models.FloatField()
     cost = models.DecimalField(max_digits=14, decimal_places=8, default=0)

@@ -103,3 +103,12 @@ def test_a_background_response_is_refused_and_nothing_is_sent(gateway, setup, pr
     error = refused.json()["error"]
     assert error["code"] == "background_not_supported" and "neither stopped nor charged" in error["message"]
     assert primary.requests == [] and fallback.requests == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_tokens_are_recorded_where_the_upstream_reports_them(gateway, setup, primary, stream):
+    primary.reasoning_tokens = 7
+    assert post(gateway, setup["raw"], dict(CHAT, stream=stream)).status_code == 200
+    [row] = records()
+    assert (row.reasoning_tokens, row.completion_tokens) == (7, 20)  # part of the completion, priced with it
+    assert row.cost == local_cost(row.prompt_tokens, 20)

@@ -400,9 +400,12 @@ def _max_tokens(body):
     return value if isinstance(value, int) and value > 0 else None
 
 
-def _usage(prompt, completion, cached):
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+def _usage(prompt, completion, cached, reasoning=None):
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+             "prompt_tokens_details": {"cached_tokens": cached}}
+    if reasoning is not None:  # as OpenAI's reasoning models report it
+        usage["completion_tokens_details"] = {"reasoning_tokens": min(reasoning, completion)}
+    return usage
 
 
 def _events(ident, object_, model, choices, usage):
@@ -536,6 +539,7 @@ class FakeUpstream:
         self.chunks = chunks
         self.chunk_delay = chunk_delay
         self.cached_tokens = cached_tokens
+        self.reasoning_tokens = None  # set: usage reports that many completion tokens as reasoning
         self.port = port
         self.record = record
         self._state = threading.Condition()  # guards everything below that the test thread reads
@@ -838,7 +842,7 @@ class FakeUpstream:
         cached = self.cached_tokens if options["cached_tokens"] is None else options["cached_tokens"]
         pieces, finish = _content_pieces(behaviour, chunks, _max_tokens(body))
         prompt = prompt_tokens(body)
-        usage = _usage(prompt, len(pieces), min(cached, prompt))
+        usage = _usage(prompt, len(pieces), min(cached, prompt), self.reasoning_tokens)
         chat = request.path == CHAT_PATH
         ident = f"{'chatcmpl' if chat else 'cmpl'}-fake{next(self._ids)}"
         headers = (("x-request-id", f"req_{ident}"),)
