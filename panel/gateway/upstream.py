@@ -4,6 +4,7 @@ cooldowns are in panel/gateway/attempts.py."""
 import asyncio
 import json
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -138,8 +139,15 @@ async def send_request(target, path, payload, limits, api="chat"):
         raise UpstreamError("connection", f"no connection within {target.connect_timeout:g} s") from None
     except TimeoutError:
         raise stalled(limits.first_byte, "no answer") from None
+    except aiohttp.ClientConnectorDNSError:  # asking again does not make a name resolve: not retried here
+        raise UpstreamError("dns", f"the channel's host name {error_host(target)} does not resolve",
+                            retryable=False) from None
     except TRANSPORT_ERRORS as error:
         raise UpstreamError("connection", f"cannot reach the channel ({type(error).__name__})") from None
+
+
+def error_host(target):
+    return urlsplit(target.base_url).hostname or target.base_url
 
 
 async def refusal(target, response):

@@ -5,9 +5,12 @@ import atexit
 import logging
 import queue
 import threading
+import time
 
 from django.db import close_old_connections, connection
+from django.utils import timezone
 
+from panel.accounts.models import TeamKey
 from panel.usage.models import RequestLog
 
 log = logging.getLogger(__name__)
@@ -15,11 +18,13 @@ log = logging.getLogger(__name__)
 FLUSH_SECONDS = 0.2
 BATCH = 500
 EXIT_WAIT_SECONDS = 30  # the longest the exit hook waits for the thread's batch before writing the rest itself
+KEY_USED_EVERY_SECONDS = 60  # a key's last_used_at is written at most this often (per process)
 
 _queue = queue.Queue()
 _thread = None
 _lock = threading.Lock()
 _stop = threading.Event()
+_key_used = {}  # key id -> when this process last wrote its last_used_at (monotonic)
 
 
 def record(**fields):
@@ -54,6 +59,7 @@ def _write(rows):
         return
     try:
         RequestLog.objects.bulk_create([RequestLog(**row) for row in rows])
+        _keys_used(rows)
     except Exception:
         log.exception("could not write %d usage records", len(rows))
         connection.close()  # the next batch on a fresh connection
@@ -71,6 +77,16 @@ def _run():
         _stop.wait(FLUSH_SECONDS)
         while not _stop.is_set() and (rows := _take(BATCH)):
             _write(rows)
+
+
+def _keys_used(rows):
+    """Stamp the keys of `rows` as used now: one UPDATE for the keys not stamped in the last minute."""
+    now = time.monotonic()
+    due = {row["key_id"] for row in rows
+           if row.get("key_id") and now - _key_used.get(row["key_id"], float("-inf")) >= KEY_USED_EVERY_SECONDS}
+    if due:
+        TeamKey.objects.filter(pk__in=due).update(last_used_at=timezone.now())
+        _key_used.update(dict.fromkeys(due, now))
 
 
 @atexit.register

@@ -12,6 +12,7 @@ from tests.support.gateway import CHAT, fallback, gateway, post, primary, record
 # behaviour, options, stream, attempts on the failing channel (max_retries 1), the most seconds to the answer
 FAULTS = [
     ("refused", {}, False, 2, 2),
+    ("unresolvable", {}, False, 1, 2),  # a host name that does not resolve is not asked again
     ("status_500", {}, False, 2, 2),
     ("status_503", {}, True, 2, 2),
     ("status_429", {"retry_after": 1}, False, 2, 3),
@@ -32,6 +33,8 @@ def budgets(setup):
 def misbehave(setup, primary, behaviour, options):
     if behaviour == "refused":
         Channel.objects.filter(pk=setup["local"].pk).update(base_url=f"http://127.0.0.1:{closed_port()}/v1")
+    elif behaviour == "unresolvable":
+        Channel.objects.filter(pk=setup["local"].pk).update(base_url="http://no-such-host.invalid/v1")
     else:
         primary.behave(behaviour, **options)
 

@@ -34,6 +34,8 @@ def test_it_answers_through_the_local_channel_and_records_usage_and_cost(gateway
     expected = (Decimal(row.prompt_tokens) * Decimal("0.10") + Decimal(row.completion_tokens) * Decimal("0.20")) / 10**6
     assert row.cost == expected
     assert row.ttft_ms is not None and row.latency_ms >= row.ttft_ms
+    setup["key"].refresh_from_db()  # the key's "last used" (Gateway keys, My usage, the API)
+    assert setup["key"].last_used_at is not None and setup["key"].last_used_at >= row.created_at
 
 
 def test_it_streams_with_the_openai_sdk_and_asks_upstream_for_usage(gateway, setup, primary):
