@@ -21,7 +21,17 @@ from panel.dashboards.rollup import bucket_of, usage_rollup_run
 from panel.dashboards.selectors import DashboardQuery, percentile_from_buckets
 from panel.hosts.models import WorkerHost
 from panel.usage.models import RequestLog
+from tests.support import dashboards as dashboard_data
 from tests.support.dashboards import NOW, make_deployment
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch):
+    """NOW is each test's start, not the module's import: a slow run reaches these tests long after collection,
+    and 40 minutes later a record from "half an hour before NOW" fell out of the last hour."""
+    now = datetime.now(timezone.utc)
+    monkeypatch.setattr(dashboard_data, "NOW", now)
+    monkeypatch.setitem(globals(), "NOW", now)
 
 
 @pytest.fixture

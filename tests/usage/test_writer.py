@@ -1,11 +1,16 @@
 """The usage writer (panel/usage/writer.py): rows queued when the process exits are all written (the exit hook
-drains the queue beside the background thread's last batch)."""
+drains the queue beside the background thread's last batch), also when uvicorn is stopped by SIGTERM."""
+import signal
 import subprocess
 import sys
 import textwrap
 
+import httpx
+
 from panel.usage.models import RequestLog
 from tests.support.environment import ROOT, panel_env
+from tests.support.gateway_server import free_port
+from tests.support.waiting import wait_until
 
 RECORD_THEN_EXIT = textwrap.dedent("""
     import django, sys
@@ -66,3 +71,49 @@ def test_the_batch_the_writer_holds_at_exit_is_written(transactional_db):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert RequestLog.objects.count() == 350, done.stderr[-2500:]
+
+
+SERVE_HOLDING_A_BATCH = textwrap.dedent("""
+    import django, sys, threading, time
+    django.setup()
+    import uvicorn
+    from panel.usage import writer
+    from panel.usage.models import RequestLog
+    bulk_create = RequestLog.objects.bulk_create
+    def slow_bulk_create(rows):
+        if threading.current_thread().name == "tokenwise-usage-writer":
+            time.sleep(2)  # SIGTERM comes while the writer thread holds this batch
+        return bulk_create(rows)
+    RequestLog.objects.bulk_create = slow_bulk_create
+    for number in range(200):
+        writer.record(endpoint="chat", model="m", status_code=200, outcome="ok", latency_ms=1.0,
+                      request_id=f"r{number}")
+    uvicorn.run("panel.asgi:application", host="127.0.0.1", port=int(sys.argv[1]), log_level="info")
+""")
+
+
+def test_a_server_stopped_by_sigterm_writes_the_records_it_holds(transactional_db):
+    """uvicorn re-raises SIGTERM after its shutdown and the process dies of it without running atexit hooks: the
+    ASGI app's lifespan shutdown writes the records instead (a gateway stopped in CI lost its last requests')."""
+    from django.db import connection
+
+    port = free_port()
+    env = panel_env(DATABASE_URL=f"sqlite:///{connection.settings_dict['NAME']}")
+    server = subprocess.Popen([sys.executable, "-c", SERVE_HOLDING_A_BATCH, str(port)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: server.poll() is not None or answers(f"http://127.0.0.1:{port}/login/"), seconds=60,
+                   message="the server to answer")
+        server.send_signal(signal.SIGTERM)
+        output, _ = server.communicate(timeout=60)
+    finally:
+        server.kill()
+    assert RequestLog.objects.count() == 200, output[-3000:]
+    assert "Application shutdown complete" in output, output[-3000:]
+
+
+def answers(url):
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
