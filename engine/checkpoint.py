@@ -271,6 +271,33 @@ def partial_folder(out_dir):
         raise
 
 
+def checkpoint_dtype(config):
+    """The dtype name a checkpoint's config.json declares (transformers 5 writes "dtype", older "torch_dtype")."""
+    return config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+
+
+def store_as(torch, partial, dtype_name):
+    """Turn the float32 tensors a run computed in (engine/compute_dtype.py) back into the checkpoint's own dtype,
+    in every safetensors file of `partial`, and say so in its config.json. Integer weights and half-precision
+    scales are left as they are. Returns how many tensors changed."""
+    from safetensors.torch import load_file, save_file
+
+    target = getattr(torch, dtype_name)
+    changed = 0
+    for path in sorted(partial.glob("*.safetensors")):
+        tensors = load_file(str(path))
+        floats = [name for name, tensor in tensors.items() if tensor.dtype == torch.float32]
+        if floats:
+            tensors.update({name: tensors[name].to(target) for name in floats})
+            save_file(tensors, str(path), metadata={"format": "pt"})
+            changed += len(floats)
+    config_path = partial / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config.update({key: dtype_name for key in ("dtype", "torch_dtype") if key in config} or {"dtype": dtype_name})
+    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return changed
+
+
 def finish_output(model_dir, partial, out_dir, *, saved_by):
     """Copy the tokenizer and generation config beside the saved weights, check the saved config, and rename the
     partial folder to `out_dir`. Returns the saved config.json."""

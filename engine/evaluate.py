@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine import evaluate_transformers, evaluation_text, protocol, quality_tasks
+from engine import compute_dtype, evaluate_transformers, evaluation_text, protocol, quality_tasks
 from engine.evaluation_common import FILE_TOKENS, GREEDY_TOKENS, file_result, folder_size, held_out_windows, speed
 from engine.protocol import JsonArgumentParser, RunnerError, say
 
@@ -119,11 +119,16 @@ def evaluate_one(model_dir, *, file_items, max_tokens):
                                                   max_tokens=max_tokens)
     started = time.monotonic()
     say(phase=f"loading {model_dir.name} in vLLM", progress=5)
+    import torch
     from vllm import LLM, SamplingParams
 
+    compute = compute_dtype.compute_dtype(torch, "cuda" if torch.cuda.is_available() else "cpu")
+    if compute is not None:
+        say(log=compute_dtype.describe(torch, "cpu"))
     max_positions = int(config.get("max_position_embeddings") or 2048)
     llm = LLM(model=str(model_dir), enforce_eager=True, max_model_len=min(2048, max_positions), seed=0,
-              max_num_seqs=16, trust_remote_code=False, gpu_memory_utilization=0.5)
+              max_num_seqs=16, trust_remote_code=False, gpu_memory_utilization=0.5,
+              dtype="float32" if compute is not None else "auto")
     tokenizer = llm.get_tokenizer()
     result = {"path": str(model_dir), "size_bytes": folder_size(model_dir), "engine": "vllm",
               "quantization": (config.get("quantization_config") or {}).get("quant_method") or "none"}

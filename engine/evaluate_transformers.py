@@ -4,7 +4,7 @@ decoding and the same chat template; compressed-tensors decompresses the weights
 quantized weights."""
 import time
 
-from engine import evaluation_text, quality_tasks
+from engine import compute_dtype, evaluation_text, quality_tasks
 from engine.evaluation_common import FILE_TOKENS, GREEDY_TOKENS, file_result, folder_size, held_out_windows
 from engine.protocol import say
 
@@ -17,7 +17,8 @@ def evaluate_one(model_dir, *, config, file_items, max_tokens):
     say(phase=f"loading {model_dir.name} with transformers (vLLM cannot load it)", progress=5)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto", device_map=device).eval()
+    compute = compute_dtype.compute_dtype(torch, device)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=compute or "auto", device_map=device).eval()
     result = {"path": str(model_dir), "size_bytes": folder_size(model_dir), "engine": "transformers",
               "quantization": (config.get("quantization_config") or {}).get("quant_method") or "none",
               "speed": None}  # not this host's engine: its speed would mislead

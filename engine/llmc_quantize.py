@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine import awq_calibration, checkpoint, protocol
+from engine import awq_calibration, checkpoint, compute_dtype, protocol
 from engine.protocol import JsonArgumentParser, RunnerError, progress, say
 from engine.quant_schemes import CALIBRATED, SCHEMES, fused_groups
 
@@ -314,7 +314,10 @@ def quantize_into(args, model_dir, partial, out_dir):
         torch.cuda.reset_peak_memory_stats()
     progress("loading model", 5)
     timings, mark = {}, time.monotonic()
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto", trust_remote_code=False,
+    compute = compute_dtype.compute_dtype(torch, device)
+    if compute is not None:
+        say(log=compute_dtype.describe(torch, device))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=compute or "auto", trust_remote_code=False,
                                                  device_map=device if memory_kind == "gpu" else None)
     timings["load"] = round(time.monotonic() - mark, 2)
     names = linear_names(model)
@@ -337,6 +340,8 @@ def quantize_into(args, model_dir, partial, out_dir):
     progress("compressing and saving", 92)
     mark = time.monotonic()
     model.save_pretrained(str(partial), save_compressed=True)
+    if compute is not None:
+        checkpoint.store_as(torch, partial, checkpoint.checkpoint_dtype(checkpoint.read_model_config(model_dir)))
     saved = checkpoint.finish_output(model_dir, partial, out_dir, saved_by="llm-compressor")
     timings["save"] = round(time.monotonic() - mark, 2)
     result = {

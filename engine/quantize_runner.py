@@ -40,7 +40,7 @@ import time
 import warnings
 from pathlib import Path
 
-from engine import awq_calibration, checkpoint, protocol
+from engine import awq_calibration, checkpoint, compute_dtype, protocol
 from engine.checkpoint import (
     calibration_errors,
     check_not_quantized,
@@ -207,8 +207,11 @@ def quantize_into(args, config, model_dir, partial, out_dir):
     timings = {}
     mark = time.monotonic()
     # trust_remote_code=False: a checkpoint folder's own Python is never run by a quantization job.
+    compute = compute_dtype.compute_dtype(torch, device)
+    if compute is not None:
+        say(log=compute_dtype.describe(torch, device))
     model = AutoAWQForCausalLM.from_pretrained(str(model_dir), trust_remote_code=False, low_cpu_mem_usage=True,
-                                               use_cache=False)
+                                               use_cache=False, torch_dtype=compute or "auto")
     timings["load"] = round(time.monotonic() - mark, 2)
 
     quant_config = {"zero_point": args.zero_point, "q_group_size": args.group_size, "w_bit": args.w_bit,
@@ -223,6 +226,8 @@ def quantize_into(args, config, model_dir, partial, out_dir):
     progress("saving", 95)
     mark = time.monotonic()
     model.save_quantized(str(partial))
+    if compute is not None:
+        checkpoint.store_as(torch, partial, checkpoint.checkpoint_dtype(config))
     saved_config = checkpoint.finish_output(model_dir, partial, out_dir, saved_by="AutoAWQ")
     timings["save"] = round(time.monotonic() - mark, 2)
 

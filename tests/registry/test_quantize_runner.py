@@ -323,3 +323,25 @@ def test_bad_arguments_are_one_error_line_and_exit_1(module):
     assert completed.returncode == 1
     assert len(lines) == 1 and lines[0]["error"]["kind"] == "failed"
     assert lines[0]["error"]["reason"].startswith("bad arguments:")
+
+
+WITHOUT_BF16 = {"ONEDNN_MAX_CPU_ISA": "AVX2"}  # oneDNN held to AVX2: bf16 runs emulated, as on an AVX2-only EPYC
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "engine.quantize_runner", "--w-bit", "4", "--group-size", str(GROUP), "--max-calib-samples", "2",
+     "--max-calib-seq-len", "128"],
+    ["-m", "engine.llmc_quantize", "--scheme", "w8a8-int8", "--max-calib-samples", "2", "--max-calib-seq-len", "128"],
+], ids=["autoawq", "llm-compressor"])
+def test_a_cpu_without_bf16_arithmetic_computes_in_float32_and_writes_bf16(demo, tmp_path, argv):
+    """Where bf16 is emulated (about ten times slower than float32), both quantizers compute in float32 and write
+    the checkpoint's own dtype: no float32 tensor in the output, config.json still bfloat16."""
+    out = tmp_path / "out"
+    completed = subprocess.run([str(settings.ENGINE_PYTHON), *argv, "--model", str(demo), "--out", str(out)],
+                               capture_output=True, text=True, timeout=300, cwd=ROOT,
+                               env={**os.environ, **WITHOUT_BF16})
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    assert "computing in float32: this CPU has no bf16 arithmetic" in completed.stdout
+    dtypes = {entry["dtype"] for entry in safetensors_header(out / "model.safetensors").values()}
+    assert "BF16" in dtypes and "F32" not in dtypes, dtypes
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
