@@ -10,7 +10,8 @@ from panel.accounts.roles import may
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
-from panel.registry.models import RegisteredModel
+from panel.registry.models import ModelState, RegisteredModel
+from panel.registry.services import check_failed_refusal
 from panel.serving.configfile import ConfigFileError
 from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
 from panel.serving.models import Deployment, DeploymentState, ServingProfile
@@ -138,6 +139,8 @@ def profile_detail(request, profile_id):
         "command": _command_preview(profile),
         "verdict": profile_check(profile),
         "launch_form": LaunchForm(),
+        "launch_refusal": (check_failed_refusal(profile.model, doing="served")
+                           if profile.model.state == ModelState.BROKEN else None),  # no Launch button then
         "deployments": _listed(profile.deployments.all())[:20],
     }
     return render(request, "serving/profile_detail.html", context)

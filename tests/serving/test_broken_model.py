@@ -1,6 +1,8 @@
 """A model that failed its check as a model cannot be served: the profile form (page and config.toml import) and
 the launch (the service every page, API call and ladder goes through) refuse it in words that say what is wrong
 and what to do, and write nothing. The API's side is tests/api/test_broken_model.py."""
+import html
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
@@ -94,3 +96,13 @@ def test_the_launch_button_says_why_and_starts_nothing(client, team_setup, profi
     assert response.redirect_chain[-1][0] == reverse("profile_detail", args=[profile.pk])
     assert [str(message) for message in response.context["messages"]] == [SERVING_REFUSED]
     assert not Deployment.objects.exists()
+
+
+def test_the_profile_page_shows_why_instead_of_a_launch_button(client, team_setup, profile):
+    client.force_login(team_setup["alice"])
+    launch = reverse("deployment_create", args=[profile.pk])
+    assert launch in client.get(reverse("profile_detail", args=[profile.pk])).content.decode()
+    check_failed(profile.model)
+    page = client.get(reverse("profile_detail", args=[profile.pk])).content.decode()
+    assert launch not in page and ">Launch</button>" not in page
+    assert html.escape(SERVING_REFUSED, quote=False) in page.replace("&#x27;", "'")
