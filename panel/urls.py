@@ -47,3 +47,6 @@ urlpatterns = [
 
 
 handler400 = "panel.core.request_size.bad_request"  # too-large forms and uploads: 413 with the limit in words
+handler403 = "panel.views.permission_denied"  # the panel's own layout; JSON on /api/ paths
+handler404 = "panel.views.page_not_found"
+handler500 = "panel.views.server_error"

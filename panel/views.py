@@ -1,4 +1,5 @@
-"""The overview page: what the panel is made of, and whether its workers are up."""
+"""The overview page: what the panel is made of, and whether its workers are up; the error pages."""
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from panel.accounts.decorators import team_view
@@ -16,3 +17,37 @@ def home(request):
     }
     return render(request, "core/home.html", context)
 
+
+
+# --- error pages: the panel's own layout for pages, JSON for the API --------------------------------------------
+
+ERRORS = {
+    403: ("Not allowed", "Your role in this team cannot open this page; an admin of the team can change roles on "
+                         "Members."),
+    404: ("Not found", "There is nothing at this address. It may have been removed, or belong to another team."),
+    500: ("Something went wrong", "The panel could not answer this request. The error is in the web server's log; "
+                                  "try again in a moment."),
+}
+
+
+def error_page(request, status, reason=""):
+    title, words = ERRORS[status]
+    words = f"{reason} {words}" if reason else words
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": f"{title}: {words}"}, status=status)
+    try:
+        return render(request, "error.html", {"title": title, "words": words}, status=status)
+    except Exception:  # the page itself needs the database, which may be what failed
+        return HttpResponse(f"{title}. {words}", content_type="text/plain; charset=utf-8", status=status)
+
+
+def permission_denied(request, exception=None):
+    return error_page(request, 403, reason=str(exception or ""))  # the role rule's words: "This needs the ... role"
+
+
+def page_not_found(request, exception=None):
+    return error_page(request, 404)
+
+
+def server_error(request):
+    return error_page(request, 500)
