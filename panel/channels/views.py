@@ -159,7 +159,7 @@ def _route_form(request, route):
                 form.add_error(field if field in form.fields else None, errors)
         else:
             messages.success(request, f"Saved the route for {route.model_name}.")
-            return redirect("channels")
+            return redirect("route_detail", route_id=route.pk)  # where its rules and entries are
     status = 400 if request.method == "POST" else 200
     return _render(request, "channels/route_form.html", {"form": form, "route": route}, status=status)
 

@@ -14,7 +14,7 @@ from panel.registry.models import ModelState, RegisteredModel
 from panel.registry.services import check_failed_refusal
 from panel.serving.configfile import ConfigFileError
 from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
-from panel.serving.models import Deployment, DeploymentState, ServingProfile
+from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ServingProfile
 from panel.serving.profile_fields import PRESETS
 from panel.serving.services import (
     EXPORTS,
@@ -93,14 +93,29 @@ def profile_create(request):
 def profile_edit(request, profile_id):
     profile = get_object_or_404(ServingProfile, pk=profile_id, team=request.team)
     form = ServingProfileForm(request.POST or None, team=request.team, instance=profile)
+    running = _running_words(profile)
     if request.method == "POST" and form.is_valid():
         form.save()
         for warning in form.warnings:
             messages.warning(request, warning)
         messages.success(request, f"Saved profile {profile.name}.")
+        if running and form.has_changed():
+            messages.warning(request, f"{running} still runs with the settings it was launched with: stop it and "
+                                      f"launch again to apply these.")
         return redirect("profile_detail", profile_id=profile.pk)
     status = 400 if request.method == "POST" else 200
-    return render(request, "serving/profile_form.html", {"form": form, "profile": profile}, status=status)
+    return render(request, "serving/profile_form.html", {"form": form, "profile": profile, "running": running},
+                  status=status)
+
+
+def _running_words(profile):
+    """"Deployment #3" / "Deployments #3 and #4" of `profile` that are running or about to, else ""."""
+    numbers = [f"#{pk}" for pk in profile.deployments.filter(state__in=ACTIVE_DEPLOYMENT_STATES)
+               .order_by("pk").values_list("pk", flat=True)]
+    if not numbers:
+        return ""
+    return f"Deployment {numbers[0]}" if len(numbers) == 1 else (
+        f"Deployments {', '.join(numbers[:-1])} and {numbers[-1]}")
 
 
 @require_POST

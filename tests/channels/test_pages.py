@@ -158,7 +158,8 @@ def test_routes_are_made_and_edited_through_the_form(client, objects):
     response = client.post(reverse("route_edit", args=[route.pk]), empty)
     assert response.status_code == 400 and "Pick at least one channel" in response.content.decode()
     data.update(strategy="local_first", **{f"use_{cloud.pk}": ""})
-    assert client.post(reverse("route_edit", args=[route.pk]), data).status_code == 302
+    saved = client.post(reverse("route_edit", args=[route.pk]), data)
+    assert saved.status_code == 302 and saved.url == reverse("route_detail", args=[route.pk])  # back to the route
     route.refresh_from_db()
     assert route.strategy == "local_first" and route.ordered_channels() == [box]
     page = client.get(reverse("channels")).content.decode()

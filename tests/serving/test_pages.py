@@ -168,3 +168,25 @@ def test_every_refused_engine_flag_is_shown_on_the_form_with_its_reason_and_noth
         assert html.escape(flag) in page and html.escape(reason) in page, (flag, reason)
         assert "field-error" in page
     assert ServingProfile.objects.count() == 0
+
+
+def test_editing_the_profile_of_a_running_deployment_says_it_needs_a_relaunch(client, team_setup):
+    from tests.support.channels import make_deployment
+
+    deployment = make_deployment(team_setup["team_a"], team_setup["alice"], "chat", state="ready")
+    profile = deployment.profile
+    client.force_login(team_setup["alice"])
+    page = client.get(reverse("profile_edit", args=[profile.pk]))
+    assert f"Deployment #{deployment.pk} runs from this profile" in page.content.decode()
+    form = page.context["form"]
+    data = {name: ("on" if value is True else value) for name in form.fields
+            if (value := form[name].value()) is not False and value is not None}
+    saved = client.post(reverse("profile_edit", args=[profile.pk]), dict(data, max_num_seqs=7, max_model_len=4096),
+                        follow=True)
+    said = [str(message) for message in saved.context["messages"]]
+    assert saved.redirect_chain, saved.context["form"].errors
+    assert f"Deployment #{deployment.pk} still runs with the settings it was launched with: stop it and launch " \
+           f"again to apply these." in said, said
+    deployment.state = "stopped"
+    deployment.save()
+    assert "runs from this profile" not in client.get(reverse("profile_edit", args=[profile.pk])).content.decode()

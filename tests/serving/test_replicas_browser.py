@@ -46,5 +46,5 @@ def test_it_shows_each_replica_and_the_route_balancing(page, live_server, team_s
     assert Route.objects.get(pk=route.pk).balance == "prefix_aware"  # nothing saved on error
     page.fill("#id_affinity_header", "x-session-id")
     page.click("button:has-text('Save route')")
-    page.wait_for_url(f"{live_server.url}/channels/")
+    page.wait_for_url(f"{live_server.url}/channels/routes/{route.pk}/")  # saved: back on the route
     assert Route.objects.get(pk=route.pk).balance == "session_affinity"
