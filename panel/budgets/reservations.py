@@ -18,11 +18,14 @@ HELD_SECONDS = 3600
 
 @dataclass(frozen=True)
 class Reservation:
-    """What one request holds: the held counters of each budget it spends from, and the amounts."""
+    """What one request holds: the held counters of each budget it spends from, and the amounts; and the tokens it
+    holds in its key's per-minute window (gateway/admission.py), in that window's counter."""
 
     keys: tuple
     money_units: int
     tokens: int
+    window_key: str | None = None
+    window_tokens: int = 0
 
 
 @dataclass(frozen=True)

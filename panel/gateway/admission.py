@@ -1,13 +1,15 @@
-"""May a request go, and which agent session is it: the key's per-minute limits (gateway/rate_limits.py), its team's
-and its own monthly budgets (budgets/enforcement.py) and the session lookup (gateway/sessions.py), asked of Redis in
-one script call, so a request waits on one round trip before the upstream is called, not four.
+"""May a request go, and which agent session is it: the key's per-minute limits (gateway/rate_limits.py), its team's and
+its own monthly budgets (budgets/enforcement.py) and the session lookup (gateway/sessions.py), asked of Redis in one
+script call, so a request waits on one round trip before the upstream is called, not four.
 
-The script keeps each part's rules and their order: a key over a per-minute limit is refused (429) before its
-request is counted in the window; a counted request over a budget, or whose maximum the budget's rest cannot cover
-beside what requests in flight hold, is refused (402); an admitted request holds its maximum against each budget
-(budgets/reservations.py) and becomes a turn of a session. A part that does not apply (no limits, no budget, no
-prompt to hash) is left out, and a request with none of them costs no call. When Redis cannot be reached the
-request goes, without session fields."""
+The script keeps each part's rules and their order: a key over a per-minute limit is refused (429) before its request is
+counted in the window, and a key with a tokens-per-minute limit holds each request's most (its prompt's estimate and
+max_tokens) in the window until it ends, so concurrent requests cannot pass the limit (a request whose most alone is
+over it is refused with 400); a counted request over a budget, or whose maximum the budget's rest cannot cover beside
+what requests in flight hold, is refused (402); an admitted request holds its maximum against each budget
+(budgets/reservations.py) and becomes a turn of a session. A part that does not apply (no limits, no budget, no prompt
+to hash) is left out, and a request with none of them costs no call. When Redis cannot be reached the request goes,
+without session fields."""
 import json
 import logging
 from dataclasses import dataclass, field
@@ -22,17 +24,17 @@ from panel.gateway import rate_limits, sessions
 
 log = logging.getLogger(__name__)
 
-# KEYS: the window's request and token counters (when the key has limits), each budget scope's money and token
-# counters, then each scope's held money and tokens, then the key's prefix keys, one per prompt block
-# (sessions.prefix_keys: the shortest prompt first).
-# ARGV[1]: JSON {rate_keys, rpm, tpm, budgets: [[money units, tokens] as strings, "" for none], hold: false or
-# [money units, tokens] as strings (then the held keys are in KEYS), held_ttl, session: false or {declared, new,
-# state_prefix, ttl}}; ARGV[2]: this request's block hashes as JSON, for the session's new state.
-# Returns {verdict, budget counters, session id, turn, the session's previous state}: verdict 0 admitted, 1 over
-# requests per minute, 2 over tokens per minute, 3 a budget spent, 4 the request's maximum does not fit a budget
-# (then {4, counters, the budget's index, its held money, its held tokens}).
-# The session's state key is named inside the script (it depends on the session found): fine on one Redis server,
-# which is what the gateway uses; a Redis Cluster would need the keys in KEYS.
+# KEYS: the window's request and token counters (when the key has limits), each budget scope's money and token counters,
+# then each scope's held money and tokens, then the key's prefix keys, one per prompt block (sessions.prefix_keys: the
+# shortest prompt first). ARGV[1]: JSON {rate_keys, rpm, tpm, tpm_hold (the request's most in tokens, held in the token
+# window), budgets: [[money units, tokens] as strings, "" for none], hold: false or [money units, tokens] as strings
+# (then the held keys are in KEYS), held_ttl, session: false or {declared, new, state_prefix, ttl}}; ARGV[2]: this
+# request's block hashes as JSON, for the session's new state. Returns {verdict, budget counters, session id, turn, the
+# session's previous state}: verdict 0 admitted, 1 over requests per minute, 2 over tokens per minute, 3 a budget spent,
+# 4 the request's maximum does not fit a budget (then {4, counters, the budget's index, its held money, its held
+# tokens}), 5 the request's most alone is over the tokens-per-minute limit. The session's state key is named inside the
+# script (it depends on the session found): fine on one Redis server, which is what the gateway uses; a Redis Cluster
+# would need the keys in KEYS.
 ADMIT = """
 local function reached(value, limit)
   -- whole numbers as strings, compared exactly: a Lua number is exact only to 2^53, and money is in 1e-8 units
@@ -48,7 +50,8 @@ if ask.rate_keys > 0 then
   local requests = tonumber(redis.call('GET', KEYS[1]) or '0')
   local tokens = tonumber(redis.call('GET', KEYS[2]) or '0')
   if ask.rpm > 0 and requests >= ask.rpm then return {1} end
-  if ask.tpm > 0 and tokens >= ask.tpm then return {2} end
+  if ask.tpm > 0 and ask.tpm_hold > ask.tpm then return {5} end
+  if ask.tpm > 0 and tokens + ask.tpm_hold > ask.tpm then return {2} end
   redis.call('INCR', KEYS[1])
   redis.call('EXPIRE', KEYS[1], 120)
   used = 2
@@ -88,6 +91,11 @@ if ask.hold then
   used = used + 2 * scopes
 end
 
+if ask.tpm_hold > 0 then  -- admitted: its most counts in the window now, the rest is given back when it ends
+  redis.call('INCRBY', KEYS[2], ask.tpm_hold)
+  redis.call('EXPIRE', KEYS[2], 120)
+end
+
 local session = ask.session
 if not session then return {0, counters} end
 local id = session.declared
@@ -119,6 +127,7 @@ class Admission:
 
     rate_limited: tuple | None = None
     budget_spent: str | None = None
+    too_large: str | None = None  # the request's most alone is over its key's tokens per minute
     session: dict = field(default_factory=dict)
     reservation: reservations.Reservation | None = None  # what the request holds against its budgets
 
@@ -134,11 +143,14 @@ async def admit(key, *, body, headers, session=True, channels=()):
         return Admission()
     minute, retry_after = rate_limits.window()
     held = reservations.scope_held_keys(scopes, month) if session else []
-    request_max = reservations.maximum(input_token_estimate(body), body, channels) if held else None
+    prompt_estimate = input_token_estimate(body) if held or key.tpm_limit else 0
+    request_max = reservations.maximum(prompt_estimate, body, channels) if held else None
+    tpm_hold = prompt_estimate + reservations.completion_limit(body) if key.tpm_limit and session else 0
     keys = [*(rate_limits.window_keys(key.id, minute) if limited else ()),
             *budgets.scope_counter_keys(scopes, month), *held,
             *(sessions.prefix_keys(key.id, asked.hashes) if asked else ())]
     request = {"rate_keys": 2 if limited else 0, "rpm": key.rpm_limit or 0, "tpm": key.tpm_limit or 0,
+               "tpm_hold": tpm_hold,
                "budgets": budgets.scope_limits(scopes),
                "hold": bool(request_max) and [str(request_max.money_units), str(request_max.tokens)],
                "held_ttl": reservations.HELD_SECONDS,
@@ -155,12 +167,19 @@ async def admit(key, *, body, headers, session=True, channels=()):
     verdict = answer[0]
     if verdict in (1, 2):
         return Admission(rate_limited=("requests per minute" if verdict == 1 else "tokens per minute", retry_after))
+    if verdict == 5:
+        return Admission(too_large=(f"this request may use up to {tpm_hold:,} tokens (its prompt, estimated, and "
+                                    f"max_tokens {reservations.completion_limit(body):,}), more than this key's "
+                                    f"limit of {key.tpm_limit:,} tokens per minute: lower max_tokens"))
     if verdict == 3:
         return Admission(budget_spent=budgets.verdict(scopes, answer[1], month))
     if verdict == 4:
         return Admission(budget_spent=reservations.shortfall_words(scopes, answer[2] - 1, answer[1],
                                                                    (answer[3], answer[4]), request_max))
-    held = request_max and reservations.Reservation(tuple(held), request_max.money_units, request_max.tokens)
+    held = reservations.Reservation(
+        tuple(held) if request_max else (), request_max.money_units if request_max else 0,
+        request_max.tokens if request_max else 0,
+        window_key=keys[1] if tpm_hold else None, window_tokens=tpm_hold) if request_max or tpm_hold else None
     if asked is None:
         return Admission(reservation=held)
     session_id, turn, previous = answer[2].decode(), answer[3], answer[4]

@@ -180,6 +180,8 @@ async def application(scope, receive, send):
             raise ClientError(429, f"this key's {which} limit is reached; retry in {retry_after} s",
                               code="rate_limit_exceeded", kind="rate_limit_error",
                               headers=[(b"retry-after", str(retry_after).encode())])
+        if admitted.too_large is not None:  # waiting would not help: 400, not 429
+            raise ClientError(400, admitted.too_large, code="tokens_per_minute_exceeded")
         if admitted.budget_spent is not None:  # 402: SDKs do not retry it, unlike 429
             raise ClientError(402, admitted.budget_spent, code="budget_exceeded", kind="insufficient_quota")
         if counting:

@@ -158,7 +158,7 @@ async def count_against_limits(key, cost, tokens, *, team_id=None, reservation=N
     request made inside the panel, without a key, to its team's), releasing what it held against them."""
     try:
         if key is not None:
-            await rate_limits.count_tokens(key, tokens)
+            await rate_limits.count_tokens(key, tokens, reservation)
         await budgets.count(key, cost, tokens, team_id=team_id, reservation=reservation)
     except Exception as error:  # a Redis outage must not turn a good answer into an error
         log.warning("request not counted against the limits of key %s / team %s (%s); the budget reconciliation "

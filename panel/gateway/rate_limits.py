@@ -1,8 +1,8 @@
 """Per-key requests and tokens per minute, enforced atomically in Redis across every gateway process.
 
-A fixed one-minute window: the admission's one script call (gateway/admission.py) checks both counters and counts
-the request; the tokens a request used are added when it ends. A key over either limit gets 429 with Retry-After =
-the seconds left in the window."""
+A fixed one-minute window: the admission's one script call (gateway/admission.py) checks both counters, counts the
+request and holds its most in tokens; when it ends, what it used replaces what it held. A key over either limit gets 429
+with Retry-After = the seconds left in the window."""
 import time
 
 from panel.core.redis_client import async_redis
@@ -19,12 +19,18 @@ def window_keys(key_id, minute):
     return f"tw:rl:{key_id}:{minute}:req", f"tw:rl:{key_id}:{minute}:tok"
 
 
-async def count_tokens(key, tokens):
-    if not key.tpm_limit or tokens <= 0:
+async def count_tokens(key, tokens, reservation=None):
+    """Count a finished request's tokens in its key's window: in the window that holds its most (admission), the
+    difference between what it used and what it held; without a hold, in the current window."""
+    if reservation is not None and reservation.window_key:
+        token_key, change = reservation.window_key, tokens - reservation.window_tokens
+    elif key.tpm_limit and tokens > 0:
+        token_key, change = window_keys(key.id, window()[0])[1], tokens
+    else:
         return
-    minute, _ = window()
-    token_key = window_keys(key.id, minute)[1]
+    if change == 0:
+        return
     pipe = async_redis().pipeline()
-    pipe.incrby(token_key, tokens)
+    pipe.incrby(token_key, change)
     pipe.expire(token_key, 120)
     await pipe.execute()

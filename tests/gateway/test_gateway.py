@@ -15,7 +15,6 @@ from panel.channels.models import Channel
 from tests.support.fake_upstream import closed_port
 from tests.support.gateway import CHAT, fallback, gateway, post, primary, records, setup, stream_events  # noqa: F401 (fixtures)
 from tests.support.gateway_server import GatewayServer
-from tests.support.waiting import wait_until
 
 
 def test_it_answers_through_the_local_channel_and_records_usage_and_cost(gateway, setup, primary, fallback):
@@ -260,10 +259,43 @@ def test_it_limits_requests_per_minute_across_processes(gateway, setup, transact
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
 
 
-def test_it_limits_tokens_per_minute(gateway, setup):
-    limited, raw = key_issue(team=setup["team"], user=None, name="tokens", tpm_limit=10)
-    first = post(gateway, raw, CHAT)
-    assert first.status_code == 200 and first.json()["usage"]["total_tokens"] > 10
-    wait_until(lambda: post(gateway, raw, CHAT).status_code == 429, seconds=5, message="the token limit")
-    refused = post(gateway, raw, CHAT)
-    assert refused.status_code == 429 and "tokens per minute" in refused.json()["error"]["message"]
+def test_it_limits_tokens_per_minute_holding_each_requests_most(gateway, setup, primary):
+    """A key with a tokens-per-minute limit holds each request's most (prompt estimate + max_tokens) in its window
+    while it runs: 16 concurrent streams against a limit that holds three cannot pass it (the first request of a
+    window passed it by its whole answer before), what each used replaces its hold when it ends, and a request
+    whose most alone is over the limit is refused with 400 (waiting would not help)."""
+    import concurrent.futures
+
+    import redis
+    from django.conf import settings
+
+    from panel.channels.rules import input_token_estimate
+    from panel.gateway.rate_limits import window, window_keys
+
+    most = input_token_estimate(CHAT) + CHAT["max_tokens"]
+    limited, raw = key_issue(team=setup["team"], user=None, name="tokens", tpm_limit=3 * most)
+    too_big = post(gateway, raw, dict(CHAT, max_tokens=3 * most))
+    assert too_big.status_code == 400 and too_big.json()["error"]["code"] == "tokens_per_minute_exceeded"
+    assert f"more than this key's limit of {3 * most:,} tokens per minute: lower max_tokens" in too_big.text
+
+    primary.behave("slow_drip", delay=0.05)
+    first_minute = window()[0]
+
+    def stream():
+        with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=dict(CHAT, stream=True), timeout=60,
+                          headers={"Authorization": f"Bearer {raw}"}) as response:
+            return response.status_code, b"".join(response.iter_bytes())
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: stream(), range(16)))
+    statuses = [status for status, _ in answers]
+    assert 1 <= statuses.count(200) and set(statuses) <= {200, 429}, statuses
+    used = records(17)  # the refusals are recorded too
+    spent = sum(row.prompt_tokens + row.completion_tokens for row in used)
+    store = redis.Redis.from_url(settings.REDIS_URL)
+    windows = [int(store.get(window_keys(limited.id, minute)[1]) or 0)
+               for minute in range(first_minute, window()[0] + 1)]  # one window, or two across a minute's end
+    assert all(tokens <= 3 * most for tokens in windows), windows  # never past the limit
+    assert sum(windows) == spent  # every hold replaced by what its request used
+    refused = next(body for status, body in answers if status == 429)
+    assert b"tokens per minute" in refused
