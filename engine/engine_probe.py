@@ -32,23 +32,42 @@ def version_of(name):
 
 # The ops each kernel of vLLM's CPU build calls (vllm/model_executor/kernels/linear/...): the W8A8 kernel
 # (CPUInt8ScaledMMLinearKernel) quantizes activations and multiplies through oneDNN; W4A16 (CPUWNA16, AWQ and
-# GPTQ/compressed-tensors alike) needs cpu_gemm_wna16; FP8 needs the fp8 quantization op.
+# GPTQ/compressed-tensors alike) needs cpu_gemm_wna16. FP8 has no op of its own on the CPU: vLLM 0.32 picks
+# ChannelWiseTorchFP8ScaledMMLinearKernel, torch's scaled-mm, so the check multiplies with it (fp8_multiplies).
 CPU_KERNEL_OPS = {
     "int8_scaled_mm": ("create_onednn_scaled_mm_handler", "onednn_scaled_mm"),
     "w4a16": ("cpu_gemm_wna16",),
-    "fp8": ("static_scaled_fp8_quant",),
 }
 
 
 def cpu_kernels():
-    """{kernel: bool} for the CPU build of vLLM's ops that loads on this processor (_C_AVX512 or _C_AVX2)."""
+    """{kernel: bool} for the CPU build of vLLM's ops that loads on this processor (_C_AVX512 or _C_AVX2), and
+    whether it multiplies FP8 weights."""
     try:
         import torch
         import vllm._custom_ops  # noqa: F401  loads the build this processor runs
 
-        return {kernel: all(hasattr(torch.ops._C, op) for op in ops) for kernel, ops in CPU_KERNEL_OPS.items()}
+        kernels = {kernel: all(hasattr(torch.ops._C, op) for op in ops) for kernel, ops in CPU_KERNEL_OPS.items()}
     except Exception:
-        return {kernel: False for kernel in CPU_KERNEL_OPS}
+        return {kernel: False for kernel in (*CPU_KERNEL_OPS, "fp8")}
+    kernels["fp8"] = fp8_multiplies(torch)
+    return kernels
+
+
+def fp8_multiplies(torch):
+    """Whether torch's scaled-mm multiplies FP8 (e4m3) matrices on this CPU as vLLM's FP8 fallback kernel calls it
+    (per-tensor scales, float32 out) and gets the product of the same values in float32: a layer served, not an
+    op's name looked up (the name check said "no FP8" on a Xeon whose engine then served an FP8 model)."""
+    try:
+        generator = torch.Generator().manual_seed(0)
+        a = torch.randn(8, 64, generator=generator).to(torch.float8_e4m3fn)
+        b = torch.randn(32, 64, generator=generator).to(torch.float8_e4m3fn).t()  # column-major, as vLLM keeps it
+        one = torch.ones(1, dtype=torch.float32)
+        out = torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)
+        out = out[0] if isinstance(out, tuple) else out
+        return bool(torch.allclose(out, a.float() @ b.float(), rtol=1e-3, atol=1e-3))
+    except Exception:  # no float8 dtype, no CPU scaled-mm, or a wrong product
+        return False
 
 
 def speculative_ngram():
@@ -82,7 +101,8 @@ def probe(args):
         "avx512": "avx512f" in flags,
         "amx": "amx_tile" in flags,
     }
-    kernels = cpu_kernels() if result["packages"].get("vllm") else {kernel: False for kernel in CPU_KERNEL_OPS}
+    kernels = (cpu_kernels() if result["packages"].get("vllm")
+               else {kernel: False for kernel in (*CPU_KERNEL_OPS, "fp8")})
     result["awq_cpu_kernel"] = kernels["w4a16"]
     gpus = []
     if result["packages"].get("torch"):
@@ -98,6 +118,7 @@ def probe(args):
         capability = min(gpu["compute_capability"] for gpu in gpus)
         kernels = {"int8_scaled_mm": capability >= 7.5, "w4a16": capability >= 7.5, "fp8": capability >= 8.9}
     result["kernels"] = kernels
+    result["fp8_checked_by"] = "multiplication"  # engine checks before this one looked up an op's name
     # On a GPU host vLLM's CUDA kernels serve AWQ; on a CPU host only the AVX-512 build of vLLM's ops has the
     # W4A16 GEMM (on an AVX2-only processor the engine dies at the first request without it).
     result["serves_awq"] = bool(gpus) or result["awq_cpu_kernel"]

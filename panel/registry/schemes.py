@@ -85,7 +85,13 @@ def host_serves(scheme_key, engine, *, group_size=128, keep_as="bf16", bits=None
         return Servable(True, f"vLLM's CUDA kernels (compute capability {capability or 'unknown'})")
     kernels = engine.get("kernels") or {}
     if scheme_key == "fp8-dynamic" or (scheme_key == "mixed" and keep_as == "fp8"):
-        return Servable(False, "the CPU engine has no FP8 kernel: vLLM stops while loading FP8 weights")
+        if engine.get("fp8_checked_by") != "multiplication":
+            return Servable(None, "the engine check predates the FP8 probe: run Check engine again")
+        if kernels.get("fp8"):
+            return Servable(True, "the CPU engine's FP8 fallback (torch's scaled-mm; the engine check multiplied "
+                                  "with it)")
+        return Servable(False, "this CPU cannot multiply FP8 weights (the engine check tried): vLLM would stop "
+                               "at the first request")
     if scheme.kernel == "int8_scaled_mm":
         if kernels.get("int8_scaled_mm") is None and "kernels" not in engine:
             return Servable(None, "the engine check predates the int8 probe: run Check engine again")

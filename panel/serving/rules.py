@@ -226,9 +226,10 @@ def _check_host(verdict, profile, model, host, cpu_kv_cache_bytes):
                     "FP16/BF16 parent here instead, or use another host."))
         if profile["quantization"] == "fp8":
             verdict.error("quantization", (
-                "The CPU engine cannot serve FP8: vLLM 0.32's CPU build has no FP8 quantization kernel "
-                "(_C::static_scaled_fp8_quant) and the engine stops while loading the weights. Serve the FP16/BF16 "
-                "model here, or FP8 on a GPU host."))
+                "The CPU engine cannot quantize weights to FP8 as it loads them: vLLM 0.32's CPU build has only a "
+                "stub of that kernel (_C::static_scaled_fp8_quant) and the engine stops at start-up. Quantize the "
+                "model to FP8 dynamic first and serve that child where the engine check says the host multiplies "
+                "FP8, or use FP8 on a GPU host."))
         if profile["block_size"] % 32:
             # Measured here: vLLM 0.32's CPU attention backend stops at start-up with "No common block size
             # for 16 (CPU_ATTN: [MultipleOf(32)])".

@@ -267,6 +267,7 @@ def test_the_ladder_serves_the_best_quantized_child_the_host_serves(team_setup, 
     host = cpu_host()
     EngineCheck.objects.create(team=team_setup["team_a"], host=host, state="succeeded", finished_at=timezone.now(),
                                result={"serves_awq": False, "speculative_ngram": True,
+                                       "fp8_checked_by": "multiplication",
                                        "kernels": {"int8_scaled_mm": True, "w4a16": False, "fp8": False}})
     shape = {f: getattr(tiny_model, f) for f in ("architecture", "model_type", "parameter_count", "num_layers",
                                                   "linear_parameter_count", "num_attention_heads", "num_kv_heads",
@@ -282,7 +283,7 @@ def test_the_ladder_serves_the_best_quantized_child_the_host_serves(team_setup, 
     plan = {step[0]: step for step in ladders.ladder_profiles(ladder, host)}
     assert plan["awq"][4]["model"] == w8a8 and plan["awq"][4]["quantization"] == "compressed-tensors"
     assert awq != plan["awq"][4]["model"]  # AWQ would die at its first request on this processor
-    assert plan["fp8"][4] is None and "the CPU engine has no FP8 kernel" in plan["fp8"][5]
+    assert plan["fp8"][4] is None and "this CPU cannot multiply FP8 weights" in plan["fp8"][5]
     ngram = plan["ngram"][4]
     assert ngram["model"] == w8a8 and ngram["max_num_seqs"] == 16
     assert ngram["extra_args"] == ("--enforce-eager --speculative-config '{\"method\": \"ngram\", "

@@ -24,10 +24,11 @@ from panel.registry.quality import (
 )
 from tests.support.safetensors import write_safetensors
 
-CPU_AVX512 = {"kernels": {"int8_scaled_mm": True, "w4a16": True, "fp8": False}, "cuda_devices": [],
-              "serves_awq": True}
+CPU_AVX512 = {"kernels": {"int8_scaled_mm": True, "w4a16": True, "fp8": True}, "cuda_devices": [],
+              "serves_awq": True, "fp8_checked_by": "multiplication"}
 CPU_AVX2 = {"kernels": {"int8_scaled_mm": True, "w4a16": False, "fp8": False}, "cuda_devices": [],
-            "serves_awq": False}
+            "serves_awq": False, "fp8_checked_by": "multiplication"}
+OLD_CHECK = {"kernels": {"int8_scaled_mm": True, "w4a16": True, "fp8": True}, "cuda_devices": []}  # FP8 by op name
 H200 = {"kernels": {"int8_scaled_mm": True, "w4a16": True, "fp8": True}, "serves_awq": True,
         "cuda_devices": [{"index": 0, "name": "NVIDIA H200", "memory_bytes": 150e9, "compute_capability": 9.0}]}
 A100 = {"kernels": {}, "cuda_devices": [{"index": 0, "name": "A100", "memory_bytes": 80e9, "compute_capability": 8.0}]}
@@ -84,7 +85,9 @@ def test_it_knows_the_same_schemes_as_the_engine():
     (CPU_AVX2, "w8a8-int8", True, "int8 scaled-mm"),
     (CPU_AVX512, "w4a16-gptq", True, "cpu_gemm_wna16"),
     (CPU_AVX2, "w4a16-awq", False, "AVX-512"),
-    (CPU_AVX512, "fp8-dynamic", False, "no FP8 kernel"),
+    (CPU_AVX512, "fp8-dynamic", True, "the engine check multiplied with it"),
+    (CPU_AVX2, "fp8-dynamic", False, "cannot multiply FP8 weights"),
+    (OLD_CHECK, "fp8-dynamic", None, "run Check engine again"),
     (H200, "fp8-dynamic", True, "compute capability 9.0"),
     (A100, "fp8-dynamic", False, "8.9 or higher"),
     (A100, "w4a16-awq", True, "CUDA"),
@@ -95,9 +98,10 @@ def test_it_says_whether_a_host_serves_each_scheme(engine, scheme, answer, words
     assert verdict.answer is answer and words in verdict.reason
 
 
-def test_it_refuses_fp8_kept_layers_on_a_cpu_host():
+def test_fp8_kept_layers_follow_the_hosts_fp8_check():
     assert schemes.host_serves("mixed", CPU_AVX512, keep_as="bf16").answer is True
-    assert schemes.host_serves("mixed", CPU_AVX512, keep_as="fp8").answer is False
+    assert schemes.host_serves("mixed", CPU_AVX512, keep_as="fp8").answer is True
+    assert schemes.host_serves("mixed", CPU_AVX2, keep_as="fp8").answer is False
 
 
 def test_it_expects_sizes_from_the_checkpoints_own_tensors(model):
