@@ -138,7 +138,8 @@ def test_it_refuses_awq_on_a_cpu_engine_without_the_kernel():
 
 def test_it_refuses_fp8_on_a_cpu_engine():
     values = {**defaults(), "quantization": "fp8", "quantization_bits": 8, "max_model_len": 4096}
-    assert "cannot serve FP8" in messages(check(values, model=tiny(), host=cpu_host()), "quantization")
+    assert "cannot quantize weights to FP8 as it loads them" in messages(check(values, model=tiny(), host=cpu_host()),
+                                                                         "quantization")
     assert check(values, model=tiny(), host=gpu_host(count=1)).ok
 
 
