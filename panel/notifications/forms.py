@@ -1,4 +1,5 @@
 from django import forms
+from django.conf import settings
 
 from panel.notifications.models import SUBSCRIBABLE, EventKind, WebhookFormat
 
@@ -14,3 +15,10 @@ class WebhookForm(forms.Form):
         required=False, choices=[(kind, EventKind(kind).label) for kind in SUBSCRIBABLE],
         widget=forms.CheckboxSelectMultiple, help_text="None ticked: every event.")
     enabled = forms.BooleanField(required=False, initial=True)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        allowed = ", ".join(settings.OUTBOUND_ALLOW_CIDRS) or "none"
+        self.fields["url"].help_text += (
+            " A receiver on this machine or a private network (localhost, 10.x, 192.168.x, ...) is refused unless "
+            f"the operator lists its range in TOKENWISE_OUTBOUND_ALLOW (listed now: {allowed}).")

@@ -234,3 +234,13 @@ def test_the_webhooks_page_edits_a_webhook_and_refuses_a_bad_url(client, team_se
     client.force_login(team_setup["vera"])
     assert client.post(f"/webhooks/{hook.pk}/edit/", {"name": "x", "url": "https://e/x", "format": "json"}
                        ).status_code == 403
+
+
+def test_the_webhook_form_says_which_addresses_are_refused_before_it_is_sent(client, team_setup, settings):
+    """A receiver on this machine or the local network was refused only after submitting the form."""
+    settings.OUTBOUND_ALLOW_CIDRS = []
+    client.force_login(team_setup["alice"])
+    page = client.get("/webhooks/").content.decode()
+    assert "is refused unless the operator lists its range in TOKENWISE_OUTBOUND_ALLOW (listed now: none)" in page
+    settings.OUTBOUND_ALLOW_CIDRS = ["10.0.0.0/8"]
+    assert "(listed now: 10.0.0.0/8)" in client.get("/webhooks/").content.decode()
