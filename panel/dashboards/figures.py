@@ -18,10 +18,11 @@ def _instant(seconds):
     return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def figure(title, traces, *, y_title="", y_percent=False, barmode=None, empty="No data in this range yet",
-           x_range=None):
+def figure(title, traces, *, y_title="", y_percent=False, y_money=False, barmode=None,
+           empty="No data in this range yet", x_range=None):
     """`x_range`: (start, end) epoch seconds of a time axis. Set, the axis spans exactly the window drawn, so one
-    point does not leave plotly to zoom into a millisecond around it."""
+    point does not leave plotly to zoom into a millisecond around it. `y_money`: plain decimals on the axis
+    (plotly's default wrote 0.0008 as "800μ")."""
     layout = {
         "title": {"text": title, "x": 0, "font": {"size": 14}}, "height": 300, "font": FONT,
         "margin": {"l": 55, "r": 10, "t": 40, "b": 40}, "legend": {"orientation": "h", "y": -0.2},
@@ -30,6 +31,8 @@ def figure(title, traces, *, y_title="", y_percent=False, barmode=None, empty="N
         "yaxis": {"title": {"text": y_title}, "rangemode": "tozero", "gridcolor": GRID, "zerolinecolor": "#d1d5db",
                   "ticksuffix": "%" if y_percent else ""},
     }
+    if y_money:
+        layout["yaxis"].update(tickformat=",.6~f", exponentformat="none")
     if x_range is not None:
         layout["xaxis"].update(type="date", range=[_instant(x_range[0]), _instant(x_range[1])], nticks=8)
     if barmode:

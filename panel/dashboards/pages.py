@@ -251,13 +251,13 @@ def cost(query):
         fig.bars("cloud (channel prices)", [line.name for line in remote],
                  [_money(line.per_million) for line in remote], 0,
                  text=[_fmt_money(line.per_million) for line in remote])],
-        y_title="cost / 1M tokens")
+        y_title="cost / 1M tokens", y_money=True)
     shown = [(label, value) for label, value in (("actual", summary.actual), ("all cloud", summary.all_cloud))
              if value is not None]
     page.figures["savings"] = fig.figure(f"This range ({query.range}): actual cost against all-cloud", [
         fig.bars("cost", [label for label, _ in shown], [_money(value) for _, value in shown], 0,
                  text=[_fmt_money(value) for _, value in shown])],
-        y_title="cost", empty="No traffic in this range")
+        y_title="cost", y_money=True, empty="No traffic in this range")
     if summary.local_unknown:
         page.figures["savings"]["layout"]["title"]["text"] = f"All-cloud cost ({query.range}); actual unknown"
     page.tables.append(Table("cost", "Cost by channel", [

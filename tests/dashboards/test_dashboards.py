@@ -369,3 +369,15 @@ def test_it_seeds_usage_both_ways_and_the_rollup_still_matches(team_setup):
     assert cloud.cost == cloud.channel.cost(cloud.prompt_tokens, cloud.completion_tokens, cloud.cached_tokens)
     usage_rollup_run()
     assert_rollups_match(team)
+
+
+def test_the_cost_figures_write_money_as_plain_decimals(traffic):
+    """Plotly's default axis wrote 0.0008 as "800μ"; the money axes are plain decimals."""
+    RequestLog.objects.create(team=traffic["team"], channel=traffic["cloud"], created_at=NOW - timedelta(minutes=5),
+                              endpoint="chat", model="c", status_code=200, outcome="ok", prompt_tokens=1000,
+                              completion_tokens=100, latency_ms=100, cost=Decimal("0.0008"))
+    usage_rollup_run()
+    page = dashboard_page(tab="cost", query=DashboardQuery(team=traffic["team"], range="1h", now=NOW.timestamp()))
+    for name in ("per_million", "savings"):
+        axis = go.Figure(page.figures[name]).layout.yaxis
+        assert (axis.tickformat, axis.exponentformat) == (",.6~f", "none"), name
