@@ -132,7 +132,7 @@ def request_list(request):
 @require_GET
 @team_view("usage.view")
 def request_detail(request, request_id):
-    row = get_object_or_404(RequestLog.objects.select_related("channel", "route"), team=request.team,
+    row = get_object_or_404(RequestLog.objects.select_related("channel", "route", "route_rule"), team=request.team,
                             request_id=request_id)
     row.key_name = _keys(request.team).get(row.key_id, "(panel traffic)" if row.key_id is None else "(deleted key)")
     row.hit_rate = _rate(row.cached_tokens, row.prompt_tokens)

@@ -381,3 +381,23 @@ def test_the_cost_figures_write_money_as_plain_decimals(traffic):
     for name in ("per_million", "savings"):
         axis = go.Figure(page.figures[name]).layout.yaxis
         assert (axis.tickformat, axis.exponentformat) == (",.6~f", "none"), name
+
+
+def test_a_requests_detail_names_its_rule_its_deployment_and_a_cost_not_known_yet(client, traffic):
+    """A local request's detail said "Cost 0.000000" where the Cost tab said "unknown", and did not say which rule
+    matched or which replica answered."""
+    from panel.channels.models import Route, RouteRule
+
+    team, local = traffic["team"], traffic["local"]
+    rule = RouteRule.objects.create(route=Route.objects.create(team=team, model_name="tiny-chat"), name="long prompts")
+    row = RequestLog.objects.create(team=team, channel=local, route_rule=rule, created_at=NOW, endpoint="chat",
+                                    model="tiny-chat", status_code=200, outcome="ok", prompt_tokens=10,
+                                    completion_tokens=5, latency_ms=10, request_id="req_local0000000000000001")
+    client.force_login(traffic["vera"])
+    page = client.get(reverse("request_detail", args=[row.request_id])).content.decode()
+    link = reverse("deployment_detail", args=[local.deployment_id])
+    assert "long prompts" in page and f'deployment <a href="{link}">' in page
+    assert "not known yet: a local request's share of its deployment's GPU time" in page
+    RequestLog.objects.filter(pk=row.pk).update(gpu_cost=Decimal("0.00042"), cost=Decimal("0.00042"))
+    page = client.get(reverse("request_detail", args=[row.request_id])).content.decode()
+    assert "0.000420" in page and "its share of the GPU time" in page and "not known yet" not in page
