@@ -19,6 +19,11 @@ class Team(models.Model):
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=100, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Whether members issue gateway keys for themselves (admins always may), and the most such a key may allow per
+    # minute (None: no cap): panel/accounts/keys.py, member_key_limits.
+    member_keys = models.BooleanField(default=False)
+    member_key_rpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    member_key_tpm_limit = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]

@@ -15,7 +15,8 @@ ACTIONS = {
     "audit.view": Role.ADMIN,
     # gateway: team keys
     "keys.view": Role.VIEWER,
-    "keys.manage": Role.ADMIN,  # issue and revoke
+    "keys.manage": Role.ADMIN,  # issue and revoke any key; let members issue their own
+    "keys.issue_own": Role.MEMBER,  # issue and revoke one's own keys, where the team lets members (keys.py)
     # channels: channels, routes and their rules, canaries, settings.json
     "channels.view": Role.VIEWER,  # channels and routes
     "channels.edit": Role.ADMIN,  # add, change, delete a channel or its credential

@@ -5,7 +5,7 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
-from panel.accounts.keys import key_issue, key_revoke
+from panel.accounts.keys import key_issue_as, key_revoke_as
 from panel.accounts.models import TeamKey
 from panel.api.auth import gate
 from panel.api.errors import errors
@@ -58,23 +58,26 @@ def keys_get(request, key_id: int):
     return key_out(get_object_or_404(TeamKey, pk=key_id, team=request.team))
 
 
-@router.post("/keys", auth=gate("keys.manage"), response=errors({201: KeyIssued}))
+@router.post("/keys", auth=gate("keys.issue_own"), response=errors({201: KeyIssued}))
 def keys_issue(request, body: KeyIssue, response: HttpResponse):
+    """An admin issues any key; a member one for themselves, where the team lets members, within its caps."""
     response["Cache-Control"] = "no-store"  # the key is in this answer only
     routes = Route.objects.filter(team=request.team).values_list("model_name", flat=True)
     given = body.dict(exclude_unset=True)
     given["allowed_models"] = ",".join(given.get("allowed_models", []))
     data = validated(KeyIssueForm, given, route_names=list(routes)).cleaned_data
-    key, raw = key_issue(team=request.team, user=request.user, name=data["name"], allowed_models=data["allowed_models"],
-                         rpm_limit=data["rpm_limit"], tpm_limit=data["tpm_limit"], expires_at=data["expires_at"])
+    key, raw = key_issue_as(membership=request.membership, user=request.user, name=data["name"],
+                            allowed_models=data["allowed_models"], rpm_limit=data["rpm_limit"],
+                            tpm_limit=data["tpm_limit"], expires_at=data["expires_at"])
     audit_record(action=AuditAction.KEY_ISSUED, request=request, target=f"{key.name} ({key.masked})")
     return Status(201, {**key_out(key), "key": raw})
 
 
-@router.post("/keys/{key_id}/revoke", auth=gate("keys.manage"), response=errors({200: KeyOut}))
+@router.post("/keys/{key_id}/revoke", auth=gate("keys.issue_own"), response=errors({200: KeyOut}))
 def keys_revoke(request, key_id: int):
+    """An admin revokes any key of the team; a member the keys they issued."""
     key = get_object_or_404(TeamKey, pk=key_id, team=request.team)
-    if key_revoke(key=key, user=request.user):
+    if key_revoke_as(membership=request.membership, user=request.user, key=key):
         audit_record(action=AuditAction.KEY_REVOKED, request=request, target=f"{key.name} ({key.masked})")
     return key_out(key)
 

@@ -30,3 +30,20 @@ class KeyIssueForm(forms.Form):
         if expires is not None and expires <= timezone.now():
             raise ValidationError("The expiry must be in the future.")
         return expires
+
+
+class MemberKeysForm(forms.Form):
+    member_keys = forms.BooleanField(required=False, label="Members may issue their own keys")
+    member_key_rpm_limit = forms.IntegerField(required=False, min_value=1, max_value=1_000_000,
+                                              label="At most, requests per minute",
+                                              help_text="Per key a member issues; empty: no cap.")
+    member_key_tpm_limit = forms.IntegerField(required=False, min_value=1, max_value=1_000_000_000,
+                                              label="At most, tokens per minute",
+                                              help_text="Per key a member issues; empty: no cap.")
+
+    def __init__(self, *args, instance=None, **kwargs):
+        if instance is not None and not args:
+            kwargs.setdefault("initial", {"member_keys": instance.member_keys,
+                                          "member_key_rpm_limit": instance.member_key_rpm_limit,
+                                          "member_key_tpm_limit": instance.member_key_tpm_limit})
+        super().__init__(*args, **kwargs)

@@ -51,7 +51,8 @@ def test_every_action_in_the_table_is_used():
 
 def test_a_page_and_the_api_doing_the_same_thing_share_an_action():
     assert PAGES["model_create"] == OPERATIONS[("POST", "/api/v1/models")] == "models.register"
-    assert PAGES["key_create"] == OPERATIONS[("POST", "/api/v1/keys")] == "keys.manage"
+    assert PAGES["key_create"] == OPERATIONS[("POST", "/api/v1/keys")] == "keys.issue_own"
+    assert PAGES["member_keys"] == "keys.manage"
     assert PAGES["profile_edit"] == OPERATIONS[("PATCH", "/api/v1/profiles/{profile_id}")] == "profiles.edit"
     assert PAGES["channel_edit"] == OPERATIONS[("PATCH", "/api/v1/channels/{channel_id}")] == "channels.edit"
     assert PAGES["token_create"] == OPERATIONS[("POST", "/api/v1/tokens")] == "tokens.create"

@@ -1,0 +1,70 @@
+"""Members issue their own gateway keys where an admin lets them, within the team's per-minute caps, on the page and
+through the API; they revoke only their own; without the admin's leave the page says who issues keys (a member saw
+no form and no word why, and POST /api/v1/keys was a bare 403)."""
+import html
+
+from django.urls import reverse
+
+from panel.accounts.keys import key_issue
+from panel.accounts.models import Role, TeamKey
+from panel.accounts.services import membership_add
+from tests.support.api_helpers import call, token_for
+
+
+def member_of(team_setup, django_user_model):
+    user = django_user_model.objects.create_user("mia", password="pw-mia-123")
+    membership_add(team=team_setup["team_a"], user=user, role=Role.MEMBER)
+    return user
+
+
+def test_without_leave_a_member_is_told_who_issues_keys(client, team_setup, django_user_model):
+    mia = member_of(team_setup, django_user_model)
+    client.force_login(mia)
+    page = client.get(reverse("keys")).content.decode()
+    assert "Keys of this team are issued by its admins (alice)" in page
+    assert f'action="{reverse("key_create")}"' not in page and f'action="{reverse("member_keys")}"' not in page
+    refused = client.post(reverse("key_create"), {"name": "mine"})
+    assert refused.status_code == 403 and "Only this team's admins issue keys" in html.unescape(
+        refused.content.decode())
+    api = call(client, "post", "/keys", token_for(mia, team_setup["team_a"]), {"name": "mine"})
+    assert api.status_code == 403 and "An admin can let members issue their own keys" in api.json()["detail"]
+    assert not TeamKey.objects.exists()
+
+
+def test_with_leave_a_member_issues_capped_keys_and_revokes_only_their_own(client, team_setup, django_user_model):
+    team, alice = team_setup["team_a"], team_setup["alice"]
+    mia = member_of(team_setup, django_user_model)
+    client.force_login(alice)
+    assert client.post(reverse("member_keys"), {"member_keys": "on", "member_key_rpm_limit": 60,
+                                                "member_key_tpm_limit": 10000}).status_code == 302
+    team.refresh_from_db()
+    assert (team.member_keys, team.member_key_rpm_limit, team.member_key_tpm_limit) == (True, 60, 10000)
+    theirs, _ = key_issue(team=team, user=alice, name="alice's")
+
+    client.force_login(mia)
+    page = client.get(reverse("keys")).content.decode()
+    assert "Issue a key for yourself" in page and "allow at most 60 requests and 10K tokens per minute" in page
+    over = client.post(reverse("key_create"), {"name": "bot", "rpm_limit": 100})
+    assert over.status_code == 400 and "allows at most 60 requests per minute" in over.content.decode()
+    assert client.post(reverse("key_create"), {"name": "bot"}).status_code == 200
+    mine = TeamKey.objects.get(name="bot")
+    assert (mine.created_by, mine.rpm_limit, mine.tpm_limit) == (mia, 60, 10000)  # the caps, where none was given
+    api = call(client, "post", "/keys", token_for(mia, team), {"name": "script", "tpm_limit": 500})
+    assert api.status_code == 201 and (api.json()["rpm_limit"], api.json()["tpm_limit"]) == (60, 500)
+
+    assert client.post(reverse("key_revoke", args=[theirs.pk])).status_code == 403
+    assert client.post(reverse("key_revoke", args=[mine.pk])).status_code == 302
+    mine.refresh_from_db()
+    theirs.refresh_from_db()
+    assert mine.revoked_at is not None and theirs.revoked_at is None
+    page = client.get(reverse("keys")).content.decode()
+    assert reverse("key_revoke", args=[theirs.pk]) not in page  # no Revoke button on another's key
+
+
+def test_a_viewer_still_issues_nothing(client, team_setup):
+    team = team_setup["team_a"]
+    team.member_keys = True
+    team.save()
+    client.force_login(team_setup["vera"])
+    assert client.post(reverse("key_create"), {"name": "x"}).status_code == 403
+    assert "Keys of this team are issued by its admins" in client.get(reverse("keys")).content.decode()
