@@ -398,6 +398,9 @@ def test_a_requests_detail_names_its_rule_its_deployment_and_a_cost_not_known_ye
     link = reverse("deployment_detail", args=[local.deployment_id])
     assert "long prompts" in page and f'deployment <a href="{link}">' in page
     assert "not known yet: a local request's share of its deployment's GPU time" in page
-    RequestLog.objects.filter(pk=row.pk).update(gpu_cost=Decimal("0.00042"), cost=Decimal("0.00042"))
+    assert "reasoning" not in page and "estimated:" not in page
+    RequestLog.objects.filter(pk=row.pk).update(gpu_cost=Decimal("0.00042"), cost=Decimal("0.00042"),
+                                                reasoning_tokens=3, tokens_estimated="completion")
     page = client.get(reverse("request_detail", args=[row.request_id])).content.decode()
     assert "0.000420" in page and "its share of the GPU time" in page and "not known yet" not in page
+    assert "5 out (of them 3 reasoning)" in page and "(estimated: completion)" in page
