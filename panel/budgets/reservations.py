@@ -28,6 +28,16 @@ class Reservation:
     window_tokens: int = 0
 
 
+def reservation(held_keys, request_max, *, window_key=None, window_tokens=0):
+    """What an admitted request holds: its maximum against the budgets' held counters (`request_max` None: no
+    budget) and its tokens in its key's per-minute window; None when it holds nothing."""
+    if request_max is None and not window_tokens:
+        return None
+    money, tokens = (request_max.money_units, request_max.tokens) if request_max else (0, 0)
+    return Reservation(tuple(held_keys) if request_max else (), money, tokens, window_key=window_key,
+                       window_tokens=window_tokens)
+
+
 @dataclass(frozen=True)
 class Maximum:
     """A request's largest possible charge, and the figures it was worked out from (for a refusal's words)."""

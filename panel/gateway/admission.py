@@ -176,10 +176,8 @@ async def admit(key, *, body, headers, session=True, channels=()):
     if verdict == 4:
         return Admission(budget_spent=reservations.shortfall_words(scopes, answer[2] - 1, answer[1],
                                                                    (answer[3], answer[4]), request_max))
-    held = reservations.Reservation(
-        tuple(held) if request_max else (), request_max.money_units if request_max else 0,
-        request_max.tokens if request_max else 0,
-        window_key=keys[1] if tpm_hold else None, window_tokens=tpm_hold) if request_max or tpm_hold else None
+    held = reservations.reservation(held, request_max, window_key=keys[1] if tpm_hold else None,
+                                    window_tokens=tpm_hold)
     if asked is None:
         return Admission(reservation=held)
     session_id, turn, previous = answer[2].decode(), answer[3], answer[4]
