@@ -21,6 +21,7 @@ urlpatterns = [
     path("members/<int:membership_id>/link/", accounts.member_link_view, name="member_link"),
     path("welcome/<str:uidb64>/<str:token>/", accounts.account_setup, name="account_setup"),
     path("account/", account_views.account, name="account"),
+    path("account/password/", account_views.password_change, name="password_change"),
     path("account/tokens/new/", account_views.token_create, name="token_create"),
     path("account/tokens/<int:token_id>/revoke/", account_views.token_revoke_view, name="token_revoke"),
     path("audit/", audit_views.audit_list, name="audit"),

@@ -1,5 +1,8 @@
-"""Your account: the personal access tokens you hold in the current team (any member, viewers included)."""
+"""Your account: your password and the personal access tokens you hold in the current team (any member, viewers
+included)."""
 from django.contrib import messages
+from django.contrib.auth import update_session_auth_hash
+from django.contrib.auth.forms import PasswordChangeForm
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -12,10 +15,11 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 
 
-def _page(request, form=None, raw_token=None, status=200):
+def _page(request, form=None, raw_token=None, password_form=None, status=200):
     return render(request, "accounts/account.html", {
         "tokens": tokens_of(user=request.user, team=request.team),
         "form": form or TokenForm(actor_role=request.membership.role), "raw_token": raw_token,
+        "password_form": password_form or PasswordChangeForm(request.user),
         "api_url": request.build_absolute_uri("/api/v1/"), "invitations": invitations_for(user=request.user)},
         status=status)
 
@@ -55,4 +59,20 @@ def token_revoke_view(request, token_id):
         messages.success(request, f"Revoked {token.name} ({token.masked}).")
     else:
         messages.error(request, f"{token.name} was already revoked.")
+    return redirect("account")
+
+
+@require_POST
+@team_view("account.password")
+def password_change(request):
+    """Change one's own password: the old one first, the new one twice and checked like an invited person's. This
+    session stays signed in; every other session of the account ends (Django ties sessions to the password)."""
+    form = PasswordChangeForm(request.user, request.POST)
+    if not form.is_valid():
+        return _page(request, password_form=form, status=400)
+    form.save()
+    update_session_auth_hash(request, form.user)
+    audit_record(action=AuditAction.PASSWORD_CHANGED, request=request, target=request.user.get_username())
+    messages.success(request, "Your password is changed. Other browsers signed in as you have been signed out; "
+                              "your personal access tokens still work.")
     return redirect("account")

@@ -9,6 +9,7 @@ ACTIONS = {
     # accounts: the team, Your account, Members, the audit log
     "team.view": Role.VIEWER,  # the overview page; GET /team
     "account.view": Role.VIEWER,  # Your account and the tokens listed on it
+    "account.password": Role.VIEWER,  # change one's own password
     "tokens.create": Role.VIEWER,  # a personal access token acts with at most its member's role
     "tokens.revoke": Role.VIEWER,
     "members.manage": Role.ADMIN,  # invite, change a role, remove (the owner rules are the services')

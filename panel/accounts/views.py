@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import SetPasswordForm
@@ -207,7 +208,11 @@ def account_setup(request, uidb64, token):
     form = SetPasswordForm(user, request.POST or None)
     if request.method == "POST" and form.is_valid():
         member_activate(user=user, password=form.cleaned_data["new_password1"])
-        messages.success(request, "Your password is set. Sign in with it.")
-        return redirect("login")
+        # Holding the link and choosing the password is the sign-in: asking for it again straight away proves
+        # nothing more (Django's own reset view does the same with post_reset_login).
+        login(request, user, backend=settings.AUTHENTICATION_BACKENDS[0])
+        messages.success(request, "Your password is set and you are signed in. Next time, sign in with your "
+                                  f"username, {user.get_username()}, and this password.")
+        return redirect("home")
     return render(request, "accounts/setup.html", {"form": form, "invited": user},
                   status=400 if request.method == "POST" else 200)

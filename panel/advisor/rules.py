@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from django.urls import reverse
 
+from panel.core.money import money_text
 from panel.registry import memory
 from panel.serving.rules import STABLE_UTILIZATION
 
@@ -20,6 +21,9 @@ P99_RISE_MIN_MS = 200
 RATE_LIMITED_MIN = 3
 GOOD_RETRIES, GOOD_BACKOFF = 3, 1.5  # what a settings.json for a cloud fallback usually says
 AWQ_SPARE_SHARE = 0.5  # FP16 weights would use at most half of the GPU's budget: AWQ saves memory nobody needs
+LOCAL_DEARER = 1.5  # a local deployment's tokens cost this many times what the cloud would charge for them
+LOCAL_MUCH_DEARER = 5  # ... and this many times is a problem, not a warning
+CHANNEL_FAILURES_MIN = 5  # failed attempts on a channel before its traffic alone makes it a finding
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,59 @@ def prefix_caching_off(*, profile, repeated, requests):
         fix="Turn enable_prefix_caching on in the profile and redeploy: the shared prefix's KV cache is then "
             "computed once and reused, cutting prompt tokens computed and TTFT.",
         link=reverse("profile_detail", args=[profile.pk]), link_label=f"profile {profile.name}")
+
+
+def local_dearer_than_cloud(*, line, deployment, baseline_name):
+    """Rule 9: a priced local deployment whose tokens cost more than the cloud baseline channel would charge for the
+    same tokens (the Cost tab's figures: GPU hours × price against the baseline's prices)."""
+    if deployment is None or line.cost is None or not line.baseline or not line.tokens or not line.gpu_hours:
+        return None
+    ratio = line.cost / line.baseline
+    if ratio < LOCAL_DEARER:
+        return None
+    served = line.tokens / line.gpu_hours
+    break_even = line.hourly / (line.baseline / line.tokens)
+    baseline_per_million = line.baseline / line.tokens * 1_000_000
+    return Recommendation(
+        rule="local_dearer", severity="problem" if ratio >= LOCAL_MUCH_DEARER else "warning",
+        key=f"deployment:{deployment.pk}",
+        title=f"{line.name} costs {ratio:.1f}× what {baseline_name} would charge for the same tokens",
+        evidence=[f"{line.gpu_hours:,.1f} hours up at {money_text(line.hourly)} an hour = {money_text(line.cost)} "
+                  f"for {line.tokens:,} tokens: {money_text(line.per_million)} per 1M tokens",
+                  f"{baseline_name} would have charged {money_text(line.baseline)}: "
+                  f"{money_text(baseline_per_million)} per 1M tokens",
+                  f"it served {served:,.0f} tokens an hour; it is cheaper than the cloud above {break_even:,.0f}"],
+        fix="A GPU costs the same whether it serves or idles, so local serving pays off only when it is busy. Send "
+            "it more traffic (more routes or teams on it), batch more (the max_num_seqs sweep in Benchmarks finds "
+            "how far), serve a quantized child on a smaller, cheaper GPU, or stop it while traffic is low and let "
+            "the route fall back to the cloud channel.",
+        link=reverse("deployment_detail", args=[deployment.pk]), link_label=f"deployment #{deployment.pk}")
+
+
+def channel_failing(*, channel, failures, answered, outcome_words):
+    """Rule 10: a channel that fails its attempts (`failures`: outcome -> failed attempts in the window; `answered`:
+    requests it answered) or whose last Test failed. A fallback channel that cannot be reached is found here before
+    the day the local deployment is down and every request needs it."""
+    failed = sum(failures.values())
+    test = channel.last_test or {}
+    test_failed = bool(test) and not test.get("ok")
+    if not test_failed and (failed < CHANNEL_FAILURES_MIN or failed < answered):
+        return None
+    evidence = []
+    if failed:
+        parts = ", ".join(f"{count} {outcome_words.get(outcome, outcome)}" for outcome, count in failures.most_common())
+        evidence.append(f"{failed} attempts failed ({parts}); it answered {answered} requests")
+    if test_failed:
+        evidence.append("its last Test failed: " + (test.get("diagnosis") or test.get("kind") or "no answer"))
+    return Recommendation(
+        rule="channel_failing", severity="problem", key=f"channel:{channel.pk}",
+        title=f"{channel.name} is failing",
+        evidence=evidence,
+        fix="Open the channel and press Test: it says which step fails (the name does not resolve, the connection "
+            "is refused, the key is refused, the model is unknown) and what to change. A route falls back past a "
+            "failing channel, at the cost of latency on every request; a fallback that fails leaves nothing behind "
+            "the local deployment.",
+        link=reverse("channel_detail", args=[channel.pk]), link_label=f"channel {channel.name}")
 
 
 # ------------------------------------------------------------------------------------------------- configuration

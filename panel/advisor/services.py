@@ -9,7 +9,10 @@ from django.utils import timezone
 
 from panel.advisor import rules
 from panel.channels.canary import p99
-from panel.channels.models import ChannelKind, Route
+from panel.channels.models import ChannelKind, Route, listed_channels
+from panel.dashboards.cost import cost_summary
+from panel.dashboards.requests import OUTCOME_WORDS, SCAN_LIMIT
+from panel.dashboards.selectors import RANGES, DashboardQuery
 from panel.registry.models import RegisteredModel
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, ServingProfile
 from panel.serving.services import profile_check
@@ -27,6 +30,9 @@ CHECKS = [  # what the page lists as looked at, in the issue's order
     ("gpu_memory_utilization", "gpu_memory_utilization outside 0.85-0.92"),
     ("awq_spare_memory", "Weight-only AWQ on a GPU with plenty of memory (can be slower than FP16/FP8)"),
     ("canary_rolled_back", "Canary rollouts that were rolled back"),
+    ("local_dearer", f"Local deployments whose tokens cost more than {rules.LOCAL_DEARER:g}× the cloud's price for "
+                     "them"),
+    ("channel_failing", "Channels that fail their requests or their last Test"),
 ]
 
 
@@ -88,6 +94,36 @@ def _awq_spare(deployment):
                                           gpu_name=smallest.get("name") or "GPU")
 
 
+def _local_dearer(team, now):
+    """The Cost tab's figures over the advisor's window (the shortest dashboard range that covers it)."""
+    hours = settings.ADVISOR_WINDOW_HOURS * 3600
+    name = min((name for name, span in RANGES.items() if span >= hours), key=RANGES.get, default="30d")
+    summary = cost_summary(DashboardQuery(team=team, range=name, now=now.timestamp()))
+    if summary.baseline_channel is None:
+        return
+    lines = [line for line in summary.lines if line.kind == "local" and line.deployment_id]
+    deployments = Deployment.objects.in_bulk([line.deployment_id for line in lines])
+    for line in lines:
+        yield rules.local_dearer_than_cloud(line=line, deployment=deployments.get(line.deployment_id),
+                                            baseline_name=summary.baseline_channel.name)
+
+
+def _channel_failures(team, since):
+    """Failed attempts per channel from the attempt trails of the window's requests that failed or retried (the
+    latest SCAN_LIMIT of them), and the requests each channel answered."""
+    failures = {}
+    rows = _traffic(team, since).filter(Q(attempts__gt=1) | ~Q(outcome="ok")).order_by("-created_at")
+    for trail in rows.values_list("attempt_trail", flat=True)[:SCAN_LIMIT]:
+        for step in trail or ():
+            if step.get("outcome") != "ok" and step.get("channel_id"):
+                failures.setdefault(step["channel_id"], Counter())[step.get("outcome") or "?"] += 1
+    answered = dict(_traffic(team, since).filter(outcome="ok").values_list("channel_id").annotate(Count("id")))
+    live = Q(kind=ChannelKind.REMOTE) | Q(deployment__state__in=list(ACTIVE_DEPLOYMENT_STATES))
+    for channel in listed_channels(team).filter(live, enabled=True):
+        yield rules.channel_failing(channel=channel, failures=failures.get(channel.pk, Counter()),
+                                    answered=answered.get(channel.pk, 0), outcome_words=OUTCOME_WORDS)
+
+
 def advice(*, team, now=None):
     """Every recommendation for `team`, most urgent first."""
     now = now or timezone.now()
@@ -109,6 +145,7 @@ def advice(*, team, now=None):
         "profile__model__parent", "host")
     for deployment in deployments:
         found.append(_awq_spare(deployment))
+    found += list(_local_dearer(team, now)) + list(_channel_failures(team, since))
     found = [item for item in found if item is not None]
     found.sort(key=lambda item: SEVERITY_ORDER.get(item.severity, 9))
     return found

@@ -5,6 +5,7 @@ from django.db import models
 class AuditAction(models.TextChoices):
     SIGNIN = "signin", "Signed in"
     SIGNIN_FAILED = "signin_failed", "Sign-in failed"
+    PASSWORD_CHANGED = "password_changed", "Password changed"
     KEY_ISSUED = "key_issued", "Key issued"
     KEY_REVOKED = "key_revoked", "Key revoked"
     CREDENTIAL_CHANGED = "credential_changed", "Channel credential changed"

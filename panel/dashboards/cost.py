@@ -31,6 +31,7 @@ class CostLine:
     baseline: float | None = None  # these tokens at the cloud baseline's prices
     cached: int = 0  # prompt tokens read from the provider's cache (part of `tokens`)
     cache_writes: int = 0  # prompt tokens written to it (part of `tokens`)
+    deployment_id: int | None = None  # a local line's deployment
 
     @property
     def per_million(self):
@@ -149,7 +150,8 @@ def cost_summary(query: DashboardQuery):
             summary.lines.append(CostLine(name=name, kind="remote", requests=row["requests"], tokens=tokens,
                                           cost=float(row["cost"]), **cache))
             continue
-        line = CostLine(name=name, kind="local", requests=row["requests"], tokens=tokens, cost=None, **cache)
+        line = CostLine(name=name, kind="local", requests=row["requests"], tokens=tokens, cost=None,
+                        deployment_id=row["deployment_id"], **cache)
         deployment = deployments.get(row["deployment_id"])
         if deployment is not None:
             line.gpu_hours = deployment_up_hours(deployment, since=query.start, until=query.end)

@@ -103,8 +103,14 @@ def test_it_creates_an_inactive_account_for_a_new_email_with_a_one_time_link(cli
     assert not client.login(username="dana", password="")  # no password yet: cannot sign in
     weak = client.post(link, {"new_password1": "123", "new_password2": "123"})
     assert weak.status_code == 400 and not get_user_model().objects.get(pk=dana.pk).is_active
-    done = client.post(link, {"new_password1": "a-long-Pass-phrase-9", "new_password2": "a-long-Pass-phrase-9"})
-    assert done.status_code == 302 and done["Location"] == reverse("login")
+    done = client.post(link, {"new_password1": "a-long-Pass-phrase-9", "new_password2": "a-long-Pass-phrase-9"},
+                       follow=True)
+    # Setting the password signs the person in, and the page says so with the username to sign in with next time.
+    assert done.redirect_chain == [(reverse("home"), 302)]
+    assert done.context["user"].get_username() == "dana"
+    assert "Your password is set and you are signed in" in done.content.decode() and "dana" in done.content.decode()
+    assert AuditEvent.objects.filter(action=AuditAction.SIGNIN, actor=dana).count() == 1
+    client.logout()
     assert client.login(username="dana", password="a-long-Pass-phrase-9")
     client.logout()
     again = client.get(link)  # spent: the password hash changed

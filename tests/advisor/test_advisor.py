@@ -10,6 +10,8 @@ from panel.advisor.services import advice
 from panel.channels.canary import canary_rollback, canary_start
 from panel.channels.models import Channel, Route, RouteChannel
 from panel.gateway.fingerprint import mask, system_prompt_hashes
+from panel.hosts.models import WorkerHost
+from panel.serving.models import Deployment
 from panel.usage.models import RequestLog
 from tests.support.advisor_objects import log, make_host, make_model, make_profile, serve
 from tests.support.fake_upstream import FakeUpstream
@@ -208,6 +210,64 @@ def test_it_stays_quiet_without_triggers_and_reports_a_rolled_back_canary(team_s
     canary_rollback(route=canary_start(route=route, channel=cloud), reason=reason)
     [item] = advice(team=team)
     assert (item.rule, item.evidence) == ("canary_rolled_back", [reason])
+
+
+@pytest.mark.django_db
+def test_it_flags_a_local_deployment_dearer_than_the_cloud_and_not_a_busy_one(team_setup):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from panel.dashboards.rollup import usage_rollup_run
+
+    team = team_setup["team_a"]
+    model = make_model(team)
+    cloud = Channel.objects.create(team=team, name="taotoken", base_url="http://127.0.0.1:9/v1", model_id="m",
+                                   price_input_per_million=Decimal("1"), price_output_per_million=Decimal("2"))
+    idle, idle_channel = serve(team, make_profile(team, model, "idle"), host=make_host("h200", gpu_gib=141))
+    busy, busy_channel = serve(team, make_profile(team, model, "busy"), host=make_host("h200b", gpu_gib=141))
+    WorkerHost.objects.filter(host="h200").update(gpu_price_per_hour=Decimal("2.00"))
+    WorkerHost.objects.filter(host="h200b").update(gpu_price_per_hour=Decimal("0.01"))
+    Deployment.objects.filter(pk__in=[idle.pk, busy.pk]).update(ready_at=timezone.now() - timedelta(hours=10))
+    log(team, 40, channel=idle_channel, prompt_tokens=250)  # 10,000 tokens in 10 hours at 2.00 an hour
+    log(team, 100, channel=busy_channel, prompt_tokens=10_000)  # 1M tokens in 10 hours at 0.01 an hour
+    log(team, 5, channel=cloud, prompt_tokens=100)
+    usage_rollup_run(lock=False)
+    [item] = fired(team, "local_dearer")
+    assert item.key == f"deployment:{idle.pk}" and item.severity == "problem"
+    assert f"{idle_channel.name} costs 2000." in item.title and "× what taotoken would charge" in item.title
+    assert "10.0 hours up at 2.00 an hour = 20.00 for 10,000 tokens: 2,000.0" in item.evidence[0]
+    assert "taotoken would have charged 0.01: 1.00 per 1M tokens" in item.evidence[1]
+    assert "cheaper than the cloud above 2,000,000" in item.evidence[2]
+    assert "let the route fall back to the cloud channel" in item.fix
+    assert item.link == f"/serving/deployments/{idle.pk}/"
+
+
+@pytest.mark.django_db
+def test_it_flags_a_failing_channel_from_its_attempts_or_its_last_test(team_setup):
+    team = team_setup["team_a"]
+    dns = Channel.objects.create(team=team, name="cloud-dns", base_url="http://no-such-host.invalid/v1", model_id="m")
+    flaky = Channel.objects.create(team=team, name="cloud-flaky", base_url="http://127.0.0.1:9/v1", model_id="m")
+    tested = Channel.objects.create(team=team, name="cloud-tested", base_url="http://127.0.0.1:9/v1", model_id="m",
+                                    last_test={"ok": False, "kind": "connection",
+                                               "diagnosis": "no-such-host.invalid does not resolve"})
+    fine = Channel.objects.create(team=team, name="cloud-fine", base_url="http://127.0.0.1:9/v1", model_id="m",
+                                  last_test={"ok": True})
+    # Six requests fell back past the DNS failure to a channel that answered; the flaky one failed 5 of 25.
+    log(team, 6, channel=fine, attempts=2, fell_back=True, attempt_trail=[
+        {"channel": "cloud-dns", "channel_id": dns.pk, "outcome": "connection"},
+        {"channel": "cloud-fine", "channel_id": fine.pk, "outcome": "ok"}])
+    log(team, 5, channel=flaky, attempts=2, attempt_trail=[
+        {"channel": "cloud-flaky", "channel_id": flaky.pk, "outcome": "upstream_error"},
+        {"channel": "cloud-flaky", "channel_id": flaky.pk, "outcome": "ok"}])
+    log(team, 20, channel=flaky)
+    found = {item.key: item for item in fired(team, "channel_failing")}
+    assert set(found) == {f"channel:{dns.pk}", f"channel:{tested.pk}"}
+    assert found[f"channel:{dns.pk}"].evidence == [
+        "6 attempts failed (6 could not connect); it answered 0 requests"]
+    assert found[f"channel:{tested.pk}"].evidence == [
+        "its last Test failed: no-such-host.invalid does not resolve"]
+    assert found[f"channel:{dns.pk}"].link == f"/channels/{dns.pk}/" and "press Test" in found[f"channel:{dns.pk}"].fix
 
 
 @pytest.mark.django_db

@@ -19,6 +19,8 @@ def test_it_shows_advice_and_a_canary_that_rolls_back(page, live_server, team_se
                               host=make_host("h200"))
     log(team, 30, model="support", system_prompt_hash=lambda index: f"{index:016x}",
         system_prompt_shape_hash="f" * 16, prompt_tokens=400, cached_tokens=0)
+    Channel.objects.create(team=team, name="cloud-down", base_url="http://no-such-host.invalid/v1",
+                           model_id="m", last_test={"ok": False, "diagnosis": "the name does not resolve"})
 
     sign_in(page, live_server.url, "alice", "pw-alice-123")
     page.click("nav.sidebar >> text=Advisor")
@@ -29,6 +31,7 @@ def test_it_shows_advice_and_a_canary_that_rolls_back(page, live_server, team_se
     expect(items.filter(has_text="gpu_memory_utilization 0.97")).to_contain_text("Set it to 0.90.")
     expect(items.filter(has_text="group size 256")).to_contain_text("AWQ 4-bit g256")
     expect(items.filter(has_text="memory to spare")).to_contain_text("141.0 GiB per GPU")
+    expect(items.filter(has_text="cloud-down is failing")).to_contain_text("the name does not resolve")
     expect(page.locator(".advice-item.problem").first).to_be_visible()
     screenshot(page, "advisor")
     items.filter(has_text="gpu_memory_utilization 0.97").locator("a.btn").click()
