@@ -1,19 +1,34 @@
-"""The overview page: what the panel is made of, and whether its workers are up; the error pages."""
+"""The overview page: how the team is doing this month, its deployments, what is failing, and the order of work;
+the error pages."""
+import time
+
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.urls import reverse
 
 from panel.accounts.decorators import team_view
+from panel.advisor.services import advice
 from panel.core.sections import SECTIONS
+from panel.dashboards.home import Attention, overview
 from panel.hosts.models import WorkerHost
 
 
 @team_view("team.view")
 def home(request):
     hosts = list(WorkerHost.objects.all())
+    summary = overview(team=request.team, now=time.time())
+    problems = [item for item in advice(team=request.team)
+                if item.severity == "problem" and item.rule != "channel_failing"]  # channels are listed already
+    if problems:
+        summary.attention.append(Attention(
+            f"Advisor: {len(problems)} problem{'s' if len(problems) != 1 else ''}",
+            "; ".join(item.title for item in problems[:3]) + ("; …" if len(problems) > 3 else ""),
+            reverse("advisor")))
     context = {
         "sections": SECTIONS,
         "hosts_online": sum(1 for host in hosts if host.is_online),
         "hosts_total": len(hosts),
+        "overview": summary,
     }
     return render(request, "core/home.html", context)
 

@@ -51,3 +51,25 @@ def test_a_viewer_changes_their_password_stays_signed_in_and_other_sessions_end(
     client.logout()
     assert not client.login(username="vera", password="pw-vera-123")
     assert client.login(username="vera", password=NEW)
+
+
+def test_it_changes_the_password_from_the_account_page_in_the_browser(page, live_server, team_setup):
+    from playwright.sync_api import expect
+
+    from tests.support.browser import screenshot, sign_in
+
+    sign_in(page, live_server.url, "vera", "pw-vera-123")
+    page.click("header.topbar >> text=vera")
+    page.fill("#id_old_password", "pw-vera-123")
+    page.fill("#id_new_password1", NEW)
+    page.fill("#id_new_password2", NEW + "!")
+    page.click("button:has-text('Change password')")
+    expect(page.locator("#password-change .field-error")).to_contain_text("didn’t match")
+    screenshot(page, "account-password-mismatch")
+    page.fill("#id_old_password", "pw-vera-123")
+    page.fill("#id_new_password1", NEW)
+    page.fill("#id_new_password2", NEW)
+    page.click("button:has-text('Change password')")
+    expect(page.locator(".message.success")).to_contain_text("Your password is changed")
+    screenshot(page, "account")
+    assert changed(team_setup["vera"], NEW)

@@ -1,0 +1,111 @@
+"""The overview page answers "how are we doing": this month's spend and requests, the local share, the savings
+against the cloud baseline (the Cost tab's figures, last month left out), live deployments, and what is failing."""
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from decimal import Decimal
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from panel.channels.models import Channel
+from panel.dashboards.home import overview
+from panel.dashboards.rollup import usage_rollup_run
+from panel.hosts.models import WorkerHost
+from panel.serving.models import Deployment
+from panel.usage.models import RequestLog
+from tests.support.advisor_objects import make_host, make_model, make_profile, serve
+
+NOW = datetime(2026, 11, 15, 12, 0, tzinfo=dt_timezone.utc)
+
+
+def rows(team, count, *, at, **fields):
+    defaults = {"endpoint": "chat", "model": "chat", "status_code": 200, "outcome": "ok", "latency_ms": 100.0}
+    RequestLog.objects.bulk_create([RequestLog(team=team, created_at=at, **{**defaults, **fields})
+                                    for _ in range(count)])
+
+
+@pytest.mark.django_db
+def test_it_adds_up_this_month_only_and_lists_deployments_and_failures(team_setup):
+    team = team_setup["team_a"]
+    cloud = Channel.objects.create(team=team, name="taotoken", base_url="http://127.0.0.1:9/v1", model_id="m",
+                                   price_input_per_million=Decimal("1"), price_output_per_million=Decimal("2"))
+    model = make_model(team)
+    deployment, local = serve(team, make_profile(team, model, "chat"), host=make_host("h200"))
+    WorkerHost.objects.filter(host="h200").update(gpu_price_per_hour=Decimal("0.05"))
+    Deployment.objects.filter(pk=deployment.pk).update(ready_at=NOW - timedelta(hours=10))
+    rows(team, 100, at=NOW - timedelta(hours=1), channel=local, prompt_tokens=10_000)  # 1M local tokens
+    rows(team, 10, at=NOW - timedelta(hours=1), channel=cloud, prompt_tokens=100_000, cost=Decimal("0.1"))
+    rows(team, 5, at=NOW - timedelta(hours=1), channel=cloud, outcome="error", status_code=502)
+    rows(team, 10, at=datetime(2026, 10, 31, 23, 0, tzinfo=dt_timezone.utc), channel=cloud,
+         prompt_tokens=100_000, cost=Decimal("0.1"))  # last month: not this month's
+    failed, _ = serve(team, make_profile(team, model, "broken"), state="failed")
+    Deployment.objects.filter(pk=failed.pk).update(finished_at=NOW - timedelta(days=1),
+                                                   failure_reason="the engine exited: out of memory\nTraceback ...")
+    old, _ = serve(team, make_profile(team, model, "old"), state="failed")
+    Deployment.objects.filter(pk=old.pk).update(finished_at=NOW - timedelta(days=8))  # before the last 7 days
+    Channel.objects.create(team=team, name="cloud-down", base_url="http://no-such-host.invalid/v1", model_id="m",
+                           last_test={"ok": False, "diagnosis": "no-such-host.invalid does not resolve"})
+    usage_rollup_run(lock=False)
+
+    summary = overview(team=team, now=NOW.timestamp())
+    month = summary.month
+    assert month.name == "November 2026"
+    assert (month.requests, month.errors) == (115, 5)
+    assert month.spend == pytest.approx(0.05 * 10 + 1.0)  # ten GPU hours at 0.05, and the cloud's charges
+    assert month.local_share == pytest.approx(0.5)
+    # All cloud: the cloud's 1.00 and the local million tokens at taotoken's 1 per million.
+    assert month.savings == pytest.approx(2.0 - 1.5) and month.savings_share == pytest.approx(0.25)
+    assert month.baseline_name == "taotoken" and month.missing_prices == []
+    assert [item.pk for item in summary.deployments] == [deployment.pk]
+    assert [(item.what, item.why, item.link) for item in summary.attention] == [
+        ("Channel cloud-down", "its last Test failed: no-such-host.invalid does not resolve",
+         reverse("channel_detail", args=[Channel.objects.get(name="cloud-down").pk])),
+        (f"Deployment #{failed.pk} failed", "the engine exited: out of memory",
+         reverse("deployment_detail", args=[failed.pk]))]
+
+
+@pytest.mark.django_db
+def test_a_local_host_without_a_price_makes_the_spend_unknown_not_zero(team_setup):
+    team = team_setup["team_a"]
+    deployment, local = serve(team, make_profile(team, make_model(team), "chat"), host=make_host("h200"))
+    Deployment.objects.filter(pk=deployment.pk).update(ready_at=NOW - timedelta(hours=2))
+    rows(team, 3, at=NOW - timedelta(hours=1), channel=local, prompt_tokens=100)
+    usage_rollup_run(lock=False)
+    month = overview(team=team, now=NOW.timestamp()).month
+    assert month.spend is None and month.savings is None and month.missing_prices == ["h200"]
+    assert not month.dearer and month.savings_shown is None
+
+
+@pytest.mark.django_db
+def test_local_serving_dearer_than_the_cloud_says_so(team_setup):
+    team = team_setup["team_a"]
+    Channel.objects.create(team=team, name="taotoken", base_url="http://127.0.0.1:9/v1", model_id="m",
+                           price_input_per_million=Decimal("1"))
+    deployment, local = serve(team, make_profile(team, make_model(team), "chat"), host=make_host("h200"))
+    WorkerHost.objects.filter(host="h200").update(gpu_price_per_hour=Decimal("2"))
+    Deployment.objects.filter(pk=deployment.pk).update(ready_at=NOW - timedelta(hours=3))
+    rows(team, 10, at=NOW - timedelta(hours=1), channel=local, prompt_tokens=1000)
+    usage_rollup_run(lock=False)
+    month = overview(team=team, now=NOW.timestamp()).month
+    assert month.dearer and month.savings_shown == pytest.approx(6.0 - 0.01)
+
+
+@pytest.mark.django_db
+def test_the_page_shows_the_month_deployments_and_what_needs_attention(client, team_setup):
+    team = team_setup["team_a"]
+    client.force_login(team_setup["vera"])  # a viewer sees the overview too
+    empty = client.get(reverse("home")).content.decode()
+    assert "Spent this month" in empty and "None yet" in empty and "Nothing is failing" in empty
+    assert "Nothing is served locally" in empty
+
+    model = make_model(team)
+    make_profile(team, model, "split", tensor_parallel_size=3)  # the advisor calls that a problem (28 heads)
+    deployment, _ = serve(team, make_profile(team, model, "chat"), host=make_host("h200"))
+    failed, _ = serve(team, make_profile(team, model, "broken"), state="failed")
+    Deployment.objects.filter(pk=failed.pk).update(finished_at=timezone.now(), failure_reason="out of memory")
+    page = client.get(reverse("home")).content.decode()
+    assert f'href="/serving/deployments/{deployment.pk}/">chat #{deployment.pk}</a>' in page
+    assert f"Deployment #{failed.pk} failed" in page and "out of memory" in page
+    assert "Advisor: 1 problem" in page and "tensor_parallel_size 3 does not divide the heads" in page
+    assert "Nothing is failing" not in page
