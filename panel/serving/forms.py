@@ -145,12 +145,31 @@ class LaunchForm(forms.Form):
         help_text="Without it, a route the team already has for this served name keeps its channels: the "
                   "deployment's local channel is made but not added to it.")
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, running=(), **kwargs):
+        """`running`: the profile's active deployments (their first rows). A launch beside them asks first."""
         super().__init__(*args, **kwargs)
         self.fields["host"].queryset = WorkerHost.objects.filter(kind="gpu").order_by("host")
+        self.running = list(running)
+        if self.running:
+            names = ", ".join(f"#{deployment.pk} ({deployment.get_state_display().lower()})"
+                              for deployment in self.running)
+            self.fields["another"] = forms.BooleanField(
+                required=False, label=f"Start another engine beside {names}",
+                help_text="It gets its own local channel; the running deployment keeps its channel, its route and "
+                          "its traffic. To serve this profile with more engines behind one route, stop it and "
+                          "launch again with more replicas.")
 
     def clean_replicas(self):
         return self.cleaned_data.get("replicas") or 1
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.running and not cleaned.get("another"):
+            first = self.running[0]
+            raise forms.ValidationError(
+                f"This profile already runs as deployment #{first.pk} ({first.get_state_display().lower()}). "
+                "Tick “Start another engine” to launch a second one beside it, or open the running one.")
+        return cleaned
 
 
 class ImportForm(forms.Form):

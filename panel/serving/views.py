@@ -145,6 +145,12 @@ def _command_preview(profile):
     return " ".join(argv)
 
 
+def _running(profile):
+    """The profile's active deployments, one row each (a replica set by its first row)."""
+    return profile.deployments.filter(replica_of__isnull=True, state__in=list(ACTIVE_DEPLOYMENT_STATES)) \
+        .order_by("pk")
+
+
 @team_view("serving.view")
 def profile_detail(request, profile_id):
     profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
@@ -153,7 +159,7 @@ def profile_detail(request, profile_id):
         "values": profile_values(profile),
         "command": _command_preview(profile),
         "verdict": profile_check(profile),
-        "launch_form": LaunchForm(),
+        "launch_form": LaunchForm(running=_running(profile)),
         "launch_refusal": (check_failed_refusal(profile.model, doing="served")
                            if profile.model.state == ModelState.BROKEN else None),  # no Launch button then
         "deployments": _listed(profile.deployments.all())[:20],
@@ -180,7 +186,7 @@ def profile_export(request, profile_id, kind):
 @team_view("deployments.run")
 def deployment_create(request, profile_id):
     profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
-    form = LaunchForm(request.POST)
+    form = LaunchForm(request.POST, running=_running(profile))
     if not form.is_valid():
         messages.error(request, " ".join(m for ms in form.errors.values() for m in ms))
         return redirect("profile_detail", profile_id=profile.pk)

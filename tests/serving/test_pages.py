@@ -190,3 +190,37 @@ def test_editing_the_profile_of_a_running_deployment_says_it_needs_a_relaunch(cl
     deployment.state = "stopped"
     deployment.save()
     assert "runs from this profile" not in client.get(reverse("profile_edit", args=[profile.pk])).content.decode()
+
+
+def test_launching_a_running_profile_asks_first_and_starts_nothing_until_confirmed(client, team_setup):
+    from django.utils import timezone
+
+    from panel.hosts.models import WorkerHost
+    from panel.serving.models import Deployment
+    from tests.support.channels import make_deployment
+
+    running = make_deployment(team_setup["team_a"], team_setup["alice"], "chat", state="ready")
+    profile = running.profile
+    ServingProfile.objects.filter(pk=profile.pk).update(max_model_len=2048, block_size=32,
+                                                        max_num_batched_tokens=2048)
+    WorkerHost.objects.create(name="gpu@box", host="box", kind="gpu", queues=["gpu", "gpu.box"], gpus=[],
+                              memory_available_bytes=16 * 1024 ** 3, last_seen=timezone.now())
+    client.force_login(team_setup["alice"])
+    detail = client.get(reverse("profile_detail", args=[profile.pk])).content.decode()
+    assert f"Start another engine beside #{running.pk} (ready)" in detail and ">Launch another</button>" in detail
+    refused = client.post(reverse("deployment_create", args=[profile.pk]), {"host": "", "replicas": 1}, follow=True)
+    said = [str(message) for message in refused.context["messages"]]
+    assert said == [f"This profile already runs as deployment #{running.pk} (ready). Tick “Start another engine” "
+                    "to launch a second one beside it, or open the running one."]
+    assert list(Deployment.objects.values_list("pk", flat=True)) == [running.pk]
+    launched = client.post(reverse("deployment_create", args=[profile.pk]), {"host": "", "replicas": 1,
+                                                                               "another": "on"})
+    second = Deployment.objects.exclude(pk=running.pk).get()
+    assert launched["Location"] == reverse("deployment_detail", args=[second.pk])
+    running.refresh_from_db()
+    assert running.state == "ready"
+    running.state = "stopped"
+    running.save()
+    second.state = "stopped"
+    second.save()
+    assert "Start another engine" not in client.get(reverse("profile_detail", args=[profile.pk])).content.decode()
