@@ -84,7 +84,27 @@ def _local_channel_sync(deployment):
              or route.routechannel_set.filter(models.Q(channel__deployment__in=siblings)
                                               | models.Q(channel__deployment__profile=row.profile_id)).exists())
     if joins and not route.routechannel_set.filter(channel=channel).exists():
-        last = route.routechannel_set.order_by("-position").values_list("position", flat=True).first()
-        RouteChannel.objects.create(route=route, channel=channel, position=0 if last is None else last + 1)
+        _join(route, channel, kin=lambda other: other.deployment_id is not None and (
+            other.deployment.profile_id == row.profile_id or other.deployment.replica_of_id == head_id
+            or other.deployment_id == head_id))
+    if several and route.balance == RouteBalance.IN_ORDER and route.routechannel_set.filter(
+            channel__deployment__in=siblings).exists():
+        # In order, the first replica would take every request and the others none: replicas are balanced
+        # prefix-aware (a balance the team chose, round-robin or least in flight, stays).
+        Route.objects.filter(pk=route.pk).update(balance=RouteBalance.PREFIX_AWARE)
     routing_changed(row.team_id)
     return channel
+
+
+def _join(route, channel, *, kin):
+    """Put a local channel on the route right after its kin (`kin(channel)`: a channel of another replica of the same
+    deployment, or of a deployment of the same profile), so that a cloud fallback after them stays after them; with
+    no kin on the route, last (the team's order stands). The entries after it move one place down."""
+    entries = list(route.routechannel_set.select_related("channel__deployment").order_by("position", "pk"))
+    kin_at = [index for index, entry in enumerate(entries) if kin(entry.channel)]
+    at = kin_at[-1] + 1 if kin_at else len(entries)
+    for index, entry in enumerate(entries):
+        wanted = index if index < at else index + 1
+        if entry.position != wanted:
+            RouteChannel.objects.filter(pk=entry.pk).update(position=wanted)
+    RouteChannel.objects.create(route=route, channel=channel, position=at)

@@ -93,7 +93,37 @@ def test_a_replica_joins_the_route_its_sibling_is_on_even_when_the_route_is_the_
         set_state(replica, "ready", port=8400 + index, base_url=f"http://127.0.0.1:{8400 + index}/v1")
         local_channel_sync(replica)
     route = Route.objects.get(team=head.team, model_name="tiny-chat")
-    assert route.routechannel_set.count() == 2 and route.balance == ""  # the team's route keeps its balancing
+    # In order, the first replica would take every request: replicas are balanced prefix-aware.
+    assert route.routechannel_set.count() == 2 and route.balance == "prefix_aware"
+
+
+def test_replicas_join_next_to_their_siblings_ahead_of_the_cloud_fallback_and_a_chosen_balance_stays(team_setup,
+                                                                                                      profile):
+    from decimal import Decimal
+
+    from panel.channels.models import RouteChannel
+
+    host("host-a"), host("host-b")
+    team = team_setup["team_a"]
+    # The walk's case: one deployment on its route with a cloud fallback after it, then a second launch of the same
+    # profile with two replicas beside it.
+    first = launch(team_setup, profile, 1)
+    set_state(first, "ready", port=8499, base_url="http://127.0.0.1:8499/v1")
+    local_channel_sync(first)
+    route = Route.objects.get(team=team, model_name="tiny-chat")
+    cloud = Channel.objects.create(team=team, name="taotoken", base_url="http://127.0.0.1:9/v1", model_id="m",
+                                   price_input_per_million=Decimal("1"))
+    RouteChannel.objects.create(route=route, channel=cloud, position=5)
+    Route.objects.filter(pk=route.pk).update(balance="round_robin")
+    head = launch(team_setup, profile, 2)
+    for index, replica in enumerate(head.replicas()):
+        set_state(replica, "ready", port=8500 + index, base_url=f"http://127.0.0.1:{8500 + index}/v1")
+        local_channel_sync(replica)
+    route.refresh_from_db()
+    order = list(route.routechannel_set.order_by("position").values_list("channel__deployment", "position"))
+    assert order == [(first.pk, 0), *((replica.pk, 1 + index) for index, replica in enumerate(head.replicas())),
+                     (None, 3)]  # the cloud fallback stays last
+    assert route.balance == "round_robin"  # the team's choice, not in order: kept
 
 
 def test_the_deployment_page_shows_every_replica(client, team_setup, profile):
