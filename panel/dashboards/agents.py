@@ -71,6 +71,9 @@ def agent_sessions(query):
     """[SessionTotals] of the range's sessions (key and channel filters apply), each with its turns in order."""
     rows = RequestLog.objects.filter(team=query.team, created_at__gte=_moment(query.start),
                                      created_at__lte=_moment(query.end)).exclude(session_id="")
+    # A request the gateway refused for the client's own fault (4xx: bad request, key, model or budget) reached no
+    # model: it is no turn of a session.
+    rows = rows.exclude(outcome="error", status_code__gte=400, status_code__lt=500)
     if query.key_id:
         rows = rows.filter(key_id=query.key_id)
     if query.channel_id:
@@ -117,7 +120,9 @@ def agents(query, *, page, table):
     sessions = agent_sessions(query)
     keys = {key.pk: str(key) for key in TeamKey.objects.filter(team=query.team)}
     routes = dict(Route.objects.filter(team=query.team).values_list("pk", "model_name"))
-    by_cost = sorted(sessions, key=lambda session: -session.billed)
+    # Costliest first; on equal cost (a free local channel) the longer session, then the larger one, then by id.
+    by_cost = sorted(sessions, key=lambda session: (-session.billed, -len(session.turns), -session.input_tokens,
+                                                    session.session_id))
     shown = by_cost[:CURVES]
     result = page()
     result.figures["growth"] = _turn_axis(fig.figure("Input tokens per turn (top sessions by cost)", [

@@ -142,6 +142,8 @@ def cost_summary(query: DashboardQuery):
         .select_related("host").in_bulk()
     unfiltered = _deployment_tokens(query) if query.key_id is not None else {}
     for row in rows:
+        if row["channel_id"] is None:
+            continue  # refused before any channel was picked: no tokens, no cost, and no channel to list
         tokens = row["prompt_tokens"] + row["completion_tokens"]
         channel = channels.get(row["channel_id"])
         name = channel.name if channel else "(deleted channel)"

@@ -87,10 +87,11 @@ def month_start(now):
 def month_figures(team, now):
     began = month_start(now)
     query = MonthQuery(team=team, range="30d", now=now, month_start=began.timestamp())
-    totals = usage_totals(query, columns=("requests", "errors"))
+    totals = usage_totals(query, columns=("requests", "errors", "refused"))
     summary = cost_summary(query)
     tokens = summary.local_tokens + summary.cloud_tokens
-    return Month(name=began.strftime("%B %Y"), requests=totals["requests"], errors=totals["errors"],
+    return Month(name=began.strftime("%B %Y"), requests=totals["requests"],
+                 errors=totals["errors"] - totals["refused"],  # the clients' own 4xx are not failures
                  spend=money(summary.actual), local_share=summary.local_tokens / tokens if tokens else None,
                  savings=money(summary.savings), savings_share=summary.savings_share,
                  baseline_name=summary.baseline_channel.name if summary.baseline_channel else "",

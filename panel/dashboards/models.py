@@ -30,6 +30,9 @@ class UsageRollup(models.Model):
     local = models.BooleanField(default=False)  # served by a local channel (a deployment)
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
+    # The part of `errors` that the clients caused (4xx: an unknown model, a bad key, a spent budget, a bad
+    # request): shown apart from the error rate. Nullable: adding it is an ALTER TABLE, not a copy of the table.
+    refused = models.PositiveIntegerField(null=True, blank=True)
     fallbacks = models.PositiveIntegerField(default=0)
     prompt_tokens = models.BigIntegerField(default=0)
     completion_tokens = models.BigIntegerField(default=0)

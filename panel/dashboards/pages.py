@@ -88,11 +88,23 @@ def _money(value):
     return money(value)
 
 
+def channel_label(channels, pk):
+    """A channel's name in a table or legend; requests refused before any channel was picked have none."""
+    if pk is None:
+        return "(none: refused before a channel)"
+    return channels.get(pk, "(deleted channel)")
+
+
+def server_errors(row):
+    """Errors that are not the clients' own refusals (4xx): what the error rate counts."""
+    return row["errors"] - (row.get("refused") or 0)
+
+
 def overview(query):
     channels, keys, _ = _names(query)
     page = Page()
     rows = usage_by_step(query, by="channel_id", columns=("requests", "prompt_tokens", "completion_tokens"))
-    name = lambda pk: channels.get(pk, "(no channel)")  # noqa: E731
+    name = lambda pk: channel_label(channels, pk)  # noqa: E731
     series = fig.filled(fig.by_series(
         rows, "channel_id", lambda row: _per_minute(row["requests"], query, row["t"]), name), query.steps())
     page.figures["requests"] = fig.figure("Requests per minute by channel", [
@@ -103,26 +115,28 @@ def overview(query):
     page.figures["tokens"] = fig.figure("Tokens per minute by channel", [
         fig.line(label, xs, ys, i) for i, (label, (xs, ys)) in enumerate(sorted(series.items()))],
         y_title="tokens / min", x_range=_window(query))
-    steps = usage_by_step(query, columns=("requests", "errors", "fallbacks"))
+    steps = usage_by_step(query, columns=("requests", "errors", "refused", "fallbacks"))
     xs = [row["t"] for row in steps]
-    page.figures["errors"] = fig.figure("Error and fallback rate", [
-        fig.line("errors", xs, [_rate(row["errors"], row["requests"]) for row in steps], 5),
+    page.figures["errors"] = fig.figure("Error, refusal and fallback rate", [
+        fig.line("errors", xs, [_rate(server_errors(row), row["requests"]) for row in steps], 5),
+        fig.line("refused (the clients' own 4xx)", xs, [_rate(row["refused"], row["requests"]) for row in steps], 7),
         fig.line("fallbacks", xs, [_rate(row["fallbacks"], row["requests"]) for row in steps], 2)],
         y_title="% of requests", y_percent=True, x_range=_window(query))
     totals = usage_totals(query)
     page.cards = [("Requests", f"{totals['requests']:,}", f"last {query.range}"),
                   ("Tokens", f"{totals['prompt_tokens'] + totals['completion_tokens']:,}",
                    f"{totals['cached_tokens']:,} prompt tokens from cache"),
-                  ("Error rate", _percent(_rate(totals["errors"], totals["requests"])),
-                   f"{totals['fallbacks']:,} fallbacks"),
+                  ("Error rate", _percent(_rate(server_errors(totals), totals["requests"])),
+                   f"{totals['fallbacks']:,} fallbacks; {totals['refused']:,} refused (the clients' own 4xx: "
+                   "unknown model, bad key, spent budget), not counted as errors"),
                   ("Cost recorded", money_text(totals["cost"]),
                    "cloud prices, and local requests' share of GPU cost")]
-    columns = ["requests", "errors", "fallbacks", "prompt tokens", "completion tokens", "cached tokens",
+    columns = ["requests", "errors", "refused", "fallbacks", "prompt tokens", "completion tokens", "cached tokens",
                "cache writes", "cost"]
 
     def counts(row):
-        return [row["requests"], row["errors"], row["fallbacks"], row["prompt_tokens"], row["completion_tokens"],
-                row["cached_tokens"], row["cache_write_tokens"], _money(row["cost"])]
+        return [row["requests"], server_errors(row), row["refused"], row["fallbacks"], row["prompt_tokens"],
+                row["completion_tokens"], row["cached_tokens"], row["cache_write_tokens"], _money(row["cost"])]
 
     grouped = sorted(usage_grouped(query, by=("channel_id",)), key=lambda row: -row["requests"])
     page.tables.append(Table("channels", "By channel", ["channel"] + columns,
@@ -162,7 +176,7 @@ def latency(query):
     rows = sorted(latency_by(query, by=("channel_id",)), key=lambda row: -row["requests"])
     page.tables.append(Table("latency", "Gateway latency by channel (ms)", [
         "channel", "requests", "with TTFT", "TTFT p50", "TTFT p95", "TTFT p99", "latency p50", "latency p95",
-        "latency p99"], [[channels.get(row["channel_id"], "(no channel)"), row["requests"], row["ttft_count"]]
+        "latency p99"], [[channel_label(channels, row["channel_id"]), row["requests"], row["ttft_count"]]
                          + [_ms(row["ttft"][q]) for q in QUANTILES] + [_ms(row["latency"][q]) for q in QUANTILES]
                          for row in rows]))
     totals = engine_by_deployment(query, steps=engine)
@@ -220,7 +234,7 @@ def cache(query):
                   key=lambda row: -row["prompt_tokens"])
     page.tables.append(Table("cached_tokens", "Cached prompt tokens by channel (gateway usage)", [
         "channel", "prompt tokens", "cached tokens", "cached %"],
-        [[channels.get(row["channel_id"], "(no channel)"), row["prompt_tokens"], row["cached_tokens"],
+        [[channel_label(channels, row["channel_id"]), row["prompt_tokens"], row["cached_tokens"],
           _rate(row["cached_tokens"], row["prompt_tokens"])] for row in rows]))
 
     page.tables.extend(hit_rate_tables(query, channels, keys))
@@ -286,7 +300,8 @@ def cost(query):
         ["monthly projection: savings", _or(_money(summary.monthly_savings), unknown)],
         ["local cost / 1M tokens", _or(_money(summary.per_million("local")), unknown)],
         ["break-even local load (tokens / hour)", _whole(summary.break_even_tokens_per_hour)],
-        ["local load now (tokens / hour)", _whole(summary.local_tokens / (summary.span_seconds / 3600))
+        ["local load, average over this range (tokens / hour)",
+         _whole(summary.local_tokens / (summary.span_seconds / 3600))
          if summary.span_seconds else None],
         ["cloud cost / 1M tokens", _money(summary.cloud_per_million)]],
         note="Monthly projection: this range's numbers scaled to 30 days."))

@@ -41,7 +41,7 @@ SOFT_TIME_LIMIT_SECONDS = 300
 HARD_TIME_LIMIT_SECONDS = 360
 LOCK_KEY = "dashboards:rollup-running"
 LOCK_SECONDS = HARD_TIME_LIMIT_SECONDS
-SUMMED = ("requests", "errors", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens",
+SUMMED = ("requests", "errors", "refused", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens",
           "cache_write_tokens", "cost",
           "ttft_count", "ttft_sum_ms", "latency_sum_ms") + TTFT_COLUMNS + LATENCY_COLUMNS
 
@@ -186,6 +186,7 @@ def _aggregates():
     return {
         "requests": Count("id"),
         "errors": Count("id", filter=Q(outcome__in=("error", "upstream_stalled", "upstream_cut"))),
+        "refused": Count("id", filter=Q(outcome="error", status_code__gte=400, status_code__lt=500)),
         "fallbacks": Count("id", filter=Q(fell_back=True)), "prompt_tokens": Sum("prompt_tokens"),
         "completion_tokens": Sum("completion_tokens"), "cached_tokens": Sum("cached_tokens"),
         "cache_write_tokens": Sum("cache_write_tokens"), "cost": Sum("cost"),

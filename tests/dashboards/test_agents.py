@@ -59,6 +59,29 @@ def test_it_adds_up_each_session_with_the_three_prices(team_setup):
     assert review.billed < review.uncached < review.cloud
 
 
+@pytest.mark.django_db
+def test_free_sessions_rank_by_length_and_a_refused_request_is_no_session(team_setup):
+    from panel.dashboards.pages import dashboard_page
+
+    team = team_setup["team_a"]
+    now = timezone.now()
+    common = {"team": team, "endpoint": "chat", "model": "agent", "latency_ms": 5.0, "cost": Decimal(0)}
+    RequestLog.objects.bulk_create(
+        [RequestLog(status_code=200, outcome="ok", prompt_tokens=900, session_id=f"single-{index}", session_turn=1,
+                    created_at=now - timedelta(minutes=5), **common) for index in range(3)]
+        + [RequestLog(status_code=200, outcome="ok", prompt_tokens=300 * turn, session_id="claude-code-7",
+                      session_turn=turn, created_at=now - timedelta(minutes=4, seconds=-turn), **common)
+           for turn in range(1, 5)]
+        + [RequestLog(status_code=400, outcome="error", prompt_tokens=0, session_id="bad-request", session_turn=1,
+                      created_at=now - timedelta(minutes=3), **common)])
+    query = DashboardQuery(team=team, range="1h")
+    assert sorted(s.session_id for s in agent_sessions(query)) == [
+        "claude-code-7", "single-0", "single-1", "single-2"]  # the refused 400 reached no model
+    top = dashboard_page(tab="agents", query=query).table("sessions")
+    # Every session cost nothing (a free local channel): the four-turn one leads, then the others in a fixed order.
+    assert [row[0] for row in top.rows] == ["claude-code-7", "single-0", "single-1", "single-2"]
+
+
 def test_the_agents_tab_shows_sessions_turns_and_costs(page, live_server, team_setup):
     made = _agent_traffic(team_setup)
     sign_in(page, live_server.url, "alice", "pw-alice-123")

@@ -57,7 +57,7 @@ def write_records(traffic, count, *, hours=3, seed=7):
         rows.append(RequestLog(
             team=traffic["team"], key=rng.choice(traffic["keys"]), channel=channel,
             created_at=NOW - timedelta(seconds=rng.uniform(0, hours * 3600)), endpoint="chat",
-            model=rng.choice(["tiny-chat", "c"]), status_code=502 if failed else 200,
+            model=rng.choice(["tiny-chat", "c"]), status_code=(404 if channel is None else 502) if failed else 200,
             outcome="error" if failed else rng.choice(["ok", "ok", "client_closed"]), fell_back=rng.random() < 0.2,
             prompt_tokens=prompt, completion_tokens=rng.randint(0, 500), cached_tokens=rng.randint(0, prompt),
             cache_write_tokens=rng.choice([None, rng.randint(0, prompt)]),
@@ -72,11 +72,12 @@ def expected_rollups(team, period):
     for row in RequestLog.objects.filter(team=team):
         start = int(row.created_at.timestamp() // period * period)
         group = want.setdefault((start, row.channel_id, row.key_id, row.model), {
-            "requests": 0, "errors": 0, "fallbacks": 0, "prompt_tokens": 0, "completion_tokens": 0,
+            "requests": 0, "errors": 0, "refused": 0, "fallbacks": 0, "prompt_tokens": 0, "completion_tokens": 0,
             "cached_tokens": 0, "cache_write_tokens": 0, "cost": Decimal(0), "ttft_count": 0, "ttft": [0] * 16,
             "latency": [0] * 16})
         group["requests"] += 1
         group["errors"] += row.outcome == "error"
+        group["refused"] += row.outcome == "error" and 400 <= row.status_code < 500
         group["fallbacks"] += row.fell_back
         group["prompt_tokens"] += row.prompt_tokens
         group["completion_tokens"] += row.completion_tokens
@@ -95,7 +96,7 @@ def stored_rollups(team, period):
     for row in UsageRollup.objects.filter(team=team, period=period):
         key = (row.start, row.channel_id, row.key_id, row.model)
         assert key not in got, f"two rollup rows for {key}"
-        got[key] = {"requests": row.requests, "errors": row.errors, "fallbacks": row.fallbacks,
+        got[key] = {"requests": row.requests, "errors": row.errors, "refused": row.refused, "fallbacks": row.fallbacks,
                     "prompt_tokens": row.prompt_tokens, "completion_tokens": row.completion_tokens,
                     "cached_tokens": row.cached_tokens, "cache_write_tokens": row.cache_write_tokens,
                     "cost": Decimal(str(round(row.cost, 8))),
@@ -298,7 +299,7 @@ def test_it_serves_every_tab_its_json_and_every_table_as_csv(client, traffic):
     overview = client.get(reverse("dashboards_data"), {"tab": "overview", "range": "1h"}).json()
     requests = overview["figures"]["requests"]
     assert sum(len(trace["x"]) for trace in requests["data"]) > 0
-    assert {trace["name"] for trace in requests["data"]} == {"local", "cloud", "(no channel)"}
+    assert {trace["name"] for trace in requests["data"]} == {"local", "cloud", "(none: refused before a channel)"}
     channels = dashboard_page(tab="overview", query=DashboardQuery(team=traffic["team"], range="1h")).table("channels")
     assert sum(row[1] for row in channels.rows) == 400
     filtered = client.get(reverse("dashboards_data"), {"tab": "overview", "range": "1h",
@@ -404,3 +405,24 @@ def test_a_requests_detail_names_its_rule_its_deployment_and_a_cost_not_known_ye
     page = client.get(reverse("request_detail", args=[row.request_id])).content.decode()
     assert "0.000420" in page and "its share of the GPU time" in page and "not known yet" not in page
     assert "5 out (of them 3 reasoning)" in page and "(estimated: completion)" in page
+
+
+def test_the_clients_own_refusals_are_shown_apart_from_the_error_rate_and_cost_nothing(traffic):
+    team, cloud = traffic["team"], traffic["cloud"]
+    common = {"team": team, "endpoint": "chat", "model": "c", "latency_ms": 5.0, "created_at": NOW}
+    RequestLog.objects.bulk_create(
+        [RequestLog(channel=cloud, status_code=200, outcome="ok", prompt_tokens=10, **common) for _ in range(10)]
+        + [RequestLog(channel=None, status_code=status, outcome="error", error_kind=kind, **common)
+           for status, kind in ((404, "model_not_found"), (402, "budget_exceeded"), (401, "invalid_key"))]
+        + [RequestLog(channel=cloud, status_code=502, outcome="error", **common) for _ in range(2)])
+    usage_rollup_run(lock=False)
+    query = DashboardQuery(team=team, range="1h")
+    page = dashboard_page(tab="overview", query=query)
+    cards = {title: (value, note) for title, value, note, *_ in page.cards}
+    assert cards["Error rate"][0] == "13.33 %"  # the two 502s of 15 requests; not the clients' 4xx
+    assert "3 refused (the clients' own 4xx" in cards["Error rate"][1]
+    table = page.table("channels")
+    rows = {row[0]: row for row in table.rows}
+    assert table.columns[:4] == ["channel", "requests", "errors", "refused"]
+    assert rows["(none: refused before a channel)"][1:4] == [3, 0, 3] and rows["cloud"][1:4] == [12, 2, 0]
+    assert [line.name for line in cost_summary(query).lines] == ["cloud"]  # no "(deleted channel)" line
