@@ -15,6 +15,7 @@ from panel.channels.models import (
     RuleApi,
     RuleTools,
 )
+from panel.channels.rules import sample_parse
 from panel.channels.services import CHANNEL_FIELDS
 
 HELP = {
@@ -291,3 +292,37 @@ class RuleForm(forms.Form):
                 "tokens_under": data.get("tokens_under"), "header_name": data.get("header_name") or "",
                 "header_value": data.get("header_value") or "", "key": data.get("key"),
                 "channels": [channel for channel in channels if channel is not None]}
+
+
+SAMPLE_EXAMPLE = ('{"model": "chat", "messages": [{"role": "user", "content": "Summarise this ticket..."}],\n'
+                  ' "tools": [{"type": "function", "function": {"name": "search"}}]}')
+
+
+class RuleSampleForm(forms.Form):
+    """A sample request to try a rule on before saving it: nothing of it is stored."""
+
+    sample = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false",
+                                                          "placeholder": SAMPLE_EXAMPLE}),
+                             label="Request body (JSON)", help_text="As a client would send it; never stored.")
+    sample_headers = forms.CharField(widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false",
+                                                                  "placeholder": "x-workload: batch"}),
+                                     required=False, label="Headers", help_text="One per line: name: value.")
+    sample_api = forms.ChoiceField(choices=RuleApi.choices, initial=RuleApi.CHAT, label="Sent to")
+    sample_key = forms.ModelChoiceField(queryset=TeamKey.objects.none(), required=False, label="With the key",
+                                        empty_label="Any other key")
+
+    def __init__(self, *args, route, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["sample_key"].queryset = TeamKey.objects.filter(team=route.team_id, revoked_at=None) \
+            .order_by("name")
+
+    def clean(self):
+        cleaned = super().clean()
+        if "sample" in cleaned:
+            try:
+                cleaned["body"], cleaned["headers"] = sample_parse(body_text=cleaned["sample"],
+                                                                   headers_text=cleaned.get("sample_headers", ""))
+            except ValidationError as error:
+                for field, problems in error.message_dict.items():
+                    self.add_error(field, problems)
+        return cleaned

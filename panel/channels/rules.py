@@ -5,6 +5,7 @@ The gateway builds one `RequestFacts` per request with `request_facts` (it reads
 and an Anthropic Messages body alike) and asks `first_match` over the route's cached rules. The page and the API
 change rules through `rule_save`, `rule_delete` and `rules_reorder`, which check everything first and write nothing
 on an error."""
+import json
 import re
 from dataclasses import dataclass
 
@@ -114,6 +115,96 @@ def route_for_request(route, facts):
     """(the RouteTargets to try, the id of the rule that chose them or None) for one request on a cached route."""
     rule = first_match(route.rules, facts)
     return (route, None) if rule is None else (route.with_rule(rule), rule.id)
+
+
+# ------------------------------------------------------------------------------------------------- trying
+
+SAMPLE_MAX_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A rule tried on a sample request: the request's facts, each condition the rule sets with whether it holds,
+    the earlier rules of the route that would take the request first, and where the request would go."""
+
+    facts: RequestFacts
+    conditions: list  # [(the condition in words, holds, what the request has)]
+    matches: bool
+    taken_by: list  # names of earlier rules that match the sample first
+    goes_to: str
+
+
+def explain(rule, facts):
+    """[(condition, holds, the request's side)] for every condition the rule sets, in the order `matches` checks."""
+    rows = []
+    if rule.api:
+        rows.append((f"API is {RuleApi(rule.api).label}", rule.api == facts.api, RuleApi(facts.api).label))
+    estimate = f"about {facts.input_tokens:,} input tokens"
+    if rule.tokens_under is not None:
+        rows.append((f"under {rule.tokens_under:,} input tokens", facts.input_tokens < rule.tokens_under, estimate))
+    if rule.tokens_over is not None:
+        rows.append((f"over {rule.tokens_over:,} input tokens", facts.input_tokens > rule.tokens_over, estimate))
+    if rule.tools:
+        has = "has tools" if facts.has_tools else "has no tools"
+        rows.append(("has tools" if rule.tools == RuleTools.WITH else "has no tools",
+                     facts.has_tools == (rule.tools == RuleTools.WITH), has))
+    if rule.header_name:
+        value = facts.headers.get(rule.header_name)
+        rows.append((f"header {rule.header_name} = {rule.header_value!r}", value == rule.header_value,
+                     f"{rule.header_name}: {value!r}" if value is not None else f"no {rule.header_name} header"))
+    if rule.key_id is not None:
+        rows.append((f"key {rule.key.name}", rule.key_id == facts.key_id, "that key" if rule.key_id == facts.key_id
+                     else "another key" if facts.key_id else "no key chosen"))
+    return rows
+
+
+def sample_parse(*, body_text, headers_text):
+    """The sample request's JSON body and its headers ("name: value" per line). Raises ValidationError, by field,
+    for a body that is not a JSON object or a header line without a colon."""
+    errors = {}
+    body = None
+    if len(body_text.encode()) > SAMPLE_MAX_BYTES:
+        errors["sample"] = [f"The sample is over {SAMPLE_MAX_BYTES // 1024} KiB."]
+    else:
+        try:
+            body = json.loads(body_text)
+        except ValueError as error:
+            errors["sample"] = [f"The sample is not JSON: {error}."]
+        else:
+            if not isinstance(body, dict):
+                errors["sample"] = ["The sample is a request body: a JSON object, such as {\"messages\": [...]}."]
+    headers = {}
+    for number, line in enumerate(headers_text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not HEADER_NAME_RE.match(name.strip()):
+            errors["sample_headers"] = [f"Line {number} is not a header: write it as name: value."]
+            break
+        headers[name.strip().lower()] = value.strip()
+    if errors:
+        raise ValidationError(errors)
+    return body, headers
+
+
+def rule_try(*, route, rule, facts):
+    """How `rule` (saved or not: a RouteRule with its fields set, and its channels in `rule.tried_channels`) treats
+    a request with these facts on `route`: its conditions one by one, the earlier rules that would win, and where
+    the request would go. Writes nothing."""
+    earlier = [other for other in route.rules.all() if rule.pk is None or other.position < rule.position]
+    earlier = [other for other in earlier if other.pk != rule.pk]
+    taken_by = [other.name for other in earlier if matches(other, facts)]
+    hit = matches(rule, facts)
+    if taken_by:
+        goes_to = f"the rule {taken_by[0]}'s channels (it comes first)"
+    elif hit:
+        goes_to = "this rule's channels: " + (", ".join(channel.name for channel in rule.tried_channels) or "none")
+    else:
+        later = next((other.name for other in route.rules.all()
+                      if other.pk != rule.pk and rule.pk is not None and other.position > rule.position
+                      and matches(other, facts)), None)
+        goes_to = f"the rule {later}'s channels" if later else "the route's own channels"
+    return Trial(facts=facts, conditions=explain(rule, facts), matches=hit, taken_by=taken_by, goes_to=goes_to)
 
 
 # ------------------------------------------------------------------------------------------------- changes

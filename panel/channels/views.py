@@ -12,7 +12,7 @@ from panel.accounts.roles import may
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels import canary, rules, settings_json
-from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm, RuleForm
+from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm, RuleForm, RuleSampleForm
 from panel.channels.models import Channel, Route, RouteRule, listed_channels, listed_routes
 from panel.channels.services import (
     PRESETS,
@@ -317,6 +317,8 @@ def rule_edit_view(request, route_id, rule_id):
 def _rule_form(request, route, rule):
     # Bound on every POST, an empty one included (`request.POST or None` would leave it unbound: no cleaned data).
     form = RuleForm(request.POST if request.method == "POST" else None, route=route, rule=rule)
+    if request.method == "POST" and "try" in request.POST:
+        return _rule_try(request, route, rule, form)
     if request.method == "POST":
         valid = form.is_valid()
         fields = form.rule_fields()
@@ -338,7 +340,30 @@ def _rule_form(request, route, rule):
             messages.success(request, f"Saved the rule {saved.name}.")
             return redirect("route_detail", route_id=route.pk)
     status = 400 if request.method == "POST" else 200
-    return _render(request, "channels/rule_form.html", {"form": form, "route": route, "rule": rule}, status=status)
+    return _render(request, "channels/rule_form.html", {"form": form, "route": route, "rule": rule,
+                                                        "sample_form": RuleSampleForm(route=route)}, status=status)
+
+
+def _rule_try(request, route, rule, form):
+    """The Try button: the rule as the form has it now (saved or not) on the sample request. Nothing is written."""
+    form.is_valid()  # its errors show beside the fields; the conditions that parsed are tried
+    fields = form.rule_fields()
+    sample = RuleSampleForm(request.POST, route=route)
+    trial = None
+    if sample.is_valid():
+        trying = RouteRule(pk=rule.pk if rule else None, route=route, position=rule.position if rule else 0,
+                           name=fields["name"], api=fields["api"], tools=fields["tools"],
+                           tokens_over=fields["tokens_over"], tokens_under=fields["tokens_under"],
+                           header_name=fields["header_name"].lower(), header_value=fields["header_value"],
+                           key=fields["key"])
+        trying.tried_channels = fields["channels"]
+        key = sample.cleaned_data["sample_key"]
+        facts = rules.request_facts(api=sample.cleaned_data["sample_api"], body=sample.cleaned_data["body"],
+                                    headers=sample.cleaned_data["headers"], key_id=key.pk if key else None)
+        trial = rules.rule_try(route=route, rule=trying, facts=facts)
+    return _render(request, "channels/rule_form.html", {"form": form, "route": route, "rule": rule,
+                                                        "sample_form": sample, "trial": trial},
+                   status=200 if trial else 400)
 
 
 @require_POST

@@ -124,3 +124,57 @@ def test_a_viewer_cannot_change_rules(client, team_setup):
     refused = call(client, "post", f"/routes/{route.pk}/rules", viewer, {"name": "x", "tools": "with",
                                                                          "channels": [local.pk]})
     assert refused.status_code == 403 and RouteRule.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_rule_is_tried_on_a_sample_request_before_it_is_saved_and_nothing_is_written(client, team_setup):
+    import json
+    from html import unescape
+
+    from django.urls import reverse
+
+    team = team_setup["team_a"]
+    route, local, cloud = _route(team)
+    rule_save(route=route, name="batch jobs", header_name="x-workload", header_value="batch", channels=[cloud])
+    client.force_login(team_setup["alice"])
+    url = reverse("rule_create", args=[route.pk])
+    assert "Try it on a sample request" in client.get(url).content.decode()
+    short_tools = json.dumps({"model": "agent", "messages": [{"role": "user", "content": "Find the ticket."}],
+                              "tools": [{"type": "function", "function": {"name": "search"}}]})
+    rule = {"name": "short tools", "tools": "with", "tokens_under": "4000", "channel_0": local.pk, "try": "1",
+            "sample_api": "chat"}
+
+    def tried(**sample):
+        response = client.post(url, {**rule, **sample})
+        return response.status_code, unescape(response.content.decode())
+
+    status, page = tried(sample=short_tools, sample_headers="x-workload: interactive")
+    assert status == 200 and "This rule matches the sample." in page
+    assert "The request would go to this rule's channels: local-qwen." in page
+    assert "has tools</td><td>has tools</td>" in page and "under 4,000 input tokens" in page
+    status, page = tried(sample=short_tools, sample_headers="X-Workload: batch")
+    assert "Rules above this one match it first: batch jobs." in page
+    assert "The request would go to the rule batch jobs's channels (it comes first)." in page
+    status, page = tried(sample=json.dumps({"messages": [{"role": "user", "content": "x" * 20_000}]}))
+    assert "This rule does not match the sample." in page and "the route's own channels" in page
+    assert "about 5,004 input tokens" in page and page.count(">fails<") == 2  # no tools, and too long
+    status, page = tried(sample="{not json", sample_headers="no colon here")
+    assert status == 400 and "The sample is not JSON" in page and "Line 1 is not a header" in page
+    assert list(RouteRule.objects.values_list("name", flat=True)) == ["batch jobs"]  # a Try saves nothing
+
+
+def test_the_try_button_shows_each_condition_against_the_sample_in_the_browser(page, live_server, team_setup):
+    route, local, cloud = _route(team_setup["team_a"])
+    sign_in(page, live_server.url, "alice", "pw-alice-123")
+    page.goto(f"{live_server.url}/channels/routes/{route.pk}/rules/new/")
+    page.fill("#id_name", "short tools")
+    page.select_option("#id_tools", "with")
+    page.fill("#id_tokens_under", "4000")
+    page.select_option("#id_channel_0", str(local.pk))
+    page.fill("#id_sample", '{"messages": [{"role": "user", "content": "Find it."}], "tools": [{"type": "function"}]}')
+    page.click("button:has-text('Try')")
+    expect(page.locator(".trial")).to_contain_text("This rule matches the sample.")
+    expect(page.locator(".trial tbody tr")).to_have_count(2)
+    expect(page.locator("#id_name")).to_have_value("short tools")  # the form keeps what was typed
+    screenshot(page, "route-rule-try")
+    assert RouteRule.objects.count() == 0
