@@ -70,6 +70,31 @@ def fp8_multiplies(torch):
         return False
 
 
+INT8_EXACT_ERROR = 1e-3  # above this, the int8 kernel's products are not the products of its int8 values
+
+
+def int8_product_error(torch):
+    """The largest relative error of vLLM's CPU int8 scaled-mm (oneDNN, the W8A8 kernel) against the exact product
+    of the same int8 values, or None where it cannot run. About 1e-7 where the processor multiplies int8 exactly
+    (AVX512-VNNI, AVX-VNNI, AMX); about 0.1 on AVX2 alone, whose u8×s8 instruction sums pairs of products into a
+    saturating int16 (measured 12.6% on an AVX2-only EPYC, and exact there once the weights kept to 7 bits)."""
+    try:
+        from vllm import _custom_ops as ops
+
+        generator = torch.Generator().manual_seed(0)
+        weights = torch.randn(64, 512, generator=generator)
+        scales = weights.abs().amax(dim=1, keepdim=True) / 127
+        quantized = torch.round(weights / scales).clamp(-128, 127).to(torch.int8)
+        handler = ops.create_onednn_scaled_mm(quantized.t(), scales.t(), torch.float32, True, False, 32)
+        x_q, x_s, x_zp = ops.onednn_scaled_int8_quant(torch.randn(8, 512, generator=generator), None, None, True)
+        out = torch.empty((8, 64), dtype=torch.float32)
+        ops.onednn_scaled_mm(handler, x_q, out, x_s, x_zp, None, None)
+        exact = (x_q.double() * x_s.double()) @ (quantized.double() * scales.double()).t()
+        return round(float((out.double() - exact).abs().max() / exact.abs().max()), 6)
+    except Exception:  # no CPU build of vLLM's ops, or a kernel that refuses
+        return None
+
+
 def speculative_ngram():
     """(True, "") when this vLLM has the n-gram proposer (prompt-lookup speculative decoding, no draft model),
     else (False, why). vLLM 0.32's CPU runner runs it too ("supported on CPU with C++ native impls")."""
@@ -118,6 +143,11 @@ def probe(args):
         capability = min(gpu["compute_capability"] for gpu in gpus)
         kernels = {"int8_scaled_mm": capability >= 7.5, "w4a16": capability >= 7.5, "fp8": capability >= 8.9}
     result["kernels"] = kernels
+    if not gpus and kernels.get("int8_scaled_mm"):
+        import torch
+
+        result["int8_error"] = int8_product_error(torch)
+        result["int8_exact"] = result["int8_error"] is not None and result["int8_error"] < INT8_EXACT_ERROR
     result["fp8_checked_by"] = "multiplication"  # engine checks before this one looked up an op's name
     # On a GPU host vLLM's CUDA kernels serve AWQ; on a CPU host only the AVX-512 build of vLLM's ops has the
     # W4A16 GEMM (on an AVX2-only processor the engine dies at the first request without it).

@@ -183,13 +183,16 @@ def evaluation_record(job, result):
                 tokens_scored=measured["tokens_scored"], json_valid=json_right, json_total=json_total,
                 size_bytes=measured["size_bytes"],
                 details={key: measured.get(key) for key in ("argmax", "greedy", "tasks", "speed", "file", "seconds",
-                                                            "quantization", "engine")})
+                                                            "quantization", "engine", "int8_error")})
     return {"models": [{key: value for key, value in measured.items() if key not in ("argmax", "greedy", "tasks")}
                        | {"tasks": (measured.get("tasks") or {}).get("kinds")}
                        for measured in result.get("models") or []]}
 
 
 # --- the report ---------------------------------------------------------------------------------------------
+
+INT8_EXACT_ERROR = 1e-3  # engine/engine_probe.py's bound (the panel does not import the engine package)
+
 
 @dataclass
 class Comparison:
@@ -239,8 +242,18 @@ def compare(evaluation, baseline):
         result.size_ratio = evaluation.size_bytes / baseline.size_bytes
     result.flags, severe = judge(result)
     result.verdict = "reject" if severe else "check" if result.flags else "safe"
-    result.words = verdict_words(result)
+    result.words = verdict_words(result) + saturation_note(evaluation)
     return result
+
+
+def saturation_note(evaluation):
+    """Where an int8 model was measured on a CPU whose int8 products saturate, the report says that the loss is
+    partly the processor's (engine/engine_probe.int8_product_error)."""
+    error = evaluation.details.get("int8_error")
+    if not error or error < INT8_EXACT_ERROR or (evaluation.model.quantization or {}).get("scheme") != "w8a8-int8":
+        return ""
+    return (f" Measured on a CPU whose int8 products saturate (no VNNI: {100 * error:.0f}% error in a test product): "
+            "part of this loss is the processor's, and a GPU or a CPU with AVX512-VNNI or AMX loses less.")
 
 
 def judge(result):

@@ -95,6 +95,10 @@ def host_serves(scheme_key, engine, *, group_size=128, keep_as="bf16", bits=None
     if scheme.kernel == "int8_scaled_mm":
         if kernels.get("int8_scaled_mm") is None and "kernels" not in engine:
             return Servable(None, "the engine check predates the int8 probe: run Check engine again")
+        if kernels.get("int8_scaled_mm") and engine.get("int8_exact") is False:
+            return Servable(True, "the CPU engine's int8 scaled-mm kernel (oneDNN), but this processor's int8 "
+                                  f"products saturate (no VNNI: {100 * (engine.get('int8_error') or 0):.0f}% error in "
+                                  "the engine check's test product): W8A8 answers here are worse than on a GPU")
         if kernels.get("int8_scaled_mm"):
             return Servable(True, "the CPU engine's int8 scaled-mm kernel (oneDNN)")
         return Servable(False, "this CPU engine has no int8 scaled-mm kernel")

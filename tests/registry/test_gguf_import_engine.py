@@ -268,7 +268,14 @@ def test_the_real_model_quantized_w8a8_is_judged_and_answers_through_the_gateway
     assert 8 < measured.perplexity < 14 and measured.details["speed"]["tokens_per_second"] > 0
     verdict = quality_verdict(child)
     assert 0 < verdict.perplexity_change < 10 and verdict.token_agreement > 80, verdict
-    assert verdict.verdict in ("safe", "check") and verdict.words.startswith("W8A8 INT8: "), verdict.words
+    assert verdict.words.startswith("W8A8 INT8: "), verdict.words
+    # Where the processor multiplies int8 exactly (VNNI, AMX) W8A8 keeps SmolLM2 good enough (measured "safe" on an
+    # AVX-512 Xeon); on AVX2 alone vLLM's int8 products saturate (about 10% error) and the report says so.
+    error = ModelEvaluation.objects.get(model=child).details["int8_error"]
+    if error is not None and error < 1e-3:
+        assert verdict.verdict in ("safe", "check"), verdict.words
+    else:
+        assert "Measured on a CPU whose int8 products saturate" in verdict.words, (error, verdict.words)
 
     values = profile_defaults(model=child)
     assert values["quantization"] == "compressed-tensors"

@@ -83,6 +83,7 @@ def test_it_knows_the_same_schemes_as_the_engine():
 @pytest.mark.parametrize("engine, scheme, answer, words", [
     (CPU_AVX512, "w8a8-int8", True, "int8 scaled-mm"),
     (CPU_AVX2, "w8a8-int8", True, "int8 scaled-mm"),
+    ({**CPU_AVX2, "int8_exact": False, "int8_error": 0.097}, "w8a8-int8", True, "products saturate (no VNNI: 10%"),
     (CPU_AVX512, "w4a16-gptq", True, "cpu_gemm_wna16"),
     (CPU_AVX2, "w4a16-awq", False, "AVX-512"),
     (CPU_AVX512, "fp8-dynamic", True, "the engine check multiplied with it"),
@@ -167,6 +168,47 @@ def test_a_child_close_to_its_parent_in_every_column_is_safe_to_serve_in_words(m
     assert fine.words == ("W8A8 INT8: perplexity +2.0%, keeps every JSON answer and 12 of 14 other task answers: "
                           "safe to serve.")
     assert quality_flags(good.model) == [] and quality_verdict(good.model).verdict == "safe"
+
+
+def test_w8a8_measured_where_int8_products_saturate_says_the_processor_shares_the_loss(model):
+    parent = evaluation(model, perplexity=20.0)
+    child = evaluation(child_of(model, "w8"), perplexity=21.6, argmax=differing(PARENT_ARGMAX, 1))
+    exact = compare(child, parent).words
+    assert "saturate" not in exact  # no probe recorded, as in reports from before it
+    child.details["int8_error"] = 1e-7  # a VNNI or AMX processor
+    child.save()
+    assert compare(child, parent).words == exact
+    child.details["int8_error"] = 0.097  # AVX2 alone
+    child.save()
+    words = compare(child, parent).words
+    assert words.startswith(exact) and words.endswith(
+        " Measured on a CPU whose int8 products saturate (no VNNI: 10% error in a test product): part of this loss "
+        "is the processor's, and a GPU or a CPU with AVX512-VNNI or AMX loses less.")
+    awq = evaluation(child_of(model, "awq", scheme="w4a16"), perplexity=20.4)
+    awq.details["int8_error"] = 0.097  # the probe ran, but the model multiplies no int8 activations
+    awq.save()
+    assert "saturate" not in compare(awq, parent).words
+
+
+@pytest.mark.engine
+def test_the_int8_probe_finds_exact_products_only_where_the_processor_has_int8_dot_products():
+    """The engine's own check of vLLM's CPU W8A8 kernel: exact with VNNI or AMX, about 10% off on AVX2 alone (its
+    u8×s8 instruction saturates int16 sums); whichever this processor is, the answer must follow its flags."""
+    import subprocess
+
+    from django.conf import settings
+
+    from engine.engine_probe import cpu_flags
+
+    code = "import torch; from engine.engine_probe import int8_product_error as e; print(e(torch))"
+    out = subprocess.run([str(settings.ENGINE_PYTHON), "-c", code], capture_output=True, text=True, timeout=300,
+                         check=True).stdout.strip().splitlines()[-1]
+    error = float(out)
+    flags = cpu_flags()
+    if flags & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+        assert error < 1e-3, (error, sorted(flags))
+    else:
+        assert error > 0.01, (error, sorted(flags))
 
 
 @pytest.mark.parametrize("changes, flag", [
