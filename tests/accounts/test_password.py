@@ -37,6 +37,7 @@ def test_a_viewer_changes_their_password_stays_signed_in_and_other_sessions_end(
     assert elsewhere.login(username="vera", password="pw-vera-123")
     page = client.get(reverse("account")).content.decode()
     assert 'id="password-change"' in page and "Change your password" in page
+    assert "<title>Your account · Tokenwise</title>" in page
 
     response = client.post(reverse("password_change"), {"old_password": "pw-vera-123", "new_password1": NEW,
                                                         "new_password2": NEW}, follow=True)
