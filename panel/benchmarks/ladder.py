@@ -33,7 +33,7 @@ from panel.jobs.services import (
     job_succeed,
 )
 from panel.registry.schemes import SCHEMES, host_serves
-from panel.serving.models import Deployment, DeploymentState, ServingProfile
+from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ServingProfile
 from panel.serving.services import (
     deployment_launch,
     deployment_stop,
@@ -302,8 +302,8 @@ class StepRunner:
             if deployment.state in (DeploymentState.FAILED, DeploymentState.STOPPED):
                 return f"The deployment did not start: {deployment.failure_kind or deployment.state}: " \
                        f"{deployment.failure_reason}".strip()
-            self.beat(f"{step}: starting deployment #{deployment.pk} ({deployment.get_state_display().lower()})",
-                      progress)
+            self.beat(f"{step}: starting deployment #{deployment.pk} ({deployment.get_state_display().lower()})"
+                      + _waiting_for(deployment), progress)
             time.sleep(1)
         return f"The deployment was not ready after {settings.BENCHMARK_DEPLOYMENT_READY_SECONDS} s."
 
@@ -341,6 +341,37 @@ class StepRunner:
                 return
             job_heartbeat(self.job, phase=f"{step}: stopping deployment #{deployment.pk}")
             time.sleep(1)
+
+
+def shared_host_warning(job):
+    """Words for a ladder or sweep whose host runs other deployments ("" when none): its steps wait for the GPU
+    worker's slots those hold, and their figures include those engines' load."""
+    if job.host_id is None:
+        return ""
+    others = list(Deployment.objects.filter(host_id=job.host_id, state__in=list(ACTIVE_DEPLOYMENT_STATES),
+                                            profile__benchmark_step__isnull=True).order_by("pk")
+                  .values_list("pk", flat=True)[:5])
+    if not others:
+        return ""
+    names = ", ".join(f"#{pk}" for pk in others)
+    return (f"{job.host.host} also runs deployment{'s' if len(others) > 1 else ''} {names}: each holds one of its GPU "
+            "worker's slots, so a step may wait for a free one, and they share its processors or GPUs, so the "
+            "figures include their load. Stop them for figures of this configuration alone.")
+
+
+def _waiting_for(deployment):
+    """What a pending step deployment waits for, in words: each running deployment on its host holds one of the GPU
+    worker's slots until it stops ("" once it has started, or when nothing else runs there)."""
+    if deployment.state != DeploymentState.PENDING or deployment.host_id is None:
+        return ""
+    others = list(Deployment.objects.filter(host_id=deployment.host_id, state__in=list(ACTIVE_DEPLOYMENT_STATES))
+                  .exclude(pk=deployment.pk).exclude(profile__benchmark_step__isnull=False).order_by("pk")
+                  .values_list("pk", flat=True)[:5])
+    if not others:
+        return ""
+    held = ("deployment " if len(others) == 1 else "deployments ") + ", ".join(f"#{pk}" for pk in others)
+    return (f": waiting for a free slot on {deployment.host.host}'s GPU worker, held by {held} (each running "
+            "deployment holds one until it stops; stop one to go on)")
 
 
 def _save_profile(job, name, fields):
@@ -389,10 +420,18 @@ def ladder_table(ladder):
     return table.ladder_table(ladder, STEPS)
 
 
+def step_profile_name(ladder, key, fields):
+    """A step's profile (and served) name, after what it runs: the quantized step by its child's scheme
+    ("ladder 3 · w8a8-int8" where a CPU host served W8A8, not "awq")."""
+    if key == "awq" and fields is not None:
+        key = child_scheme(fields["model"]) or "quantized"
+    return f"ladder {ladder.pk} · {key}"
+
+
 def ladder_execute(*, ladder_id, worker):
     """Body of the ladder task."""
     ladder = Ladder.objects.select_related("model", "host", "team", "created_by").get(pk=ladder_id)
-    plan = [(key, f"ladder {ladder.pk} · {key}", fields, skip)
+    plan = [(key, step_profile_name(ladder, key, fields), fields, skip)
             for key, _, _, _, fields, skip in ladder_profiles(ladder, ladder.host)]
     planned = len([step for step in plan if step[2] is not None])
     return _run_steps(ladder, worker=worker, plan=plan,

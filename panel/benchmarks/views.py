@@ -143,6 +143,8 @@ def ladder_create(request):
         else:
             audit_record(action=AuditAction.BENCHMARK_LAUNCHED, request=request, target=f"ladder #{ladder.pk}",
                          model=ladder.model.name)
+            if warning := ladders.shared_host_warning(ladder):
+                messages.warning(request, warning)
             return redirect("benchmark_ladder", ladder_id=ladder.pk)
     return render(request, "benchmarks/ladder_form.html",
                   {"form": form, "estimate": _form_estimate(form, steps=len(ladders.STEPS), at_most=True)},
@@ -199,6 +201,8 @@ def sweep_create(request):
         else:
             audit_record(action=AuditAction.BENCHMARK_LAUNCHED, request=request, target=f"sweep #{sweep.pk}",
                          profile=sweep.profile.name, values=sweep.values)
+            if warning := ladders.shared_host_warning(sweep):
+                messages.warning(request, warning)
             return redirect("benchmark_sweep", sweep_id=sweep.pk)
     values = (form.data.get("values") if form.is_bound else None) or form.fields["values"].initial
     steps = max(len([part for part in str(values).replace(" ", ",").split(",") if part.strip()]), 1)

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
-from panel.channels.models import Route, RouteStrategy, order_channels
+from panel.channels.models import Route, RouteStrategy, listed_routes, order_channels
 from panel.core import outbound
 from panel.core.redis_client import async_redis
 
@@ -153,7 +153,8 @@ def _load(team_id, model_name):
 
 
 def _load_names(team_id):
-    return sorted(Route.objects.filter(team_id=team_id, enabled=True).values_list("model_name", flat=True))
+    """The model names /v1/models lists: the team's enabled routes, not those of ladder and sweep steps."""
+    return sorted(listed_routes(team_id).filter(enabled=True).values_list("model_name", flat=True))
 
 
 async def route_for(team_id, model_name):

@@ -41,8 +41,11 @@ def _listed(deployments):
 
 def _home_context(request, import_form):
     return {
-        "profiles": ServingProfile.objects.filter(team=request.team).select_related("model"),
-        "deployments": _listed(Deployment.objects.filter(team=request.team))[:50],
+        # A ladder's or sweep's step profiles and deployments are the job's: its page shows them.
+        "profiles": ServingProfile.objects.filter(team=request.team, benchmark_step__isnull=True)
+        .select_related("model"),
+        "deployments": _listed(Deployment.objects.filter(team=request.team,
+                                                          profile__benchmark_step__isnull=True))[:50],
         "presets": PRESETS,
         "import_form": import_form,
     }

@@ -231,6 +231,11 @@ def test_step_channels_and_routes_are_the_jobs_own(client, team_setup, tiny_mode
     client.force_login(team_setup["alice"])
     dashboards = client.get(reverse("dashboards")).content.decode()
     assert "my-cloud" in dashboards and "local-ladder" not in dashboards
+    # Nor on Serving (the ladder's page shows its steps), nor in the gateway's /v1/models.
+    serving = client.get(reverse("serving")).content.decode()
+    assert profile.name not in serving and f"#{deployment.pk}<" not in serving
+    from panel.channels.routing import _load_names  # what model_names caches (the browser holds this thread's loop)
+    assert _load_names(team.pk) == ["chat"]
 
     response = client.post(reverse("benchmark_remove", args=["ladder", ladder.pk]))
     assert response.status_code == 302
@@ -240,6 +245,48 @@ def test_step_channels_and_routes_are_the_jobs_own(client, team_setup, tiny_mode
     assert not Deployment.objects.filter(pk=deployment.pk).exists()
     assert not ServingProfile.objects.filter(pk=profile.pk).exists()
     assert Channel.objects.filter(pk=mine.pk).exists() and Route.objects.filter(pk=my_route.pk).exists()
+
+
+def test_the_quantized_step_is_named_after_the_scheme_it_ran(team_setup, tiny_model):  # noqa: F811
+    from panel.benchmarks.ladder import step_profile_name
+    from panel.registry.models import RegisteredModel
+
+    ladder = Ladder.objects.create(team=team_setup["team_a"], model=tiny_model, state=JobState.SUCCEEDED)
+    w8a8 = RegisteredModel.objects.create(
+        team=ladder.team, name="tiny-w8a8", path=tiny_model.path + "-w8a8", parent=tiny_model, architecture="x",
+        model_type="qwen2", parameter_count=1, linear_parameter_count=1, num_layers=1, num_attention_heads=4,
+        num_kv_heads=2, hidden_size=256, head_dim=64, max_position_embeddings=4096, dtype="bfloat16", size_bytes=1,
+        quantization={"method": "compressed-tensors", "bits": 8, "scheme": "w8a8-int8"})
+    assert step_profile_name(ladder, "awq", {"model": w8a8}) == f"ladder {ladder.pk} · w8a8-int8"
+    assert step_profile_name(ladder, "awq", None) == f"ladder {ladder.pk} · awq"  # skipped: no profile is made
+    assert step_profile_name(ladder, "prefix", {"model": tiny_model}) == f"ladder {ladder.pk} · prefix"
+
+
+def test_a_waiting_step_says_which_deployments_hold_the_workers_slots(team_setup, tiny_model):  # noqa: F811
+    from panel.benchmarks.ladder import _waiting_for
+    from panel.hosts.models import WorkerHost
+
+    team = team_setup["team_a"]
+    host = WorkerHost.objects.create(name="gpu@box", host="box", kind="gpu", gpus=[], last_seen=timezone.now())
+    ladder = Ladder.objects.create(team=team, model=tiny_model, state=JobState.RUNNING, host=host)
+    mine = ServingProfile.objects.create(team=team, name="chat", model=tiny_model, block_size=32)
+    step = Deployment.objects.create(team=team, profile=step_profile(ladder, "baseline"), host=host,
+                                     state=DeploymentState.PENDING)
+    assert _waiting_for(step) == ""  # nothing else runs there
+    held = [Deployment.objects.create(team=team, profile=mine, host=host, state=state)
+            for state in (DeploymentState.READY, DeploymentState.STARTING)]
+    Deployment.objects.create(team=team, profile=mine, host=host, state=DeploymentState.STOPPED)
+    assert _waiting_for(step) == (f": waiting for a free slot on box's GPU worker, held by deployments #{held[0].pk}, "
+                                  f"#{held[1].pk} (each running deployment holds one until it stops; stop one to go "
+                                  "on)")
+    step.state = DeploymentState.STARTING
+    assert _waiting_for(step) == ""
+    # The same host's other engines, said when the ladder starts (its own steps are not counted).
+    from panel.benchmarks.ladder import shared_host_warning
+    assert shared_host_warning(ladder).startswith(f"box also runs deployments #{held[0].pk}, #{held[1].pk}: each "
+                                                  "holds one of its GPU worker's slots")
+    Deployment.objects.filter(pk__in=[d.pk for d in held]).update(state=DeploymentState.STOPPED)
+    assert shared_host_warning(ladder) == ""
 
 
 def test_an_active_ladder_is_not_removed(client, team_setup, tiny_model):  # noqa: F811

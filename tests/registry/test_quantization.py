@@ -20,6 +20,9 @@ from tests.support.environment import ROOT, panel_env
 from tests.support.waiting import wait_until
 
 FAST = {"max_calib_samples": 32, "max_calib_seq_len": 256, "backend": "autoawq", "scheme": "w4a16-awq"}
+# The least calibration the form allows: for the tests of the job's path (worker, duplicate delivery, terminal),
+# not of its quality. AWQ on a CPU costs per sample and grid point whatever the model's size (docs/benchmarks.md).
+LEAST = {**FAST, "max_calib_samples": 8, "max_calib_seq_len": 64}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,7 @@ def wait_for_phase(job, text, seconds=120):
 
 def test_it_quantizes_the_demo_model_on_a_real_worker(start_worker, team_setup, source):
     start_worker("gpu")
-    job = quantization_launch(team=team_setup["team_a"], user=team_setup["alice"], source=source, **FAST)
+    job = quantization_launch(team=team_setup["team_a"], user=team_setup["alice"], source=source, **LEAST)
     assert job.queue == "gpu"
     job = final(job)
     assert job.state == JobState.SUCCEEDED, (job.failure_kind, job.failure_reason, job.log_tail[-2000:])
@@ -133,7 +136,7 @@ def test_it_fails_with_a_reason_when_the_runner_is_killed(start_worker, team_set
 def test_it_runs_a_duplicated_message_once(start_worker, team_setup, source):
     worker = start_worker("gpu")
     job = quantization_launch(team=team_setup["team_a"], user=team_setup["alice"], source=source, enqueue=False,
-                              **FAST)
+                              **LEAST)
     for _ in range(2):
         tasks.run_quantization.apply_async(args=[job.pk], queue="gpu", task_id=f"quantize-{job.pk}")
     job = final(job)
@@ -215,7 +218,7 @@ def test_it_quantizes_from_the_terminal(transactional_db, team_setup, source, tm
     env = panel_env(DATABASE_URL=f"sqlite:///{connection.settings_dict['NAME']}")
     result = subprocess.run([sys.executable, "manage.py", "quantize", "tiny", "--backend", "autoawq", "--scheme",
                              "w4a16-awq", "--no-report", "--calib", str(calibration),
-                             "--max-calib-samples", "32", "--max-calib-seq-len", "256"], cwd=ROOT, env=env,
+                             "--max-calib-samples", "8", "--max-calib-seq-len", "64"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "100%" in result.stdout and "registered as tiny-awq-w4-g128" in result.stdout
