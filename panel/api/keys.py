@@ -1,11 +1,12 @@
-"""Gateway keys (as on Gateway keys): list, one key, issue (the key is in this answer only), revoke."""
+"""Gateway keys (as on Gateway keys): list, one key, issue (the key is in this answer only), revoke; whether
+members issue their own keys, and the caps of theirs."""
 import datetime
 
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
-from panel.accounts.keys import key_issue_as, key_revoke_as
+from panel.accounts.keys import key_issue_as, key_revoke_as, member_keys_set
 from panel.accounts.models import TeamKey
 from panel.api.auth import gate
 from panel.api.errors import errors
@@ -13,7 +14,7 @@ from panel.api.form_bodies import validated
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels.models import Route
-from panel.gateway.forms import KeyIssueForm
+from panel.gateway.forms import KeyIssueForm, MemberKeysForm
 
 router = Router(tags=["gateway keys"])
 
@@ -44,6 +45,20 @@ class KeyIssue(Schema):
     expires_at: datetime.datetime | None = None
 
 
+class MemberKeys(Schema):
+    member_keys: bool = Field(description="Whether members may issue their own keys (and revoke those).")
+    member_key_rpm_limit: int | None = Field(None, ge=1, le=1_000_000,
+                                             description="The most requests per minute a member's key may allow; "
+                                                         "null: no cap.")
+    member_key_tpm_limit: int | None = Field(None, ge=1, le=1_000_000_000,
+                                             description="The most tokens per minute a member's key may allow; "
+                                                         "null: no cap.")
+
+
+def member_keys_out(team):
+    return {name: getattr(team, name) for name in MemberKeys.model_fields}
+
+
 def key_out(key):
     return {name: getattr(key, name) for name in KeyOut.model_fields}
 
@@ -51,6 +66,24 @@ def key_out(key):
 @router.get("/keys", auth=gate("keys.view"), response=errors({200: list[KeyOut]}))
 def keys_list(request):
     return [key_out(key) for key in TeamKey.objects.filter(team=request.team)]
+
+
+@router.get("/keys/members", auth=gate("keys.view"), response=errors({200: MemberKeys}),
+            summary="Whether members issue their own keys, and their caps")
+def member_keys_get(request):
+    return member_keys_out(request.team)
+
+
+@router.put("/keys/members", auth=gate("keys.manage"), response=errors({200: MemberKeys}),
+            summary="Let members issue their own keys (or not), with caps")
+def member_keys_put(request, body: MemberKeys):
+    data = validated(MemberKeysForm, body.dict()).cleaned_data
+    member_keys_set(team=request.team, allowed=data["member_keys"], rpm_limit=data["member_key_rpm_limit"],
+                    tpm_limit=data["member_key_tpm_limit"])
+    audit_record(action=AuditAction.SETTING_CHANGED, request=request, target="members' own gateway keys",
+                 allowed=str(data["member_keys"]), rpm=str(data["member_key_rpm_limit"]),
+                 tpm=str(data["member_key_tpm_limit"]))
+    return member_keys_out(request.team)
 
 
 @router.get("/keys/{key_id}", auth=gate("keys.view"), response=errors({200: KeyOut}))

@@ -68,3 +68,31 @@ def test_a_viewer_still_issues_nothing(client, team_setup):
     client.force_login(team_setup["vera"])
     assert client.post(reverse("key_create"), {"name": "x"}).status_code == 403
     assert "Keys of this team are issued by its admins" in client.get(reverse("keys")).content.decode()
+
+
+def test_the_member_keys_setting_through_the_api(client, team_setup, django_user_model):
+    from panel.audit.models import AuditAction, AuditEvent
+
+    team = team_setup["team_a"]
+    owner = token_for(team_setup["alice"], team)
+    member = token_for(member_of(team_setup, django_user_model), team)
+    assert call(client, "get", "/keys/members", member).json() == {
+        "member_keys": False, "member_key_rpm_limit": None, "member_key_tpm_limit": None}
+    refused = call(client, "put", "/keys/members", member, {"member_keys": True})
+    assert refused.status_code == 403
+    bad = call(client, "put", "/keys/members", owner, {"member_keys": True, "member_key_rpm_limit": 0})
+    assert bad.status_code in (400, 422) and "member_key_rpm_limit" in bad.content.decode()
+    team.refresh_from_db()
+    assert team.member_keys is False  # nothing written
+    done = call(client, "put", "/keys/members", owner, {"member_keys": True, "member_key_rpm_limit": 30,
+                                                         "member_key_tpm_limit": None})
+    assert done.status_code == 200 and done.json() == {
+        "member_keys": True, "member_key_rpm_limit": 30, "member_key_tpm_limit": None}
+    team.refresh_from_db()
+    assert (team.member_keys, team.member_key_rpm_limit, team.member_key_tpm_limit) == (True, 30, None)
+    [event] = AuditEvent.objects.filter(action=AuditAction.SETTING_CHANGED)
+    assert event.target == "members' own gateway keys" and event.detail["rpm"] == "30"
+    issued = call(client, "post", "/keys", member, {"name": "mine", "rpm_limit": 100})
+    assert issued.status_code == 400 and "30" in issued.content.decode()  # the cap the API just set holds
+    off = call(client, "put", "/keys/members", owner, {"member_keys": False})
+    assert off.json()["member_keys"] is False
