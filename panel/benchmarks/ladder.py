@@ -224,6 +224,9 @@ def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_m
                     large_max_num_seqs=large_max_num_seqs, max_model_len=max_model_len, extra_args=extra_args,
                     gpu_price_per_hour=gpu_price_per_hour, repeats=repeats, queue="default", **values)
     host = host or ladder_host(ladder)
+    refusal = slots_refusal(host)
+    if refusal:
+        raise ValidationError(refusal)
     with transaction.atomic():
         ladder.host = host
         ladder.save()
@@ -341,6 +344,21 @@ class StepRunner:
                 return
             job_heartbeat(self.job, phase=f"{step}: stopping deployment #{deployment.pk}")
             time.sleep(1)
+
+
+def slots_refusal(host):
+    """Why a ladder or sweep cannot start on `host` ("" when it can): its GPU worker's every slot is held by a
+    running deployment, so each step's engine would wait until one of them stops (unknown slots: no refusal)."""
+    if host is None or not host.slots:
+        return ""
+    held = list(Deployment.objects.filter(host=host, state__in=list(ACTIVE_DEPLOYMENT_STATES)).order_by("pk")
+                .values_list("pk", flat=True))
+    if len(held) < host.slots:
+        return ""
+    return (f"{host.host}'s GPU worker runs {host.slots} jobs at once and deployments "
+            f"{', '.join(f'#{pk}' for pk in held)} hold all of them: each step's engine would wait until one stops. "
+            "Stop one of them, or start the GPU worker with more slots (TOKENWISE_GPU_CONCURRENCY), then start "
+            "again.")
 
 
 def shared_host_warning(job):
@@ -464,6 +482,9 @@ def sweep_launch(*, team, user, profile, values, p99_target_ms, host=None, repea
     values_checked = services.workload_values(**workload_given)
     services.workload_check(values_checked)
     host = host or host_pick(profile)
+    refusal = slots_refusal(host)
+    if refusal:
+        raise ValidationError(refusal)
     with transaction.atomic():
         sweep = Sweep.objects.create(team=team, created_by=user, profile=profile, host=host, values=values,
                                      p99_target_ms=p99_target_ms, repeats=repeats, queue="default", **values_checked)

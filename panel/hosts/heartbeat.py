@@ -62,7 +62,7 @@ def gpu_facts():
         pynvml.nvmlShutdown()
 
 
-def facts(consumer_queues, node_name, started_at):
+def facts(consumer_queues, node_name, started_at, slots=None):
     memory = psutil.virtual_memory()
     queues = sorted(consumer_queues)
     return {
@@ -76,16 +76,17 @@ def facts(consumer_queues, node_name, started_at):
         "gpus": gpu_facts(),
         "pid": os.getpid(),
         "started_at": started_at,
+        "slots": slots,
     }
 
 
-def beat_once(consumer_queues, node_name, started_at):
+def beat_once(consumer_queues, node_name, started_at, slots=None):
     from panel.hosts.services import host_heartbeat
 
     with beating:
         close_old_connections()
         try:
-            host_heartbeat(**facts(consumer_queues, node_name, started_at))
+            host_heartbeat(**facts(consumer_queues, node_name, started_at, slots))
         finally:
             close_old_connections()
 
@@ -95,11 +96,12 @@ def start(consumer):
     queues = [queue.name for queue in consumer.task_consumer.queues] if consumer.task_consumer else []
     node_name = consumer.hostname
     started_at = timezone.now()
+    slots = getattr(getattr(consumer, "controller", None), "concurrency", None)  # the worker's -c
 
     def loop():
         while not _stop.is_set():
             try:
-                beat_once(queues, node_name, started_at)
+                beat_once(queues, node_name, started_at, slots)
             except Exception:
                 log.exception("worker heartbeat failed")
             _stop.wait(settings.HOST_HEARTBEAT_SECONDS)

@@ -19,6 +19,8 @@ class WorkerHost(models.Model):
     memory_bytes = models.BigIntegerField(default=0)
     memory_available_bytes = models.BigIntegerField(default=0)
     gpus = models.JSONField(default=list)  # [{"index", "name", "memory_bytes", "memory_free_bytes"}]
+    # Jobs the worker runs at once (its Celery concurrency); a deployment holds one for as long as it runs.
+    slots = models.PositiveSmallIntegerField(null=True, blank=True)
     pid = models.IntegerField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)

@@ -10,12 +10,12 @@ from panel.jobs.services import job_created, job_enqueue
 
 
 def host_heartbeat(*, name, host, kind, queues, cpu_count, memory_bytes, memory_available_bytes, gpus, pid,
-                   started_at):
+                   started_at, slots=None):
     """Insert or refresh the row of worker `name`."""
     values = {
         "host": host, "kind": kind, "queues": list(queues), "cpu_count": cpu_count, "memory_bytes": memory_bytes,
         "memory_available_bytes": memory_available_bytes, "gpus": gpus, "pid": pid, "started_at": started_at,
-        "last_seen": timezone.now(),
+        "slots": slots, "last_seen": timezone.now(),
     }
     worker, _ = WorkerHost.objects.update_or_create(name=name, defaults=values)
     return worker

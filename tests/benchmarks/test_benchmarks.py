@@ -313,6 +313,33 @@ def test_it_refuses_a_ladder_for_a_quantized_model_or_bad_sizes(team_setup, tiny
     assert not ladders.Ladder.objects.exists()
 
 
+def test_it_refuses_a_ladder_or_sweep_where_deployments_hold_every_slot_of_the_worker(team_setup, tiny_model):
+    from django.core.exceptions import ValidationError
+    from django.utils import timezone
+
+    from panel.hosts.models import WorkerHost
+    from panel.serving.models import Deployment, ServingProfile
+
+    team = team_setup["team_a"]
+    host = WorkerHost.objects.create(name="gpu@box", host="box", kind="gpu", gpus=[], slots=2,
+                                     last_seen=timezone.now())
+    profile = ServingProfile.objects.create(team=team, name="chat", model=tiny_model, block_size=32)
+    held = [Deployment.objects.create(team=team, profile=profile, host=host, state=state)
+            for state in ("ready", "starting")]
+    with pytest.raises(ValidationError) as error:
+        ladders.ladder_launch(team=team, user=None, model=tiny_model, host=host, enqueue=False)
+    assert error.value.messages == [
+        f"box's GPU worker runs 2 jobs at once and deployments #{held[0].pk}, #{held[1].pk} hold all of them: each "
+        "step's engine would wait until one stops. Stop one of them, or start the GPU worker with more slots "
+        "(TOKENWISE_GPU_CONCURRENCY), then start again."]
+    with pytest.raises(ValidationError):
+        ladders.sweep_launch(team=team, user=None, profile=profile, values=[1, 4], p99_target_ms=1000, host=host,
+                             enqueue=False)
+    assert not ladders.Ladder.objects.exists() and not ladders.Sweep.objects.exists()
+    Deployment.objects.filter(pk=held[0].pk).update(state="stopped")  # a slot is free again
+    assert ladders.ladder_launch(team=team, user=None, model=tiny_model, host=host, enqueue=False).host == host
+
+
 def test_it_picks_the_best_sweep_value_within_the_latency_target():
     points = [(4, {"output_throughput": 100, "p99_e2el_ms": 800}),
               (16, {"output_throughput": 300, "p99_e2el_ms": 1900}),

@@ -24,6 +24,8 @@ def test_it_runs_a_job_through_the_broker_on_a_real_worker(start_worker, team_se
     assert host.is_online and host.kind == "gpu"
     assert sorted(host.queues) == ["gpu", "gpu.testhost"]
     assert host.cpu_count >= 1 and host.memory_bytes > 0
+    assert host.slots == 3  # workers/start.py's default for a GPU worker (TOKENWISE_GPU_CONCURRENCY)
+    # The engine check's int8 probe: a CPU host's W8A8 kernel, exact or saturating (decision 0053).
 
     check = engine_check_launch(team=team_setup["team_a"], user=team_setup["alice"], host=host)
     assert check.queue == "gpu.testhost"
@@ -33,6 +35,7 @@ def test_it_runs_a_job_through_the_broker_on_a_real_worker(start_worker, team_se
     assert check.result["packages"]["vllm"] == "0.32.0"
     assert check.result["packages"]["awq"] == "0.2.9"
     assert check.result["cuda_devices"] == []
+    assert check.result["int8_exact"] is (check.result["int8_error"] < 1e-3)
     assert check.progress == 100 and "importing vllm" in check.log_tail
     assert check.worker == "gpu@testhost" and check.pid is None
 
