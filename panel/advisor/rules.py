@@ -156,6 +156,21 @@ def local_dearer_than_cloud(*, line, deployment, baseline_name):
         link=reverse("deployment_detail", args=[deployment.pk]), link_label=f"deployment #{deployment.pk}")
 
 
+def idle_deployment(*, line, deployment, window_hours):
+    """Rule 11: a priced deployment that was up for an hour or more of the window and served nothing."""
+    if deployment is None or line.tokens or line.requests or not line.cost or line.gpu_hours < 1:
+        return None
+    return Recommendation(
+        rule="idle_deployment", key=f"deployment:{deployment.pk}",
+        title=f"Deployment #{deployment.pk} served nothing in the last {window_hours} h",
+        evidence=[f"{line.gpu_hours:,.1f} hours up at {money_text(line.hourly)} an hour = {money_text(line.cost)}, "
+                  "for 0 requests"],
+        fix="Stop it while nothing needs it: its profile launches it again in about a minute, and a route with a "
+            "cloud channel carries the requests meanwhile. Or point the traffic it was meant for at it (a route "
+            "named after its served model).",
+        link=reverse("deployment_detail", args=[deployment.pk]), link_label=f"deployment #{deployment.pk}")
+
+
 def channel_failing(*, channel, failures, answered, outcome_words):
     """Rule 10: a channel that fails its attempts (`failures`: outcome -> failed attempts in the window; `answered`:
     requests it answered) or whose last Test failed. A fallback channel that cannot be reached is found here before

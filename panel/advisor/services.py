@@ -33,6 +33,7 @@ CHECKS = [  # what the page lists as looked at, in the issue's order
     ("local_dearer", f"Local deployments whose tokens cost more than {rules.LOCAL_DEARER:g}× the cloud's price for "
                      "them"),
     ("channel_failing", "Channels that fail their requests or their last Test"),
+    ("idle_deployment", "Priced deployments that served nothing for an hour or more"),
 ]
 
 
@@ -94,18 +95,19 @@ def _awq_spare(deployment):
                                           gpu_name=smallest.get("name") or "GPU")
 
 
-def _local_dearer(team, now):
+def _local_costs(team, now):
     """The Cost tab's figures over the advisor's window (the shortest dashboard range that covers it)."""
     hours = settings.ADVISOR_WINDOW_HOURS * 3600
     name = min((name for name, span in RANGES.items() if span >= hours), key=RANGES.get, default="30d")
     summary = cost_summary(DashboardQuery(team=team, range=name, now=now.timestamp()))
-    if summary.baseline_channel is None:
-        return
     lines = [line for line in summary.lines if line.kind == "local" and line.deployment_id]
     deployments = Deployment.objects.in_bulk([line.deployment_id for line in lines])
     for line in lines:
-        yield rules.local_dearer_than_cloud(line=line, deployment=deployments.get(line.deployment_id),
-                                            baseline_name=summary.baseline_channel.name)
+        deployment = deployments.get(line.deployment_id)
+        yield rules.idle_deployment(line=line, deployment=deployment, window_hours=settings.ADVISOR_WINDOW_HOURS)
+        if summary.baseline_channel is not None:
+            yield rules.local_dearer_than_cloud(line=line, deployment=deployment,
+                                                baseline_name=summary.baseline_channel.name)
 
 
 def _channel_failures(team, since):
@@ -145,7 +147,7 @@ def advice(*, team, now=None):
         "profile__model__parent", "host")
     for deployment in deployments:
         found.append(_awq_spare(deployment))
-    found += list(_local_dearer(team, now)) + list(_channel_failures(team, since))
+    found += list(_local_costs(team, now)) + list(_channel_failures(team, since))
     found = [item for item in found if item is not None]
     found.sort(key=lambda item: SEVERITY_ORDER.get(item.severity, 9))
     return found

@@ -167,8 +167,41 @@ def cost_summary(query: DashboardQuery):
             line.baseline = float(summary.baseline_channel.cost(row["prompt_tokens"], row["completion_tokens"],
                                                                 row["cached_tokens"], row["cache_write_tokens"]))
         summary.lines.append(line)
+    if query.key_id is None:  # a key has no share of a GPU it sent nothing to
+        summary.lines += _idle_lines(query, served={row["deployment_id"] for row in rows if row["local"]},
+                                     channels=channels, summary=summary)
     summary.lines.sort(key=lambda line: (line.kind, -line.tokens))
     return summary
+
+
+def _idle_lines(query, *, served, channels, summary):
+    """A local line for each deployment that was up in the range and served nothing: its GPU hours cost the same
+    (a priced host's idle deployment is not free), with no tokens to spread them over."""
+    from datetime import datetime, timezone
+
+    since = datetime.fromtimestamp(query.start, tz=timezone.utc)
+    until = datetime.fromtimestamp(query.end, tz=timezone.utc)
+    idle = (Deployment.objects.filter(team=query.team, ready_at__isnull=False, ready_at__lt=until)
+            .exclude(finished_at__lt=since).exclude(pk__in=served).select_related("host", "profile"))
+    if query.deployment_id is not None:
+        idle = idle.filter(pk=query.deployment_id)
+    if query.channel_id is not None:
+        channel = channels.get(query.channel_id)
+        idle = idle.filter(pk=channel.deployment_id if channel is not None and channel.deployment_id else -1)
+    named = {channel.deployment_id: channel.name for channel in channels.values() if channel.deployment_id}
+    lines = []
+    for deployment in idle:
+        hours = deployment_up_hours(deployment, since=query.start, until=query.end)
+        if not hours:
+            continue
+        hourly = deployment_hourly_price(deployment)
+        if hourly is None:
+            summary.missing_prices.append(deployment.host.host if deployment.host else str(deployment))
+        name = f"{named.get(deployment.pk, f'deployment #{deployment.pk}')} (idle)"
+        lines.append(CostLine(name=name, kind="local", requests=0, tokens=0, gpu_hours=hours, hourly=hourly,
+                              cost=None if hourly is None else hours * hourly, deployment_id=deployment.pk,
+                              baseline=0.0 if summary.baseline_channel is not None else None))
+    return lines
 
 
 def deployment_hourly_price(deployment):

@@ -241,6 +241,14 @@ def test_it_flags_a_local_deployment_dearer_than_the_cloud_and_not_a_busy_one(te
     assert "cheaper than the cloud above 2,000,000" in item.evidence[2]
     assert "let the route fall back to the cloud channel" in item.fix
     assert item.link == f"/serving/deployments/{idle.pk}/"
+    assert fired(team, "idle_deployment") == []  # both served something
+
+    spare, _ = serve(team, make_profile(team, model, "spare"), host=make_host("h200c", gpu_gib=141))
+    WorkerHost.objects.filter(host="h200c").update(gpu_price_per_hour=Decimal("0.50"))
+    Deployment.objects.filter(pk=spare.pk).update(ready_at=timezone.now() - timedelta(hours=10))
+    [item] = fired(team, "idle_deployment")
+    assert item.key == f"deployment:{spare.pk}" and "served nothing in the last 24 h" in item.title
+    assert item.evidence[0].startswith("10.0 hours up at 0.50 an hour = 5.0") and "for 0 requests" in item.evidence[0]
 
 
 @pytest.mark.django_db

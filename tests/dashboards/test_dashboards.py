@@ -425,4 +425,21 @@ def test_the_clients_own_refusals_are_shown_apart_from_the_error_rate_and_cost_n
     rows = {row[0]: row for row in table.rows}
     assert table.columns[:4] == ["channel", "requests", "errors", "refused"]
     assert rows["(none: refused before a channel)"][1:4] == [3, 0, 3] and rows["cloud"][1:4] == [12, 2, 0]
-    assert [line.name for line in cost_summary(query).lines] == ["cloud"]  # no "(deleted channel)" line
+    names = [line.name for line in cost_summary(query).lines]
+    assert "cloud" in names and "(deleted channel)" not in names  # refused requests are no channel line
+
+
+def test_a_priced_deployment_that_served_nothing_still_costs_its_gpu_hours(traffic):
+    """The traffic fixture's local deployment (2.5 an hour × 2 GPUs, ready for 10 hours) served nothing in the last
+    hour: the Cost tab counts its hour, with no tokens to spread it over, and no key is charged for it."""
+    query = DashboardQuery(team=traffic["team"], range="1h")
+    summary = cost_summary(query)
+    [idle] = [line for line in summary.lines if line.kind == "local"]
+    assert idle.name == "local (idle)" and (idle.requests, idle.tokens) == (0, 0)
+    assert 1.0 <= idle.gpu_hours <= 1.02  # the range begins on a whole step, up to a minute more than an hour
+    assert idle.cost == pytest.approx(idle.gpu_hours * 5.0) and summary.local_cost == idle.cost
+    assert summary.per_million("local") is None  # no tokens to divide by
+    keyed = cost_summary(DashboardQuery(team=traffic["team"], range="1h", key_id=traffic["keys"][0].pk))
+    assert [line for line in keyed.lines if line.kind == "local"] == []
+    elsewhere = cost_summary(DashboardQuery(team=traffic["team"], range="1h", channel_id=traffic["cloud"].pk))
+    assert [line for line in elsewhere.lines if line.kind == "local"] == []
