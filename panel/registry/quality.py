@@ -242,13 +242,13 @@ def compare(evaluation, baseline):
         result.size_ratio = evaluation.size_bytes / baseline.size_bytes
     result.flags, severe = judge(result)
     result.verdict = "reject" if severe else "check" if result.flags else "safe"
-    result.words = verdict_words(result) + saturation_note(evaluation)
+    result.words = verdict_words(result) + (saturation_note(evaluation) if result.verdict != "safe" else "")
     return result
 
 
 def saturation_note(evaluation):
-    """Where an int8 model was measured on a CPU whose int8 products saturate, the report says that the loss is
-    partly the processor's (engine/engine_probe.int8_product_error)."""
+    """Where an int8 model lost quality measured on a CPU whose int8 products saturate, the report says that the loss
+    is partly the processor's (engine/engine_probe.int8_product_error); a verdict of "safe" needs no excuse."""
     error = evaluation.details.get("int8_error")
     if not error or error < INT8_EXACT_ERROR or (evaluation.model.quantization or {}).get("scheme") != "w8a8-int8":
         return ""

@@ -25,7 +25,7 @@ def test_only_an_admin_may_attach_at_launch(client, team_setup, django_user_mode
     membership_add(team=team, user=member, role=Role.MEMBER)
     deployment = make_deployment(team, member, "mine", served="gpt-4o")  # for its profile
     client.force_login(member)
-    page = client.post(f"/serving/profiles/{deployment.profile_id}/launch/", {"attach_to_route": "on"},
-                       follow=True)
+    page = client.post(f"/serving/profiles/{deployment.profile_id}/launch/",
+                       {"attach_to_route": "on", "another": "on"}, follow=True)  # beside its pending deployment
     assert "Only an admin may attach" in page.content.decode()
     assert Deployment.objects.count() == 1 and not Route.objects.exists()
