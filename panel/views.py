@@ -4,12 +4,11 @@ import time
 
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
-from django.urls import reverse
 
 from panel.accounts.decorators import team_view
-from panel.advisor.services import advice
+from panel.advisor.services import problems_attention
 from panel.core.sections import SECTIONS
-from panel.dashboards.home import Attention, overview
+from panel.dashboards.home import overview
 from panel.hosts.models import WorkerHost
 
 
@@ -17,13 +16,7 @@ from panel.hosts.models import WorkerHost
 def home(request):
     hosts = list(WorkerHost.objects.all())
     summary = overview(team=request.team, now=time.time())
-    problems = [item for item in advice(team=request.team)
-                if item.severity == "problem" and item.rule != "channel_failing"]  # channels are listed already
-    if problems:
-        summary.attention.append(Attention(
-            f"Advisor: {len(problems)} problem{'s' if len(problems) != 1 else ''}",
-            "; ".join(item.title for item in problems[:3]) + ("; …" if len(problems) > 3 else ""),
-            reverse("advisor")))
+    summary.attention += problems_attention(team=request.team)
     context = {
         "sections": SECTIONS,
         "hosts_online": sum(1 for host in hosts if host.is_online),

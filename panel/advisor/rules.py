@@ -176,16 +176,14 @@ def channel_failing(*, channel, failures, answered, outcome_words):
     requests it answered) or whose last Test failed. A fallback channel that cannot be reached is found here before
     the day the local deployment is down and every request needs it."""
     failed = sum(failures.values())
-    test = channel.last_test or {}
-    test_failed = bool(test) and not test.get("ok")
-    if not test_failed and (failed < CHANNEL_FAILURES_MIN or failed < answered):
+    if not channel.test_failure and (failed < CHANNEL_FAILURES_MIN or failed < answered):
         return None
     evidence = []
     if failed:
         parts = ", ".join(f"{count} {outcome_words.get(outcome, outcome)}" for outcome, count in failures.most_common())
         evidence.append(f"{failed} attempts failed ({parts}); it answered {answered} requests")
-    if test_failed:
-        evidence.append("its last Test failed: " + (test.get("diagnosis") or test.get("kind") or "no answer"))
+    if channel.test_failure:
+        evidence.append(channel.test_failure)
     return Recommendation(
         rule="channel_failing", severity="problem", key=f"channel:{channel.pk}",
         title=f"{channel.name} is failing",

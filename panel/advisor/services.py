@@ -5,12 +5,14 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Count, Max, Q, Sum
+from django.urls import reverse
 from django.utils import timezone
 
 from panel.advisor import rules
 from panel.channels.canary import p99
 from panel.channels.models import ChannelKind, Route, listed_channels
 from panel.dashboards.cost import cost_summary
+from panel.dashboards.home import Attention
 from panel.dashboards.requests import OUTCOME_WORDS, SCAN_LIMIT
 from panel.dashboards.selectors import RANGES, DashboardQuery
 from panel.registry.models import RegisteredModel
@@ -124,6 +126,17 @@ def _channel_failures(team, since):
     for channel in listed_channels(team).filter(live, enabled=True):
         yield rules.channel_failing(channel=channel, failures=failures.get(channel.pk, Counter()),
                                     answered=answered.get(channel.pk, 0), outcome_words=OUTCOME_WORDS)
+
+
+def problems_attention(*, team):
+    """The overview's line for the advisor's problems ([] when there are none); failing channels are left out, the
+    overview lists them itself."""
+    problems = [item for item in advice(team=team) if item.severity == "problem" and item.rule != "channel_failing"]
+    if not problems:
+        return []
+    return [Attention(f"Advisor: {len(problems)} problem{'s' if len(problems) != 1 else ''}",
+                      "; ".join(item.title for item in problems[:3]) + ("; …" if len(problems) > 3 else ""),
+                      reverse("advisor"))]
 
 
 def advice(*, team, now=None):

@@ -346,13 +346,21 @@ class StepRunner:
             time.sleep(1)
 
 
+def _running_on(host_id, *, steps=True):
+    """Ids of the active deployments on a worker host, oldest first (`steps=False`: not those of ladder and sweep
+    steps)."""
+    running = Deployment.objects.filter(host_id=host_id, state__in=list(ACTIVE_DEPLOYMENT_STATES))
+    if not steps:
+        running = running.filter(profile__benchmark_step__isnull=True)
+    return list(running.order_by("pk").values_list("pk", flat=True))
+
+
 def slots_refusal(host):
     """Why a ladder or sweep cannot start on `host` ("" when it can): its GPU worker's every slot is held by a
     running deployment, so each step's engine would wait until one of them stops (unknown slots: no refusal)."""
     if host is None or not host.slots:
         return ""
-    held = list(Deployment.objects.filter(host=host, state__in=list(ACTIVE_DEPLOYMENT_STATES)).order_by("pk")
-                .values_list("pk", flat=True))
+    held = _running_on(host.pk)
     if len(held) < host.slots:
         return ""
     return (f"{host.host}'s GPU worker runs {host.slots} jobs at once and deployments "
@@ -366,9 +374,7 @@ def shared_host_warning(job):
     worker's slots those hold, and their figures include those engines' load."""
     if job.host_id is None:
         return ""
-    others = list(Deployment.objects.filter(host_id=job.host_id, state__in=list(ACTIVE_DEPLOYMENT_STATES),
-                                            profile__benchmark_step__isnull=True).order_by("pk")
-                  .values_list("pk", flat=True)[:5])
+    others = _running_on(job.host_id, steps=False)[:5]
     if not others:
         return ""
     names = ", ".join(f"#{pk}" for pk in others)
@@ -382,9 +388,7 @@ def _waiting_for(deployment):
     worker's slots until it stops ("" once it has started, or when nothing else runs there)."""
     if deployment.state != DeploymentState.PENDING or deployment.host_id is None:
         return ""
-    others = list(Deployment.objects.filter(host_id=deployment.host_id, state__in=list(ACTIVE_DEPLOYMENT_STATES))
-                  .exclude(pk=deployment.pk).exclude(profile__benchmark_step__isnull=False).order_by("pk")
-                  .values_list("pk", flat=True)[:5])
+    others = _running_on(deployment.host_id, steps=False)[:5]
     if not others:
         return ""
     held = ("deployment " if len(others) == 1 else "deployments ") + ", ".join(f"#{pk}" for pk in others)

@@ -220,6 +220,14 @@ class Channel(models.Model):
     def test_ok(self):
         return bool(self.last_test) and bool(self.last_test.get("ok"))
 
+    @property
+    def test_failure(self):
+        """"its last Test failed: <diagnosis>" when the channel was tested and failed; "" otherwise."""
+        if not self.last_test or self.last_test.get("ok"):
+            return ""
+        return "its last Test failed: " + (self.last_test.get("diagnosis") or self.last_test.get("kind")
+                                           or "no answer")
+
 
 class Route(models.Model):
     """What clients send as `model`, mapped to channels tried in the order the strategy gives."""

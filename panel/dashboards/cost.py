@@ -8,6 +8,7 @@
   (the remote channel that carried the most tokens in the range, else the first enabled one).
 - Monthly projection: the range's savings scaled to 30 days."""
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from panel.channels.models import Channel
 from panel.dashboards.selectors import DashboardQuery, usage_grouped
@@ -177,8 +178,6 @@ def cost_summary(query: DashboardQuery):
 def _idle_lines(query, *, served, channels, summary):
     """A local line for each deployment that was up in the range and served nothing: its GPU hours cost the same
     (a priced host's idle deployment is not free), with no tokens to spread them over."""
-    from datetime import datetime, timezone
-
     since = datetime.fromtimestamp(query.start, tz=timezone.utc)
     until = datetime.fromtimestamp(query.end, tz=timezone.utc)
     idle = (Deployment.objects.filter(team=query.team, ready_at__isnull=False, ready_at__lt=until)

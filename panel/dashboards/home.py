@@ -101,14 +101,9 @@ def month_figures(team, now):
 def failing_channels(team):
     found = []
     for channel in listed_channels(team).filter(enabled=True).order_by("name"):
-        test = channel.last_test or {}
-        if channel.problem:
-            found.append(Attention(f"Channel {channel.name}", channel.problem,
-                                   reverse("channel_detail", args=[channel.pk])))
-        elif test and not test.get("ok"):
-            why = test.get("diagnosis") or test.get("kind") or "no answer"
-            found.append(Attention(f"Channel {channel.name}", f"its last Test failed: {why}",
-                                   reverse("channel_detail", args=[channel.pk])))
+        why = channel.problem or channel.test_failure
+        if why:
+            found.append(Attention(f"Channel {channel.name}", why, reverse("channel_detail", args=[channel.pk])))
     return found
 
 
