@@ -98,6 +98,7 @@ def test_the_page_shows_the_month_deployments_and_what_needs_attention(client, t
     empty = client.get(reverse("home")).content.decode()
     assert "Spent this month" in empty and "None yet" in empty and "Nothing is failing" in empty
     assert "Nothing is served locally" in empty
+    assert empty.count('href="/dashboards/cost/?range=30d"') == 3  # spend, local share, savings: the Cost tab
 
     model = make_model(team)
     make_profile(team, model, "split", tensor_parallel_size=3)  # the advisor calls that a problem (28 heads)
