@@ -267,6 +267,41 @@ def test_it_reports_the_parent_and_every_sibling_side_by_side(client, team_setup
     assert "In memory" not in page
 
 
+def test_it_names_the_scheme_that_keeps_most_of_the_parent_at_each_size_even_when_none_passes(client, team_setup,
+                                                                                               model):
+    # The H200 measurement of SmolLM2-135M: at 4 bits AWQ +19.4 %, GPTQ +37.1 %, round-to-nearest +40.1 %.
+    evaluation(model, perplexity=10.0, size=4000)
+    awq = child_of(model, "smol-awq", "w4a16-awq")
+    evaluation(awq, perplexity=11.94, size=1200)
+    evaluation(child_of(model, "smol-gptq", "w4a16-gptq"), perplexity=13.71, size=1190)
+    rtn = child_of(model, "smol-rtn", "w4a16-rtn")
+    RegisteredModel.objects.filter(pk=rtn.pk).update(quantization={**rtn.quantization, "bits": 4})
+    evaluation(rtn, perplexity=14.01, size=1190)
+    w8a8 = child_of(model, "smol-w8a8")
+    evaluation(w8a8, perplexity=10.36, size=2000)
+
+    report = quality_report(awq)
+    assert report["recommended"]["model"] == w8a8  # the one child safe to serve
+    [four] = report["best"]  # one 8-bit child alone is no comparison
+    assert four["bits"] == 4 and four["row"]["model"] == awq
+    assert [row["model"].name for row in four["others"]] == ["smol-gptq", "smol-rtn"]
+    assert [row.get("best_bits") for row in report["rows"]] == [None, 4, None, None, None]
+
+    client.force_login(team_setup["alice"])
+    page = client.get(reverse("model_detail", args=[w8a8.pk])).content.decode()
+    assert ("Best at 4 bits:</strong> <a href=\"/models/%d/\">smol-awq</a> (W4A16 AWQ: perplexity +19.4%%), ahead of "
+            "smol-gptq (W4A16 GPTQ: +37.1%%) and smol-rtn (W4A16 round-to-nearest: +40.1%%). None of them is safe to "
+            "serve" % awq.pk) in page
+    assert page.count("best 4-bit</span>") == 1
+
+    # A second 8-bit child makes an 8-bit class; a safe one wins it over a larger perplexity drop that is flagged.
+    fp8 = child_of(model, "smol-fp8", "fp8-dynamic")
+    evaluation(fp8, perplexity=10.1, json_right=6, size=2000)
+    eight, four = quality_report(awq)["best"]
+    assert (eight["bits"], eight["row"]["model"], [row["model"] for row in eight["others"]]) == (8, w8a8, [fp8])
+    assert four["row"]["model"] == awq
+
+
 def test_it_refuses_a_report_against_another_teams_model_or_itself(team_setup, model):
     other = RegisteredModel.objects.create(
         team=team_setup["team_b"], name="theirs", path="/x", architecture="Qwen2ForCausalLM", model_type="qwen2",

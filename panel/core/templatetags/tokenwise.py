@@ -65,6 +65,15 @@ def percent(value):
         return "—"
 
 
+@register.filter(name="signed_percent")
+def signed_percent(value):
+    """A change already in percent, with its sign: +19.4%, -0.3%, +0.0% (never "-0.0%")."""
+    try:
+        return f"{round(float(value), 1) or 0.0:+.1f}%"
+    except (TypeError, ValueError):
+        return "—"
+
+
 @register.filter(name="tokens")
 def tokens(value):
     """1.2M, 350K, 900."""
