@@ -7,7 +7,7 @@ ENGINE_VENV := .venv-engine
 ENGINE_PIP_EXTRA ?=
 TW_PIP_FLAGS ?= -q
 
-.PHONY: run test test-fast lint venv engine browser clean-venvs help
+.PHONY: run test test-fast lint venv engine browser claude-code clean-venvs help
 .DEFAULT_GOAL := help
 
 help:
@@ -26,12 +26,12 @@ run: $(VENV)/.installed $(ENGINE_VENV)/.installed
 TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-test: lint $(ENGINE_VENV)/.installed browser
+test: lint $(ENGINE_VENV)/.installed browser claude-code
 	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
-# Neither the engine venv nor Chromium: every test but those marked engine or browser (tests/conftest.py marks them).
+# Neither the engine venv, Chromium nor Claude Code's CLI: every test but those marked engine, browser or client.
 test-fast: lint
-	$(VENV)/bin/python -m pytest -m "not engine and not browser" $(PARALLEL) $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m "not engine and not browser and not client" $(PARALLEL) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
@@ -60,6 +60,17 @@ $(ENGINE_VENV)/.installed: scripts/build_engine_venv.sh
 browser:
 	@test -x /usr/bin/chromium || { echo "tokenwise: installing chromium for the browser tests"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# Claude Code's own CLI, pinned, for the tests that run it through the gateway (tests/system/test_claude_code.py);
+# npm from Debian's nodejs. The version the README names as tested.
+CLAUDE_CODE_VERSION := 2.1.332
+claude-code: .node/.installed-$(CLAUDE_CODE_VERSION)
+.node/.installed-$(CLAUDE_CODE_VERSION):
+	@command -v npm >/dev/null || { echo "tokenwise: installing nodejs and npm for the Claude Code tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	npm install --prefix .node --no-audit --no-fund --loglevel=error @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
+	.node/node_modules/.bin/claude --version
+	@touch $@
 
 clean-venvs:
 	rm -rf $(VENV) $(ENGINE_VENV)

@@ -41,6 +41,9 @@ class Target:
     first_byte_timeout: float = 10.0
     idle_timeout: float = 15.0
     loopback_ok: bool = False  # the deployment's own local channel: the engine listens on this machine
+    context_tokens: int | None = None  # a local engine's context (max_model_len): no answer can be longer
+    tool_calling: bool | None = None  # a local engine started with vLLM's auto tool choice (None: not an engine)
+    engine_words: str = ""  # "deployment #3 (profile tiny-cpu)", for what the gateway says about a local engine
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,14 @@ def target_for(channel):
                   backoff=float(channel.retry_backoff), channel=channel,
                   connect_timeout=float(channel.connect_timeout_seconds),
                   first_byte_timeout=float(channel.first_byte_timeout_seconds),
-                  idle_timeout=float(channel.idle_timeout_seconds), loopback_ok=loopback_ok)
+                  idle_timeout=float(channel.idle_timeout_seconds), loopback_ok=loopback_ok,
+                  **(_engine_facts(channel.deployment) if loopback_ok else {}))
+
+
+def _engine_facts(deployment):
+    profile = deployment.profile
+    return {"context_tokens": profile.max_model_len, "tool_calling": bool(profile.tool_call_parser),
+            "engine_words": f"deployment #{deployment.pk} (profile {profile.name})"}
 
 
 def _load(team_id, model_name):

@@ -72,13 +72,15 @@ class Passage:
     """One request's way to its channels: for each channel the API it is sent in, the body, and the answer turned
     back into the client's API."""
 
-    def __init__(self, client_api, body):
+    def __init__(self, client_api, body, betas=""):
         self.client_api = client_api
         self.body = body
+        self.betas = betas  # a Messages client's anthropic-beta header, passed on with its body
         self.model = body["model"]
         self.stream = bool(body.get("stream"))
         self._translated = {}  # upstream API -> the translated body (the model id set per channel)
         self.targets = []  # the route's channels this request can go to, in order (`choose`)
+        self.adapted = {}  # target id -> what was changed for it, in words (the x-tokenwise-adapted header)
 
     def upstream_api(self, target):
         """The API to call `target` in; NotTranslatable when the request cannot go to it."""
@@ -104,6 +106,11 @@ class Passage:
         usable, refusal = [], None
         for target in targets:
             try:
+                if target.tool_calling is False and lets_model_call_tools(self.body):
+                    raise translation.NotTranslatable(
+                        f"this request lets the model call tools, and {target.engine_words} runs without tool "
+                        "calling: choose its profile's Tool calling parser and relaunch it, or route tool requests "
+                        "to another channel")
                 api = self.upstream_api(target)
                 if api != self.client_api:
                     self._body_in(api)
@@ -116,18 +123,30 @@ class Passage:
         self.targets = usable
 
     def request(self, target, *, stream):
-        """(upstream API, path, payload) for one attempt on `target`."""
+        """(upstream API, path, payload) for one attempt on `target`; what was changed for it in `adapted`."""
         api = self.upstream_api(target)
+        changes = []
         if api in (CHAT, COMPLETIONS) and api == self.client_api:
             payload = upstream_body(self.body, target, stream=stream)
         elif api == self.client_api:
             payload = dict(self.body, model=target.model_id)
         else:
             payload = dict(self._body_in(api), model=target.model_id)
+            if self.client_api == MESSAGES:
+                changes += [f"{name} dropped" for name in translation.dropped_for_chat(self.body)]
+        changes += clamp_to_context(payload, target)
+        self.adapted[target.id] = changes
         if stream and self.continuous_usage(target, api):
             # The engine's own counts on every chunk: a client that leaves mid-stream is charged measured figures
             payload["stream_options"] = {**(payload.get("stream_options") or {}), "continuous_usage_stats": True}
         return api, PATHS[api], payload
+
+    def upstream_headers(self, api):
+        """Headers of the client's that go with its body: a Messages body passed through keeps the betas it was
+        written for (Claude Code's context_management needs its beta at Anthropic's API)."""
+        if api == MESSAGES and self.client_api == MESSAGES and self.betas:
+            return {"anthropic-beta": self.betas}
+        return {}
 
     def continuous_usage(self, target, api=None):
         """Whether the gateway asks `target` for usage on every chunk: a local vLLM engine in chat or completions
@@ -158,6 +177,8 @@ class Passage:
                 data = translation.chat_response_to_messages(data, model=self.model)
             elif api == MESSAGES and self.client_api == CHAT:
                 data = translation.messages_response_to_chat(data, model=self.model)
+            elif api == MESSAGES:
+                data["id"] = translation.message_id(data.get("id"))  # vLLM's Messages ids are chatcmpl-...
         except translation.MalformedAnswer as error:
             raise UpstreamError("malformed", str(error)) from None
         data["model"] = self.model
@@ -183,6 +204,34 @@ class Passage:
         if self.client_api == MESSAGES:
             return messages_api.error_body(status, message)
         return openai_error_body(message, kind=kind, code=code)
+
+
+def lets_model_call_tools(body):
+    """Whether a chat or Messages request offers tools and lets the model choose to call them (vLLM needs its auto
+    tool choice for that; a tool_choice of "none" does not)."""
+    if not body.get("tools"):
+        return False
+    choice = body.get("tool_choice")
+    return not (choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none"))
+
+
+def clamp_to_context(payload, target):
+    """Lower an answer's limit that a local engine would refuse (vLLM answers 400 to max_tokens over its context;
+    Claude Code asks for 32,000) to the engine's context, in place; the change in words, or []."""
+    if not target.context_tokens:
+        return []
+    changes = []
+    for name in ("max_tokens", "max_completion_tokens"):
+        asked = payload.get(name)
+        if isinstance(asked, int) and asked > target.context_tokens:
+            payload[name] = target.context_tokens
+            changes.append(f"{name} lowered from {asked} to {target.context_tokens} (the model's context)")
+    return changes
+
+
+def adapted_header(changes):
+    """The response header that names what the gateway changed in a request for the channel that answered."""
+    return [(b"x-tokenwise-adapted", "; ".join(changes).encode("ascii", "replace"))] if changes else []
 
 
 # ------------------------------------------------------------------------------------------------- streams
@@ -251,6 +300,7 @@ class MessagesPassthrough(StreamAdapter):
             _raise_error_event(event)
         if kind == "message_start" and isinstance(event.get("message"), dict):
             event["message"]["model"] = self.model
+            event["message"]["id"] = translation.message_id(event["message"].get("id"))
             self.usage.update(event["message"].get("usage") or {})
         elif kind == "message_delta":
             self.usage.update(event.get("usage") or {})

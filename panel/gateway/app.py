@@ -47,6 +47,14 @@ async def read_body(receive, limit):
             return b"".join(chunks)
 
 
+def header(scope, name):
+    """A request header's value as text ("" when absent)."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1").strip()
+    return ""
+
+
 def bearer(scope, anthropic=False):
     if anthropic and (raw := messages_api.api_key(scope)):
         return raw
@@ -189,7 +197,7 @@ async def application(scope, receive, send):
             return
         exchange.fields.update(admitted.session)  # a refused request is no turn of a session: it has none
         exchange.body = body  # its prompt is charged by estimate if the upstream reports no usage
-        passage = Passage(endpoint, body)
+        passage = Passage(endpoint, body, betas=header(scope, b"anthropic-beta")[:1000])
         targets, lease = await BALANCER.place(route, route.ordered(exchange.fields), body=body,
                                               headers=scope["headers"], key_id=exchange.key.id,
                                               request_id=exchange.request_id)

@@ -9,7 +9,7 @@ from decimal import Decimal
 from panel.budgets import enforcement as budgets
 from panel.channels.rules import input_token_estimate
 from panel.gateway import metrics, rate_limits
-from panel.gateway.apis import openai_usage
+from panel.gateway.apis import adapted_header, openai_usage
 from panel.usage import writer as usage_writer
 
 log = logging.getLogger("panel.gateway")
@@ -54,10 +54,11 @@ class Exchange:
         self.body = None
         self.pieces = 0
         self.reservation = None  # what the request holds against its budgets until it is settled
+        self.adapted = []  # what the gateway changed in the request for the channel that answered (apis.Passage)
 
     @property
     def headers(self):
-        return [(b"x-request-id", self.request_id.encode())]
+        return [(b"x-request-id", self.request_id.encode()), *adapted_header(self.adapted)]
 
     @property
     def channel(self):

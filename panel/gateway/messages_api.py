@@ -11,6 +11,9 @@ import json
 from django.conf import settings
 
 ROLES = ("user", "assistant")
+# A message with role "system" in the middle of a conversation (Claude Code sends its context that way): text only.
+SYSTEM_ROLE = "system"
+THINKING_TYPES = ("enabled", "disabled", "adaptive")
 BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "document", "thinking", "redacted_thinking",
                "server_tool_use", "web_search_tool_result", "search_result", "container_upload")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
@@ -69,12 +72,22 @@ def parse_messages_request(body, *, count_only=False):
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise MessagesRequestError("metadata: must be an object")
+    thinking = body.get("thinking")
+    if thinking is not None and (not isinstance(thinking, dict) or thinking.get("type") not in THINKING_TYPES):
+        raise MessagesRequestError("thinking: {\"type\": \"enabled\", \"budget_tokens\": N}, {\"type\": "
+                                   "\"adaptive\"} or {\"type\": \"disabled\"}")
+    for name in ("output_config", "context_management"):
+        if body.get(name) is not None and not isinstance(body[name], dict):
+            raise MessagesRequestError(f"{name}: must be an object")
     return body
 
 
 def _check_message(message, where):
+    if isinstance(message, dict) and message.get("role") == SYSTEM_ROLE:
+        _check_system(message.get("content"), f"{where}.content")
+        return
     if not isinstance(message, dict) or message.get("role") not in ROLES:
-        raise MessagesRequestError(f"{where}.role: must be \"user\" or \"assistant\"")
+        raise MessagesRequestError(f"{where}.role: must be \"user\", \"assistant\" or \"system\"")
     content = message.get("content")
     if isinstance(content, str):
         return
@@ -104,12 +117,12 @@ def _check_block(block, where):
             _check_block(inner, f"{where}.content.{position}")
 
 
-def _check_system(system):
+def _check_system(system, where="system"):
     if system is None or isinstance(system, str):
         return
     if not isinstance(system, list) or not all(isinstance(block, dict) and block.get("type") == "text"
                                                and isinstance(block.get("text"), str) for block in system):
-        raise MessagesRequestError("system: a string or a list of text blocks")
+        raise MessagesRequestError(f"{where}: a string or a list of text blocks")
 
 
 def api_key(scope):

@@ -40,7 +40,8 @@ def upstream_failure(exchange, error, passage=None):
 async def plain_response(exchange, route, passage, send):
     async def attempt(target, limits):
         api, path, payload = passage.request(target, stream=False)
-        return passage.answer(target, await post_json(target, path, payload, limits, api))
+        return passage.answer(target, await post_json(target, path, payload, limits, api,
+                                                      passage.upstream_headers(api)))
 
     try:
         target, (data, usage) = await first_success(passage.targets, attempt,
@@ -51,6 +52,7 @@ async def plain_response(exchange, route, passage, send):
         await send_json(send, status, payload, exchange.headers)
         return
     exchange.target = target
+    exchange.adapted = passage.adapted.get(target.id, [])
     exchange.take_usage(usage)
     exchange.fields["ttft_ms"] = (time.perf_counter() - exchange.started) * 1000
     if exchange.fields["json_requested"]:
@@ -83,7 +85,7 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-
 async def stream_response(exchange, route, passage, send):
     def attempt(target, limits):
         api, path, payload = passage.request(target, stream=True)
-        return open_stream(target, path, payload, limits, api)
+        return open_stream(target, path, payload, limits, api, passage.upstream_headers(api))
 
     try:
         target, opened = await first_success(
@@ -94,6 +96,7 @@ async def stream_response(exchange, route, passage, send):
         await send_json(send, status, payload, exchange.headers)
         return
     exchange.target = target
+    exchange.adapted = passage.adapted.get(target.id, [])
     adapter = passage.stream_adapter(target, exchange)
     try:
         if adapter is None:

@@ -2,15 +2,21 @@
 
 A channel that speaks Messages is asked the same question (the body passes through). A local vLLM deployment's
 channel set to speak chat completions only is asked through the engine's own /tokenize, with the request translated
-to chat messages (the chat template applied, as for a chat request). Any other channel cannot count a request: the
-client gets a 400 that says so. A count is not a request for an answer: no usage record and nothing charged, but it
-is admitted like one (the key, its model allow-list, the route, its per-minute limits and a spent budget's 402)."""
+to chat messages (the chat template applied, as for a chat request). A route with no channel that can count (a
+cloud provider that speaks only chat completions) gets the gateway's own estimate (the characters of the request's
+text / 4, as the routing rules count), marked as one in the `x-tokenwise-token-count` header: Claude Code counts its
+context before it trims it, and a 400 would stop it. A count is not a request for an answer: no usage record and
+nothing charged, but it is admitted like one (the key, its model allow-list, the route, its per-minute limits and a
+spent budget's 402)."""
 import dataclasses
 
+from panel.channels.rules import input_token_estimate
 from panel.gateway import messages_api, translation
 from panel.gateway.attempts import first_success
 from panel.gateway.responses import send_json, upstream_failure
 from panel.gateway.upstream import UpstreamError, post_json
+
+ESTIMATE_WORDS = b"estimate: no channel of this route counts tokens; characters / 4"
 
 
 class _Errors:
@@ -34,9 +40,9 @@ def engine_root(target):
 async def respond(exchange, route, body, send):
     targets = [target for target in route.ordered() if can_count(target)]
     if not targets:
-        await send_json(send, 400, messages_api.error_body(
-            400, f"count_tokens needs a channel that speaks the Messages API or a local vLLM deployment; the "
-                 f"channels of route {route.model_name!r} speak only chat completions"), exchange.headers)
+        await send_json(send, 200, {"input_tokens": input_token_estimate(body)},
+                        [*exchange.headers, (b"x-tokenwise-token-count", ESTIMATE_WORDS)])
+        exchange.responded = True
         return
     chat = None
     if not all(target.channel.speaks("messages") for target in targets):

@@ -9,11 +9,16 @@ here, and the answer (a body, or a stream event by event) is translated back. Bo
   `MessagesStreamToChat`.
 
 Text, images, tools (definitions, calls, results, the choice of tool), stop sequences, sampling and usage (cached
-input tokens included) translate. What has no counterpart on the other side raises `NotTranslatable` naming the
-feature, which the gateway answers with a 400: a request is never sent with part of it silently dropped. Two hints
-that change nothing the model sees pass without a counterpart: Anthropic's `cache_control` (vLLM caches prefixes
-by itself) and OpenAI's `stream_options` (the gateway asks for usage on its own). A tool result marked `is_error`
-reaches a chat model as a tool message whose text starts with "Error:", the nearest thing chat has.
+input tokens included) translate; a system message in the middle of a conversation (Claude Code sends its context
+that way) stays a system message where it was. What has no counterpart on the other side raises `NotTranslatable`
+naming the feature, which the gateway answers with a 400. What only steers how an Anthropic model works, and whose
+loss a client cannot tell apart in its answer, is dropped and named (`dropped_for_chat`, a response header):
+`thinking` (none of it comes back: a chat answer has no thinking blocks), `output_config` (its effort),
+`context_management` (it clears thinking from the history) and thinking blocks in earlier assistant turns. Two
+hints that change nothing the model sees pass without a counterpart: Anthropic's `cache_control` (vLLM caches
+prefixes by itself) and OpenAI's `stream_options` (the gateway asks for usage on its own); so does a tool's
+`defer_loading` (a chat channel gets every tool at once). A tool result marked `is_error` reaches a chat model as a
+tool message whose text starts with "Error:", the nearest thing chat has.
 
 Usage: Anthropic counts `input_tokens` without the cache reads (`cache_read_input_tokens`) and writes
 (`cache_creation_input_tokens`); OpenAI's `prompt_tokens` includes them and `prompt_tokens_details.cached_tokens`
@@ -32,8 +37,11 @@ STOP_REASON_TO_CHAT_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_
 CHAT_ONLY_FIELDS = ("n", "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "seed",
                     "response_format", "audio", "modalities", "prediction", "web_search_options", "functions",
                     "function_call", "reasoning_effort")
-# Messages request fields with no counterpart in chat completions.
-MESSAGES_ONLY_FIELDS = ("thinking", "container", "mcp_servers", "service_tier")
+# Messages request fields with no counterpart in chat completions (refused).
+MESSAGES_ONLY_FIELDS = ("container", "mcp_servers", "service_tier")
+# Messages request fields that only steer an Anthropic model's own work: dropped on the way to chat, and named.
+STEERING_FIELDS = ("thinking", "output_config", "context_management")
+THINKING_BLOCKS = ("thinking", "redacted_thinking")
 DEFAULT_CHAT_FIELDS_PASSED = ("temperature", "top_p")
 
 
@@ -46,6 +54,17 @@ class MalformedAnswer(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------- Messages -> chat
+
+def dropped_for_chat(body):
+    """What `messages_request_to_chat` leaves out of `body`, in words for the client (a response header)."""
+    dropped = [name for name in STEERING_FIELDS
+               if body.get(name) not in (None, {}, [], "") and (body[name] or {}).get("type") != "disabled"]
+    if any(isinstance(message.get("content"), list) and any(block.get("type") in THINKING_BLOCKS
+                                                            for block in message["content"])
+           for message in body["messages"] if message.get("role") == "assistant"):
+        dropped.append("thinking blocks of earlier turns")
+    return dropped
+
 
 def messages_request_to_chat(body, *, model_id):
     """A Messages request body (already validated by `messages_api.parse_messages_request`) as a chat request."""
@@ -112,10 +131,14 @@ def _message_to_chat(message):
     role, content = message["role"], message["content"]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
+    if role == "system":
+        return [{"role": "system", "content": _text_of(content, "a system message")}]
     if role == "assistant":
         texts, calls = [], []
         for block in content:
             kind = block.get("type")
+            if kind in THINKING_BLOCKS:
+                continue  # the model's own earlier reasoning: a chat model takes none (dropped_for_chat names it)
             if kind == "text":
                 texts.append(block.get("text", ""))
             elif kind == "tool_use":
@@ -215,7 +238,7 @@ def chat_response_to_messages(data, *, model):
         content.append({"type": "tool_use", "id": call.get("id") or _new_id("toolu"), "name": function.get("name"),
                         "input": _arguments(function.get("arguments"), function.get("name"))})
     stop_reason, stop_sequence = _stop_of(choice)
-    return {"id": _message_id(data.get("id")), "type": "message", "role": "assistant", "model": model,
+    return {"id": message_id(data.get("id")), "type": "message", "role": "assistant", "model": model,
             "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
             "usage": chat_usage_to_messages(data.get("usage"))}
 
@@ -224,7 +247,7 @@ def _new_id(prefix):
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def _message_id(upstream_id):
+def message_id(upstream_id):
     return f"msg_{upstream_id}" if upstream_id and not str(upstream_id).startswith("msg_") else (
         upstream_id or _new_id("msg"))
 

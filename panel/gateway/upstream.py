@@ -76,7 +76,7 @@ def upstream_body(body, target, *, stream):
 ANTHROPIC_VERSION = "2023-06-01"
 
 
-def headers_for(target, api="chat"):
+def headers_for(target, api="chat", extra=()):
     """The request headers. A Messages call carries the key as Anthropic clients send it (x-api-key, with the API
     version); a remote channel that speaks only Messages (Anthropic's own API) gets no Bearer beside it, which it
     would read as a different kind of credential. A local vLLM keeps its Bearer: its --api-key check reads only
@@ -87,6 +87,7 @@ def headers_for(target, api="chat"):
         headers.update({"x-api-key": target.api_key or "", "anthropic-version": ANTHROPIC_VERSION})
         if not target.channel.speaks("chat") and not target.channel.is_local:
             del headers["authorization"]
+    headers.update(extra)
     return headers
 
 
@@ -125,14 +126,14 @@ def stalled(seconds, what):
     return UpstreamError("stalled", f"{what} within {seconds:g} s")
 
 
-async def send_request(target, path, payload, limits, api="chat"):
+async def send_request(target, path, payload, limits, api="chat", extra_headers=()):
     """POST and wait for the response headers, at most `limits.first_byte` seconds. A redirect is an answer like any
     other non-200, never followed: aiohttp would carry x-api-key (the operator's key, maybe) to another origin."""
     try:
         async with asyncio.timeout(limits.first_byte):
             return await session(target.loopback_ok).post(target.base_url.rstrip("/") + path,
                                                           data=json.dumps(payload).encode(),
-                                                          headers=headers_for(target, api),
+                                                          headers=headers_for(target, api, extra_headers),
                                                           timeout=client_timeout(target, limits),
                                                           allow_redirects=False)
     except aiohttp.ConnectionTimeoutError:
@@ -160,7 +161,7 @@ async def refusal(target, response):
     return error_from_response(response.status, body, response.headers, secret=target.api_key)
 
 
-async def post_json(target, path, payload, limits, api="chat"):
+async def post_json(target, path, payload, limits, api="chat", extra_headers=()):
     """A non-streamed answer. A chat or completions request is asked for as a stream and assembled
     (panel/gateway/assemble.py), so that the first-byte budget runs to the first token and the idle budget between
     tokens, as for a stream: an engine sends a non-streamed answer's headers only when the whole answer is ready, so
@@ -168,7 +169,8 @@ async def post_json(target, path, payload, limits, api="chat"):
     as before; other calls (Messages, embeddings, responses, token counts) are plain. Returns the parsed body."""
     began = asyncio.get_running_loop().time()
     assembled = api == "chat" and path.endswith(("/chat/completions", "/completions"))
-    response = await send_request(target, path, as_stream(payload) if assembled else payload, limits, api)
+    response = await send_request(target, path, as_stream(payload) if assembled else payload, limits, api,
+                                  extra_headers)
     if response.status != 200:
         raise await refusal(target, response)
     if not assembled or "text/event-stream" not in response.headers.get("content-type", ""):
@@ -278,10 +280,10 @@ async def stream_lines(response, idle):
             yield raw.decode("utf-8", "replace").rstrip("\r")
 
 
-async def open_stream(target, path, payload, limits, api="chat"):
+async def open_stream(target, path, payload, limits, api="chat", extra_headers=()):
     """POST a streaming request and read up to its first event, all within `limits.first_byte` seconds."""
     began = asyncio.get_running_loop().time()
-    response = await send_request(target, path, payload, limits, api)
+    response = await send_request(target, path, payload, limits, api, extra_headers)
     if response.status != 200:
         raise await refusal(target, response)
     return await first_event(target, response, limits, began)

@@ -43,6 +43,7 @@ OWNED_FLAGS = {flag: field for field, flag in FIELD_FLAGS.items()}
 OWNED_FLAGS.update({"--model": "model", "--host": "host", "--port": "port", "--config": "the profile itself",
                     "--no-enable-chunked-prefill": "enable_chunked_prefill",
                     "--no-enable-prefix-caching": "enable_prefix_caching",
+                    "--enable-auto-tool-choice": "tool_call_parser", "--tool-call-parser": "tool_call_parser",
                     "--enable-prompt-tokens-details": "the usage records (cached tokens)",
                     "--no-enable-prompt-tokens-details": "the usage records (cached tokens)"})
 SHORT_ALIASES = {"-q": "quantization", "-tp": "tensor_parallel_size", "-pp": "pipeline_parallel_size"}
@@ -279,6 +280,8 @@ def _engine_options(values, *, model_path, port, host, checkpoint_quantized, swa
     for name in ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
                  "tensor_parallel_size", "pipeline_parallel_size"):
         options.append((FIELD_FLAGS[name], value(name)))
+    if value("tool_call_parser"):
+        options += [("--enable-auto-tool-choice", True), ("--tool-call-parser", value("tool_call_parser"))]
     # Without it vLLM answers `prompt_tokens_details: null`, and no usage row could show its prefix-cache hits.
     options.append(("--enable-prompt-tokens-details", True))
     return options + [("--host", host), ("--port", int(port))]

@@ -46,6 +46,8 @@ class ServingProfile(models.Model):
     # not in config.toml
     served_model_name = models.CharField(max_length=200, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
+    tool_call_parser = models.CharField(max_length=20, blank=True, choices=_choices("tool_call_parser"),
+                                        default=F["tool_call_parser"].default)
     extra_args = models.CharField(max_length=1000, blank=True)
 
     class Meta:

@@ -95,6 +95,14 @@ FIELDS = (
                  help="The name clients send as `model`. Empty: the model name."),
     ProfileField("port", int, None, "Port", nullable=True, min_value=PORT_RANGE[0], max_value=PORT_RANGE[1],
                  help="Empty: a free port is picked at launch."),
+    ProfileField("tool_call_parser", str, "", "Tool calling",
+                 choices=(("", "off"), ("hermes", "hermes (Qwen 2.5, Hermes)"),
+                          ("llama3_json", "llama3_json (Llama 3.1-3.3)"), ("pythonic", "pythonic (Llama 3.2, 4)"),
+                          ("mistral", "mistral"), ("granite", "granite"), ("qwen3_coder", "qwen3_coder"),
+                          ("deepseek_v3", "deepseek_v3"), ("openai", "openai (gpt-oss)")),
+                 help="vLLM's automatic tool choice, with the parser that reads the model family's tool calls: "
+                      "what agents (Claude Code, OpenAI tools) need. Off: a request that lets the model call tools "
+                      "goes to another channel of its route, or is refused in words."),
     ProfileField("extra_args", str, "", "Extra engine arguments",
                  help="More vLLM flags, shell-quoted, e.g. --enforce-eager. Flags the profile sets are refused."),
     ProfileField("name", str, "", "Profile name"),

@@ -3,8 +3,10 @@ entry of the usual vLLM troubleshooting list, into a reason the user reads next 
 
 `check_profile` takes the profile dict, the RegisteredModel it serves and, when known, the host it will run on.
 Memory numbers come from panel.registry.memory, the same estimates the model page shows."""
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from panel.registry import memory
 from panel.registry.models import ModelState
@@ -49,13 +51,40 @@ def checkpoint_quantization(model):
 
 
 def suggest_values(model):
-    """A new profile for this model: the defaults, its quantization, and a context length it supports."""
+    """A new profile for this model: the defaults, its quantization, a context length it supports, and tool calling
+    where its chat template writes tool calls."""
     values = defaults()
     quantization, bits = checkpoint_quantization(model)
     values.update(model_name=getattr(model, "hub_id", "") or getattr(model, "path", "") or model.name,
                   quantization=quantization, quantization_bits=bits,
-                  max_model_len=min(values["max_model_len"], model.max_position_embeddings or values["max_model_len"]))
+                  max_model_len=min(values["max_model_len"], model.max_position_embeddings or values["max_model_len"]),
+                  tool_call_parser=tool_parser_for(getattr(model, "path", "")))
     return values
+
+
+# What a chat template writes around a tool call, and the vLLM parser that reads it back (first match wins).
+TOOL_CALL_MARKERS = (("<tool_call>", "hermes"), ("<|python_tag|>", "llama3_json"), ("[TOOL_CALLS]", "mistral"),
+                     ("<|tool_call|>", "granite"), ("<|channel|>", "openai"))
+
+
+def tool_parser_for(path):
+    """The tool-call parser for a checkpoint whose chat template renders tools and their calls, or "" (a template
+    that never shows the model its tools: tool calling would give it nothing to call)."""
+    folder = Path(path) if path else None
+    if folder is None or not folder.is_dir():
+        return ""
+    template = ""
+    try:
+        if (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text(errors="replace")
+        elif (folder / "tokenizer_config.json").is_file():
+            found = json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template") or ""
+            template = found if isinstance(found, str) else json.dumps(found)
+    except (OSError, ValueError):
+        return ""
+    if "tools" not in template:
+        return ""
+    return next((parser for marker, parser in TOOL_CALL_MARKERS if marker in template), "")
 
 
 def check_profile(values, *, model, host=None, cpu_kv_cache_bytes=DEFAULT_CPU_KV_CACHE_BYTES):

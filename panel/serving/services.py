@@ -53,7 +53,7 @@ def profile_defaults(*, model, name=""):
     served = NOT_IN_A_SERVED_NAME.sub("-", model.name).strip("-")[:200] or f"model-{model.pk}"
     return {"name": name or served[:100], "model": model.pk, "served_model_name": served, "dtype": "auto",
             "quantization": suggested["quantization"], "quantization_bits": suggested["quantization_bits"],
-            "max_model_len": suggested["max_model_len"]}
+            "max_model_len": suggested["max_model_len"], "tool_call_parser": suggested["tool_call_parser"]}
 
 
 def profile_name_free(*, team, name):

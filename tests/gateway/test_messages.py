@@ -11,6 +11,8 @@ import openai
 import pytest
 
 from panel.accounts.keys import key_issue
+from panel.channels.rules import input_token_estimate
+from tests.support import client_shapes
 from tests.support.fake_messages_upstream import TOOL_INPUT, FakeMessagesUpstream
 from tests.support.gateway import channel, records, route_to
 from tests.support.gateway_server import GatewayServer
@@ -175,9 +177,10 @@ def test_refusals_have_anthropic_error_shapes_the_sdk_raises(gateway, setup, ant
         client.messages.create(model="nobody", max_tokens=5, messages=REVIEW)
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         client.messages.create(model="claude", max_tokens=0, messages=REVIEW)
-    with pytest.raises(anthropic.BadRequestError, match="'thinking' has no counterpart in chat completions"):
+    with pytest.raises(anthropic.BadRequestError, match="'mcp_servers' has no counterpart in chat completions"):
         client.messages.create(model="local", max_tokens=50, messages=REVIEW,
-                               thinking={"type": "enabled", "budget_tokens": 1024})
+                               extra_body={"mcp_servers": [{"type": "url", "url": "https://mcp.example.com",
+                                                            "name": "tickets"}]})
     _, narrow = key_issue(team=setup["team"], user=None, name="narrow", allowed_models=["local"])
     with pytest.raises(anthropic.PermissionDeniedError):
         client_for(gateway, narrow).messages.create(model="claude", max_tokens=5, messages=REVIEW)
@@ -213,13 +216,23 @@ def test_a_budget_spent_by_messages_refuses_the_next_chat_request(gateway, setup
     assert spent.value.status_code == 402 and spent.value.body["error"]["type"] == "billing_error"
 
 
-def test_count_tokens_passes_through_to_a_messages_channel_and_refuses_a_chat_only_one(gateway, setup,
-                                                                                       anthropic_fake):
+def test_count_tokens_passes_through_to_a_messages_channel_and_estimates_for_a_chat_only_one_in_a_header(
+        gateway, setup, anthropic_fake, chat_fake):
     client = client_for(gateway, setup["raw"])
-    counted = client.messages.count_tokens(model="claude", system="You review code.", messages=REVIEW)
-    assert counted.input_tokens == 9 and anthropic_fake.requests[-1].path == "/v1/messages/count_tokens"
-    with pytest.raises(anthropic.BadRequestError, match="speak only chat completions"):
-        client.messages.count_tokens(model="local", messages=REVIEW)
+    counted = client.messages.with_raw_response.count_tokens(model="claude", system="You review code.",
+                                                             messages=REVIEW)
+    assert counted.parse().input_tokens == 9 and anthropic_fake.requests[-1].path == "/v1/messages/count_tokens"
+    assert "x-tokenwise-token-count" not in counted.headers  # the provider counted
+    # No channel of the route can count: the gateway's estimate, marked as one; nothing is sent upstream.
+    sent = len(chat_fake.requests)
+    estimated = client.messages.with_raw_response.count_tokens(model="local", messages=REVIEW)
+    assert estimated.parse().input_tokens == input_token_estimate({"messages": REVIEW}) > 0
+    assert estimated.headers["x-tokenwise-token-count"].startswith("estimate") and len(chat_fake.requests) == sent
+    shape = client_shapes.load("claude_code_2_1_332")["body"]  # Claude Code counts its whole context
+    reply = httpx.post(f"{gateway.url}/v1/messages/count_tokens", headers={"x-api-key": setup["raw"]},
+                       json={key: value for key, value in dict(shape, model="local").items()
+                             if key not in ("max_tokens", "stream")}, timeout=10)
+    assert reply.status_code == 200 and reply.json()["input_tokens"] > 10_000, reply.text
 
 
 def test_responses_and_embeddings_pass_through_to_an_openai_channel_with_usage_rows(gateway, setup, chat_fake):
@@ -264,3 +277,48 @@ def test_a_stream_cut_after_its_first_event_ends_with_an_anthropic_error_event(g
     assert error["type"] == "error" and error["error"]["type"] == "api_error"
     [row] = records()
     assert (row.outcome, row.status_code, row.stream) == ("upstream_cut", 502, True)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("captured", ["claude_code_2_1_332", "claude_code_2_1_332_tool_turn"])
+def test_claude_codes_captured_request_passes_through_as_sent_and_reaches_a_chat_channel_with_the_changes_named(
+        gateway, setup, anthropic_fake, chat_fake, stream, captured):
+    shape = client_shapes.load(captured)
+    body = dict(shape["body"], stream=stream)
+    headers = {**shape["headers"], "x-api-key": setup["raw"]}
+
+    def ask(model):
+        if not stream:
+            reply = httpx.post(f"{gateway.url}{shape['path']}", json=dict(body, model=model), headers=headers,
+                               timeout=30)
+            assert reply.status_code == 200, reply.text
+            return reply.headers, reply.json()["id"]
+        with httpx.stream("POST", f"{gateway.url}{shape['path']}", json=dict(body, model=model), headers=headers,
+                          timeout=30) as reply:
+            assert reply.status_code == 200, reply.read()
+            events = [json.loads(line[5:]) for line in reply.iter_lines() if line.startswith("data:")]
+        assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
+        return reply.headers, events[0]["message"]["id"]
+
+    # A channel that speaks Messages gets the body as the client wrote it, with the betas it was written for.
+    answered, message_id = ask("claude")
+    sent = anthropic_fake.requests[-1]
+    assert sent.json == dict(body, model="claude-fake") and sent.path == "/v1/messages"
+    assert sent.headers["anthropic-beta"] == shape["headers"]["anthropic-beta"]
+    assert "x-tokenwise-adapted" not in answered and message_id.startswith("msg_")
+
+    # A chat-only channel: the mid-conversation system message stays one; what steers only an Anthropic model is
+    # dropped, and the answer's header says what.
+    answered, message_id = ask("local")
+    sent = chat_fake.requests[-1]
+    roles = [message["role"] for message in sent.json["messages"]]
+    assert roles[:3] == ["system", "user", "system"]
+    if captured.endswith("tool_turn"):  # the Read call and its result, as chat's tool call and tool message
+        assert roles[3:] == ["assistant", "tool"] and sent.json["messages"][3]["tool_calls"][0]["id"] == (
+            sent.json["messages"][4]["tool_call_id"])
+    assert not {"thinking", "output_config", "context_management"} & set(sent.json)
+    assert answered["x-tokenwise-adapted"] == "thinking dropped; output_config dropped; context_management dropped"
+    assert message_id.startswith("msg_")
+    rows = records(2)
+    assert [(row.endpoint, row.outcome, row.stream) for row in rows] == [("messages", "ok", stream)] * 2
+    assert rows[0].session_id and rows[0].session_id == rows[1].session_id  # one session: metadata.user_id

@@ -95,11 +95,18 @@ def test_it_serves_the_anthropic_sdk_from_the_local_engine_passed_through_and_tr
         chunks = list(chat.chat.completions.create(model="tiny-chat", max_tokens=6, messages=ASK, stream=True,
                                                    stream_options={"include_usage": True}))
         assert chunks[-1].usage.completion_tokens > 0
+        # The profile has no tool calling (vLLM would answer 400 "auto tool choice requires..."): the gateway says
+        # which deployment lacks it, before anything is sent.
+        speak(local, "both")
+        with pytest.raises(anthropic.BadRequestError, match=f"deployment #{deployment.pk} \\(profile tiny-cpu\\) "
+                                                            "runs without tool calling"):
+            client.messages.create(model="tiny-chat", max_tokens=8, tools=TOOLS, messages=ASK)
         # The gateway writes its rows in batches: wait for them while it runs (a deadline that holds on 2 busy cores).
-        wait_until(lambda: RequestLog.objects.count() >= 8, seconds=60, message="usage records")
+        wait_until(lambda: RequestLog.objects.count() >= 9, seconds=60, message="usage records")
     finally:
         gateway.stop()
-    rows = list(RequestLog.objects.order_by("created_at"))
+    assert RequestLog.objects.filter(outcome="ok").count() == 8
+    rows = list(RequestLog.objects.filter(outcome="ok").order_by("created_at"))
     assert [row.endpoint for row in rows] == ["messages"] * 6 + ["chat"] * 2
     assert all(row.outcome == "ok" and row.channel_id == local.pk and row.prompt_tokens > 0 for row in rows), [
         (row.outcome, row.error_kind) for row in rows]

@@ -1,9 +1,12 @@
 """Translation between Anthropic Messages and OpenAI chat completions, both ways, streams included, and the checks
 on a Messages request: what translates, what is refused in words (never dropped), and usage with cached tokens."""
 import json
+from types import SimpleNamespace
 
 import pytest
 
+from panel.channels.routing import Target
+from panel.gateway.apis import Passage, clamp_to_context
 from panel.gateway.messages_api import MessagesRequestError, error_body, parse_messages_request, sse_event
 from panel.gateway.translation import (
     ChatStreamToMessages,
@@ -12,9 +15,11 @@ from panel.gateway.translation import (
     NotTranslatable,
     chat_request_to_messages,
     chat_response_to_messages,
+    dropped_for_chat,
     messages_request_to_chat,
     messages_response_to_chat,
 )
+from tests.support import client_shapes
 
 WEATHER_TOOL = {"name": "get_weather", "description": "Weather in a city",
                 "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -74,12 +79,13 @@ def test_images_errors_and_choices_translate_to_chat():
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "'thinking'"),
+    ({"container": "container_01"}, "'container'"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tool"),
     ({"messages": [{"role": "user", "content": [{"type": "document", "source": {
         "type": "base64", "media_type": "application/pdf", "data": "JVBER"}}]}]}, "'document' block"),
-    ({"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "hm",
-                                                      "signature": "s"}]}]}, "'thinking' block"),
+    ({"messages": [{"role": "assistant", "content": [
+        {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}]}]},
+     "'server_tool_use' block"),
     ({"system": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A"}}]},
      "the system prompt"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}]},
@@ -90,6 +96,66 @@ def test_what_chat_cannot_express_is_refused_in_words(change, words):
         messages_request_to_chat({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
                                   **change}, model_id="m")
     assert words in str(refused.value)
+
+
+def test_claude_codes_request_is_accepted_and_reaches_chat_with_what_was_dropped_named():
+    body = client_shapes.load("claude_code_2_1_332")["body"]
+    assert parse_messages_request(body) is body  # a mid-conversation system message, adaptive thinking, effort...
+    assert dropped_for_chat(body) == ["thinking", "output_config", "context_management"]
+    chat = messages_request_to_chat(body, model_id="m")
+    # The system prompt first, the user's turn, then Claude Code's context as a system message where it was sent.
+    assert [message["role"] for message in chat["messages"]] == ["system", "user", "system"]
+    assert chat["messages"][2]["content"] == body["messages"][1]["content"][0]["text"]
+    assert not {"thinking", "output_config", "context_management"} & set(chat) and chat["max_tokens"] == 32000
+    assert [tool["function"]["name"] for tool in chat["tools"]] == [tool["name"] for tool in body["tools"]]
+    assert json.loads(chat["user"])["session_id"] == "00000000-0000-4000-8000-000000000001"
+
+    # A later turn after a cloud model thought: its thinking is the model's own and a chat model takes none.
+    later = dict(body, thinking={"type": "disabled"}, output_config=None, context_management=None, messages=[
+        *body["messages"], {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "The user wants a greeting.", "signature": "sig"},
+            {"type": "redacted_thinking", "data": "opaque"}, {"type": "text", "text": "Hi!"}]},
+        {"role": "user", "content": "Thanks"}])
+    assert dropped_for_chat(later) == ["thinking blocks of earlier turns"]  # "disabled" changes nothing
+    assert messages_request_to_chat(later, model_id="m")["messages"][3] == {"role": "assistant", "content": "Hi!"}
+
+
+def test_an_answer_longer_than_a_local_engines_context_is_lowered_to_it_and_said():
+    class Engine:
+        context_tokens = 8192
+
+    payload = {"max_tokens": 32000}
+    assert clamp_to_context(payload, Engine) == ["max_tokens lowered from 32000 to 8192 (the model's context)"]
+    assert payload == {"max_tokens": 8192}
+    assert clamp_to_context({"max_completion_tokens": 100}, Engine) == []
+    Engine.context_tokens = None  # a cloud channel: its provider says what it allows
+    assert clamp_to_context(payload := {"max_tokens": 32000}, Engine) == [] and payload["max_tokens"] == 32000
+
+
+def test_a_request_that_lets_the_model_call_tools_skips_an_engine_without_tool_calling_and_says_why():
+    def target(ident, **facts):
+        return Target(id=ident, name=f"c{ident}", base_url="", model_id="m", api_key=None, credential_error="",
+                      timeout=5.0, max_retries=0, backoff=1.0, channel=SimpleNamespace(speaks=lambda api: True),
+                      **facts)
+
+    engine = target(1, loopback_ok=True, tool_calling=False, engine_words="deployment #3 (profile tiny-cpu)")
+    equipped, cloud = target(2, loopback_ok=True, tool_calling=True), target(3)
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    asked = Passage("chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools})
+    asked.choose([engine, equipped, cloud])
+    assert asked.targets == [equipped, cloud]
+    with pytest.raises(NotTranslatable, match=r"deployment #3 \(profile tiny-cpu\) runs without tool calling"):
+        asked.choose([engine])
+    for quiet in ({"tool_choice": "none"}, {"tools": []}):  # tools the model may not call: vLLM needs nothing
+        passage = Passage("chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+                                   **quiet})
+        passage.choose([engine])
+        assert passage.targets == [engine]
+    agent = Passage("messages", dict(AGENT_TURNS, tool_choice={"type": "none"}))
+    agent.choose([engine])
+    assert agent.targets == [engine]
+    with pytest.raises(NotTranslatable):
+        Passage("messages", AGENT_TURNS).choose([engine])
 
 
 def test_a_chat_answer_becomes_a_messages_answer_with_cached_tokens():
@@ -269,7 +335,9 @@ def test_a_messages_answer_and_stream_become_chat_ones():
 
 @pytest.mark.parametrize("change, field", [
     ({"model": ""}, "model"), ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": True}, "max_tokens"),
-    ({"messages": []}, "messages"), ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+    ({"messages": []}, "messages"), ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "system", "content": [{"type": "image"}]}]}, "messages.0.content"),
+    ({"thinking": {"type": "sometimes"}}, "thinking"), ({"output_config": "high"}, "output_config"),
     ({"messages": [{"role": "user", "content": [{"type": "txt", "text": "x"}]}]}, "messages.0.content.0.type"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, "messages.0.content.0.tool_use_id"),
     ({"system": [{"type": "text"}]}, "system"), ({"tools": [{"name": "f"}]}, "tools.0.input_schema"),

@@ -225,8 +225,9 @@ def test_a_fresh_install_imports_the_starter_model_and_offers_it_first(smollm2, 
     assert again[-1] == "SmolLM2-135M-Instruct: ready" and GgufImportJob.objects.count() == 1
 
 
+@pytest.mark.client  # and Claude Code's CLI
 def test_the_real_model_quantized_w8a8_is_judged_and_answers_through_the_gateway(smollm2, start_worker, team_setup,
-                                                                                  outputs):
+                                                                                  outputs, tmp_path):
     """The run's one imported copy of SmolLM2 quantized to W8A8 on a real GPU worker, its quality report against the
     parent on the task set, served from the profile "Serve this model" makes, and asked a factual question through
     the gateway."""
@@ -297,5 +298,41 @@ def test_the_real_model_quantized_w8a8_is_judged_and_answers_through_the_gateway
             model="smol", max_tokens=24, temperature=0,
             messages=[{"role": "user", "content": "What is the capital of Japan? Answer with one word."}])
         assert "tokyo" in answer.choices[0].message.content.lower(), answer.choices[0].message.content
+        claude_code_through_the_local_engine(team, gateway, key, tmp_path)
     finally:
         gateway.stop()
+
+
+def claude_code_through_the_local_engine(team, gateway, key, folder):
+    """The real model behind an agent: a short Messages request is passed through to the engine's own Messages
+    endpoint (Claude Code's 32,000 max_tokens lowered to the engine's context, and said; a msg_ id), and the real
+    Claude Code CLI, whose prompt is longer than the model's context, is sent by a route rule to another channel:
+    it gets an answer either way, and the row names the channel and the rule."""
+    import anthropic
+
+    from panel.channels.models import Route
+    from panel.channels.rules import rule_save
+    from panel.usage.models import RequestLog
+    from tests.support.claude_code import run_claude
+    from tests.support.fake_messages_upstream import FakeMessagesUpstream
+    from tests.support.fake_upstream import content_text
+    from tests.support.gateway import channel
+
+    client = anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0, timeout=120)
+    reply = client.messages.with_raw_response.create(
+        model="smol", max_tokens=32000,
+        extra_body={"thinking": {"type": "adaptive"}, "output_config": {"effort": "low"}, "temperature": 0},
+        messages=[{"role": "user", "content": "What is the capital of Japan? Answer with one word."},
+                  {"role": "system", "content": "Answer in English."}])
+    message = reply.parse()
+    assert reply.headers["x-tokenwise-adapted"] == "max_tokens lowered from 32000 to 2048 (the model's context)"
+    assert message.id.startswith("msg_") and "tokyo" in message.content[0].text.lower(), message
+
+    with FakeMessagesUpstream(models=("claude-fake",), api_key="sk-fake-0000", apis="messages", chunks=4) as fake:
+        cloud = channel(team, "cloud", fake, "claude-fake", key="sk-fake-0000", apis="messages", timeout=30)
+        rule = rule_save(route=Route.objects.get(team=team, model_name="smol"), name="longer than the context",
+                         tokens_over=1800, channels=[cloud])
+        result = run_claude(gateway, key, "smol", folder, "Say hi.")
+    assert result["is_error"] is False and result["result"] == content_text(4), result
+    row = RequestLog.objects.filter(endpoint="messages").order_by("-created_at").first()
+    assert (row.channel, row.route_rule_id, row.outcome) == (cloud, rule.pk, "ok")

@@ -309,6 +309,8 @@ def test_it_leaves_quantization_to_a_quantized_checkpoint_and_says_no_when_off()
     ("--no-enable-prefix-caching", "(enable_prefix_caching)"),
     ("--config other.yaml", "(the profile itself)"),
     ("--swap-space 8", "(swap_space)"),
+    ("--tool-call-parser hermes", "(tool_call_parser)"),
+    ("--enable-auto-tool-choice", "(tool_call_parser)"),
     ("/models/other --enforce-eager", "must be a list of flags starting with --"),
     ("--enforce-eager -- /models/other", "may not contain a bare --"),
     ("--seed '1", "not a valid shell-quoted argument list: No closing quotation"),
@@ -318,6 +320,13 @@ def test_it_refuses_extra_args_the_profile_owns_or_cannot_parse(extra, expected)
     with pytest.raises(ConfigFileError) as caught:
         launch_argv(seed_profile(extra_args=extra), **SEED_ARGS)
     assert any(expected in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_tool_calling_is_a_profile_setting_that_starts_vllms_auto_tool_choice_with_its_parser():
+    plain = launch_argv(seed_profile(), **SEED_ARGS)
+    assert "--enable-auto-tool-choice" not in plain and "--tool-call-parser" not in plain
+    argv = launch_argv(seed_profile(tool_call_parser="hermes"), **SEED_ARGS)
+    assert "--enable-auto-tool-choice" in argv and argv[argv.index("--tool-call-parser") + 1] == "hermes"
 
 
 def test_it_accepts_other_extra_args():
@@ -389,7 +398,8 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.engine  # vLLM's own parser, in ENGINE_PYTHON
 def test_it_passes_vllms_own_argument_parser(tmp_path):
-    on = seed_profile(served_model_name="qwen", extra_args="--enforce-eager --max-log-len 100")
+    on = seed_profile(served_model_name="qwen", extra_args="--enforce-eager --max-log-len 100",
+                      tool_call_parser="hermes")
     off = seed_profile(quantization="none", quantization_bits=None, enable_prefix_caching=False,
                        enable_chunked_prefill=False, dtype="bfloat16", max_num_batched_tokens=16384)
     argvs = [launch_argv(values, model_path="/models/qwen", port=8000)[3:] for values in (on, off)]
@@ -400,7 +410,7 @@ def test_it_passes_vllms_own_argument_parser(tmp_path):
     keys = ["model", "served_model_name", "dtype", "quantization", "max_model_len", "block_size",
             "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
             "enable_prefix_caching", "tensor_parallel_size", "pipeline_parallel_size", "host", "port",
-            "enforce_eager", "max_log_len"]
+            "enforce_eager", "max_log_len", "enable_auto_tool_choice", "tool_call_parser"]
     ran = subprocess.run([settings.ENGINE_PYTHON, "-c", ENGINE_CHECK, str(request), ",".join(keys)],
                          capture_output=True, text=True, timeout=300, env=dict(os.environ, VLLM_LOGGING_LEVEL="ERROR"))
     lines = [line for line in ran.stdout.splitlines() if line.startswith("RESULT ")]
@@ -410,11 +420,13 @@ def test_it_passes_vllms_own_argument_parser(tmp_path):
                 "block_size": 16, "gpu_memory_utilization": 0.9, "max_num_seqs": 256,
                 "max_num_batched_tokens": 8192, "enable_chunked_prefill": True, "enable_prefix_caching": True,
                 "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "host": "127.0.0.1", "port": 8000,
-                "served_model_name": ["qwen"], "enforce_eager": True, "max_log_len": 100}
+                "served_model_name": ["qwen"], "enforce_eager": True, "max_log_len": 100,
+                "enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
     assert result["cli"][0] == expected
     expected_off = {**expected, "served_model_name": ["Qwen/Qwen2.5-14B-Instruct"], "quantization": None,
                     "dtype": "bfloat16", "enable_prefix_caching": False, "enable_chunked_prefill": False,
-                    "max_num_batched_tokens": 16384, "enforce_eager": False, "max_log_len": None}
+                    "max_num_batched_tokens": 16384, "enforce_eager": False, "max_log_len": None,
+                    "enable_auto_tool_choice": False, "tool_call_parser": None}
     assert result["cli"][1] == expected_off
     assert result["yaml"] == expected_off
     assert result["swap_space"] == "refused"

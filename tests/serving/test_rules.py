@@ -1,5 +1,7 @@
 """The serving rules: each one fires on a profile made to trigger it, with a reason in words, and stays quiet on
 a good profile. Models are RegisteredModel instances built in memory (never saved)."""
+import json
+
 import pytest
 
 from panel.registry import memory
@@ -221,6 +223,24 @@ def test_it_suggests_the_checkpoints_own_quantization():
     assert values["model_name"] == "/models/tiny"
     assert suggest_values(qwen14b())["model_name"] == "Qwen/Qwen2.5-14B-Instruct"
     assert check_profile({**suggest_values(tiny()), "block_size": 32}, model=tiny(), host=cpu_host()).ok
+
+
+QWEN_TOOLS = ("{%- if tools %}<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools> Return "
+              "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>{%- endif %}")
+LLAMA_TOOLS = "{%- if tools is not none %}Environment: ipython{%- endif %}<|python_tag|>{{ tool_call | tojson }}"
+
+
+@pytest.mark.parametrize("files, parser", [
+    ({"chat_template.jinja": QWEN_TOOLS}, "hermes"),
+    ({"tokenizer_config.json": json.dumps({"chat_template": LLAMA_TOOLS})}, "llama3_json"),
+    ({"chat_template.jinja": "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>"}, ""),  # SmolLM2
+    ({"tokenizer_config.json": "not json"}, ""), ({}, ""),
+])
+def test_it_turns_tool_calling_on_where_the_chat_template_writes_tool_calls(tmp_path, files, parser):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert suggest_values(tiny(path=str(tmp_path)))["tool_call_parser"] == parser
+    assert suggest_values(tiny(path=str(tmp_path / "gone")))["tool_call_parser"] == ""
 
 
 def test_it_refuses_a_block_size_the_cpu_engine_cannot_use():

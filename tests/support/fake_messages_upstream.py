@@ -5,8 +5,9 @@ requests) with these paths added:
 
 - POST /v1/messages: Anthropic's request checks (x-api-key, anthropic-version, max_tokens) and answer, whole or as
   Anthropic's stream (message_start, ping, content_block_start/delta/stop, message_delta with usage, message_stop).
-  With `tools` and no tool_result in the last turn it calls the first tool with `TOOL_INPUT`; otherwise it answers
-  `chunks` words. Usage reports `cached_tokens` as cache reads and `cache_write_tokens` as cache writes.
+  With `tools` and no tool_result in the last turn it calls the first tool with `TOOL_INPUT` (or, given
+  `tool_call=(name, input)`, that tool where the request offers it: a real agent then runs it); otherwise it
+  answers `chunks` words. Usage reports `cached_tokens` as cache reads and `cache_write_tokens` as cache writes.
 - POST /v1/messages/count_tokens: {"input_tokens": the words of the system prompt and the messages}.
 - POST /v1/chat/completions with `tools` and no tool message last: a tool call (whole or streamed in pieces).
 - POST /v1/responses (whole or streamed, usage with input_tokens_details.cached_tokens) and POST /v1/embeddings
@@ -54,24 +55,28 @@ def messages_prompt_words(body):
     return sum(len(text.split()) for text in texts)
 
 
-def _wants_tool(body, api):
+def _wants_tool(body, api, chosen=None):
+    """(name, input) of the tool call the fake answers with, or None for a text answer."""
     if not body.get("tools"):
         return None
     last = (body.get("messages") or [{}])[-1]
-    if api == "chat":
-        if last.get("role") == "tool":
-            return None
-        return body["tools"][0]["function"]["name"]
-    content = last.get("content")
-    if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
+    names = [tool["function"]["name"] if api == "chat" else tool.get("name") for tool in body["tools"]]
+    if api == "chat" and last.get("role") == "tool":
         return None
-    return body["tools"][0]["name"]
+    content = last.get("content")
+    if api != "chat" and isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result"
+                                                           for b in content):
+        return None
+    if chosen is not None:
+        return chosen if chosen[0] in names else None
+    return names[0], TOOL_INPUT
 
 
 class FakeMessagesUpstream(FakeUpstream):
-    def __init__(self, *args, apis="both", cache_write_tokens=0, **kwargs):
+    def __init__(self, *args, apis="both", cache_write_tokens=0, tool_call=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.apis = apis
+        self.tool_call = tool_call
         self.cache_write_tokens = cache_write_tokens
 
     def behave(self, name, times=None, **options):
@@ -122,7 +127,7 @@ class FakeMessagesUpstream(FakeUpstream):
                         "data": [{"object": "embedding", "index": index, "embedding": [0.25, -0.5, 0.125]}
                                  for index in range(len(inputs))]}
             return _Reply(body=json.dumps(document).encode())
-        if request.path == CHAT_PATH and _wants_tool(body, "chat"):
+        if request.path == CHAT_PATH and _wants_tool(body, "chat", self.tool_call):
             return self._chat_tool_reply(body)
         return super()._reply(request, behaviour)
 
@@ -137,9 +142,9 @@ class FakeMessagesUpstream(FakeUpstream):
         prompt = messages_prompt_words(body)
         cached = min(cached, prompt)
         written = min(self.cache_write_tokens, prompt - cached)
-        tool = _wants_tool(body, "messages")
+        tool = _wants_tool(body, "messages", self.tool_call)
         if tool:
-            blocks, stop, output = [{"type": "tool_use", "id": "toolu_fake1", "name": tool, "input": TOOL_INPUT}], \
+            blocks, stop, output = [{"type": "tool_use", "id": "toolu_fake1", "name": tool[0], "input": tool[1]}], \
                 "tool_use", 9
         else:
             count = min(chunks, body["max_tokens"])
@@ -178,12 +183,12 @@ class FakeMessagesUpstream(FakeUpstream):
         return _Reply(events=[json.dumps(event).encode() for event in events], chunk_count=len(events))
 
     def _chat_tool_reply(self, body):
-        name = _wants_tool(body, "chat")
+        name, tool_input = _wants_tool(body, "chat", self.tool_call)
         prompt = fake_upstream.prompt_tokens(body)
         usage = {"prompt_tokens": prompt, "completion_tokens": 9, "total_tokens": prompt + 9,
                  "prompt_tokens_details": {"cached_tokens": min(self.cached_tokens, prompt)}}
         ident = f"chatcmpl-fake{next(self._ids)}"
-        arguments = json.dumps(TOOL_INPUT)
+        arguments = json.dumps(tool_input)
         if not body.get("stream"):
             message = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": "call_fake1", "type": "function", "function": {"name": name, "arguments": arguments}}]}
