@@ -430,3 +430,28 @@ def test_it_passes_vllms_own_argument_parser(tmp_path):
     assert result["cli"][1] == expected_off
     assert result["yaml"] == expected_off
     assert result["swap_space"] == "refused"
+
+
+def test_profiles_that_asked_for_tool_calling_in_extra_args_keep_it_as_the_setting(db, team_setup):
+    import importlib
+
+    from django.apps import apps
+
+    from panel.registry.models import RegisteredModel
+    from panel.serving.models import ServingProfile
+
+    migration = importlib.import_module("panel.serving.migrations.0006_profile_tool_call_parser")
+    model = RegisteredModel.objects.create(
+        team=team_setup["team_a"], name="qwen", path="/models/qwen", architecture="Qwen2ForCausalLM",
+        model_type="qwen2", parameter_count=1, linear_parameter_count=1, num_layers=1, num_attention_heads=1,
+        num_kv_heads=1, hidden_size=8, head_dim=8, max_position_embeddings=8, dtype="bfloat16", size_bytes=1)
+    old = ServingProfile.objects.create(team=team_setup["team_a"], model=model, name="old",
+                                        extra_args="--enforce-eager --enable-auto-tool-choice --tool-call-parser "
+                                                   "hermes --max-log-len 10")
+    plain = ServingProfile.objects.create(team=team_setup["team_a"], model=model, name="plain",
+                                          extra_args="--enforce-eager")
+    migration.move_tool_flags(apps, None)
+    old.refresh_from_db(), plain.refresh_from_db()
+    assert (old.tool_call_parser, old.extra_args) == ("hermes", "--enforce-eager --max-log-len 10")
+    assert (plain.tool_call_parser, plain.extra_args) == ("", "--enforce-eager")
+    assert validate_extra_args(old.extra_args) == ["--enforce-eager", "--max-log-len", "10"]
