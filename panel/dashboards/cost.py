@@ -15,7 +15,8 @@ from panel.dashboards.selectors import DashboardQuery, usage_grouped
 from panel.serving.models import Deployment
 
 MONTH_SECONDS = 30 * 24 * 3600
-TOKEN_COLUMNS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens", "cost")
+TOKEN_COLUMNS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens",
+                 "reasoning_tokens", "cost")
 
 
 @dataclass
@@ -32,6 +33,7 @@ class CostLine:
     baseline: float | None = None  # these tokens at the cloud baseline's prices
     cached: int = 0  # prompt tokens read from the provider's cache (part of `tokens`)
     cache_writes: int = 0  # prompt tokens written to it (part of `tokens`)
+    reasoning: int = 0  # completion tokens spent reasoning, where the upstream says (part of `tokens`)
     deployment_id: int | None = None  # a local line's deployment
 
     @property
@@ -148,7 +150,8 @@ def cost_summary(query: DashboardQuery):
         tokens = row["prompt_tokens"] + row["completion_tokens"]
         channel = channels.get(row["channel_id"])
         name = channel.name if channel else "(deleted channel)"
-        cache = {"cached": row["cached_tokens"], "cache_writes": row["cache_write_tokens"]}
+        cache = {"cached": row["cached_tokens"], "cache_writes": row["cache_write_tokens"],
+                 "reasoning": row["reasoning_tokens"]}
         if not row["local"]:
             summary.lines.append(CostLine(name=name, kind="remote", requests=row["requests"], tokens=tokens,
                                           cost=float(row["cost"]), **cache))

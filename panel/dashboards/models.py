@@ -38,6 +38,8 @@ class UsageRollup(models.Model):
     completion_tokens = models.BigIntegerField(default=0)
     cached_tokens = models.BigIntegerField(default=0)
     cache_write_tokens = models.BigIntegerField(default=0)  # prompt tokens written to the provider's cache
+    # Completion tokens spent reasoning (part of completion_tokens), where upstreams report them. Nullable, as refused.
+    reasoning_tokens = models.BigIntegerField(null=True, blank=True)
     cost = models.FloatField(default=0)
     ttft_count = models.PositiveIntegerField(default=0)
     ttft_sum_ms = models.FloatField(default=0)

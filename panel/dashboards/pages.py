@@ -132,11 +132,12 @@ def overview(query):
                   ("Cost recorded", money_text(totals["cost"]),
                    "cloud prices, and local requests' share of GPU cost")]
     columns = ["requests", "errors", "refused", "fallbacks", "prompt tokens", "completion tokens", "cached tokens",
-               "cache writes", "cost"]
+               "cache writes", "reasoning tokens", "cost"]
 
     def counts(row):
         return [row["requests"], server_errors(row), row["refused"], row["fallbacks"], row["prompt_tokens"],
-                row["completion_tokens"], row["cached_tokens"], row["cache_write_tokens"], _money(row["cost"])]
+                row["completion_tokens"], row["cached_tokens"], row["cache_write_tokens"], row["reasoning_tokens"],
+                _money(row["cost"])]
 
     grouped = sorted(usage_grouped(query, by=("channel_id",)), key=lambda row: -row["requests"])
     page.tables.append(Table("channels", "By channel", ["channel"] + columns,
@@ -275,9 +276,9 @@ def cost(query):
     if summary.local_unknown:
         page.figures["savings"]["layout"]["title"]["text"] = f"All-cloud cost ({query.range}); actual unknown"
     page.tables.append(Table("cost", "Cost by channel", [
-        "channel", "kind", "requests", "tokens", "cached prompt tokens", "cache writes", "GPU hours", "price per hour",
-        "cost", "cost / 1M tokens", "same tokens at the cloud baseline"],
-        [[line.name, line.kind, line.requests, line.tokens, line.cached, line.cache_writes,
+        "channel", "kind", "requests", "tokens", "cached prompt tokens", "cache writes", "reasoning tokens",
+        "GPU hours", "price per hour", "cost", "cost / 1M tokens", "same tokens at the cloud baseline"],
+        [[line.name, line.kind, line.requests, line.tokens, line.cached, line.cache_writes, line.reasoning,
           round(line.gpu_hours, 3) if line.kind == "local" else "",
           _money(line.hourly) if line.hourly is not None else ("unknown" if line.kind == "local" else ""),
           _money(line.cost) if line.cost is not None else "unknown",

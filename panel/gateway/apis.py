@@ -52,9 +52,11 @@ def messages_usage(usage):
     usage = usage if isinstance(usage, dict) else {}
     read = int(usage.get("cache_read_input_tokens") or 0)
     written = int(usage.get("cache_creation_input_tokens") or 0)
+    details = usage.get("output_tokens_details")  # Anthropic's thinking-token-count beta
+    thinking = details.get("thinking_tokens") if isinstance(details, dict) else None
     return {"prompt_tokens": int(usage.get("input_tokens") or 0) + read + written,
             "completion_tokens": int(usage.get("output_tokens") or 0), "cached_tokens": read,
-            "cache_write_tokens": written}
+            "cache_write_tokens": written, "reasoning_tokens": _reasoning({"reasoning_tokens": thinking})}
 
 
 def responses_usage(usage):

@@ -217,6 +217,21 @@ def test_the_cost_tab_shows_cache_reads_and_writes_by_channel_and_prices_the_bas
         "cloud": 1000, "local": 1000}
 
 
+def test_reasoning_tokens_are_rolled_up_and_shown_by_channel_where_upstreams_report_them(traffic):
+    team, cloud = traffic["team"], traffic["cloud"]
+    for reasoning in (700, None):  # a reasoning model's answer says how much of it was reasoning; another does not
+        RequestLog.objects.create(team=team, channel=cloud, created_at=NOW - timedelta(minutes=5), endpoint="chat",
+                                  model="c", status_code=200, outcome="ok", prompt_tokens=100, completion_tokens=900,
+                                  reasoning_tokens=reasoning, latency_ms=100, cost=Decimal("1"))
+    usage_rollup_run()
+    query = DashboardQuery(team=team, range="1h", now=NOW.timestamp())
+    rows = {row[0]: dict(zip(table.columns, row))
+            for table in [dashboard_page(tab="cost", query=query).table("cost")] for row in table.rows}
+    assert rows["cloud"]["reasoning tokens"] == 700 and rows["cloud"]["tokens"] == 2000
+    overview = dashboard_page(tab="overview", query=query).table("channels")
+    assert {row[0]: dict(zip(overview.columns, row))["reasoning tokens"] for row in overview.rows}["cloud"] == 700
+
+
 def test_a_stopped_deployments_gpu_hours_stop_at_its_stop_time(traffic):
     """Stopping ends a deployment's job like any job's: its finished_at is its stop time, and the Cost tab charges
     GPU hours up to it, not to the end of the range."""

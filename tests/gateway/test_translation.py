@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from panel.channels.routing import Target
-from panel.gateway.apis import Passage, clamp_to_context
+from panel.gateway.apis import Passage, clamp_to_context, messages_usage
 from panel.gateway.messages_api import MessagesRequestError, error_body, parse_messages_request, sse_event
 from panel.gateway.translation import (
     ChatStreamToMessages,
@@ -118,6 +118,14 @@ def test_claude_codes_request_is_accepted_and_reaches_chat_with_what_was_dropped
         {"role": "user", "content": "Thanks"}])
     assert dropped_for_chat(later) == ["thinking blocks of earlier turns"]  # "disabled" changes nothing
     assert messages_request_to_chat(later, model_id="m")["messages"][3] == {"role": "assistant", "content": "Hi!"}
+
+
+def test_a_messages_answers_thinking_tokens_are_its_reasoning_tokens():
+    usage = {"input_tokens": 5, "output_tokens": 10, "cache_read_input_tokens": 3,
+             "output_tokens_details": {"thinking_tokens": 4}}  # Anthropic's thinking-token-count beta
+    assert messages_usage(usage) == {"prompt_tokens": 8, "completion_tokens": 10, "cached_tokens": 3,
+                                     "cache_write_tokens": 0, "reasoning_tokens": 4}
+    assert messages_usage({"input_tokens": 5, "output_tokens": 10})["reasoning_tokens"] is None  # not said
 
 
 def test_an_answer_longer_than_a_local_engines_context_is_lowered_to_it_and_said():
