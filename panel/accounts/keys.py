@@ -17,7 +17,8 @@ def key_hash(raw):
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def key_issue(*, team, user, name, allowed_models=(), rpm_limit=None, tpm_limit=None, expires_at=None):
+def key_issue(*, team, user, name, allowed_models=(), rpm_limit=None, tpm_limit=None, expires_at=None,
+              fit_to_budget=False):
     """Create a key. Returns (TeamKey, raw key): the raw key exists only in this return value."""
     name = (name or "").strip()
     if not name:
@@ -27,7 +28,7 @@ def key_issue(*, team, user, name, allowed_models=(), rpm_limit=None, tpm_limit=
     raw = PREFIX + secrets.token_urlsafe(32)  # 256 random bits
     key = TeamKey.objects.create(team=team, created_by=user, name=name[:100], key_hash=key_hash(raw),
                                  last4=raw[-4:], allowed_models=sorted(set(allowed_models)), rpm_limit=rpm_limit,
-                                 tpm_limit=tpm_limit, expires_at=expires_at)
+                                 tpm_limit=tpm_limit, expires_at=expires_at, fit_to_budget=fit_to_budget)
     return key, raw
 
 
@@ -53,13 +54,14 @@ def member_keys_set(*, team, allowed, rpm_limit=None, tpm_limit=None):
     team.save(update_fields=["member_keys", "member_key_rpm_limit", "member_key_tpm_limit"])
 
 
-def key_issue_as(*, membership, user, name, allowed_models=(), rpm_limit=None, tpm_limit=None, expires_at=None):
+def key_issue_as(*, membership, user, name, allowed_models=(), rpm_limit=None, tpm_limit=None, expires_at=None,
+                 fit_to_budget=False):
     """Issue a key as `membership` may: an admin any key; a member one of their own, where the team lets members,
     within its caps (member_key_limits). Returns (TeamKey, raw key); ValidationError in words."""
     if not may(membership, "keys.manage"):
         rpm_limit, tpm_limit = member_key_limits(membership.team, rpm_limit=rpm_limit, tpm_limit=tpm_limit)
     return key_issue(team=membership.team, user=user, name=name, allowed_models=allowed_models, rpm_limit=rpm_limit,
-                     tpm_limit=tpm_limit, expires_at=expires_at)
+                     tpm_limit=tpm_limit, expires_at=expires_at, fit_to_budget=fit_to_budget)
 
 
 def key_revoke_as(*, membership, user, key):

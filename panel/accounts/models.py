@@ -65,6 +65,9 @@ class TeamKey(models.Model):
     allowed_models = models.JSONField(default=list, blank=True)  # [] = every route of the team
     rpm_limit = models.PositiveIntegerField(null=True, blank=True)
     tpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    # A request whose max_tokens does not fit in what a budget has left goes with max_tokens lowered to fit, instead
+    # of a 402 (the answer may end early: its stop reason says so).
+    fit_to_budget = models.BooleanField(default=False)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -27,6 +27,7 @@ class KeyOut(Schema):
     allowed_models: list[str]
     rpm_limit: int | None
     tpm_limit: int | None
+    fit_to_budget: bool
     expires_at: datetime.datetime | None
     revoked_at: datetime.datetime | None
     created_at: datetime.datetime
@@ -42,6 +43,8 @@ class KeyIssue(Schema):
     allowed_models: list[str] = Field([], max_length=200, description="Route model names; empty: every model.")
     rpm_limit: int | None = Field(None, ge=1, le=1_000_000)
     tpm_limit: int | None = Field(None, ge=1, le=1_000_000_000)
+    fit_to_budget: bool = Field(False, description="Lower a request's max_tokens to what a budget has left instead "
+                                                   "of refusing it (402).")
     expires_at: datetime.datetime | None = None
 
 
@@ -101,7 +104,8 @@ def keys_issue(request, body: KeyIssue, response: HttpResponse):
     data = validated(KeyIssueForm, given, route_names=list(routes)).cleaned_data
     key, raw = key_issue_as(membership=request.membership, user=request.user, name=data["name"],
                             allowed_models=data["allowed_models"], rpm_limit=data["rpm_limit"],
-                            tpm_limit=data["tpm_limit"], expires_at=data["expires_at"])
+                            tpm_limit=data["tpm_limit"], expires_at=data["expires_at"],
+                            fit_to_budget=data["fit_to_budget"])
     audit_record(action=AuditAction.KEY_ISSUED, request=request, target=f"{key.name} ({key.masked})")
     return Status(201, {**key_out(key), "key": raw})
 

@@ -65,6 +65,39 @@ def maximum(prompt_tokens, body, channels):
     return Maximum(units, prompt_tokens + completion, prompt_tokens, completion)
 
 
+def set_completion_limit(body, tokens):
+    """Set a request's completion limit in place, in the field it used (else the API's own: max_output_tokens for
+    /v1/responses, max_tokens otherwise)."""
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        if name in body:
+            body[name] = tokens
+            return
+    body["max_output_tokens" if "input" in body and "messages" not in body else "max_tokens"] = tokens
+
+
+def fitting_completion(scopes, index, counters, held, request_max, channels):
+    """The most completion tokens a request may still ask for within the budget at `index` of `scopes` (beside its
+    spend, `counters`, and what requests in flight hold, `held`), at the highest price among `channels`; None when
+    not even one token fits."""
+    _, _, limits = scopes[index]
+    prompt = request_max.prompt_tokens
+    fits = []
+    if limits.tokens is not None:
+        fits.append(limits.tokens - int(counters[2 * index + 1] or 0) - int(held[1]) - prompt)
+    if limits.money is not None:
+        left = int(Decimal(limits.money) * UNIT) - int(counters[2 * index] or 0) - int(held[0])
+        low, high = 0, request_max.completion_tokens - 1  # the largest completion whose maximum fits, by bisection
+        while low < high:
+            middle = (low + high + 1) // 2
+            if maximum(prompt, {"max_tokens": middle}, channels).money_units <= left:
+                low = middle
+            else:
+                high = middle - 1
+        fits.append(low)
+    fit = min(fits, default=0)
+    return fit if fit >= 1 else None
+
+
 def scope_held_keys(scopes, month):
     """The held counters of `scopes`, money then tokens per scope, as the admission script reads them."""
     return [name for scope, ident, _ in scopes for name in held_keys(month, scope, ident)]

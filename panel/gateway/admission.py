@@ -10,6 +10,7 @@ what requests in flight hold, is refused (402); an admitted request holds its ma
 (budgets/reservations.py) and becomes a turn of a session. A part that does not apply (no limits, no budget, no prompt
 to hash) is left out, and a request with none of them costs no call. When Redis cannot be reached the request goes,
 without session fields."""
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 # then each scope's held money and tokens, then the key's prefix keys, one per prompt block (sessions.prefix_keys: the
 # shortest prompt first). ARGV[1]: JSON {rate_keys, rpm, tpm, tpm_hold (the request's most in tokens, held in the token
 # window), budgets: [[money units, tokens] as strings, "" for none], hold: false or [money units, tokens] as strings
-# (then the held keys are in KEYS), held_ttl, session: false or {declared, new, state_prefix, ttl}}; ARGV[2]: this
+# (then the held keys are in KEYS), held_ttl, session: false or {declared, new, state_prefix, ttl}, counted: true on a
+# second try whose request the first already counted in its minute}; ARGV[2]: this
 # request's block hashes as JSON, for the session's new state. Returns {verdict, budget counters, session id, turn, the
 # session's previous state}: verdict 0 admitted, 1 over requests per minute, 2 over tokens per minute, 3 a budget spent,
 # 4 the request's maximum does not fit a budget (then {4, counters, the budget's index, its held money, its held
@@ -49,11 +51,13 @@ local used = 0
 if ask.rate_keys > 0 then
   local requests = tonumber(redis.call('GET', KEYS[1]) or '0')
   local tokens = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if ask.rpm > 0 and requests >= ask.rpm then return {1} end
+  if not ask.counted and ask.rpm > 0 and requests >= ask.rpm then return {1} end
   if ask.tpm > 0 and ask.tpm_hold > ask.tpm then return {5} end
   if ask.tpm > 0 and tokens + ask.tpm_hold > ask.tpm then return {2} end
-  redis.call('INCR', KEYS[1])
-  redis.call('EXPIRE', KEYS[1], 120)
+  if not ask.counted then  -- a second try with max_tokens fitted to a budget was counted by the first
+    redis.call('INCR', KEYS[1])
+    redis.call('EXPIRE', KEYS[1], 120)
+  end
   used = 2
 end
 
@@ -130,12 +134,14 @@ class Admission:
     too_large: str | None = None  # the request's most alone is over its key's tokens per minute
     session: dict = field(default_factory=dict)
     reservation: reservations.Reservation | None = None  # what the request holds against its budgets
+    lowered: tuple | None = None  # (asked, given): max_tokens fitted to what a budget had left (the key's option)
 
 
-async def admit(key, *, body, headers, session=True, channels=()):
+async def admit(key, *, body, headers, session=True, channels=(), counted=False):
     """Check `key`'s per-minute limits and budgets, count the request in its window and, when it may go, hold its
     maximum (at the highest price among `channels`, its route's) against its budgets and give it its session
-    (`session=False`: a request that is no turn of one, such as a token count): one Redis call."""
+    (`session=False`: a request that is no turn of one, such as a token count): one Redis call. A key that fits
+    max_tokens to its budgets gets a second call, with `body`'s limit lowered in place to what the budget has left."""
     limited = bool(key.rpm_limit or key.tpm_limit)
     scopes, month = await budgets.scopes_for(key)
     asked = sessions.session_ask(body=body, headers=headers) if session else None
@@ -153,7 +159,7 @@ async def admit(key, *, body, headers, session=True, channels=()):
                "tpm_hold": tpm_hold,
                "budgets": budgets.scope_limits(scopes),
                "hold": bool(request_max) and [str(request_max.money_units), str(request_max.tokens)],
-               "held_ttl": reservations.HELD_SECONDS,
+               "held_ttl": reservations.HELD_SECONDS, "counted": counted,
                "session": asked is not None and {"declared": asked.declared, "new": asked.new_id,
                                                  "state_prefix": sessions.state_prefix(key.team_id),
                                                  "ttl": sessions.SESSION_SECONDS}}
@@ -174,6 +180,13 @@ async def admit(key, *, body, headers, session=True, channels=()):
     if verdict == 3:
         return Admission(budget_spent=budgets.verdict(scopes, answer[1], month))
     if verdict == 4:
+        fit = reservations.fitting_completion(scopes, answer[2] - 1, answer[1], (answer[3], answer[4]),
+                                              request_max, channels) if key.fit_to_budget else None
+        if fit is not None:
+            asked_for = reservations.completion_limit(body)
+            reservations.set_completion_limit(body, fit)
+            again = await admit(key, body=body, headers=headers, session=session, channels=channels, counted=True)
+            return dataclasses.replace(again, lowered=(asked_for, (again.lowered or (0, fit))[1]))
         return Admission(budget_spent=reservations.shortfall_words(scopes, answer[2] - 1, answer[1],
                                                                    (answer[3], answer[4]), request_max))
     held = reservations.reservation(held, request_max, window_key=keys[1] if tpm_hold else None,

@@ -183,6 +183,9 @@ async def application(scope, receive, send):
         admitted = await admission.admit(exchange.key, body=body, headers=scope["headers"], session=not counting,
                                          channels=[entry.channel for entry in route.entries])
         exchange.reservation = admitted.reservation
+        if admitted.lowered is not None:  # the key fits max_tokens to its budgets: the body was lowered in place
+            exchange.fitted = ["max_tokens lowered from {:,} to {:,} (what the budget has left)".format(
+                *admitted.lowered)]
         if admitted.rate_limited is not None:
             which, retry_after = admitted.rate_limited
             raise ClientError(429, f"this key's {which} limit is reached; retry in {retry_after} s",

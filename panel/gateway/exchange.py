@@ -55,10 +55,11 @@ class Exchange:
         self.pieces = 0
         self.reservation = None  # what the request holds against its budgets until it is settled
         self.adapted = []  # what the gateway changed in the request for the channel that answered (apis.Passage)
+        self.fitted = []  # what admission changed for every channel (max_tokens fitted to a budget)
 
     @property
     def headers(self):
-        return [(b"x-request-id", self.request_id.encode()), *adapted_header(self.adapted)]
+        return [(b"x-request-id", self.request_id.encode()), *adapted_header(self.fitted + self.adapted)]
 
     @property
     def channel(self):

@@ -10,6 +10,10 @@ class KeyIssueForm(forms.Form):
         help_text="Comma-separated model names from your routes; empty allows every model of the team.")
     rpm_limit = forms.IntegerField(required=False, min_value=1, max_value=1_000_000, label="Requests per minute")
     tpm_limit = forms.IntegerField(required=False, min_value=1, max_value=1_000_000_000, label="Tokens per minute")
+    fit_to_budget = forms.BooleanField(
+        required=False, label="Fit max_tokens to the budget",
+        help_text="When a request's max_tokens would not fit in what a budget has left, lower it to fit instead of "
+                  "refusing the request (402); the answer may then end early, and its header says so.")
     expires_at = forms.DateTimeField(required=False, label="Expires (UTC)",
                                      widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
                                      help_text="Empty: never.")

@@ -19,6 +19,7 @@ class KeyInfo:
     expires_at: object
     revoked: bool
     last4: str = ""  # for the log line of a failed request, never the key
+    fit_to_budget: bool = False  # lower max_tokens to what a budget has left instead of a 402
 
 
 KNOWN_KEYS_CACHED = 50_000  # far more keys than an installation issues; only the oldest entry leaves past it
@@ -61,10 +62,11 @@ async def key_lookup(raw):
     if hit:
         return info
     row = await TeamKey.objects.filter(key_hash=digest).values(
-        "id", "team_id", "allowed_models", "rpm_limit", "tpm_limit", "expires_at", "revoked_at", "last4").afirst()
+        "id", "team_id", "allowed_models", "rpm_limit", "tpm_limit", "expires_at", "revoked_at", "last4",
+        "fit_to_budget").afirst()
     info = None if row is None else KeyInfo(
         id=row["id"], team_id=row["team_id"], allowed_models=tuple(row["allowed_models"] or ()),
         rpm_limit=row["rpm_limit"], tpm_limit=row["tpm_limit"], expires_at=row["expires_at"],
-        revoked=row["revoked_at"] is not None, last4=row["last4"])
+        revoked=row["revoked_at"] is not None, last4=row["last4"], fit_to_budget=row["fit_to_budget"])
     CACHE.put(digest, info)
     return info

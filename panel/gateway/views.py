@@ -48,7 +48,8 @@ def key_create(request):
     try:
         key, raw = key_issue_as(membership=request.membership, user=request.user, name=data["name"],
                                 allowed_models=data["allowed_models"], rpm_limit=data["rpm_limit"],
-                                tpm_limit=data["tpm_limit"], expires_at=data["expires_at"])
+                                tpm_limit=data["tpm_limit"], expires_at=data["expires_at"],
+                                fit_to_budget=data["fit_to_budget"])
     except ValidationError as error:
         form.add_error(None, error)
         return render(request, "gateway/keys.html", _context(request, form), status=400)

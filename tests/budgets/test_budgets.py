@@ -143,6 +143,38 @@ def test_it_refuses_a_request_a_key_budget_cannot_cover_and_leaves_the_other_key
     assert uses[f"Whole team ({priced['team'].name})"].tokens == 72
 
 
+def test_a_key_that_fits_max_tokens_to_its_budget_is_served_shorter_then_refused_when_nothing_is_left(gateway, priced):
+    # Three requests a minute: a fitted request counted twice in its minute would make the third a 429.
+    fitting, raw = key_issue(team=priced["team"], user=priced["alice"], name="fits", fit_to_budget=True, rpm_limit=3)
+    prompt = input_token_estimate(CHAT)
+    budget_set(team=priced["team"], key=fitting, tokens_per_month=24 + prompt + 6, user=priced["alice"])
+    assert ask(gateway, raw).status_code == 200  # 24 tokens: 4 in the prompt, 20 in the answer
+    fitted = ask(gateway, raw)  # its most (the prompt and 20) does not fit; the prompt and 6 do
+    assert fitted.status_code == 200, fitted.text
+    assert fitted.headers["x-tokenwise-adapted"] == "max_tokens lowered from 20 to 6 (what the budget has left)"
+    assert priced["fake"].requests[-1].json["max_tokens"] == 6
+    assert fitted.json()["usage"]["completion_tokens"] <= 6
+    logged(2)
+    refused = ask(gateway, raw)  # nothing left for even one token: refused as before
+    assert refused.status_code == 402 and "lower max_tokens or raise the budget" in refused.json()["error"]["message"]
+
+
+def test_fitting_a_money_budget_finds_the_longest_answer_it_pays_for():
+    from types import SimpleNamespace
+
+    from panel.budgets.counters import UNIT
+    from panel.budgets.enforcement import Limits
+    from panel.budgets.reservations import fitting_completion
+
+    channel = SimpleNamespace(cost=lambda prompt, completion: (prompt + completion) * PRICE / 1_000_000)
+    asked = maximum(4, {"max_tokens": 20}, [channel])  # 0.12
+    scopes = [("key", 1, Limits(money=Decimal("1.00"), tokens=None))]
+    spent = int(Decimal("0.95") * UNIT)  # 0.05 left: 10 tokens at 0.005, 4 of them the prompt's
+    assert fitting_completion(scopes, 0, [str(spent), "0"], (0, 0), asked, [channel]) == 6
+    held = (int(Decimal("0.03") * UNIT), 0)  # in flight: 0.02 left, the prompt alone
+    assert fitting_completion(scopes, 0, [str(spent), "0"], held, asked, [channel]) is None
+
+
 @pytest.fixture
 def admin_client(client, team_setup, django_user_model):
     adam = django_user_model.objects.create_user("adam", password="pw-adam-123")
