@@ -1,6 +1,7 @@
 """Runs inside the engine venv: check a checkpoint as a model, not as files. A conversion can succeed and still be
 wrong (a loader that misreads one tensor type gives a model that repeats one word), so after an import the saved
-folder is loaded back and measured: perplexity on the held-out text and one greedy chat answer. The figures go
+folder is loaded back and measured: the weights its files lack (transformers would fill them with random values),
+perplexity on the held-out text and one greedy chat answer. The figures go
 back to the panel, which holds the bounds and decides (panel/registry/gguf_import.py).
 
     ENGINE_PYTHON -m engine.model_check --model DIR [--max-tokens 1024]
@@ -35,7 +36,11 @@ def check(model_dir, *, max_tokens=CHECK_TOKENS, progress_from=0, progress_to=10
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     # float32 on a CPU: the check is a few forward passes, and CPUs without bf16 units run float32 faster.
     dtype = "auto" if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, device_map=device).eval()
+    model, loading = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, device_map=device,
+                                                          output_loading_info=True)
+    model.eval()
+    # Weights the files do not hold are filled with random values by transformers: the model loads, and is not one.
+    missing = sorted(loading.get("missing_keys") or [])
     if not held_out_windows(tokenizer, max_tokens):  # nothing to score: a perplexity would divide by zero
         raise RunnerError("no_tokenizer", f"its tokenizer turns the held-out text into no tokens: {model_dir} has "
                                           "no working tokenizer (tokenizer.json, tokenizer_config.json)")
@@ -54,6 +59,8 @@ def check(model_dir, *, max_tokens=CHECK_TOKENS, progress_from=0, progress_to=10
             "answer_token_ids": [token for token in ids if token not in special],
             "expected_word": EXPECTED_WORD, "mentions_expected": EXPECTED_WORD.lower() in answer.lower(),
             "parameters": sum(parameter.numel() for parameter in model.parameters()),
+            "missing_weights": len(missing), "missing_examples": missing[:3],
+            "weight_tensors": len(model.state_dict()),
             "seconds": round(time.monotonic() - started, 1)}
 
 

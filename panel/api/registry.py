@@ -17,7 +17,7 @@ from panel.audit.services import audit_record
 from panel.jobs.services import job_cancel, job_events
 from panel.registry import memory
 from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
-from panel.registry.gguf_import import model_check_launch
+from panel.registry.model_check import model_check_launch
 from panel.registry.models import EvaluationJob, ModelCheckJob, QuantizationJob, RegisteredModel
 from panel.registry.quality import evaluation_from_form
 from panel.registry.services import model_register, quantization_cancel, quantization_from_form, quantization_refusal

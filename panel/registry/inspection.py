@@ -196,6 +196,9 @@ def inspect_checkpoint(folder):
         raise CheckpointError("config.json lacks hidden_size, num_attention_heads or num_hidden_layers: "
                               "not a decoder-only language model Tokenwise can serve")
     declared = str(config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or "")
+    if not quantization:
+        _check_weights_present(text, str(config.get("model_type") or ""), linear, hidden=hidden, layers=layers,
+                               heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     return CheckpointFacts(
         architecture=architectures[0] if architectures else str(config.get("model_type", "unknown")),
         model_type=str(config.get("model_type") or text.get("model_type") or "unknown"),
@@ -213,6 +216,28 @@ def inspect_checkpoint(folder):
         size_bytes=folder_size(folder),
         quantization=quantization,
     )
+
+
+# Dense decoders whose linear weights follow from config.json alone: q, k, v, o and the gated MLP per layer.
+DENSE_DECODERS = {"llama", "qwen2", "qwen3", "mistral"}
+PRESENT_SHARE = 0.9
+
+
+def _check_weights_present(text, model_type, linear, *, hidden, layers, heads, kv_heads, head_dim):
+    """CheckpointError when the files hold far fewer decoder weights than config.json describes (shards missing, a
+    copy that stopped): transformers would load such a folder with random values in their place. Only for the dense
+    decoders above, and only from the size the model check judges (smaller test models are left alone)."""
+    from panel.registry.model_check import CHECK_MIN_PARAMETERS
+
+    if model_type not in DENSE_DECODERS or any(key in text for key in ("num_experts", "num_local_experts")):
+        return
+    intermediate = int(text.get("intermediate_size") or 0)
+    expected = layers * (2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * intermediate)
+    embeddings = int(text.get("vocab_size") or 0) * hidden * (1 if text.get("tie_word_embeddings", True) else 2)
+    if expected + embeddings < CHECK_MIN_PARAMETERS or linear >= PRESENT_SHARE * expected:
+        return
+    raise CheckpointError(f"Its weight files hold {linear:,} of the {expected:,} decoder weights its config.json "
+                          f"describes ({100 * linear / expected:.0f}%): shards are missing or a copy did not finish")
 
 
 def folder_size(folder):

@@ -16,6 +16,7 @@ from panel.jobs.runner import run_job
 from panel.jobs.services import job_cancel, job_created, job_enqueue
 from panel.registry.hub import NotInCache, hub_cache_dir, looks_like_hub_id, resolve_hub_id
 from panel.registry.inspection import CheckpointError, inspect_checkpoint
+from panel.registry.model_check import model_check_launch, model_check_refusal
 from panel.registry.models import CalibrationSource, ModelState, QuantizationJob, RegisteredModel
 from panel.registry.quality import engine_of, evaluation_after_quantization
 from panel.registry.schemes import (
@@ -74,7 +75,9 @@ def folder_check(folder, *, team):
 
 
 def model_register(*, team, user, source, name=""):
-    """Inspect the checkpoint at `source` and register it for `team`. Raises ValidationError, saving nothing."""
+    """Inspect the checkpoint at `source` and register it for `team`, then queue its check as a model where the
+    check's bounds apply (an unquantized model of 100 M parameters or more: files that inspect well can still hold
+    a model that does not work). Raises ValidationError, saving nothing."""
     folder, hub_id = resolve_source(source)
     folder_check(folder, team=team)
     try:
@@ -82,7 +85,10 @@ def model_register(*, team, user, source, name=""):
     except CheckpointError as error:
         raise ValidationError(str(error)) from None
     name = (name or "").strip() or (hub_id or folder.name)
-    return model_create(team=team, user=user, name=name, folder=folder, hub_id=hub_id, facts=facts)
+    model = model_create(team=team, user=user, name=name, folder=folder, hub_id=hub_id, facts=facts)
+    if model_check_refusal(model) is None:
+        model_check_launch(team=team, user=user, model=model)
+    return model
 
 
 def model_create(*, team, user, name, folder, facts, hub_id="", parent=None, **fields):

@@ -2,7 +2,8 @@
 from celery import shared_task
 from django.conf import settings
 
-from panel.registry.gguf_import import gguf_import_execute, model_check_execute
+from panel.registry.gguf_import import gguf_import_execute
+from panel.registry.model_check import model_check_execute
 from panel.registry.quality import evaluation_execute
 from panel.registry.services import quantization_execute
 

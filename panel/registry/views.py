@@ -11,7 +11,7 @@ from panel.jobs.services import job_cancel as cancel_job
 from panel.jobs.services import job_events
 from panel.registry import memory
 from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
-from panel.registry.gguf_import import model_check_launch, model_check_refusal
+from panel.registry.model_check import model_check_launch, model_check_refusal
 from panel.registry.models import EvaluationJob, QuantizationJob, RegisteredModel
 from panel.registry.quality import evaluation_from_form, quality_report
 from panel.registry.services import (
@@ -41,7 +41,10 @@ def model_create(request):
         except ValidationError as error:
             form.add_error("source", error)
         else:
-            messages.success(request, f"Registered {model.name}.")
+            checking = model.check_jobs.exists()
+            messages.success(request, f"Registered {model.name}." + (
+                " It is being checked as a model on a GPU worker (a perplexity and a greedy answer): this page "
+                "shows the outcome." if checking else ""))
             return redirect("model_detail", model_id=model.pk)
     models = RegisteredModel.objects.filter(team=request.team).select_related("parent", "created_by")
     return render(request, "registry/model_list.html", {"models": models, "form": form}, status=400)

@@ -11,7 +11,8 @@ from django.urls import reverse
 
 from panel.jobs.models import JobState
 from panel.registry.gguf_file import read_gguf
-from panel.registry.gguf_import import check_verdict, gguf_import_execute, gguf_import_launch
+from panel.registry.gguf_import import gguf_import_execute, gguf_import_launch
+from panel.registry.model_check import check_verdict
 from panel.registry.models import GgufImportJob, ModelState, RegisteredModel
 from tests.support.api_helpers import call, token_for
 from tests.support.gguf_files import F32, Q4_1, write_gguf

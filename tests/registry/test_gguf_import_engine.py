@@ -18,23 +18,20 @@ from pathlib import Path
 import openai
 import pytest
 from django.conf import settings as django_settings
+from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from panel.accounts.keys import key_issue
 from panel.jobs import processes
 from panel.jobs.models import JobState
 from panel.jobs.runner import parse_line
-from panel.registry.gguf_import import (
-    conversion_cache,
-    gguf_import_execute,
-    gguf_import_launch,
-    model_check_execute,
-    model_check_launch,
-)
+from panel.registry.gguf_import import conversion_cache, gguf_import_execute, gguf_import_launch
+from panel.registry.model_check import model_check_execute
 from panel.registry.models import GgufImportJob, ModelState
 from panel.registry.services import model_register
 from tests.support.environment import DATA_DIR
 from tests.support.gguf_files import write_gguf
+from tests.support.safetensors import keep_tensors
 
 pytestmark = pytest.mark.engine  # the engine venv: transformers, torch and gguf
 
@@ -162,8 +159,8 @@ def test_a_conversion_that_loads_but_does_not_work_is_marked_broken(smollm2, tea
     # The final norm zeroed: every logit is 0, as when a loader misreads one tensor type; the files still load.
     zero_tensor(broken / "model.safetensors", "model.norm.weight")
     model = model_register(team=team_setup["team_a"], user=None, source=str(broken), name="broken")
-    job = model_check_launch(team=team_setup["team_a"], user=None, model=model, enqueue=False)
-    model_check_execute(job_id=job.pk, worker="test")  # the Re-check task's body
+    job = model.check_jobs.get()  # registering a folder of 100 M parameters or more queues its check
+    model_check_execute(job_id=job.pk, worker="test")  # the check task's body
     job.refresh_from_db()
     model.refresh_from_db()
     assert job.state == JobState.SUCCEEDED, (job.failure_reason, job.log_tail)
@@ -176,6 +173,27 @@ def test_a_conversion_that_loads_but_does_not_work_is_marked_broken(smollm2, tea
     # Every logit equal: greedy picks token 0 (<|endoftext|>, a special token) every time: no answer at all.
     assert any("greedy answer is empty" in problem for problem in figures["problems"]), figures
     assert "Paris" not in figures["answer"] and figures["mentions_expected"] is False
+    assert figures["missing_weights"] == 0 and figures["weight_tensors"] > 200
+
+    # A folder whose files lack most of the model's weights is refused when it is registered; one that lacks a
+    # single tensor registers, and the check (transformers fills the gap with random values) finds it.
+    cut = tmp_path / "smollm2-cut"
+    shutil.copytree(cached, cut, ignore=shutil.ignore_patterns("model.safetensors"))
+    keep_tensors(cached / "model.safetensors", cut / "model.safetensors",
+                 lambda name: ".layers." not in name or ".layers.0." in name)  # 29 of 30 layers gone
+    with pytest.raises(ValidationError, match=r"Its weight files hold .* decoder weights its config.json describes"):
+        model_register(team=team_setup["team_a"], user=None, source=str(cut), name="cut")
+    shutil.rmtree(cut)
+    shutil.copytree(cached, cut, ignore=shutil.ignore_patterns("model.safetensors"))
+    dropped = keep_tensors(cached / "model.safetensors", cut / "model.safetensors",
+                           lambda name: name != "model.layers.7.mlp.down_proj.weight")
+    cut_model = model_register(team=team_setup["team_a"], user=None, source=str(cut), name="cut")
+    model_check_execute(job_id=cut_model.check_jobs.get().pk, worker="test")
+    cut_model.refresh_from_db()
+    assert dropped == 1 and cut_model.state == ModelState.BROKEN, cut_model.check_figures
+    assert cut_model.check_figures["problems"][0] == (
+        f"1 of {figures['weight_tensors']} weight tensors are missing from its files (e.g. "
+        "model.layers.7.mlp.down_proj.weight): they were filled with random values"), cut_model.check_figures
 
 
 def test_the_engine_refuses_on_its_own_and_writes_nothing(tmp_path):

@@ -8,7 +8,7 @@ from django.urls import reverse
 from panel.audit.models import AuditAction, AuditEvent
 from panel.jobs.models import JobState
 from panel.jobs.services import job_claim, job_succeed
-from panel.registry.gguf_import import model_check_launch, model_check_record
+from panel.registry.model_check import model_check_launch, model_check_record
 from panel.registry.models import ModelCheckJob, ModelState
 from panel.serving.services import profile_defaults
 from tests.support.checkpoints import check_failed, parent, w8a8  # noqa: F401 (parent, w8a8: fixtures)
@@ -82,6 +82,19 @@ def test_the_page_shows_the_new_outcome_when_the_check_ends(client, team_setup, 
     parent.refresh_from_db()
     assert parent.state == ModelState.BROKEN and "perplexity 49,152.0" in parent.check_figures["problems"][0]
     assert "Not servable" in page(client, parent)
+
+
+def test_weights_missing_from_the_files_make_a_model_broken_whatever_else_it_scores(team_setup, parent):
+    check_failed(parent)  # checked before (as an import is): the check may run on it again
+    job = model_check_launch(team=team_setup["team_a"], user=None, model=parent, enqueue=False)
+    job_claim(job, worker="test")
+    job_succeed(job, result=model_check_record(job, dict(
+        GOOD, missing_weights=37, weight_tensors=51, missing_examples=["model.layers.1.mlp.up_proj.weight"])))
+    parent.refresh_from_db()
+    assert parent.state == ModelState.BROKEN
+    assert parent.check_figures["problems"] == [
+        "37 of 51 weight tensors are missing from its files (e.g. model.layers.1.mlp.up_proj.weight): they were "
+        "filled with random values"]
 
 
 def test_only_a_member_who_may_register_models_re_checks_and_only_in_their_team(client, team_setup, parent):

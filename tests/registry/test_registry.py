@@ -146,6 +146,63 @@ def test_it_registers_a_model_and_shows_its_page(client, team_setup, demo_model)
     assert "What fits where" in page and "KV cache per token" in page and "Quantize" in page and "Quality" in page
 
 
+def sparse_checkpoint(folder, *, layers, layers_in_files):
+    """SmolLM2-135M's shape (576 wide, 49,152 tokens) with `layers` in config.json and the weights of the first
+    `layers_in_files` in its file: zero-filled and sparse on disk (inspection reads the header only)."""
+    import json
+    import struct
+
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": layers,
+        "max_position_embeddings": 8192, "vocab_size": 49152, "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16"}))
+    shapes = {"model.embed_tokens.weight": [49152, 576], "model.norm.weight": [576]}
+    for layer in range(layers_in_files):
+        prefix = f"model.layers.{layer}."
+        shapes.update({prefix + "self_attn.q_proj.weight": [576, 576], prefix + "self_attn.k_proj.weight": [192, 576],
+                       prefix + "self_attn.v_proj.weight": [192, 576], prefix + "self_attn.o_proj.weight": [576, 576],
+                       prefix + "mlp.gate_proj.weight": [1536, 576], prefix + "mlp.up_proj.weight": [1536, 576],
+                       prefix + "mlp.down_proj.weight": [576, 1536]})
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 2 * shape[0] * (shape[1] if len(shape) > 1 else 1)
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    with open(folder / "model.safetensors", "wb") as handle:
+        handle.write(struct.pack("<Q", len(raw)) + raw)
+        handle.truncate(8 + len(raw) + offset)
+    return folder
+
+
+def test_registering_a_folder_of_a_real_models_size_queues_its_check_as_a_model(client, team_setup, demo_model,
+                                                                                 tmp_path):
+    from panel.registry.models import ModelCheckJob
+
+    folder = sparse_checkpoint(tmp_path / "smol", layers=30, layers_in_files=30)
+    client.force_login(team_setup["alice"])
+    response = client.post(reverse("model_create"), {"source": str(folder), "name": "smol"}, follow=True)
+    model = RegisteredModel.objects.get(name="smol")
+    [job] = ModelCheckJob.objects.filter(model=model)
+    assert model.parameter_count >= 100_000_000 and job.state == "pending" and job.queue == "gpu"
+    assert "It is being checked as a model on a GPU worker" in response.content.decode()
+    # The demo model is too small for the check's bounds: registered without one.
+    tiny = model_register(team=team_setup["team_a"], user=None, source=str(demo_model), name="tiny")
+    assert not ModelCheckJob.objects.filter(model=tiny).exists()
+
+
+def test_a_folder_whose_files_lack_most_of_its_weights_is_refused_and_nothing_is_saved(client, team_setup, tmp_path):
+    folder = sparse_checkpoint(tmp_path / "cut", layers=30, layers_in_files=2)  # a copy that stopped early
+    client.force_login(team_setup["alice"])
+    response = client.post(reverse("model_create"), {"source": str(folder), "name": "cut"})
+    assert response.status_code == 400
+    assert ("Its weight files hold 7,077,888 of the 106,168,320 decoder weights its config.json describes (7%): "
+            "shards are missing or a copy did not finish") in response.content.decode()
+    assert not RegisteredModel.objects.exists()
+
+
 @pytest.mark.parametrize("source, message", [
     ("", "This field is required"),
     ("models/qwen/7b", "neither an absolute path nor a hub id"),
