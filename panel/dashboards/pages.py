@@ -10,6 +10,7 @@ from panel.core.money import money, money_text
 from panel.dashboards import figures as fig
 from panel.dashboards.agents import agents as agents_page
 from panel.dashboards.cost import cost_summary
+from panel.dashboards.ledger import TOLERANCE_PERCENT, deployment_ledger
 from panel.dashboards.models import (
     LATENCY_COLUMNS,
     TTFT_COLUMNS,
@@ -306,6 +307,14 @@ def cost(query):
          if summary.span_seconds else None],
         ["cloud cost / 1M tokens", _money(summary.cloud_per_million)]],
         note="Monthly projection: this range's numbers scaled to 30 days."))
+    _, _, deployments = _names(query)
+    page.tables.append(Table("ledger", "Ledger: each engine's own token counts against the usage rows", [
+        "deployment", "engine tokens", "recorded tokens", "difference", "status"],
+        [[deployments.get(line.deployment_id, f"#{line.deployment_id}"), int(line.engine_tokens),
+          line.recorded_tokens, "" if line.difference_percent is None else f"{line.difference_percent:+.1f}%",
+          line.words] for line in deployment_ledger(query)],
+        note=f"Prompt and generation tokens over this range: the engine's from vLLM's own counters, the recorded "
+             f"ones from the usage rows; within {TOLERANCE_PERCENT:g}% they agree."))
     price_link = ("Set a GPU price", reverse("hosts")) if summary.local_unknown else None
     cloud_hint = "channel prices" if summary.cloud_tokens else (
         f"{baseline.name}'s prices for the local tokens" if baseline else "add a cloud channel with prices")

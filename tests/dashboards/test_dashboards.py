@@ -232,6 +232,39 @@ def test_reasoning_tokens_are_rolled_up_and_shown_by_channel_where_upstreams_rep
     assert {row[0]: dict(zip(overview.columns, row))["reasoning tokens"] for row in overview.rows}["cloud"] == 700
 
 
+def test_the_ledger_sets_each_engines_token_counts_against_the_usage_rows_and_names_a_difference(traffic):
+    from panel.dashboards.ledger import deployment_ledger
+    from panel.dashboards.models import EngineSample
+    from panel.serving.models import Deployment
+
+    team, local = traffic["team"], traffic["local"]
+    other = Deployment.objects.get(pk=traffic["deployment"].pk)
+    other.pk, other.base_url = None, "http://127.0.0.1:10/v1"  # a second deployment of the same profile
+    other.save()
+    other_channel = Channel.objects.create(team=team, name="other", kind="local", deployment=other,
+                                           base_url=other.base_url, model_id="tiny-chat")
+    for channel, completion in ((local, 400), (other_channel, 400)):
+        for minute in (5, 6):  # 2 x (1,000 + 400) tokens charged through the gateway
+            RequestLog.objects.create(team=team, channel=channel, created_at=NOW - timedelta(minutes=minute),
+                                      endpoint="chat", model="tiny-chat", status_code=200, outcome="ok",
+                                      prompt_tokens=1000, completion_tokens=completion, latency_ms=100)
+    # The engine of `local` counted what the rows say (2,800 tokens, and 10 more: 0.4%); the other one served
+    # 700 tokens more than anyone was charged (a client that left before its usage, say).
+    for deployment, prompt, generation in ((traffic["deployment"], 2000, 810), (other, 2700, 800)):
+        EngineSample.objects.create(deployment=deployment, team=team, at=NOW - timedelta(minutes=4), seconds=10,
+                                    prompt_tokens=prompt, generation_tokens=generation)
+    usage_rollup_run()
+    query = DashboardQuery(team=team, range="1h", now=NOW.timestamp())
+    differs, agrees = deployment_ledger(query)
+    assert (differs.deployment_id, differs.engine_tokens, differs.recorded_tokens) == (other.pk, 3500, 2800)
+    assert round(differs.difference_percent, 1) == 20.0 and not differs.agrees
+    assert differs.words.startswith("the engine served 20.0% more tokens than the gateway recorded")
+    assert agrees.deployment_id == traffic["deployment"].pk and agrees.agrees and agrees.words == "agrees"
+    table = dashboard_page(tab="cost", query=query).table("ledger")
+    rows = {row[0]: dict(zip(table.columns, row)) for row in table.rows}
+    assert [row["difference"] for row in rows.values()] == ["+20.0%", "+0.4%"]
+
+
 def test_a_stopped_deployments_gpu_hours_stop_at_its_stop_time(traffic):
     """Stopping ends a deployment's job like any job's: its finished_at is its stop time, and the Cost tab charges
     GPU hours up to it, not to the end of the range."""

@@ -1,0 +1,57 @@
+"""The ledger: what each deployment's engine counted (vLLM's prompt and generation token counters, from the scraped
+/metrics) against what the gateway recorded for it (the usage rows' prompt and completion tokens) over the same
+range. They agree within a percent when every request the engine served went through the gateway and was charged
+what the engine counted; a larger difference has a likely cause, which the line names."""
+from dataclasses import dataclass
+
+from panel.dashboards.selectors import engine_by_deployment, usage_grouped
+
+TOLERANCE_PERCENT = 1.0
+
+
+@dataclass
+class LedgerLine:
+    deployment_id: int
+    engine_tokens: float  # prompt + generation, as the engine counted them
+    recorded_tokens: int  # prompt + completion, as the usage rows have them
+    gaps: int  # failed scrapes in the range: the engine's count is short by what they missed
+
+    @property
+    def difference_percent(self):
+        """(engine - recorded) / engine, in percent; None without engine counts."""
+        if not self.engine_tokens:
+            return None
+        return 100.0 * (self.engine_tokens - self.recorded_tokens) / self.engine_tokens
+
+    @property
+    def agrees(self):
+        return self.difference_percent is not None and abs(self.difference_percent) <= TOLERANCE_PERCENT
+
+    @property
+    def words(self):
+        difference = self.difference_percent
+        if difference is None:
+            return "no engine counts in this range" + (" (its scrapes failed)" if self.gaps else "")
+        if self.agrees:
+            return "agrees"
+        gap = f"; {self.gaps} scrapes failed in this range, so the engine's count is short" if self.gaps else ""
+        if difference > 0:
+            return (f"the engine served {difference:.1f}% more tokens than the gateway recorded: requests that "
+                    f"reached the engine without the gateway, or clients that left before their usage{gap}")
+        return (f"the gateway recorded {-difference:.1f}% more tokens than the engine counted: figures estimated "
+                f"for clients that left, or an engine that restarted{gap}")
+
+
+def deployment_ledger(query):
+    """A LedgerLine per deployment that served or was scraped in the query's range, differences first."""
+    engine = {row["deployment_id"]: row for row in engine_by_deployment(query)}
+    recorded = {row["deployment_id"]: row["prompt_tokens"] + row["completion_tokens"]
+                for row in usage_grouped(query, by=("deployment_id",), columns=("prompt_tokens", "completion_tokens"))
+                if row["deployment_id"] is not None}
+    lines = [LedgerLine(deployment_id=deployment_id,
+                        engine_tokens=(engine.get(deployment_id) or {}).get("prompt_tokens", 0.0)
+                        + (engine.get(deployment_id) or {}).get("generation_tokens", 0.0),
+                        recorded_tokens=recorded.get(deployment_id, 0),
+                        gaps=(engine.get(deployment_id) or {}).get("gaps", 0))
+             for deployment_id in sorted(set(engine) | set(recorded))]
+    return sorted(lines, key=lambda line: (line.agrees, line.deployment_id))
