@@ -9,6 +9,7 @@ from django.urls import reverse
 from panel.channels.models import listed_channels
 from panel.core.money import money
 from panel.dashboards.cost import cost_summary
+from panel.dashboards.ledger import deployment_ledger
 from panel.dashboards.selectors import DashboardQuery, usage_totals
 from panel.jobs.services import job_models
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment
@@ -125,9 +126,22 @@ def failed_jobs(team, now):
     return found
 
 
+def ledger_differences(team, now):
+    """Deployments whose engine counted more than a percent more or fewer tokens than the usage rows in the last 24
+    hours (panel/dashboards/ledger.py): money the gateway did not charge, or charged by estimate."""
+    query = DashboardQuery(team=team, range="24h", now=now)
+    found = []
+    for line in deployment_ledger(query):
+        if line.difference_percent is not None and not line.agrees:
+            found.append(Attention(f"Deployment #{line.deployment_id}: ledger differs by "
+                                   f"{line.difference_percent:+.1f}%", line.words,
+                                   reverse("dashboards_cost") + f"?range=24h&deployment={line.deployment_id}"))
+    return found
+
+
 def overview(*, team, now):
     """Everything the overview page shows for `team` at `now` (epoch seconds)."""
     deployments = list(Deployment.objects.filter(team=team, state__in=list(ACTIVE_DEPLOYMENT_STATES))
                        .select_related("profile__model", "host").order_by("-created_at"))
     return Overview(month=month_figures(team, now), deployments=deployments,
-                    attention=failing_channels(team) + failed_jobs(team, now))
+                    attention=failing_channels(team) + failed_jobs(team, now) + ledger_differences(team, now))

@@ -66,6 +66,22 @@ def test_it_adds_up_this_month_only_and_lists_deployments_and_failures(team_setu
 
 
 @pytest.mark.django_db
+def test_a_deployment_whose_engine_counted_more_than_was_charged_needs_attention(team_setup):
+    from panel.dashboards.models import EngineSample
+
+    team = team_setup["team_a"]
+    deployment, local = serve(team, make_profile(team, make_model(team), "chat"), host=make_host("h1"))
+    rows(team, 10, at=NOW - timedelta(hours=1), channel=local, prompt_tokens=900, completion_tokens=100)
+    EngineSample.objects.create(deployment=deployment, team=team, at=NOW - timedelta(hours=1), seconds=10,
+                                prompt_tokens=10_000, generation_tokens=2_500)  # 12,500 counted, 10,000 charged
+    usage_rollup_run(lock=False)
+    [item] = overview(team=team, now=NOW.timestamp()).attention
+    assert item.what == f"Deployment #{deployment.pk}: ledger differs by +20.0%"
+    assert item.why.startswith("the engine served 20.0% more tokens than the gateway recorded")
+    assert item.link == reverse("dashboards_cost") + f"?range=24h&deployment={deployment.pk}"
+
+
+@pytest.mark.django_db
 def test_a_local_host_without_a_price_makes_the_spend_unknown_not_zero(team_setup):
     team = team_setup["team_a"]
     deployment, local = serve(team, make_profile(team, make_model(team), "chat"), host=make_host("h200"))
