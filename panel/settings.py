@@ -241,6 +241,8 @@ GATEWAY_MAX_TOKENS = envint("TOKENWISE_GATEWAY_MAX_TOKENS", 131072, minimum=1)
 GATEWAY_BACKOFF_BASE_SECONDS = envint("TOKENWISE_GATEWAY_BACKOFF_BASE_MS", 200, minimum=0) / 1000
 BUDGET_CACHE_SECONDS = envint("TOKENWISE_BUDGET_CACHE_SECONDS", 5, minimum=0)  # a budget change applies within this
 BUDGET_RECONCILE_SECONDS = envint("TOKENWISE_BUDGET_RECONCILE_SECONDS", 60, minimum=1)
+# The ledger check (panel/dashboards/ledger.py): each whole hour, engines against usage rows.
+LEDGER_CHECK_EVERY_SECONDS = 3600
 # The completion a request without max_tokens is held for against its budgets (budgets/reservations.py)
 BUDGET_RESERVE_COMPLETION_TOKENS = envint("TOKENWISE_BUDGET_RESERVE_COMPLETION_TOKENS", 4096, minimum=1)
 
@@ -305,6 +307,7 @@ CELERY_BEAT_SCHEDULE = {
     "check-canaries": {"task": "panel.channels.tasks.check_canaries", "schedule": CANARY_CHECK_EVERY_SECONDS},
     "reconcile-budgets": {"task": "panel.budgets.tasks.reconcile_budgets", "schedule": BUDGET_RECONCILE_SECONDS},
     "deliver-webhooks": {"task": "panel.notifications.tasks.deliver_due", "schedule": WEBHOOK_DUE_EVERY_SECONDS},
+    "check-ledgers": {"task": "panel.dashboards.tasks.check_ledgers", "schedule": LEDGER_CHECK_EVERY_SECONDS},
 }
 
 LOGGING = {

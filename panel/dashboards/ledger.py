@@ -2,9 +2,13 @@
 /metrics) against what the gateway recorded for it (the usage rows' prompt and completion tokens) over the same
 range. They agree within a percent when every request the engine served went through the gateway and was charged
 what the engine counted; a larger difference has a likely cause, which the line names."""
+import time
 from dataclasses import dataclass
 
-from panel.dashboards.selectors import engine_by_deployment, usage_grouped
+from django.db import transaction
+
+from panel.dashboards.models import HOUR
+from panel.dashboards.selectors import DashboardQuery, engine_by_deployment, usage_grouped
 
 TOLERANCE_PERCENT = 1.0
 
@@ -55,3 +59,31 @@ def deployment_ledger(query):
                         gaps=(engine.get(deployment_id) or {}).get("gaps", 0))
              for deployment_id in sorted(set(engine) | set(recorded))]
     return sorted(lines, key=lambda line: (line.agrees, line.deployment_id))
+
+
+def ledgers_check(*, now=None):
+    """Beat, hourly: for every team, the last whole hour's ledger; a deployment whose engine and usage rows differ by
+    more than TOLERANCE_PERCENT is notified once for that hour (ledger.mismatch: the page and the webhooks).
+    Returns the notifications made."""
+    from panel.accounts.models import Team
+    from panel.notifications.models import EventKind, Notification
+    from panel.notifications.services import notify
+
+    end = int((time.time() if now is None else now) // HOUR * HOUR)
+    made = []
+    for team in Team.objects.filter(deployments__isnull=False).distinct():
+        for line in deployment_ledger(DashboardQuery(team=team, range="1h", now=end)):
+            if line.difference_percent is None or line.agrees:
+                continue
+            with transaction.atomic():
+                if Notification.objects.filter(team=team, kind=EventKind.LEDGER_MISMATCH,
+                                               facts__deployment_id=line.deployment_id, facts__hour=end).exists():
+                    continue
+                made.append(notify(team=team, kind=EventKind.LEDGER_MISMATCH,
+                                   title=f"Deployment #{line.deployment_id}: its engine's token count differs from "
+                                         f"the usage rows by {line.difference_percent:+.1f}% in the hour to "
+                                         f"{time.strftime('%H:%M UTC', time.gmtime(end))}: {line.words}",
+                                   deployment_id=line.deployment_id, hour=end,
+                                   engine_tokens=int(line.engine_tokens), recorded_tokens=line.recorded_tokens,
+                                   difference_percent=round(line.difference_percent, 2)))
+    return made

@@ -2,6 +2,7 @@
 from celery import shared_task
 
 from panel.dashboards.compaction import engine_samples_compact
+from panel.dashboards.ledger import ledgers_check
 from panel.dashboards.local_cost import local_cost_allocate
 from panel.dashboards.rollup import HARD_TIME_LIMIT_SECONDS, SOFT_TIME_LIMIT_SECONDS, usage_rollup_run
 from panel.dashboards.scraper import deployments_scrape
@@ -23,3 +24,8 @@ def roll_up_usage():
 @shared_task(soft_time_limit=SOFT_TIME_LIMIT_SECONDS, time_limit=HARD_TIME_LIMIT_SECONDS, ignore_result=True)
 def allocate_local_cost():
     return local_cost_allocate().minutes
+
+
+@shared_task(soft_time_limit=120, time_limit=150, ignore_result=True)
+def check_ledgers():
+    return len(ledgers_check())

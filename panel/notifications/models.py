@@ -11,6 +11,7 @@ class EventKind(models.TextChoices):
     CANARY_ROLLED_BACK = "canary.rolled_back", "Canary rolled back"
     JOB_FAILED = "job.failed", "Job failed"
     CHANNEL_COOLED_DOWN = "channel.cooled_down", "Channel cooled down"
+    LEDGER_MISMATCH = "ledger.mismatch", "An engine counted more than 1% more or fewer tokens than was charged"
     TEST = "test", "Test message"
 
 

@@ -82,6 +82,32 @@ def test_a_deployment_whose_engine_counted_more_than_was_charged_needs_attention
 
 
 @pytest.mark.django_db
+def test_the_hourly_ledger_check_notifies_a_difference_once_and_webhooks_get_it(team_setup):
+    from panel.dashboards.ledger import ledgers_check
+    from panel.dashboards.models import EngineSample
+    from panel.notifications.models import Delivery, EventKind, Notification, Webhook
+
+    team = team_setup["team_a"]
+    Webhook.objects.create(team=team, name="ops", url="https://ops.example/hook", secret_ciphertext="x",
+                           secret_last4="abcd", events=[EventKind.LEDGER_MISMATCH])
+    deployment, local = serve(team, make_profile(team, make_model(team), "chat"), host=make_host("h1"))
+    in_hour = NOW - timedelta(minutes=30)  # the hour to NOW, which the check at NOW + 5 minutes reads
+    rows(team, 10, at=in_hour, channel=local, prompt_tokens=900, completion_tokens=100)
+    EngineSample.objects.create(deployment=deployment, team=team, at=in_hour, seconds=10, prompt_tokens=9_000,
+                                generation_tokens=1_050)  # 10,050 counted, 10,000 charged: 0.5%, within 1%
+    usage_rollup_run(lock=False)
+    check_at = NOW.timestamp() + 300
+    assert ledgers_check(now=check_at) == []
+    EngineSample.objects.create(deployment=deployment, team=team, at=in_hour, seconds=10, prompt_tokens=2_000)
+    [note] = ledgers_check(now=check_at)  # 12,050 counted: 17.0% more than charged
+    assert note.kind == EventKind.LEDGER_MISMATCH and note.facts["deployment_id"] == deployment.pk
+    assert note.facts["difference_percent"] == pytest.approx(17.01, abs=0.01)
+    assert "differs from the usage rows by +17.0% in the hour to 12:00 UTC" in note.title
+    assert Delivery.objects.filter(notification=note).count() == 1
+    assert ledgers_check(now=check_at) == [] and Notification.objects.count() == 1  # once per hour
+
+
+@pytest.mark.django_db
 def test_a_local_host_without_a_price_makes_the_spend_unknown_not_zero(team_setup):
     team = team_setup["team_a"]
     deployment, local = serve(team, make_profile(team, make_model(team), "chat"), host=make_host("h200"))
