@@ -218,6 +218,7 @@ def inspect_checkpoint(folder):
     )
 
 
+CHECK_MIN_PARAMETERS = 100_000_000  # the check as a model judges from here up (panel/registry/model_check.py)
 # Dense decoders whose linear weights follow from config.json alone: q, k, v, o and the gated MLP per layer.
 DENSE_DECODERS = {"llama", "qwen2", "qwen3", "mistral"}
 PRESENT_SHARE = 0.9
@@ -227,8 +228,6 @@ def _check_weights_present(text, model_type, linear, *, hidden, layers, heads, k
     """CheckpointError when the files hold far fewer decoder weights than config.json describes (shards missing, a
     copy that stopped): transformers would load such a folder with random values in their place. Only for the dense
     decoders above, and only from the size the model check judges (smaller test models are left alone)."""
-    from panel.registry.model_check import CHECK_MIN_PARAMETERS
-
     if model_type not in DENSE_DECODERS or any(key in text for key in ("num_experts", "num_local_experts")):
         return
     intermediate = int(text.get("intermediate_size") or 0)

@@ -12,10 +12,10 @@ from django.db import transaction
 from panel.jobs import diagnosis, processes
 from panel.jobs.runner import run_job
 from panel.jobs.services import job_created, job_enqueue
+from panel.registry.inspection import CHECK_MIN_PARAMETERS  # the check's bounds hold from here up
 from panel.registry.models import ModelCheckJob, ModelState, RegisteredModel
 
 CHECK_TIME_LIMIT_SECONDS = 600
-CHECK_MIN_PARAMETERS = 100_000_000  # the check's bounds hold from here up (check_verdict)
 
 
 def check_verdict(figures):
