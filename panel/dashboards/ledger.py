@@ -52,12 +52,12 @@ def deployment_ledger(query):
     recorded = {row["deployment_id"]: row["prompt_tokens"] + row["completion_tokens"]
                 for row in usage_grouped(query, by=("deployment_id",), columns=("prompt_tokens", "completion_tokens"))
                 if row["deployment_id"] is not None}
-    lines = [LedgerLine(deployment_id=deployment_id,
-                        engine_tokens=(engine.get(deployment_id) or {}).get("prompt_tokens", 0.0)
-                        + (engine.get(deployment_id) or {}).get("generation_tokens", 0.0),
-                        recorded_tokens=recorded.get(deployment_id, 0),
-                        gaps=(engine.get(deployment_id) or {}).get("gaps", 0))
-             for deployment_id in sorted(set(engine) | set(recorded))]
+    lines = []
+    for deployment_id in sorted(set(engine) | set(recorded)):
+        counted = engine.get(deployment_id, {})
+        lines.append(LedgerLine(deployment_id=deployment_id, recorded_tokens=recorded.get(deployment_id, 0),
+                                engine_tokens=counted.get("prompt_tokens", 0.0) + counted.get("generation_tokens", 0.0),
+                                gaps=counted.get("gaps", 0)))
     return sorted(lines, key=lambda line: (line.agrees, line.deployment_id))
 
 

@@ -31,9 +31,10 @@ def speaks(target, api):
 
 # ------------------------------------------------------------------------------------------------- usage
 
-def _reasoning(details):
-    """The reasoning tokens of a usage's completion or output details; None where the upstream does not say."""
-    value = details.get("reasoning_tokens") if isinstance(details, dict) else None
+def _reasoning(details, name="reasoning_tokens"):
+    """The reasoning tokens of a usage's completion or output details (OpenAI's reasoning_tokens, Anthropic's
+    thinking_tokens); None where the upstream does not say."""
+    value = details.get(name) if isinstance(details, dict) else None
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
@@ -52,11 +53,10 @@ def messages_usage(usage):
     usage = usage if isinstance(usage, dict) else {}
     read = int(usage.get("cache_read_input_tokens") or 0)
     written = int(usage.get("cache_creation_input_tokens") or 0)
-    details = usage.get("output_tokens_details")  # Anthropic's thinking-token-count beta
-    thinking = details.get("thinking_tokens") if isinstance(details, dict) else None
     return {"prompt_tokens": int(usage.get("input_tokens") or 0) + read + written,
             "completion_tokens": int(usage.get("output_tokens") or 0), "cached_tokens": read,
-            "cache_write_tokens": written, "reasoning_tokens": _reasoning({"reasoning_tokens": thinking})}
+            "cache_write_tokens": written,
+            "reasoning_tokens": _reasoning(usage.get("output_tokens_details"), "thinking_tokens")}  # a beta's
 
 
 def responses_usage(usage):
