@@ -188,6 +188,7 @@ def test_registering_a_folder_of_a_real_models_size_queues_its_check_as_a_model(
     [job] = ModelCheckJob.objects.filter(model=model)
     assert model.parameter_count >= 100_000_000 and job.state == "pending" and job.queue == "gpu"
     assert "It is being checked as a model on a GPU worker" in response.content.decode()
+    assert f"Check #{job.pk} of smol: it stays ready" in response.content.decode()  # its first check, no re-check
     # The demo model is too small for the check's bounds: registered without one.
     tiny = model_register(team=team_setup["team_a"], user=None, source=str(demo_model), name="tiny")
     assert not ModelCheckJob.objects.filter(model=tiny).exists()
