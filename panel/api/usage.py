@@ -14,6 +14,7 @@ from panel.api.auth import gate
 from panel.api.errors import Invalid, errors
 from panel.api.schemas import Money
 from panel.usage.models import RequestLog
+from panel.usage.tags import TagError, tag_clean, tag_lookup, tags_read
 
 router = Router(tags=["usage"])
 
@@ -21,7 +22,7 @@ ID_SLACK = 2000  # as the rollup's overlap: writers may commit ids slightly out 
 FIELDS = ("id", "created_at", "key_id", "route_id", "channel_id", "endpoint", "model", "stream", "status_code",
           "outcome", "error_kind", "attempts", "fell_back", "prompt_tokens", "completion_tokens", "cached_tokens",
           "cache_write_tokens", "reasoning_tokens", "tokens_estimated", "ttft_ms", "latency_ms", "cost", "gpu_cost",
-          "json_requested", "json_valid", "canary", "request_id", "attempt_trail")
+          "json_requested", "json_valid", "canary", "request_id", "attempt_trail", "tags")
 
 
 class UsageQuery(Schema):
@@ -32,6 +33,7 @@ class UsageQuery(Schema):
     route: int | None = Field(None, ge=1, le=2**53)
     model: str | None = Field(None, max_length=200)
     outcome: str | None = Field(None, pattern=r"^(ok|error|client_closed|upstream_stalled|upstream_cut)$")
+    tag: str | None = Field(None, max_length=200, description="Only records that carry this tag.")
     cursor: str | None = Field(None, max_length=64, description="next_cursor of the page before.")
     limit: int = Field(1000, ge=1, le=10_000)
 
@@ -77,6 +79,7 @@ class UsageRecord(Schema):
     request_id: str = Field(description="The x-request-id header of the answer.")
     attempt_trail: list[dict[str, Any]] = Field(description="Each upstream attempt in order: channel, channel_id, "
                                                 "outcome, ms, status.")
+    tags: list[str] = Field(description="The request's tags (the x-tokenwise-tags header, metadata.tags).")
 
 
 class UsagePage(Schema):
@@ -132,7 +135,14 @@ def usage_page(*, team, query):
                         ("outcome", query.outcome)):
         if value is not None:
             conditions &= Q(**{name: value})
+    if query.tag is not None:
+        try:
+            conditions &= Q(**tag_lookup(tag_clean(query.tag)))
+        except TagError as error:
+            raise Invalid({"tag": [str(error)]}) from None
     items = list(rows.filter(conditions).order_by("id").values(*FIELDS)[:query.limit])
+    for item in items:
+        item["tags"] = tags_read(item["tags"])
     more = len(items) == query.limit and items[-1]["id"] < high
     return {"items": items, "next_cursor": cursor_encode(items[-1]["id"], high) if more else None}
 

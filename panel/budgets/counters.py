@@ -1,4 +1,4 @@
-"""Monthly spend counters in Redis, shared by every gateway process: money and tokens, per team and per key.
+"""Monthly spend counters in Redis, shared by every gateway process: money and tokens, per team, per key and per tag.
 
 Money is kept as an integer number of hundred-millionths (RequestLog.cost has 8 decimal places), so INCRBY stays
 exact. Counters live a little longer than a month. The database (RequestLog) stays the truth: the reconciliation
@@ -54,7 +54,7 @@ def month_bounds(month):
 
 
 def counter_keys(month, scope, ident):
-    """(money key, tokens key) of a team (`scope`="team") or a key (`scope`="key")."""
+    """(money key, tokens key) of a team (`scope`="team"), a key ("key") or a team's tag ("tag", `tag_ident`)."""
     base = f"tw:budget:{month}:{scope}:{ident}"
     return f"{base}:money", f"{base}:tokens"
 
@@ -71,3 +71,15 @@ def money_units(amount):
 
 def money_from_units(units):
     return Decimal(int(units or 0)) / UNIT
+
+
+def tag_ident(team_id, tag):
+    """A tag budget's counters are the team's own: two teams may use one tag."""
+    return f"{team_id}:{tag}"
+
+
+def budget_owner(scope, ident):
+    """Whose budget, in a refusal's words: "this team's", "this key's" or 'the "x" tag's'."""
+    if scope == "tag":
+        return f'the "{str(ident).split(":", 1)[1]}" tag\'s'
+    return "this team's" if scope == "team" else "this key's"

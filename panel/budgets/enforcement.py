@@ -1,4 +1,5 @@
-"""What the gateway asks of budgets: may this key spend (`refusal`), and what a finished request spent (`count`).
+"""What the gateway asks of budgets: may this key spend (`refusal`), and what a finished request spent (`count`),
+against its team's, its key's and its tags' budgets.
 
 Budgets are cached per team for TOKENWISE_BUDGET_CACHE_SECONDS like keys are (panel/gateway/keys.py), so a request
 costs no database query; the spend is read before (for the gateway, in its one admission call to Redis:
@@ -7,14 +8,24 @@ starts under the budget is let finish, so the last one may overshoot it."""
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from panel.budgets.counters import ADD, TTL_SECONDS, counter_keys, money_from_units, money_units, month_bounds, month_of
+from panel.budgets.counters import (
+    ADD,
+    TTL_SECONDS,
+    budget_owner,
+    counter_keys,
+    money_from_units,
+    money_units,
+    month_bounds,
+    month_of,
+    tag_ident,
+)
 from panel.budgets.models import Budget
 from panel.budgets.reservations import Reservation
 from panel.budgets.services import ALERT_AT, budget_crossed
@@ -33,6 +44,7 @@ class Limits:
 class TeamBudgets:
     team: Limits | None
     keys: dict
+    tags: dict = field(default_factory=dict)  # tag -> Limits
 
 
 _cache = {}
@@ -43,37 +55,43 @@ async def budgets_for(team_id):
     hit = _cache.get(team_id)
     if hit and hit[0] > time.monotonic():
         return hit[1]
-    team, keys = None, {}
-    async for row in Budget.objects.filter(team_id=team_id).values("key_id", "money_per_month", "tokens_per_month"):
+    team, keys, tags = None, {}, {}
+    async for row in Budget.objects.filter(team_id=team_id).values("key_id", "tag", "money_per_month",
+                                                                   "tokens_per_month"):
         limits = Limits(row["money_per_month"], row["tokens_per_month"])
-        if row["key_id"] is None:
+        if row["tag"]:
+            tags[row["tag"]] = limits
+        elif row["key_id"] is None:
             team = limits
         else:
             keys[row["key_id"]] = limits
-    found = TeamBudgets(team, keys) if team or keys else None
+    found = TeamBudgets(team, keys, tags) if team or keys or tags else None
     if len(_cache) > 10_000:
         _cache.clear()
     _cache[team_id] = (time.monotonic() + settings.BUDGET_CACHE_SECONDS, found)
     return found
 
 
-def _scopes(budgets, key):
+def _scopes(budgets, key, tags):
     if budgets.team is not None:
         yield "team", key.team_id, budgets.team
     if key.id in budgets.keys:
         yield "key", key.id, budgets.keys[key.id]
+    for tag in tags:
+        if tag in budgets.tags:
+            yield "tag", tag_ident(key.team_id, tag), budgets.tags[tag]
 
 
 def _renews(month):
     return month_bounds(month)[1].strftime("%Y-%m-%d")
 
 
-async def scopes_for(key):
-    """([(scope, ident, Limits)] of the budgets `key` spends against, this month): none for a team without
-    budgets. The gateway reads their counters in its admission call (gateway/admission.py) and words a refusal with
-    `verdict`."""
+async def scopes_for(key, tags=()):
+    """([(scope, ident, Limits)] of the budgets a request of `key` carrying `tags` spends against, this month): none
+    for a team without budgets. The gateway reads their counters in its admission call (gateway/admission.py) and
+    words a refusal with `verdict`."""
     budgets = await budgets_for(key.team_id)
-    return ([] if budgets is None else list(_scopes(budgets, key))), month_of()
+    return ([] if budgets is None else list(_scopes(budgets, key, tags))), month_of()
 
 
 def scope_counter_keys(scopes, month):
@@ -105,8 +123,8 @@ def verdict(scopes, values, month):
     """The refusal's words for the first of `scopes` ((scope, ident, Limits)) whose counters (`values`: money and
     tokens per scope, as MGET gives them) reached its limit, else None."""
     currency = getattr(settings, "TOKENWISE_CURRENCY", "USD")
-    for index, (scope, _, limits) in enumerate(scopes):
-        whose = "this team's" if scope == "team" else "this key's"
+    for index, (scope, ident, limits) in enumerate(scopes):
+        whose = budget_owner(scope, ident)
         money, tokens = money_from_units(values[2 * index]), int(values[2 * index + 1] or 0)
         if limits.money is not None and money >= limits.money:
             return (f"{whose} monthly budget of {limits.money} {currency} is spent ({money:.2f} {currency} this "
@@ -121,18 +139,19 @@ def add_script():
     return registered_script(ADD)
 
 
-async def count(key, cost, tokens, *, team_id=None, reservation=None):
-    """Add a finished request's cost and tokens to the month's counters of its team and key (`key` None: a request
-    made inside the panel, counted against `team_id`), and release what it held (`reservation`, from admission).
-    Counted whether or not a budget exists yet, so a budget set later counts this month's spend at once. A request
-    that takes a budget past 80% or 100% raises that notice (once a month, through panel/notifications) in the
-    background."""
+async def count(key, cost, tokens, *, team_id=None, reservation=None, tags=()):
+    """Add a finished request's cost and tokens to the month's counters of its team, key and each of its `tags`
+    (`key` None: a request made inside the panel, counted against `team_id`), and release what it held
+    (`reservation`, from admission). Counted whether or not a budget exists yet, so a budget set later counts this
+    month's spend at once. A request that takes a budget past 80% or 100% raises that notice (once a month, through
+    panel/notifications) in the background."""
     team_id = key.team_id if key is not None else team_id
     if team_id is None or (cost <= 0 and tokens <= 0 and reservation is None):
         return
     month = month_of()
     units = money_units(cost)
-    scopes = [("team", team_id)] + ([("key", key.id)] if key is not None else [])
+    scopes = ([("team", team_id)] + ([("key", key.id)] if key is not None else [])
+              + [("tag", tag_ident(team_id, tag)) for tag in tags])
     held = reservation or Reservation((), 0, 0)
     try:
         counters = [name for scope, ident in scopes for name in counter_keys(month, scope, ident)]
@@ -144,7 +163,8 @@ async def count(key, cost, tokens, *, team_id=None, reservation=None):
     budgets = await budgets_for(team_id)
     if budgets is None:
         return
-    limits_of = {("team", team_id): budgets.team, **({("key", key.id): budgets.keys.get(key.id)} if key else {})}
+    limits_of = {("team", team_id): budgets.team, **({("key", key.id): budgets.keys.get(key.id)} if key else {}),
+                 **{("tag", tag_ident(team_id, tag)): budgets.tags.get(tag) for tag in tags}}
     for index, (scope, ident) in enumerate(scopes):
         limits = limits_of.get((scope, ident))
         if limits is None:
@@ -154,7 +174,8 @@ async def count(key, cost, tokens, *, team_id=None, reservation=None):
                          after=(money, tokens_now))
         if levels:
             task = asyncio.ensure_future(sync_to_async(budget_crossed, thread_sensitive=False)(
-                team_id=team_id, key_id=ident if scope == "key" else None, levels=levels, month=month))
+                team_id=team_id, key_id=ident if scope == "key" else None, levels=levels, month=month,
+                tag=ident.split(":", 1)[1] if scope == "tag" else ""))
             _pending.add(task)
             task.add_done_callback(_pending.discard)
 
@@ -191,7 +212,7 @@ class PanelTraffic:
 # its own, and the async Redis client above belongs to the loop that first used it), through a plain Redis client.
 
 def team_limits_sync(team_id):
-    row = Budget.objects.filter(team_id=team_id, key__isnull=True).values("money_per_month",
+    row = Budget.objects.filter(team_id=team_id, key__isnull=True, tag="").values("money_per_month",
                                                                           "tokens_per_month").first()
     return None if row is None else Limits(row["money_per_month"], row["tokens_per_month"])
 

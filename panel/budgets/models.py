@@ -3,11 +3,13 @@ from django.db import models
 
 
 class Budget(models.Model):
-    """A monthly ceiling (calendar month, UTC) on a team's gateway spend, or on one key's. Money is in the panel's
-    currency (the channels' prices); a blank limit means no ceiling of that kind."""
+    """A monthly ceiling (calendar month, UTC) on a team's gateway spend, on one key's, or on the spend of the team's
+    requests that carry one tag (panel/usage/tags.py). Money is in the panel's currency (the channels' prices); a
+    blank limit means no ceiling of that kind."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="budgets")
     key = models.ForeignKey("accounts.TeamKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    tag = models.CharField(max_length=64, blank=True, default="")  # "": the team's or the key's budget
     money_per_month = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     tokens_per_month = models.PositiveBigIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -16,8 +18,12 @@ class Budget(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["team"], condition=models.Q(key__isnull=True), name="one_team_budget"),
+            models.UniqueConstraint(fields=["team"], condition=models.Q(key__isnull=True, tag=""),
+                                    name="one_team_budget"),
             models.UniqueConstraint(fields=["key"], condition=models.Q(key__isnull=False), name="one_budget_per_key"),
+            models.UniqueConstraint(fields=["team", "tag"], condition=~models.Q(tag=""), name="one_budget_per_tag"),
+            models.CheckConstraint(condition=models.Q(key__isnull=True) | models.Q(tag=""),
+                                   name="budget_of_a_key_or_a_tag"),
         ]
 
     def __str__(self):
@@ -25,6 +31,8 @@ class Budget(models.Model):
 
     @property
     def target_name(self):
+        if self.tag:
+            return f"tag {self.tag}"
         return f"key {self.key}" if self.key_id else f"team {self.team}"
 
 

@@ -11,7 +11,7 @@ from decimal import ROUND_CEILING, Decimal
 
 from django.conf import settings
 
-from panel.budgets.counters import UNIT, held_keys, money_from_units
+from panel.budgets.counters import UNIT, budget_owner, held_keys, money_from_units
 
 HELD_SECONDS = 3600
 
@@ -107,8 +107,8 @@ def shortfall_words(scopes, index, counters, held, request_max):
     """The refusal's words when the budget at `index` (0-based) of `scopes` cannot cover `request_max` beside its
     spend (`counters`: money and tokens per scope) and what requests in flight hold (`held`: money, tokens)."""
     currency = getattr(settings, "TOKENWISE_CURRENCY", "USD")
-    scope, _, limits = scopes[index]
-    whose = "this team's" if scope == "team" else "this key's"
+    scope, ident, limits = scopes[index]
+    whose = budget_owner(scope, ident)
     asked = (f"this request may use up to {request_max.tokens:,} tokens ({request_max.prompt_tokens:,} in its "
              f"prompt, estimated, and max_tokens {request_max.completion_tokens:,})")
     spent_money, spent_tokens = money_from_units(counters[2 * index]), int(counters[2 * index + 1] or 0)

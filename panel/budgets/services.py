@@ -20,11 +20,13 @@ from panel.budgets.counters import (
     money_units,
     month_bounds,
     month_of,
+    tag_ident,
 )
 from panel.budgets.models import Budget, BudgetNotice
 from panel.notifications.models import EventKind
 from panel.notifications.services import notify
 from panel.usage.models import RequestLog
+from panel.usage.tags import tag_lookup
 
 ALERT_AT = Decimal("0.8")
 
@@ -41,19 +43,22 @@ def _limits(budget):
 
 
 @transaction.atomic
-def budget_set(*, team, key=None, money_per_month=None, tokens_per_month=None, user=None):
-    """Set the monthly budget of `team` (or of its `key`); both limits blank removes it.
-    Returns (before, after), each {"money_per_month", "tokens_per_month"}, for the audit."""
+def budget_set(*, team, key=None, tag="", money_per_month=None, tokens_per_month=None, user=None):
+    """Set the monthly budget of `team`, of its `key` or of its requests that carry `tag` (a cleaned tag:
+    panel/usage/tags.py); both limits blank removes it. Returns (before, after), each {"money_per_month",
+    "tokens_per_month"}, for the audit."""
     if key is not None and key.team_id != team.pk:
         raise ValueError("the key belongs to another team")
-    budget = Budget.objects.select_for_update().filter(team=team, key=key).first()
+    if key is not None and tag:
+        raise ValueError("a budget is a key's or a tag's, not both")
+    budget = Budget.objects.select_for_update().filter(team=team, key=key, tag=tag).first()
     before = _limits(budget)
     if money_per_month is None and tokens_per_month is None:
         if budget is not None:
             budget.delete()
         return before, _limits(None)
     if budget is None:
-        budget = Budget(team=team, key=key)
+        budget = Budget(team=team, key=key, tag=tag)
     budget.money_per_month, budget.tokens_per_month, budget.updated_by = money_per_month, tokens_per_month, user
     budget.save()
 
@@ -67,19 +72,34 @@ def budget_set(*, team, key=None, money_per_month=None, tokens_per_month=None, u
     return before, _limits(budget)
 
 
-def budget_spend_recorded(*, team_id, month):
-    """The month's spend in the usage records: {("team", id) or ("key", id): (money, tokens)}."""
+def budget_target(team, data):
+    """The audit's and the message's name for a budget form's target: "team …", "key …" or "tag …"."""
+    if data["tag"]:
+        return f"tag {data['tag']}"
+    return f"key {data['key']}" if data["key"] else f"team {team}"
+
+
+def budget_spend_recorded(*, team_id, month, tags=()):
+    """The month's spend in the usage records: {("team", id), ("key", id) or ("tag", tag_ident): (money, tokens)},
+    the tags' for each of `tags` (those with a budget: one query each)."""
     start, end = month_bounds(month)
-    rows = (RequestLog.objects.filter(team_id=team_id, created_at__gte=start, created_at__lt=end)
-            .values("key_id").annotate(money=Sum("cost"), tokens=Sum(F("prompt_tokens") + F("completion_tokens"))))
+    month_rows = RequestLog.objects.filter(team_id=team_id, created_at__gte=start, created_at__lt=end)
+    spent = {"money": Sum("cost"), "tokens": Sum(F("prompt_tokens") + F("completion_tokens"))}
     spend = {("team", team_id): (Decimal(0), 0)}
-    for row in rows:
+    for row in month_rows.values("key_id").annotate(**spent):
         money, tokens = Decimal(row["money"] or 0), int(row["tokens"] or 0)
         team_money, team_tokens = spend[("team", team_id)]
         spend[("team", team_id)] = (team_money + money, team_tokens + tokens)
         if row["key_id"] is not None:
             spend[("key", row["key_id"])] = (money, tokens)
+    for tag in tags:
+        row = month_rows.filter(**tag_lookup(tag)).aggregate(**spent)
+        spend[("tag", tag_ident(team_id, tag))] = (Decimal(row["money"] or 0), int(row["tokens"] or 0))
     return spend
+
+
+def _budgeted_tags(team_id):
+    return list(Budget.objects.filter(team_id=team_id).exclude(tag="").order_by("tag").values_list("tag", flat=True))
 
 
 def _counted(client, month, scopes):
@@ -94,9 +114,9 @@ def _counted(client, month, scopes):
 
 @dataclass
 class Use:
-    """One team's or key's use this month against its budget (budget None: no budget, use shown anyway)."""
+    """One team's, key's or tag's use this month against its budget (budget None: no budget, use shown anyway)."""
     scope: str
-    ident: int
+    ident: int | str  # a team's or key's id, a tag's tag_ident
     name: str
     budget: Budget | None
     money: Decimal
@@ -139,25 +159,29 @@ class Use:
 
 
 def budget_usage(*, team, recorded=True, month=None):
-    """The month's use of the team and of each of its keys against their budgets. The use is the larger of the
-    Redis counters and (when `recorded`) the usage records, so neither a flush nor the writer's lag hides spend.
-    The banner passes recorded=False: it must stay cheap on every page."""
+    """The month's use of the team, of each of its keys and of each tag with a budget, against their budgets. The
+    use is the larger of the Redis counters and (when `recorded`) the usage records, so neither a flush nor the
+    writer's lag hides spend. The banner passes recorded=False: it must stay cheap on every page."""
     month = month or month_of()
-    budgets = {b.key_id: b for b in Budget.objects.filter(team=team).select_related("key")}
-    keys = list(TeamKey.objects.filter(team=team).order_by("name")) if recorded else [b.key for b in budgets.values()
-                                                                                     if b.key_id]
-    scopes = [("team", team.pk)] + [("key", key.pk) for key in keys]
+    rows = list(Budget.objects.filter(team=team).select_related("key"))
+    budgets = {("tag", tag_ident(team.pk, b.tag)) if b.tag else ("key", b.key_id) if b.key_id else ("team", team.pk): b
+               for b in rows}
+    keys = list(TeamKey.objects.filter(team=team).order_by("name")) if recorded else [b.key for b in rows if b.key_id]
+    tags = sorted(b.tag for b in rows if b.tag)
+    scopes = ([("team", team.pk)] + [("key", key.pk) for key in keys]
+              + [("tag", tag_ident(team.pk, tag)) for tag in tags])
     try:
         counted = _counted(_redis(), month, scopes)
     except (redis.RedisError, OSError):
         counted = {}
-    spend = budget_spend_recorded(team_id=team.pk, month=month) if recorded else {}
-    names = {("team", team.pk): f"Whole team ({team.name})", **{("key", k.pk): f"Key {k}" for k in keys}}
+    spend = budget_spend_recorded(team_id=team.pk, month=month, tags=tags) if recorded else {}
+    names = {("team", team.pk): f"Whole team ({team.name})", **{("key", k.pk): f"Key {k}" for k in keys},
+             **{("tag", tag_ident(team.pk, tag)): f"Tag {tag}" for tag in tags}}
     uses = []
     for scope, ident in scopes:
         money_a, tokens_a, held_money, held_tokens = counted.get((scope, ident), (Decimal(0), 0, Decimal(0), 0))
         money_b, tokens_b = spend.get((scope, ident), (Decimal(0), 0))
-        uses.append(Use(scope, ident, names[(scope, ident)], budgets.get(None if scope == "team" else ident),
+        uses.append(Use(scope, ident, names[(scope, ident)], budgets.get((scope, ident)),
                         max(money_a, money_b), max(tokens_a, tokens_b), max(held_money, Decimal(0)),
                         max(held_tokens, 0)))
     return uses
@@ -179,7 +203,7 @@ def budgets_reconcile(*, month=None):
     raise_script = client.register_script(RAISE_TO_AT_LEAST)
     created = []
     for team in Team.objects.filter(budgets__isnull=False).distinct():
-        spend = budget_spend_recorded(team_id=team.pk, month=month)
+        spend = budget_spend_recorded(team_id=team.pk, month=month, tags=_budgeted_tags(team.pk))
         for (scope, ident), (money, tokens) in spend.items():
             money_key, tokens_key = counter_keys(month, scope, ident)
             raise_script(keys=[money_key], args=[money_units(money), TTL_SECONDS])
@@ -212,14 +236,14 @@ def _notices_raise(team, use, levels, month):
     return created
 
 
-def budget_crossed(*, team_id, key_id, levels, month):
-    """The gateway saw a request take a budget (the team's, or `key_id`'s) past `levels` ("alert", "exhausted"):
-    raise those notices now, in that order, once a month. Returns the notices created."""
+def budget_crossed(*, team_id, key_id, levels, month, tag=""):
+    """The gateway saw a request take a budget (the team's, `key_id`'s or `tag`'s) past `levels` ("alert",
+    "exhausted"): raise those notices now, in that order, once a month. Returns the notices created."""
     team = Team.objects.filter(pk=team_id).first()
     if team is None:
         return []
-    uses = [use for use in budget_usage(team=team, recorded=False, month=month)
-            if (use.scope, use.ident) == (("key", key_id) if key_id else ("team", team_id))]
+    wanted = ("tag", tag_ident(team_id, tag)) if tag else ("key", key_id) if key_id else ("team", team_id)
+    uses = [use for use in budget_usage(team=team, recorded=False, month=month) if (use.scope, use.ident) == wanted]
     if not uses or uses[0].budget is None:
         return []
     return _notices_raise(team, uses[0], levels, month)
@@ -231,7 +255,8 @@ def budget_counters_raise(*, team_id, month=None):
     month = month or month_of()
     client = _redis()
     raise_script = client.register_script(RAISE_TO_AT_LEAST)
-    for (scope, ident), (money, tokens) in budget_spend_recorded(team_id=team_id, month=month).items():
+    for (scope, ident), (money, tokens) in budget_spend_recorded(team_id=team_id, month=month,
+                                                                 tags=_budgeted_tags(team_id)).items():
         money_key, tokens_key = counter_keys(month, scope, ident)
         raise_script(keys=[money_key], args=[money_units(money), TTL_SECONDS])
         raise_script(keys=[tokens_key], args=[tokens, TTL_SECONDS])

@@ -9,7 +9,7 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.budgets.counters import month_bounds, month_of
 from panel.budgets.forms import BudgetForm
-from panel.budgets.services import budget_set, budget_usage
+from panel.budgets.services import budget_set, budget_target, budget_usage
 
 
 def _keys(team):
@@ -36,9 +36,10 @@ def budget_edit(request):
     if not form.is_valid():
         return _page(request, form, status=400)
     data = form.cleaned_data
-    before, after = budget_set(team=request.team, key=data["key"], money_per_month=data["money_per_month"],
-                               tokens_per_month=data["tokens_per_month"], user=request.user)
-    target = f"key {data['key']}" if data["key"] else f"team {request.team}"
+    before, after = budget_set(team=request.team, key=data["key"], tag=data["tag"],
+                               money_per_month=data["money_per_month"], tokens_per_month=data["tokens_per_month"],
+                               user=request.user)
+    target = budget_target(request.team, data)
     if before != after:
         audit_record(action=AuditAction.BUDGET_CHANGED, request=request, target=target, before=before, after=after)
         messages.success(request, f"Saved the budget of {target}. The gateway applies it within seconds.")

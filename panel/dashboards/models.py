@@ -12,10 +12,10 @@ HOUR = 3600
 DAY = 86400  # UTC days
 
 
-class UsageRollup(models.Model):
-    """The usage records of one period (a minute, an hour or a UTC day) for one team / channel / key / model.
-    `start` is the period's start in epoch seconds, so pages group by any coarser step with integer division on
-    both databases."""
+class RollupPeriod(models.Model):
+    """What a rollup row is of: one period (a minute, an hour or a UTC day) of one team's records for one channel /
+    key / model. `start` is the period's start in epoch seconds, so pages group by any coarser step with integer
+    division on both databases."""
 
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
     period = models.PositiveIntegerField()  # MINUTE, HOUR or DAY
@@ -27,6 +27,14 @@ class UsageRollup(models.Model):
     key = models.ForeignKey("accounts.TeamKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
                             db_constraint=False)
     model = models.CharField(max_length=200)
+
+    class Meta:
+        abstract = True
+
+
+class UsageRollup(RollupPeriod):
+    """The usage records of one period for one team / channel / key / model (RollupPeriod)."""
+
     local = models.BooleanField(default=False)  # served by a local channel (a deployment)
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
@@ -54,6 +62,25 @@ TTFT_COLUMNS = tuple(f"ttft_b{i}" for i in range(BUCKETS))
 LATENCY_COLUMNS = tuple(f"latency_b{i}" for i in range(BUCKETS))
 for _name in TTFT_COLUMNS + LATENCY_COLUMNS:
     UsageRollup.add_to_class(_name, models.PositiveIntegerField(default=0))
+
+
+class TagRollup(RollupPeriod):
+    """The usage records of one period carrying one tag (panel/usage/tags.py), per channel / key / model: the Cost
+    tab's table by tag. A record with two tags counts in both tags' rows, so these rows do not add up to the team's
+    total; UsageRollup does. Written with UsageRollup, in the same transaction (panel/dashboards/tag_rollup.py)."""
+
+    tag = models.CharField(max_length=64)
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    cache_write_tokens = models.BigIntegerField(default=0)
+    reasoning_tokens = models.BigIntegerField(default=0)
+    cost = models.FloatField(default=0)
+
+    class Meta:
+        indexes = [models.Index(fields=["team", "period", "start"], name="tag_rollup_team_start")]
 
 
 class RollupWatermark(models.Model):

@@ -28,6 +28,7 @@ from panel.dashboards.selectors import (
     percentile_from_buckets,
     scrape_gaps,
     usage_by_step,
+    usage_by_tag,
     usage_grouped,
     usage_totals,
 )
@@ -290,6 +291,7 @@ def cost(query):
               "request. "
               + (f"No GPU price on: {unpriced}: its local cost is unknown until a price is set on the Workers "
                  "page, and no savings are computed." if unpriced else ""))))
+    page.tables.append(tag_table(query))
     baseline = summary.baseline_channel
     unknown = "unknown until a GPU price is set" if summary.local_unknown else None
     page.tables.append(Table("savings", "Savings against an all-cloud baseline", ["what", "value"], [
@@ -330,6 +332,19 @@ def cost(query):
         ("Monthly projection", _fmt_money(summary.monthly_savings) if savings is not None else "unknown"
          if summary.local_unknown else "—", "savings at this range's rate")]
     return page
+
+
+def tag_table(query):
+    """The Cost tab's spend per request tag."""
+    return Table("tags", "Cost by tag", [
+        "tag", "requests", "errors", "prompt tokens", "completion tokens", "cached prompt tokens", "cache writes",
+        "reasoning tokens", "cost"],
+        [[row["tag"], row["requests"], row["errors"], row["prompt_tokens"], row["completion_tokens"],
+          row["cached_tokens"], row["cache_write_tokens"], row["reasoning_tokens"], _money(row["cost"])]
+         for row in usage_by_tag(query)],
+        note="Requests carry tags in the x-tokenwise-tags header or in metadata.tags. A request with two tags counts "
+             "under both, so the rows do not add up to the team's total. Cost is what the requests were charged: "
+             "a local request its minute's share of its deployment's GPU cost, once that is allocated.")
 
 
 def _engine_series(steps, name, quantile, deployments):

@@ -25,6 +25,7 @@ from panel.dashboards.models import (
     RollupWatermark,
     UsageRollup,
 )
+from panel.dashboards.tag_rollup import tag_rollup_minutes
 from panel.usage.models import RequestLog
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def _run(batch_ids):
 
 def usage_rollup_minutes(*, team_id, minutes, channels=None):
     """Recompute the given minutes (epoch seconds) of one team from the raw records, and the hours and days that
-    hold them."""
+    hold them; their rows by tag too (panel/dashboards/tag_rollup.py)."""
     channels = _channel_facts() if channels is None else channels
     for first, last in _runs(sorted(minutes)):
         with transaction.atomic():
@@ -139,6 +140,7 @@ def usage_rollup_minutes(*, team_id, minutes, channels=None):
             _insert(rows)
             _rebuild(team_id, MINUTE, HOUR, _floor(first, HOUR), _floor(last, HOUR))
             _rebuild(team_id, HOUR, DAY, _floor(first, DAY), _floor(last, DAY))
+            tag_rollup_minutes(team_id=team_id, first=first, last=last, channels=channels)
 
 
 def _aggregate_minutes(team_id, first, last, channels):

@@ -15,6 +15,7 @@ from panel.dashboards.models import (
     MINUTE,
     TTFT_COLUMNS,
     EngineSample,
+    TagRollup,
     UsageRollup,
 )
 from panel.serving.models import Deployment
@@ -31,6 +32,9 @@ QUANTILES = (0.5, 0.95, 0.99)
 COUNTS = ("requests", "errors", "refused", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens",
           "cache_write_tokens", "reasoning_tokens", "cost",
           "ttft_count", "ttft_sum_ms", "latency_sum_ms")
+
+TAG_COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens",
+              "reasoning_tokens", "cost")
 
 
 class BadQuery(ValueError):
@@ -128,9 +132,8 @@ def team_first_data(team):
     return min(found) if found else None
 
 
-def _rollups(query):
-    rows = UsageRollup.objects.filter(team=query.team, period=query.period, start__gte=query.start,
-                                      start__lt=query.end)
+def _rollups(query, model=UsageRollup):
+    rows = model.objects.filter(team=query.team, period=query.period, start__gte=query.start, start__lt=query.end)
     if query.channel_id is not None:
         rows = rows.filter(channel_id=query.channel_id)
     if query.deployment_id is not None:
@@ -164,6 +167,13 @@ def usage_grouped(query, *, by, columns=COUNTS):
     """Totals over the range per value of `by` (channel_id, key_id, model, deployment_id)."""
     rows = _rollups(query).values(*by).annotate(**_sums(columns))
     return [{**{name: row[name] for name in by}, **_plain(row, columns)} for row in rows]
+
+
+def usage_by_tag(query, *, columns=TAG_COUNTS):
+    """Totals over the range per tag, most cost first (TagRollup: a record with two tags counts under both)."""
+    rows = _rollups(query, TagRollup).values("tag").annotate(**_sums(columns))
+    found = [{"tag": row["tag"], **_plain(row, columns)} for row in rows]
+    return sorted(found, key=lambda row: (-row["cost"], -row["requests"], row["tag"]))
 
 
 def usage_totals(query, *, columns=COUNTS):

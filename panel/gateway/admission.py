@@ -1,6 +1,6 @@
-"""May a request go, and which agent session is it: the key's per-minute limits (gateway/rate_limits.py), its team's and
-its own monthly budgets (budgets/enforcement.py) and the session lookup (gateway/sessions.py), asked of Redis in one
-script call, so a request waits on one round trip before the upstream is called, not four.
+"""May a request go, and which agent session is it: the key's per-minute limits (gateway/rate_limits.py), its team's,
+its own and its tags' monthly budgets (budgets/enforcement.py) and the session lookup (gateway/sessions.py), asked of
+Redis in one script call, so a request waits on one round trip before the upstream is called, not four.
 
 The script keeps each part's rules and their order: a key over a per-minute limit is refused (429) before its request is
 counted in the window, and a key with a tokens-per-minute limit holds each request's most (its prompt's estimate and
@@ -137,13 +137,14 @@ class Admission:
     lowered: tuple | None = None  # (asked, given): max_tokens fitted to what a budget had left (the key's option)
 
 
-async def admit(key, *, body, headers, session=True, channels=(), counted=False):
+async def admit(key, *, body, headers, session=True, channels=(), counted=False, tags=()):
     """Check `key`'s per-minute limits and budgets, count the request in its window and, when it may go, hold its
     maximum (at the highest price among `channels`, its route's) against its budgets and give it its session
     (`session=False`: a request that is no turn of one, such as a token count): one Redis call. A key that fits
-    max_tokens to its budgets gets a second call, with `body`'s limit lowered in place to what the budget has left."""
+    max_tokens to its budgets gets a second call, with `body`'s limit lowered in place to what the budget has left.
+    The budgets are the team's, the key's and those of the request's `tags`."""
     limited = bool(key.rpm_limit or key.tpm_limit)
-    scopes, month = await budgets.scopes_for(key)
+    scopes, month = await budgets.scopes_for(key, tags)
     asked = sessions.session_ask(body=body, headers=headers) if session else None
     if not limited and not scopes and asked is None:
         return Admission()
@@ -185,7 +186,8 @@ async def admit(key, *, body, headers, session=True, channels=(), counted=False)
         if fit is not None:
             asked_for = reservations.completion_limit(body)
             reservations.set_completion_limit(body, fit)
-            again = await admit(key, body=body, headers=headers, session=session, channels=channels, counted=True)
+            again = await admit(key, body=body, headers=headers, session=session, channels=channels, counted=True,
+                                tags=tags)
             return dataclasses.replace(again, lowered=(asked_for, (again.lowered or (0, fit))[1]))
         return Admission(budget_spent=reservations.shortfall_words(scopes, answer[2] - 1, answer[1],
                                                                    (answer[3], answer[4]), request_max))

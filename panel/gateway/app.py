@@ -20,6 +20,7 @@ from panel.gateway.exchange import Exchange
 from panel.gateway.keys import key_lookup
 from panel.gateway.responses import error_body, json_requested, plain_response, send_json, stream_response
 from panel.gateway.translation import NotTranslatable
+from panel.usage import tags as request_tags
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/messages": "messages",
              "/v1/messages/count_tokens": "count_tokens", "/v1/responses": "responses", "/v1/embeddings": "embeddings"}
@@ -125,6 +126,28 @@ def parse_request(raw, endpoint):
     return body
 
 
+def take_tags(scope, body):
+    """The request's tags (panel/usage/tags.py): the x-tokenwise-tags header's and the body's `metadata.tags`, which
+    is taken out of the body (and `metadata` with it when nothing else is left in it), so no upstream sees it."""
+    given = request_tags.split_list(header(scope, request_tags.HEADER.encode()))
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and "tags" in metadata:
+        listed = metadata.pop("tags")
+        if not metadata:
+            del body["metadata"]
+        if isinstance(listed, str):
+            listed = request_tags.split_list(listed)
+        if not isinstance(listed, list):
+            raise ClientError(400, "metadata.tags must be a list of strings or one comma-separated string",
+                              code="invalid_tags")
+        given += listed
+    try:
+        return request_tags.tags_clean(given)
+    except request_tags.TagError as error:
+        raise ClientError(400, f"{error} (in the {request_tags.HEADER} header or metadata.tags)",
+                          code="invalid_tags") from None
+
+
 HOP = outbound.HOP_HEADER.lower().encode()
 
 
@@ -159,6 +182,8 @@ async def application(scope, receive, send):
             raise ClientError(405, "use POST", code="method_not_allowed")
         exchange.key = await authenticate(scope, endpoint in ANTHROPIC_ENDPOINTS)
         body = parse_request(await read_body(receive, settings.GATEWAY_MAX_BODY_BYTES), endpoint)
+        tags = take_tags(scope, body)
+        exchange.fields["tags"] = exchange.tags = request_tags.tags_stored(tags)
         exchange.fields.update(fingerprint.system_prompt_hashes(body))  # hashes only, never the prompt
         exchange.fields.update(model=body["model"][:200], stream=bool(body.get("stream")),
                                json_requested=json_requested(body))
@@ -181,7 +206,7 @@ async def application(scope, receive, send):
         # A count is admitted like any request (a key at its per-minute limit or with a spent budget cannot call
         # the provider through it), but it is no turn of a session.
         admitted = await admission.admit(exchange.key, body=body, headers=scope["headers"], session=not counting,
-                                         channels=[entry.channel for entry in route.entries])
+                                         channels=[entry.channel for entry in route.entries], tags=tags)
         exchange.reservation = admitted.reservation
         if admitted.lowered is not None:  # the key fits max_tokens to its budgets: the body was lowered in place
             exchange.fitted = ["max_tokens lowered from {:,} to {:,} (what the budget has left)".format(

@@ -10,6 +10,7 @@ from panel.budgets import enforcement as budgets
 from panel.channels.rules import input_token_estimate
 from panel.gateway import metrics, rate_limits
 from panel.gateway.apis import adapted_header, openai_usage
+from panel.usage import tags as request_tags
 from panel.usage import writer as usage_writer
 
 log = logging.getLogger("panel.gateway")
@@ -54,6 +55,7 @@ class Exchange:
         self.body = None
         self.pieces = 0
         self.reservation = None  # what the request holds against its budgets until it is settled
+        self.tags = None  # the request's tags as stored ("|a|b|"): their budgets count it too
         self.adapted = []  # what the gateway changed in the request for the channel that answered (apis.Passage)
         self.fitted = []  # what admission changed for every channel (max_tokens fitted to a budget)
 
@@ -128,7 +130,8 @@ class Exchange:
             # Shielded: a client that leaves mid-count does not undo it (the relay is cancelled, the count is not).
             await asyncio.shield(count_against_limits(self.key, fields["cost"],
                                                       fields["prompt_tokens"] + fields["completion_tokens"],
-                                                      team_id=self.team_id, reservation=self.reservation))
+                                                      team_id=self.team_id, reservation=self.reservation,
+                                                      tags=self.tags))
 
     async def finish(self):
         try:
@@ -155,13 +158,15 @@ class Exchange:
                         fields["error_kind"] or "-", fields["latency_ms"])
 
 
-async def count_against_limits(key, cost, tokens, *, team_id=None, reservation=None):
-    """Add a request's tokens to its key's per-minute window and its cost and tokens to the budget counters (a
-    request made inside the panel, without a key, to its team's), releasing what it held against them."""
+async def count_against_limits(key, cost, tokens, *, team_id=None, reservation=None, tags=None):
+    """Add a request's tokens to its key's per-minute window and its cost and tokens to the budget counters (its
+    team's, its key's and its tags'; a request made inside the panel, without a key, to its team's), releasing what
+    it held against them."""
     try:
         if key is not None:
             await rate_limits.count_tokens(key, tokens, reservation)
-        await budgets.count(key, cost, tokens, team_id=team_id, reservation=reservation)
+        await budgets.count(key, cost, tokens, team_id=team_id, reservation=reservation,
+                            tags=request_tags.tags_read(tags))
     except Exception as error:  # a Redis outage must not turn a good answer into an error
         log.warning("request not counted against the limits of key %s / team %s (%s); the budget reconciliation "
                     "catches up", key.id if key else "-", team_id, type(error).__name__)

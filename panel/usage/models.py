@@ -66,6 +66,8 @@ class RequestLog(models.Model):
     session_id = models.CharField(max_length=64, blank=True, default="")
     session_turn = models.PositiveIntegerField(null=True, blank=True)
     repeated_share = models.FloatField(null=True, blank=True)
+    # The request's tags as "|a|b|" (panel/usage/tags.py), None for none: budgets and the Cost tab per tag.
+    tags = models.CharField(max_length=600, null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
