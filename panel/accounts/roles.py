@@ -34,6 +34,7 @@ ACTIONS = {
     "hosts.price": Role.ADMIN,  # set a worker's GPU price
     # dashboards, advisor
     "usage.view": Role.VIEWER,  # dashboards, requests, My usage, the CSV export
+    "statements.import": Role.ADMIN,  # a provider's usage export, compared with the usage rows
     "advisor.view": Role.VIEWER,
     # compare
     "compare.view": Role.VIEWER,

@@ -19,6 +19,7 @@ class AuditAction(models.TextChoices):
     ROLE_CHANGED = "role_changed", "Role changed"
     MEMBER_REMOVED = "member_removed", "Member removed"
     BUDGET_CHANGED = "budget_changed", "Budget changed"
+    STATEMENT_IMPORTED = "statement_imported", "Provider usage export imported"
     BUDGET_ALERT = "budget_alert", "Budget reached 80%"
     BUDGET_EXHAUSTED = "budget_exhausted", "Budget spent"
     CANARY_STARTED = "canary_started", "Canary started"

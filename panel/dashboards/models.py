@@ -1,5 +1,6 @@
 """Dashboard data: per-minute and per-hour rollups of the gateway's usage records, and engine metric samples
 scraped from each ready deployment's /metrics. The pages read these tables only, never RequestLog."""
+from django.conf import settings
 from django.db import models
 
 # Upper bounds (ms) of the fixed histogram buckets for TTFT and end-to-end latency; the last bucket is open.
@@ -81,6 +82,28 @@ class TagRollup(RollupPeriod):
 
     class Meta:
         indexes = [models.Index(fields=["team", "period", "start"], name="tag_rollup_team_start")]
+
+
+class ProviderStatement(models.Model):
+    """A provider's usage export for one cloud channel, compared day by day with the usage rows when it was imported
+    (panel/dashboards/statements.py). `lines`: one per UTC day, the provider's and the gateway's figures and the
+    differences, in words too."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
+    channel = models.ForeignKey("channels.Channel", null=True, on_delete=models.SET_NULL, related_name="+")
+    channel_name = models.CharField(max_length=100)  # kept when the channel is deleted
+    file_name = models.CharField(max_length=200)
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    reading = models.TextField()  # how the file's columns were read
+    left_out = models.PositiveIntegerField(default=0)  # lines of other models
+    first_day = models.DateField()
+    last_day = models.DateField()
+    differing_days = models.PositiveIntegerField(default=0)
+    lines = models.JSONField(default=list)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
 
 
 class RollupWatermark(models.Model):

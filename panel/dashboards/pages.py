@@ -316,7 +316,9 @@ def cost(query):
           line.recorded_tokens, "" if line.difference_percent is None else f"{line.difference_percent:+.1f}%",
           line.words] for line in deployment_ledger(query)],
         note=f"Prompt and generation tokens over this range: the engine's from vLLM's own counters, the recorded "
-             f"ones from the usage rows; within {TOLERANCE_PERCENT:g}% they agree."))
+             f"ones from the usage rows; within {TOLERANCE_PERCENT:g}% they agree. A cloud channel's provider is "
+             f"checked the same way against its usage export.",
+        link=("Compare a provider's usage export", reverse("statements"))))
     price_link = ("Set a GPU price", reverse("hosts")) if summary.local_unknown else None
     cloud_hint = "channel prices" if summary.cloud_tokens else (
         f"{baseline.name}'s prices for the local tokens" if baseline else "add a cloud channel with prices")

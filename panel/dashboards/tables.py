@@ -11,6 +11,7 @@ class Table:
     columns: list
     rows: list = field(default_factory=list)
     note: str = ""
+    link: tuple | None = None  # (words, url): a page that goes further, beside the CSV export
 
     @property
     def display_rows(self):

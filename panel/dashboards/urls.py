@@ -1,6 +1,6 @@
 from django.urls import path
 
-from panel.dashboards import my_usage, requests, views
+from panel.dashboards import my_usage, requests, statement_views, views
 from panel.hosts import views as hosts
 
 urlpatterns = [
@@ -13,6 +13,9 @@ urlpatterns = [
     path("dashboards/requests/", requests.request_list, name="requests"),
     path("dashboards/requests/<str:request_id>/", requests.request_detail, name="request_detail"),
     path("dashboards/export.csv", views.export_csv, name="dashboards_csv"),
+    path("dashboards/statements/", statement_views.statement_list, name="statements"),
+    path("dashboards/statements/import/", statement_views.statement_upload, name="statement_upload"),
+    path("dashboards/statements/<int:statement_id>/", statement_views.statement_detail, name="statement_detail"),
     path("metrics", views.metrics, name="metrics"),
     path("usage/mine/", my_usage.my_usage, name="my_usage"),
     path("usage/mine/data/", my_usage.my_usage_data, name="my_usage_data"),

@@ -12,6 +12,7 @@ class EventKind(models.TextChoices):
     JOB_FAILED = "job.failed", "Job failed"
     CHANNEL_COOLED_DOWN = "channel.cooled_down", "Channel cooled down"
     LEDGER_MISMATCH = "ledger.mismatch", "An engine counted more than 1% more or fewer tokens than was charged"
+    STATEMENT_MISMATCH = "statement.mismatch", "A provider's usage export differs from the usage rows by more than 1%"
     TEST = "test", "Test message"
 
 

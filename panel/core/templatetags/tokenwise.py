@@ -74,6 +74,15 @@ def signed_percent(value):
         return "—"
 
 
+@register.filter(name="whole")
+def whole(value):
+    """A count in full, with thousands separators: 1,234,567 ("—" for none)."""
+    try:
+        return f"{int(value):,}"
+    except (TypeError, ValueError):
+        return "—"
+
+
 @register.filter(name="tokens")
 def tokens(value):
     """1.2M, 350K, 900."""
