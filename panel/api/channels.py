@@ -50,6 +50,7 @@ class ChannelOut(Schema):
     price_output_per_million: Money
     price_cached_per_million: Money
     price_cache_write_per_million: Money | None
+    price_tool_calls_per_thousand: Money
     enabled: bool
     misconfigured: str
     warnings: list[str] = []

@@ -21,8 +21,8 @@ router = Router(tags=["usage"])
 ID_SLACK = 2000  # as the rollup's overlap: writers may commit ids slightly out of time order
 FIELDS = ("id", "created_at", "key_id", "route_id", "channel_id", "endpoint", "model", "stream", "status_code",
           "outcome", "error_kind", "attempts", "fell_back", "prompt_tokens", "completion_tokens", "cached_tokens",
-          "cache_write_tokens", "reasoning_tokens", "tokens_estimated", "ttft_ms", "latency_ms", "cost", "gpu_cost",
-          "json_requested", "json_valid", "canary", "request_id", "attempt_trail", "tags")
+          "cache_write_tokens", "reasoning_tokens", "server_tool_calls", "tokens_estimated", "ttft_ms", "latency_ms",
+          "cost", "gpu_cost", "json_requested", "json_valid", "canary", "request_id", "attempt_trail", "tags")
 
 
 class UsageQuery(Schema):
@@ -61,6 +61,9 @@ class UsageRecord(Schema):
     reasoning_tokens: int | None = Field(None, description="Completion tokens spent reasoning before the answer, "
                                                            "where the provider reports them; part of "
                                                            "completion_tokens.")
+    server_tool_calls: int | None = Field(None, description="Tool calls the provider ran itself and bills per call "
+                                                            "(web searches, file searches), priced at the channel's "
+                                                            "price per 1,000 calls and part of cost.")
     tokens_estimated: str | None = Field(None, description="Which token figures are estimated rather than reported "
                                                            "by the upstream: 'prompt', 'completion' or "
                                                            "'prompt+completion' (a client that left before the "

@@ -57,10 +57,20 @@ def completion_limit(body):
     return settings.BUDGET_RESERVE_COMPLETION_TOKENS
 
 
+def tool_call_limit(body):
+    """The provider tool calls billed per call that a request allows at most: the max_uses of its web search tools
+    (Anthropic's); 0 when it offers none or does not bound them (their charges are then counted at the end only)."""
+    return sum(tool["max_uses"] for tool in body.get("tools") or () if isinstance(tool, dict)
+               and str(tool.get("type", "")).startswith("web_search") and isinstance(tool.get("max_uses"), int)
+               and not isinstance(tool["max_uses"], bool) and tool["max_uses"] > 0)
+
+
 def maximum(prompt_tokens, body, channels):
-    """The request's maximum at the highest price among `channels` (Channel rows; none priced: no money)."""
+    """The request's maximum at the highest price among `channels` (Channel rows; none priced: no money): its prompt,
+    its completion limit and the tool calls it allows."""
     completion = completion_limit(body)
-    cost = max((channel.cost(prompt_tokens, completion) for channel in channels), default=Decimal(0))
+    calls = {"tool_calls": tool_call_limit(body)} if body.get("tools") else {}
+    cost = max((channel.cost(prompt_tokens, completion, **calls) for channel in channels), default=Decimal(0))
     units = int((cost * UNIT).to_integral_value(rounding=ROUND_CEILING))
     return Maximum(units, prompt_tokens + completion, prompt_tokens, completion)
 

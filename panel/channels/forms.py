@@ -46,6 +46,9 @@ HELP = {
                                 "to the input price if the provider gives no discount.",
     "price_cache_write_per_million": "For providers that charge for writing the prompt cache (Anthropic's cache "
                                      "creation tokens). Empty: cache writes are billed at the input price.",
+    "price_tool_calls_per_thousand": "Tools the provider runs itself and bills per call (Anthropic's and OpenAI's web "
+                                     "search, OpenAI's file search), per 1,000 calls: counted from what the answer "
+                                     "reports.",
     "enabled": "Disabled channels are skipped by every route.",
 }
 LABELS = {"model_id": "Model id", "base_url": "Base URL", "credential_kind": "Credential",
@@ -55,8 +58,11 @@ LABELS = {"model_id": "Model id", "base_url": "Base URL", "credential_kind": "Cr
           "retry_backoff": "Retry backoff (s)",
           "price_input_per_million": "Input / 1M tokens", "price_output_per_million": "Output / 1M tokens",
           "price_cached_per_million": "Cached input / 1M tokens",
-          "price_cache_write_per_million": "Cache write / 1M tokens", "apis": "APIs"}
-BUDGETS_WITH_DEFAULTS = ("connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds")
+          "price_cache_write_per_million": "Cache write / 1M tokens",
+          "price_tool_calls_per_thousand": "Tool calls / 1K", "apis": "APIs"}
+# Left empty, or left out by a client older than the field: the channel's current value, else the default.
+WITH_DEFAULTS = ("connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds",
+                 "price_tool_calls_per_thousand")
 PRICES = ("price_input_per_million", "price_output_per_million", "price_cached_per_million")
 SECTIONS = [
     ("Upstream", ["name", "kind", "deployment", "base_url", "model_id", "apis", "enabled"]),
@@ -64,7 +70,7 @@ SECTIONS = [
     ("Timeouts and retries", ["connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds",
                               "timeout_seconds", "max_retries", "retry_backoff", "priority", "weight"]),
     ("Prices", ["price_input_per_million", "price_output_per_million", "price_cached_per_million",
-                "price_cache_write_per_million"]),
+                "price_cache_write_per_million", "price_tool_calls_per_thousand"]),
 ]
 
 
@@ -85,14 +91,15 @@ class ChannelForm(forms.ModelForm):
         self.fields["deployment"].queryset = deployments.filter(team=team).select_related("profile")
         self.fields["deployment"].required = False
         self.fields["deployment"].empty_label = "None"
-        for name in BUDGETS_WITH_DEFAULTS:  # left empty (or left out by an older client): the current value
+        for name in WITH_DEFAULTS:  # left empty (or left out by an older client): the current value
             self.fields[name].required = False
         self.fields["apis"].required = False  # left out by an older client: the current value (new: chat)
         for name, field in self.fields.items():
             field.help_text = HELP.get(name, field.help_text)
             field.label = LABELS.get(name, field.label)
         if self.instance.pk:  # 0.550000 -> 0.55, 120.0 -> 120
-            for name in ("price_input_per_million", "price_output_per_million", "price_cached_per_million"):
+            for name in ("price_input_per_million", "price_output_per_million", "price_cached_per_million",
+                         "price_tool_calls_per_thousand"):
                 self.initial[name] = format(getattr(self.instance, name).normalize(), "f")
             if self.instance.price_cache_write_per_million is not None:
                 self.initial["price_cache_write_per_million"] = format(
@@ -143,7 +150,7 @@ class ChannelForm(forms.ModelForm):
         if not fields["apis"]:
             current = Channel.objects.filter(pk=self.instance.pk).values_list("apis", flat=True).first()
             fields["apis"] = current or (ChannelApis.BOTH if fields["kind"] == ChannelKind.LOCAL else ChannelApis.CHAT)
-        for name in BUDGETS_WITH_DEFAULTS:
+        for name in WITH_DEFAULTS:
             if fields[name] is None:
                 current = Channel.objects.filter(pk=self.instance.pk).values_list(name, flat=True).first()
                 fields[name] = current if current is not None else Channel._meta.get_field(name).default

@@ -100,6 +100,8 @@ class Channel(models.Model):
     # Input tokens written to a provider's prompt cache (Anthropic's cache_creation_input_tokens); empty: billed at
     # the input price, for providers that charge nothing extra.
     price_cache_write_per_million = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    # Tool calls the provider runs itself and bills per call (web searches, file searches), per thousand calls.
+    price_tool_calls_per_thousand = _price()
     enabled = models.BooleanField(default=True)
     misconfigured = models.TextField(blank=True)  # why the gateway must not call it; blank = ok
     last_test = models.JSONField(default=dict, blank=True)
@@ -189,10 +191,11 @@ class Channel(models.Model):
         """Whether the upstream speaks `api` ("chat" or "messages") itself, without translation."""
         return self.apis == ChannelApis.BOTH or self.apis == api
 
-    def cost(self, prompt_tokens, completion_tokens, cached_tokens=0, cache_write_tokens=0):
+    def cost(self, prompt_tokens, completion_tokens, cached_tokens=0, cache_write_tokens=0, tool_calls=0):
         """The price of one request in the panel's currency. Cached tokens (reads) and cache writes are part of the
         prompt tokens and are billed at the cached and cache-write prices instead of the input price (writes at
-        the input price when the channel has no cache-write price)."""
+        the input price when the channel has no cache-write price); the provider's own tool calls (`tool_calls`,
+        web searches and the like) at the price per thousand calls."""
         prompt = max(int(prompt_tokens or 0), 0)
         cached = min(max(int(cached_tokens or 0), 0), prompt)
         written = min(max(int(cache_write_tokens or 0), 0), prompt - cached)
@@ -203,7 +206,8 @@ class Channel(models.Model):
                  + Decimal(cached) * self.price_cached_per_million
                  + Decimal(written) * write_price
                  + Decimal(completion) * self.price_output_per_million)
-        return total / MILLION
+        calls = max(int(tool_calls or 0), 0)
+        return total / MILLION + (Decimal(calls) * self.price_tool_calls_per_thousand / 1000 if calls else 0)
 
     @property
     def prices_display(self):
@@ -214,6 +218,8 @@ class Channel(models.Model):
                 f"cached input {plain(self.price_cached_per_million)}")
         if self.price_cache_write_per_million is not None:
             text += f" · cache write {plain(self.price_cache_write_per_million)}"
+        if self.price_tool_calls_per_thousand:
+            text += f" · tool calls {plain(self.price_tool_calls_per_thousand)} per 1K"
         return text
 
     @property

@@ -60,6 +60,7 @@ LIMITS = {  # field: (minimum, maximum, words)
     "price_output_per_million": (0, 999_999, ""),
     "price_cached_per_million": (0, 999_999, ""),
     "price_cache_write_per_million": (0, 999_999, ""),
+    "price_tool_calls_per_thousand": (0, 999_999, ""),
 }
 OPTIONAL = ("price_cache_write_per_million",)  # empty is allowed: see the field
 TEST_TIMEOUT_CAP = 20.0  # the Test button runs in a page request: it waits at most this long per step
@@ -249,7 +250,8 @@ def channel_check(channel, *, api_key=""):
 CHANNEL_FIELDS = ("name", "kind", "deployment", "base_url", "model_id", "apis", "credential_kind", "credential_env",
                   "connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds",
                   "timeout_seconds", "max_retries", "retry_backoff", "priority", "weight", "price_input_per_million",
-                  "price_output_per_million", "price_cached_per_million", "price_cache_write_per_million", "enabled")
+                  "price_output_per_million", "price_cached_per_million", "price_cache_write_per_million",
+                  "price_tool_calls_per_thousand", "enabled")
 
 
 def _channel_save(channel, *, api_key):

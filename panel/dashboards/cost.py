@@ -16,7 +16,7 @@ from panel.serving.models import Deployment
 
 MONTH_SECONDS = 30 * 24 * 3600
 TOKEN_COLUMNS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens",
-                 "reasoning_tokens", "cost")
+                 "reasoning_tokens", "server_tool_calls", "cost")
 
 
 @dataclass
@@ -34,6 +34,7 @@ class CostLine:
     cached: int = 0  # prompt tokens read from the provider's cache (part of `tokens`)
     cache_writes: int = 0  # prompt tokens written to it (part of `tokens`)
     reasoning: int = 0  # completion tokens spent reasoning, where the upstream says (part of `tokens`)
+    tool_calls: int = 0  # tool calls the provider ran and billed per call (their price is part of `cost`)
     deployment_id: int | None = None  # a local line's deployment
 
     @property
@@ -151,7 +152,7 @@ def cost_summary(query: DashboardQuery):
         channel = channels.get(row["channel_id"])
         name = channel.name if channel else "(deleted channel)"
         cache = {"cached": row["cached_tokens"], "cache_writes": row["cache_write_tokens"],
-                 "reasoning": row["reasoning_tokens"]}
+                 "reasoning": row["reasoning_tokens"], "tool_calls": row["server_tool_calls"]}
         if not row["local"]:
             summary.lines.append(CostLine(name=name, kind="remote", requests=row["requests"], tokens=tokens,
                                           cost=float(row["cost"]), **cache))

@@ -49,6 +49,7 @@ class UsageRollup(RollupPeriod):
     cache_write_tokens = models.BigIntegerField(default=0)  # prompt tokens written to the provider's cache
     # Completion tokens spent reasoning (part of completion_tokens), where upstreams report them. Nullable, as refused.
     reasoning_tokens = models.BigIntegerField(null=True, blank=True)
+    server_tool_calls = models.BigIntegerField(null=True, blank=True)  # provider tool calls billed per call
     cost = models.FloatField(default=0)
     ttft_count = models.PositiveIntegerField(default=0)
     ttft_sum_ms = models.FloatField(default=0)

@@ -279,8 +279,10 @@ def cost(query):
         page.figures["savings"]["layout"]["title"]["text"] = f"All-cloud cost ({query.range}); actual unknown"
     page.tables.append(Table("cost", "Cost by channel", [
         "channel", "kind", "requests", "tokens", "cached prompt tokens", "cache writes", "reasoning tokens",
-        "GPU hours", "price per hour", "cost", "cost / 1M tokens", "same tokens at the cloud baseline"],
+        "provider tool calls", "GPU hours", "price per hour", "cost", "cost / 1M tokens",
+        "same tokens at the cloud baseline"],
         [[line.name, line.kind, line.requests, line.tokens, line.cached, line.cache_writes, line.reasoning,
+          line.tool_calls,
           round(line.gpu_hours, 3) if line.kind == "local" else "",
           _money(line.hourly) if line.hourly is not None else ("unknown" if line.kind == "local" else ""),
           _money(line.cost) if line.cost is not None else "unknown",

@@ -43,7 +43,7 @@ HARD_TIME_LIMIT_SECONDS = 360
 LOCK_KEY = "dashboards:rollup-running"
 LOCK_SECONDS = HARD_TIME_LIMIT_SECONDS
 SUMMED = ("requests", "errors", "refused", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens",
-          "cache_write_tokens", "reasoning_tokens", "cost",
+          "cache_write_tokens", "reasoning_tokens", "server_tool_calls", "cost",
           "ttft_count", "ttft_sum_ms", "latency_sum_ms") + TTFT_COLUMNS + LATENCY_COLUMNS
 
 
@@ -192,7 +192,7 @@ def _aggregates():
         "fallbacks": Count("id", filter=Q(fell_back=True)), "prompt_tokens": Sum("prompt_tokens"),
         "completion_tokens": Sum("completion_tokens"), "cached_tokens": Sum("cached_tokens"),
         "cache_write_tokens": Sum("cache_write_tokens"), "reasoning_tokens": Sum("reasoning_tokens"),
-        "cost": Sum("cost"),
+        "server_tool_calls": Sum("server_tool_calls"), "cost": Sum("cost"),
         "ttft_count": Count("ttft_ms"), "ttft_sum_ms": Sum("ttft_ms"), "latency_sum_ms": Sum("latency_ms"),
         **_bucket_counts("ttft_ms", TTFT_COLUMNS), **_bucket_counts("latency_ms", LATENCY_COLUMNS)}
 

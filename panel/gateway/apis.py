@@ -56,16 +56,33 @@ def messages_usage(usage):
     return {"prompt_tokens": int(usage.get("input_tokens") or 0) + read + written,
             "completion_tokens": int(usage.get("output_tokens") or 0), "cached_tokens": read,
             "cache_write_tokens": written,
-            "reasoning_tokens": _reasoning(usage.get("output_tokens_details"), "thinking_tokens")}  # a beta's
+            "reasoning_tokens": _reasoning(usage.get("output_tokens_details"), "thinking_tokens"),  # a beta's
+            "server_tool_calls": _web_searches(usage.get("server_tool_use"))}
 
 
-def responses_usage(usage):
-    usage = usage if isinstance(usage, dict) else {}
+def _web_searches(server_tool_use):
+    """The web searches Anthropic ran for the answer, billed per search (web fetches and code execution are not
+    billed per call); None when the answer says nothing of its server tools."""
+    if not isinstance(server_tool_use, dict):
+        return None
+    count = server_tool_use.get("web_search_requests")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 0
+
+
+PER_CALL_TOOLS = ("web_search_call", "file_search_call")  # the Responses tools OpenAI bills per call
+
+
+def responses_usage(response):
+    """A Responses answer's usage, and the tool calls OpenAI ran for it and bills per call (its output items)."""
+    usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
     details = usage.get("input_tokens_details")
+    output = response.get("output") if isinstance(response.get("output"), list) else []
+    calls = sum(1 for item in output if isinstance(item, dict) and item.get("type") in PER_CALL_TOOLS)
     return {"prompt_tokens": int(usage.get("input_tokens") or 0),
             "completion_tokens": int(usage.get("output_tokens") or 0),
             "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
-            "reasoning_tokens": _reasoning(usage.get("output_tokens_details"))}
+            "reasoning_tokens": _reasoning(usage.get("output_tokens_details")),
+            "server_tool_calls": calls or None}
 
 
 # ------------------------------------------------------------------------------------------------- one request
@@ -172,8 +189,8 @@ class Passage:
             raise UpstreamError("malformed", "the channel's answer has no output")
         if api == EMBEDDINGS and not isinstance(data.get("data"), list):
             raise UpstreamError("malformed", "the channel's answer has no embeddings")
-        usage = (messages_usage if api == MESSAGES else responses_usage if api == RESPONSES else openai_usage)(
-            data.get("usage"))
+        usage = (messages_usage(data.get("usage")) if api == MESSAGES else responses_usage(data) if api == RESPONSES
+                 else openai_usage(data.get("usage")))
         try:
             if api == CHAT and self.client_api == MESSAGES:
                 data = translation.chat_response_to_messages(data, model=self.model)
@@ -405,7 +422,7 @@ class ResponsesPassthrough(StreamAdapter):
         if isinstance(response, dict):
             response["model"] = self.model
             if kind in self.ENDS:
-                self.exchange.take_usage(responses_usage(response.get("usage")))
+                self.exchange.take_usage(responses_usage(response))
         self.finished = kind in self.ENDS
         return [f"event: {kind}\ndata: {json.dumps(event)}\n\n".encode()]
 

@@ -19,8 +19,8 @@ log = logging.getLogger("panel.gateway")
 OUTCOME_FOR_KIND = {"stalled": "upstream_stalled", "cut": "upstream_cut", "client_closed": "client_closed"}
 
 
-def cost_of(target, prompt, completion, cached, cache_write=0):
-    return Decimal(0) if target is None else target.channel.cost(prompt, completion, cached, cache_write)
+def cost_of(target, prompt, completion, cached, cache_write=0, tool_calls=0):
+    return Decimal(0) if target is None else target.channel.cost(prompt, completion, cached, cache_write, tool_calls)
 
 
 def new_request_id():
@@ -35,8 +35,8 @@ class Exchange:
         self.request_id = new_request_id()
         self.fields = {"endpoint": endpoint, "model": "", "stream": False, "status_code": 200, "outcome": "ok",
                        "error_kind": "", "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
-                       "cache_write_tokens": None, "reasoning_tokens": None, "ttft_ms": None, "json_requested": False,
-                       "json_valid": None}
+                       "cache_write_tokens": None, "reasoning_tokens": None, "server_tool_calls": None,
+                       "ttft_ms": None, "json_requested": False, "json_valid": None}
         self.log = {"attempts": 0, "fell_back": False, "rate_limited": 0, "trail": [], "current": None}
         self.key = None
         self.team_id = None  # for a request made inside the panel (Compare), which has no key
@@ -125,7 +125,8 @@ class Exchange:
         self.estimate_missing_usage()
         fields = self.fields
         fields["cost"] = cost_of(self.channel, fields["prompt_tokens"], fields["completion_tokens"],
-                                 fields["cached_tokens"], fields["cache_write_tokens"] or 0)
+                                 fields["cached_tokens"], fields["cache_write_tokens"] or 0,
+                                 fields["server_tool_calls"] or 0)
         if self.key is not None or self.team_id is not None:
             # Shielded: a client that leaves mid-count does not undo it (the relay is cancelled, the count is not).
             await asyncio.shield(count_against_limits(self.key, fields["cost"],

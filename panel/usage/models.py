@@ -43,6 +43,9 @@ class RequestLog(models.Model):
     # Completion tokens the model spent reasoning before its answer, where the upstream reports them (OpenAI's
     # completion_tokens_details / output_tokens_details); part of completion_tokens and priced with them. Nullable.
     reasoning_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Tool calls the provider ran itself and bills per call (Anthropic's web searches, a Responses answer's web and
+    # file searches), priced at the channel's price per thousand calls and part of `cost`. None: none reported.
+    server_tool_calls = models.PositiveIntegerField(null=True, blank=True)
     ttft_ms = models.FloatField(null=True, blank=True)
     latency_ms = models.FloatField()
     cost = models.DecimalField(max_digits=14, decimal_places=8, default=0)

@@ -124,7 +124,7 @@ def test_a_messages_answers_thinking_tokens_are_its_reasoning_tokens():
     usage = {"input_tokens": 5, "output_tokens": 10, "cache_read_input_tokens": 3,
              "output_tokens_details": {"thinking_tokens": 4}}  # Anthropic's thinking-token-count beta
     assert messages_usage(usage) == {"prompt_tokens": 8, "completion_tokens": 10, "cached_tokens": 3,
-                                     "cache_write_tokens": 0, "reasoning_tokens": 4}
+                                     "cache_write_tokens": 0, "reasoning_tokens": 4, "server_tool_calls": None}
     assert messages_usage({"input_tokens": 5, "output_tokens": 10})["reasoning_tokens"] is None  # not said
 
 

@@ -152,6 +152,9 @@ class FakeMessagesUpstream(FakeUpstream):
                 "max_tokens" if count < chunks else "end_turn"), count
         usage = {"input_tokens": prompt - cached - written, "output_tokens": output,
                  "cache_creation_input_tokens": written, "cache_read_input_tokens": cached}
+        searches = web_searches(body)
+        if searches is not None:  # Anthropic reports the server tools it ran in the usage
+            usage["server_tool_use"] = {"web_search_requests": searches, "web_fetch_requests": 0}
         ident = f"msg_fake{next(self._ids)}"
         if not body.get("stream"):
             message = {"id": ident, "type": "message", "role": "assistant", "model": body["model"], "content": blocks,
@@ -178,7 +181,8 @@ class FakeMessagesUpstream(FakeUpstream):
                        for piece in (arguments[:half], arguments[half:])]
         events += [{"type": "content_block_stop", "index": 0},
                    {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-                    "usage": {"output_tokens": output}},
+                    "usage": {"output_tokens": output,
+                              **({"server_tool_use": usage["server_tool_use"]} if searches is not None else {})}},
                    {"type": "message_stop"}]
         return _Reply(events=[json.dumps(event).encode() for event in events], chunk_count=len(events))
 
@@ -221,9 +225,11 @@ class FakeMessagesUpstream(FakeUpstream):
                  "output_tokens": chunks, "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": prompt + chunks}
         ident = f"resp_fake{next(self._ids)}"
+        searches = [{"type": "web_search_call", "id": f"ws_{index}", "status": "completed",
+                     "action": {"type": "search", "query": "fake"}} for index in range(web_searches(body) or 0)]
         response = {"id": ident, "object": "response", "status": "completed", "model": body["model"],
-                    "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                                "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+                    "output": [*searches, {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                                           "content": [{"type": "output_text", "text": text, "annotations": []}]}],
                     "usage": usage}
         if not body.get("stream"):
             return _Reply(body=json.dumps(response).encode())
@@ -234,3 +240,12 @@ class FakeMessagesUpstream(FakeUpstream):
                    for index, word in enumerate(text.split(" "))]
         events.append({"type": "response.completed", "sequence_number": len(events), "response": response})
         return _Reply(events=[json.dumps(event).encode() for event in events], chunk_count=len(events))
+
+
+def web_searches(body):
+    """The web searches the fake "runs" for a request that offers its web search tool (Anthropic's web_search_*
+    server tool, the Responses API's web_search): two, or the tool's max_uses when lower; None without the tool."""
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict) and str(tool.get("type", "")).startswith(("web_search", "web_search_preview")):
+            return min(2, tool.get("max_uses") or 2)
+    return None
