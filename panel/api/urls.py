@@ -6,6 +6,7 @@ from django.urls import path, re_path
 from ninja import NinjaAPI
 
 from panel.api import (
+    advisor,
     audit,
     benchmarks,
     budgets,
@@ -40,7 +41,7 @@ api = ManagementAPI(title="Tokenwise management API", version="1", auth=Ungated(
 errors.install(api)
 # Each operation names its action in its decorator (`auth=gate(...)`, panel/accounts/roles.py) or its router's.
 ROUTERS = [module.router for module in (team, tokens, keys, channels, routes, registry, gguf, serving, benchmarks,
-                                        ladders, hosts, budgets, usage, audit, webhooks)]
+                                        ladders, hosts, budgets, usage, audit, webhooks, advisor)]
 for router in ROUTERS:
     api.add_router("", router)
 
