@@ -8,8 +8,10 @@ max_tokens) in the window until it ends, so concurrent requests cannot pass the 
 over it is refused with 400); a counted request over a budget, or whose maximum the budget's rest cannot cover beside
 what requests in flight hold, is refused (402); an admitted request holds its maximum against each budget
 (budgets/reservations.py) and becomes a turn of a session. A part that does not apply (no limits, no budget, no prompt
-to hash) is left out, and a request with none of them costs no call. When Redis cannot be reached the request goes,
-without session fields."""
+to hash) is left out, and a request with none of them costs no call. A key with neither limits nor budgets does not
+wait for its session at all: the lookup runs beside the upstream call and its fields reach the usage row when the
+request ends. When Redis cannot be reached the request goes, without session fields."""
+import asyncio
 import dataclasses
 import json
 import logging
@@ -124,6 +126,38 @@ def admit_script():
     return registered_script(ADMIT)
 
 
+def _session_request(key, asked):
+    return {"declared": asked.declared, "new": asked.new_id, "state_prefix": sessions.state_prefix(key.team_id),
+            "ttl": sessions.SESSION_SECONDS}
+
+
+async def _session_only(key, asked):
+    """The session part of the admission script alone: the usage row's session fields ({} when Redis cannot be
+    reached)."""
+    request = {"rate_keys": 0, "rpm": 0, "tpm": 0, "tpm_hold": 0, "budgets": [], "hold": False,
+               "held_ttl": reservations.HELD_SECONDS, "counted": False, "session": _session_request(key, asked)}
+    try:
+        answer = await admit_script()(keys=sessions.prefix_keys(key.id, asked.hashes),
+                                      args=[json.dumps(request), json.dumps(asked.hashes)])
+    except (RedisError, OSError) as error:
+        log.warning("session of key %s unreadable (%s); the request is recorded without it", key.id,
+                    type(error).__name__)
+        return {}
+    return sessions.session_fields(asked, session_id=answer[2].decode(), turn=answer[3], previous=answer[4])
+
+
+SESSION_WAIT_SECONDS = 5.0  # past the Redis client's own socket timeout
+
+
+async def session_fields(task):
+    """The fields a deferred session lookup found, once it is done ({} when it failed or took too long)."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), SESSION_WAIT_SECONDS)
+    except Exception:  # noqa: BLE001 - a lookup that failed leaves the row without session fields, as an outage does
+        task.cancel()
+        return {}
+
+
 @dataclass
 class Admission:
     """The answer for one request: `rate_limited` (which limit, retry after seconds) or `budget_spent` (the
@@ -134,6 +168,9 @@ class Admission:
     too_large: str | None = None  # the request's most alone is over its key's tokens per minute
     session: dict = field(default_factory=dict)
     reservation: reservations.Reservation | None = None  # what the request holds against its budgets
+    # A key without limits or budgets: its session is looked up beside the upstream call, not before it (the
+    # request's usage row waits for it: `session_fields`), so the lookup's round trip is not the client's wait.
+    session_task: asyncio.Task | None = None
     lowered: tuple | None = None  # (asked, given): max_tokens fitted to what a budget had left (the key's option)
 
 
@@ -146,8 +183,9 @@ async def admit(key, *, body, headers, session=True, channels=(), counted=False,
     limited = bool(key.rpm_limit or key.tpm_limit)
     scopes, month = await budgets.scopes_for(key, tags)
     asked = sessions.session_ask(body=body, headers=headers) if session else None
-    if not limited and not scopes and asked is None:
-        return Admission()
+    if not limited and not scopes:
+        return Admission() if asked is None else Admission(
+            session_task=asyncio.ensure_future(_session_only(key, asked)))
     minute, retry_after = rate_limits.window()
     held = reservations.scope_held_keys(scopes, month) if session else []
     prompt_estimate = input_token_estimate(body) if held or key.tpm_limit else 0
@@ -161,9 +199,7 @@ async def admit(key, *, body, headers, session=True, channels=(), counted=False,
                "budgets": budgets.scope_limits(scopes),
                "hold": bool(request_max) and [str(request_max.money_units), str(request_max.tokens)],
                "held_ttl": reservations.HELD_SECONDS, "counted": counted,
-               "session": asked is not None and {"declared": asked.declared, "new": asked.new_id,
-                                                 "state_prefix": sessions.state_prefix(key.team_id),
-                                                 "ttl": sessions.SESSION_SECONDS}}
+               "session": asked is not None and _session_request(key, asked)}
     try:
         answer = await admit_script()(keys=keys, args=[json.dumps(request),
                                                        json.dumps(asked.hashes if asked else [])])

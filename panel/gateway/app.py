@@ -224,6 +224,7 @@ async def application(scope, receive, send):
             await until_disconnect(exchange, token_count.respond(exchange, route, body, send), receive)
             return
         exchange.fields.update(admitted.session)  # a refused request is no turn of a session: it has none
+        exchange.session_task = admitted.session_task
         exchange.body = body  # its prompt is charged by estimate if the upstream reports no usage
         passage = Passage(endpoint, body, betas=header(scope, b"anthropic-beta")[:1000])
         targets, lease = await BALANCER.place(route, route.ordered(exchange.fields), body=body,

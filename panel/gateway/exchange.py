@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from panel.budgets import enforcement as budgets
 from panel.channels.rules import input_token_estimate
-from panel.gateway import metrics, rate_limits
+from panel.gateway import admission, metrics, rate_limits
 from panel.gateway.apis import adapted_header, openai_usage
 from panel.usage import tags as request_tags
 from panel.usage import writer as usage_writer
@@ -56,6 +56,7 @@ class Exchange:
         self.pieces = 0
         self.reservation = None  # what the request holds against its budgets until it is settled
         self.tags = None  # the request's tags as stored ("|a|b|"): their budgets count it too
+        self.session_task = None  # a session lookup running beside the upstream call (gateway/admission.py)
         self.adapted = []  # what the gateway changed in the request for the channel that answered (apis.Passage)
         self.fitted = []  # what admission changed for every channel (max_tokens fitted to a budget)
 
@@ -138,6 +139,8 @@ class Exchange:
         try:
             await self.settle()  # a request that ended without an answer (an error, a client that left)
         finally:
+            if self.session_task is not None:
+                self.fields.update(await admission.session_fields(self.session_task))
             self.record()
 
     def record(self):

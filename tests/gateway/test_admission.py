@@ -31,10 +31,19 @@ def key(team_setup, monkeypatch, settings):
                    expires_at=None, revoked=False)
 
 
+async def admitted(key, headers=SESSION):
+    """The admission with its session fields in `.session`, whether it looked the session up before the upstream
+    call (a key with limits or budgets) or beside it (`session_task`)."""
+    answer = await admission.admit(key, body=BODY, headers=headers)
+    if answer.session_task is not None:
+        answer.session = await admission.session_fields(answer.session_task)
+    return answer
+
+
 def admit(key, headers=SESSION):
     async def one():
         redis_client._client = None  # each call runs in an event loop of its own (the fixture restores it)
-        return await admission.admit(key, body=BODY, headers=headers)
+        return await admitted(key, headers)
     return run_coroutine(one())
 
 
@@ -50,7 +59,9 @@ def test_a_request_refused_by_a_limit_or_a_budget_is_no_turn_of_its_session(key)
     assert "this key's monthly budget of 10 tokens is spent (10 tokens this month)" in spent.budget_spent
     assert spent.rate_limited is None and spent.session == {}
     Budget.objects.all().delete()
-    assert admit(key).session == {"session_id": "review-42", "session_turn": 2, "repeated_share": 1.0}
+    unlimited = admit(key)  # no limits, no budgets: looked up beside the upstream call, with the same answer
+    assert unlimited.session_task is not None
+    assert unlimited.session == {"session_id": "review-42", "session_turn": 2, "repeated_share": 1.0}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -69,7 +80,7 @@ def test_a_budget_is_compared_exactly_past_what_a_lua_number_holds(key):
 def test_concurrent_turns_of_one_session_get_a_turn_each(key):
     async def together():
         redis_client._client = None
-        return await asyncio.gather(*(admission.admit(key, body=BODY, headers=SESSION) for _ in range(8)))
+        return await asyncio.gather(*(admitted(key) for _ in range(8)))
     turns = sorted(answer.session["session_turn"] for answer in run_coroutine(together()))
     assert turns == list(range(1, 9))
 
@@ -81,3 +92,7 @@ def test_without_redis_the_request_goes_without_session_fields(key, settings, ca
     answer = admit(replace(key, rpm_limit=1))
     assert (answer.rate_limited, answer.budget_spent, answer.session) == (None, None, {})
     assert "letting the request through" in caplog.text
+    Budget.objects.all().delete()  # nothing to check first: only the session lookup, beside the upstream call
+    answer = admit(key)
+    assert answer.session_task is not None and answer.session == {}
+    assert "the request is recorded without it" in caplog.text

@@ -180,6 +180,7 @@ class _Reply:
     events: list | None = None  # SSE data payloads (bytes); the reply is a stream when not None
     headers: tuple = ()
     chunk_count: int = 1
+    paced_frames: int | None = None  # frames after the first that wait the chunk delay (None: every one)
 
 
 class _PeerClosed(Exception):
@@ -505,8 +506,9 @@ async def _deliver_stream(conn, reply, behaviour, delay, keep_alive):
         delay = behaviour.options["delay"]
     ending = b"0\r\n\r\n" if complete else b""
     if delay:
+        paced = len(frames) if reply.paced_frames is None else reply.paced_frames
         for index, frame in enumerate(frames):
-            if index:
+            if 0 < index <= paced:
                 await conn.wait(delay)
             await conn.send(pending + _chunk(frame))
             pending = b""
@@ -532,12 +534,15 @@ class FakeUpstream:
     """
 
     def __init__(self, models=("fake-model",), api_key=None, chunks=20, chunk_delay=0.0, *, cached_tokens=0, port=0,
-                 record=True, host=HOST):
+                 record=True, host=HOST, decode_pace=False):
         self.host = host  # another loopback address (127.0.0.2) stands in for a public one in the policy's tests
         self.models = tuple(models)
         self.api_key = api_key
         self.chunks = chunks
         self.chunk_delay = chunk_delay
+        # True: only the content pieces of a stream wait chunk_delay; the finish, usage and [DONE] events follow the
+        # last piece at once, as an engine sends them (the benches' pace). False: every event waits (the tests').
+        self.decode_pace = decode_pace
         self.cached_tokens = cached_tokens
         self.reasoning_tokens = None  # set: usage reports that many completion tokens as reasoning
         self.port = port
@@ -801,6 +806,8 @@ class FakeUpstream:
                               keep_alive)
             return keep_alive
         reply = self._reply(request, behaviour)
+        if self.decode_pace and reply.events is not None:  # as an engine decodes: the pieces paced, the end at once
+            reply.paced_frames = reply.chunk_count
         deliver = _deliver_body if reply.events is None else _deliver_stream
         delay = self.chunk_delay if request.path in INFERENCE_PATHS else 0
         return await deliver(conn, reply, behaviour, delay, keep_alive)
@@ -866,11 +873,14 @@ def main(argv=None):
     parser.add_argument("--model", action="append", help="a model id to serve (repeatable; default fake-model)")
     parser.add_argument("--api-key", help="require Authorization: Bearer <key>")
     parser.add_argument("--cached-tokens", type=int, default=0, help="cached_tokens to report in usage")
+    parser.add_argument("--decode-pace", action="store_true",
+                        help="pace only the content pieces; the finish, usage and [DONE] events follow at once")
     args = parser.parse_args(argv)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     fake = FakeUpstream(models=args.model or ("fake-model",), api_key=args.api_key, chunks=args.chunks,
-                        chunk_delay=args.chunk_delay, cached_tokens=args.cached_tokens, port=args.port, record=False)
+                        chunk_delay=args.chunk_delay, cached_tokens=args.cached_tokens, port=args.port, record=False,
+                        decode_pace=args.decode_pace)
     with fake:
         print(f"fake upstream listening on {fake.base_url}", flush=True)
         try:

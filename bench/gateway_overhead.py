@@ -1,0 +1,105 @@
+"""What the gateway costs a user, in one run, each figure side by side with calling the upstream directly (not a
+test; results in docs/benchmarks.md):
+
+  .venv/bin/python bench/gateway_overhead.py [--requests 400] [--seconds 8] [--rounds 2] [--chunk-delay 0.01]
+
+1. CPU per request of the whole gateway process (every thread, from /proc via psutil) for 20- and 200-chunk streams
+   at concurrency 16 against an unpaced fake upstream: the fixed cost and the cost per chunk (a line through both).
+2. Added TTFT at concurrency 1: time to the first content event of a 20-chunk stream, directly and through the
+   gateway, the two paths alternating for --rounds rounds (the median of each path's p50s).
+3. Requests per second at concurrency 16, directly and through the gateway, alternating for --rounds rounds: 20-chunk
+   streams paced at --chunk-delay seconds between events (0.01: 100 tokens a second, a real decode's pace), read to
+   their end by a load generator in a process of its own.
+
+Goals (issue 29): at most 1.5 ms fixed + 0.02 ms per chunk; at least 95% of the direct requests per second; at most
+1.0 ms of added TTFT. The fake upstreams, the gateway and the load generator share this machine's cores."""
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from gateway_bench import free_port, load, prepare_panel, start, stop, ttft
+from gateway_cpu_bench import line_through, measure
+
+GOALS = {"fixed_ms": 1.5, "ms_per_chunk": 0.02, "rps_share": 0.95, "added_ttft_ms": 1.0}
+SERVER = ["-m", "uvicorn", "panel.asgi:application", "--loop", "uvloop", "--http", "httptools", "--no-access-log",
+          "--log-level", "warning"]
+
+
+def upstream(chunks, delay):
+    """A fake upstream serving `fake-model` (the gateway's channel) and `chat` (the name the direct calls use)."""
+    port = free_port()
+    process = start([sys.executable, "-m", "tests.support.fake_upstream", "--port", str(port), "--chunks",
+                     str(chunks), "--chunk-delay", str(delay), "--decode-pace", "--model", "fake-model",
+                     "--model", "chat"],
+                    ready_url=f"http://127.0.0.1:{port}/v1/models")
+    return process, f"http://127.0.0.1:{port}/v1"
+
+
+def gateway_to(upstream_url):
+    env, key = prepare_panel(Path(tempfile.mkdtemp(prefix="tokenwise-overhead-")), upstream_url)
+    port = free_port()
+    process = start([sys.executable, *SERVER, "--port", str(port)], env=env,
+                    ready_url=f"http://127.0.0.1:{port}/login/")
+    return process, f"http://127.0.0.1:{port}/v1", key
+
+
+def cpu_cost(args):
+    """1.: the gateway process's CPU per request, fixed and per chunk."""
+    fake, fake_url = upstream(200, 0.0)
+    try:
+        gateway, url, key = gateway_to(fake_url)
+        try:
+            options = argparse.Namespace(requests=args.requests, concurrency=16)
+            runs = [line_through(*(measure(gateway.pid, f"{url}/chat/completions", key, options, chunks)
+                                   for chunks in (20, 200))) for _ in range(args.rounds)]
+        finally:
+            stop(gateway)
+    finally:
+        stop(fake)
+    return {"runs": runs, "fixed_ms": statistics.median(run["fixed_ms_per_request"] for run in runs),
+            "ms_per_chunk": statistics.median(run["ms_per_chunk"] for run in runs)}
+
+
+def side_by_side(args):
+    """2. and 3.: TTFT at concurrency 1 and requests per second at concurrency 16, direct against the gateway."""
+    fake, fake_url = upstream(20, args.chunk_delay)
+    try:
+        gateway, url, key = gateway_to(fake_url)
+        paths = {"direct": (f"{fake_url}/chat/completions", "unused"), "gateway": (f"{url}/chat/completions", key)}
+        ttfts, rates = {name: [] for name in paths}, {name: [] for name in paths}
+        try:
+            for _ in range(args.rounds):
+                for name, (target, token) in paths.items():
+                    ttfts[name].append(ttft(target, {"Authorization": f"Bearer {token}"}, args.requests // 2))
+                    rates[name].append(load(target, token, 16, args.seconds))
+        finally:
+            stop(gateway)
+    finally:
+        stop(fake)
+    p50 = {name: statistics.median(run["p50_ms"] for run in runs) for name, runs in ttfts.items()}
+    rps = {name: statistics.median(run["rps"] for run in runs) for name, runs in rates.items()}
+    return {"chunk_delay_s": args.chunk_delay, "ttft": ttfts, "rps_runs": rates, "ttft_p50_ms": p50,
+            "added_ttft_ms": p50["gateway"] - p50["direct"], "rps": rps, "rps_share": rps["gateway"] / rps["direct"]}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--chunk-delay", type=float, default=0.01)
+    args = parser.parse_args()
+    results = {"cpu": cpu_cost(args), **side_by_side(args)}
+    results["goals"] = {name: {"goal": goal, "measured": results["cpu"][name] if name in results["cpu"]
+                               else results[name]} for name, goal in GOALS.items()}
+    for name, row in results["goals"].items():
+        higher_is_better = name == "rps_share"
+        row["met"] = row["measured"] >= row["goal"] if higher_is_better else row["measured"] <= row["goal"]
+    print(json.dumps(results, indent=2), flush=True)
+
+
+if __name__ == "__main__":
+    main()
