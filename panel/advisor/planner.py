@@ -104,7 +104,9 @@ def _channels(team):
 def _line(deployment, minutes, cloud, *, since, until):
     up_hours = deployment_up_hours(deployment, since=since, until=until)
     started = deployment.started_at or deployment.created_at
-    wake = (deployment.ready_at - started).total_seconds() if started else DEFAULT_WAKE_SECONDS
+    # Its start-up time: ready minus started, unless it restarted since (started moves, ready_at does not).
+    wake = (deployment.ready_at - started).total_seconds() if started and started < deployment.ready_at \
+        else DEFAULT_WAKE_SECONDS
     line = PlanLine(deployment=deployment, name=str(deployment.profile.served_model_name or deployment),
                     up_hours=up_hours, busy_hours=len(minutes) / 60, tokens=sum(m[0] for m in minutes.values()),
                     hourly=deployment_hourly_price(deployment),

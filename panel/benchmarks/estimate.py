@@ -23,7 +23,8 @@ def host_figures(host):
                                        started_at__isnull=False, finished_at__isnull=False)
     if host is not None:
         deployments, runs = deployments.filter(host=host), runs.filter(deployment__host=host)
-    starts = [(d.ready_at - d.started_at).total_seconds() for d in deployments.order_by("-ready_at")[:HISTORY]]
+    starts = [(d.ready_at - d.started_at).total_seconds() for d in deployments.order_by("-ready_at")[:HISTORY]
+              if d.started_at < d.ready_at]  # a restarted one's started_at is the restart's: not a start-up time
     per_request = [(r.finished_at - r.started_at).total_seconds() / max(r.requests + r.warmup_requests, 1)
                    for r in runs.order_by("-finished_at")[:HISTORY]]
     return {"engine_start": sum(starts) / len(starts) if starts else DEFAULT_ENGINE_START_SECONDS,

@@ -96,7 +96,7 @@ class Deployment(Job):
     max_restarts = models.PositiveSmallIntegerField(default=3)
     restarts = models.PositiveSmallIntegerField(default=0)
     verification = models.JSONField(default=dict, blank=True)
-    ready_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)  # when it first became ready (a restart keeps it)
     # The engine's own key (vLLM's VLLM_API_KEY), random per start, encrypted like a channel's: only the
     # deployment's local channel (and the supervisor's readiness check) sends it.
     engine_key_ciphertext = models.TextField(blank=True)

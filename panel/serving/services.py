@@ -178,9 +178,12 @@ class DeploymentHooks:
         job_heartbeat(self.deployment, pid=pid)
 
     def ready(self, verification):
+        """READY; `ready_at` is the first time only: a restart after a crash keeps it, since the deployment held its
+        GPU all along and its GPU hours run from there (dashboards/cost.py)."""
         now = timezone.now()
+        first = Deployment.objects.filter(pk=self.deployment.pk).values_list("ready_at", flat=True).first()
         job_transition(self.deployment, to=DeploymentState.READY, allowed_from=[DeploymentState.STARTING],
-                       reason="GET /v1/models lists " + self.deployment.served_model_name, ready_at=now,
+                       reason="GET /v1/models lists " + self.deployment.served_model_name, ready_at=first or now,
                        heartbeat_at=now, verification=verification)
 
     def beat(self, log_lines):

@@ -195,11 +195,13 @@ def test_it_restarts_a_crashed_engine_with_backoff(start_worker, team_setup, pro
     deployment = deployment_launch(team=team_setup["team_a"], user=team_setup["alice"], profile=profile,
                                    restart_on_crash=True)
     deployment = wait_state(deployment, {S.READY, S.FAILED})
-    first_engine = deployment.pid
+    first_engine, first_ready = deployment.pid, deployment.ready_at
     os.killpg(first_engine, signal.SIGKILL)
     wait_until(lambda: Deployment.objects.get(pk=deployment.pk).restarts == 1, seconds=30, message="a restart")
     deployment = wait_state(deployment, {S.READY, S.FAILED})
     assert deployment.state == S.READY and deployment.pid != first_engine
+    # It held its GPU through the restart: its GPU hours still run from the first ready, not the restart's.
+    assert deployment.ready_at == first_ready and deployment.started_at > first_ready
     assert deployment.failure_kind == "killed"  # why it last restarted, kept for the page
     assert deployment_stop(deployment=deployment) is True
     wait_state(deployment, {S.STOPPED}, seconds=60)
