@@ -7,9 +7,11 @@ Sleeping after N idle minutes is simulated minute by minute: the deployment is a
 until N minutes after the last one, and each wake costs its start-up time (the deployment's own, from its last start)
 in GPU time, while the requests of that first stretch go to the cloud at the cloud's prices. The cheapest choice is
 named with what it would have saved against staying up."""
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from panel.channels.models import Channel
 from panel.dashboards.cost import baseline_channel, deployment_hourly_price, deployment_up_hours
 from panel.dashboards.models import MINUTE, UsageRollup
 from panel.serving.models import Deployment
@@ -76,29 +78,23 @@ def deployment_plan(team, *, days=7, now=None):
                                            deployment__isnull=False)
                 .values("deployment_id", "start", "channel_id", "prompt_tokens", "completion_tokens",
                         "cached_tokens", "cache_write_tokens", "requests"))
-    cloud = baseline_channel(team, [], _channels(team))
+    cloud = baseline_channel(team, [], Channel.objects.filter(team=team).in_bulk())
     deployments = (Deployment.objects.filter(team=team, ready_at__isnull=False,
                                              ready_at__lt=datetime.fromtimestamp(until, tz=timezone.utc))
                    .exclude(finished_at__lt=datetime.fromtimestamp(since, tz=timezone.utc))
                    .select_related("host", "profile"))
-    lines = []
-    for deployment in deployments:
-        minutes = {}
-        for row in rows:
-            if row["deployment_id"] == deployment.pk and row["requests"]:
-                minute = minutes.setdefault(row["start"], [0, 0.0])
-                minute[0] += row["prompt_tokens"] + row["completion_tokens"]
-                if cloud is not None:
-                    minute[1] += float(cloud.cost(row["prompt_tokens"], row["completion_tokens"],
-                                                  row["cached_tokens"], row["cache_write_tokens"]))
-        lines.append(_line(deployment, minutes, cloud, since=since, until=until))
+    by_deployment = defaultdict(dict)  # deployment id -> {minute start: [tokens, cloud cost]}, in one pass
+    for row in rows:
+        if not row["requests"]:
+            continue
+        minute = by_deployment[row["deployment_id"]].setdefault(row["start"], [0, 0.0])
+        minute[0] += row["prompt_tokens"] + row["completion_tokens"]
+        if cloud is not None:
+            minute[1] += float(cloud.cost(row["prompt_tokens"], row["completion_tokens"], row["cached_tokens"],
+                                          row["cache_write_tokens"]))
+    lines = [_line(deployment, by_deployment.get(deployment.pk, {}), cloud, since=since, until=until)
+             for deployment in deployments]
     return sorted(lines, key=lambda line: (-line.idle_hours, line.deployment.pk))
-
-
-def _channels(team):
-    from panel.channels.models import Channel
-
-    return Channel.objects.filter(team=team).in_bulk()
 
 
 def _line(deployment, minutes, cloud, *, since, until):
