@@ -23,6 +23,7 @@ from panel.channels.models import (
     RouteStrategy,
     RuleApi,
     RuleTools,
+    WhileWaking,
     listed_routes,
 )
 from panel.channels.services import route_delete, route_save
@@ -94,6 +95,7 @@ class RouteOut(Schema):
     strategy: str
     fallback_on_error: bool
     deadline_seconds: float
+    while_waking: str
     balance: str
     affinity_header: str
     enabled: bool
@@ -114,6 +116,9 @@ class RouteIn(Schema):
     fallback_on_error: bool = True
     deadline_seconds: float = Field(45, ge=1, le=3600, description="Seconds for every attempt, retry and fallback "
                                     "until the answer starts.")
+    while_waking: Literal[tuple(WhileWaking.values)] = Field(
+        WhileWaking.FALL_BACK, description="While the route's local engine wakes from sleep: 'fallback' sends the "
+        "request that woke it to the next channel, 'wait' waits for the engine up to the deadline.")
     balance: Literal[tuple(RouteBalance.values)] = Field(
         RouteBalance.IN_ORDER, description="How requests spread over the leading local channels (a deployment's "
         "replicas): '' in order, round_robin, least_in_flight, session_affinity, prefix_aware.")
@@ -133,7 +138,8 @@ class CanaryRollback(Schema):
 def route_out(route):
     return {"id": route.pk, "model_name": route.model_name, "strategy": route.strategy,
             "fallback_on_error": route.fallback_on_error, "deadline_seconds": route.deadline_seconds,
-            "balance": route.balance, "affinity_header": route.affinity_header, "enabled": route.enabled,
+            "while_waking": route.while_waking, "balance": route.balance, "affinity_header": route.affinity_header,
+            "enabled": route.enabled,
             "channels": [{"channel_id": entry.channel_id, "channel": entry.channel.name, "position": entry.position,
                           "weight": entry.weight} for entry in route.entries()],
             "rules": [rule_out(rule) for rule in route.rules.select_related("key").order_by("position", "pk")],
@@ -173,7 +179,7 @@ def _entries(request, body):
 def _save(request, route, body):
     return route_save(team=request.team, user=request.user, route=route, model_name=body.model_name,
                       strategy=body.strategy, fallback_on_error=body.fallback_on_error, enabled=body.enabled,
-                      deadline_seconds=body.deadline_seconds, balance=body.balance,
+                      deadline_seconds=body.deadline_seconds, balance=body.balance, while_waking=body.while_waking,
                       affinity_header=body.affinity_header, entries=_entries(request, body))
 
 

@@ -14,6 +14,7 @@ from panel.channels.models import (
     RouteStrategy,
     RuleApi,
     RuleTools,
+    WhileWaking,
 )
 from panel.channels.rules import sample_parse
 from panel.channels.services import CHANNEL_FIELDS
@@ -168,6 +169,11 @@ class RouteForm(forms.Form):
     deadline_seconds = forms.FloatField(required=False, min_value=1, max_value=3600, initial=45, label="Deadline (s)",
                                         help_text="The most every attempt, retry and fallback together may take "
                                                   "before the answer starts; keep it below your clients' timeout.")
+    while_waking = forms.ChoiceField(choices=WhileWaking.choices, initial=WhileWaking.FALL_BACK, required=False,
+                                     label="While a local engine wakes",
+                                     help_text="For a deployment whose profile sleeps when idle: the request that "
+                                               "wakes it goes to the next channel, or waits for the engine up to the "
+                                               "deadline (a route with no next channel always waits).")
     balance = forms.ChoiceField(choices=RouteBalance.choices, required=False, initial=RouteBalance.IN_ORDER,
                                 label="Balance replicas",
                                 help_text="Over the local channels tried first (a deployment's replicas). "
@@ -188,7 +194,7 @@ class RouteForm(forms.Form):
             self.initial.update(model_name=route.model_name, strategy=route.strategy,
                                 fallback_on_error=route.fallback_on_error, enabled=route.enabled,
                                 deadline_seconds=route.deadline_seconds, balance=route.balance,
-                                affinity_header=route.affinity_header)
+                                affinity_header=route.affinity_header, while_waking=route.while_waking)
         for index, channel in enumerate(self.channels):
             entry = current.get(channel.pk)
             self.fields[f"use_{channel.pk}"] = forms.BooleanField(required=False, initial=entry is not None,

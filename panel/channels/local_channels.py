@@ -24,7 +24,9 @@ def local_channel_sync(deployment):
     deployment changes state). Ready: create the channel `local-<profile>` (`local-<profile>-<id>` when that name
     is taken) or take over the one an ended or stopping deployment of the same profile and replica slot left,
     point it at this deployment's base_url and served name, and put it on the route named after the served model
-    (created with local_first if missing). Any other state: disable the channel linked to this deployment. Idempotent.
+    (created with local_first if missing). Asleep, waking, or starting after a wake: the channel stays as it is (the
+    gateway wakes the engine, gateway/waking.py). Any other state: disable the channel linked to this deployment.
+    Idempotent.
 
     Never raises: the supervisor calls it and must not die because of it (errors are logged)."""
     try:
@@ -39,6 +41,9 @@ def _local_channel_sync(deployment):
     row = type(deployment).objects.select_related("profile", "team").filter(pk=deployment.pk).first()
     if row is None:
         return None
+    if row.sleeping:  # asleep or waking: the channel stays on its route, where a request wakes the engine
+        routing_changed(row.team_id)
+        return Channel.objects.filter(team=row.team, deployment=row, kind=ChannelKind.LOCAL).first()
     if not row.routable:
         linked = Channel.objects.filter(team=row.team, deployment=row, kind=ChannelKind.LOCAL, enabled=True)
         if linked.update(enabled=False):

@@ -48,6 +48,15 @@ class CanaryState(models.TextChoices):
 CANARY_STEPS = (5, 25, 50, 100)  # a gradual rollout: 5% first, then up
 
 
+class WhileWaking(models.TextChoices):
+    """What a request does when the route's local engine is asleep (its profile sleeps when idle): the request wakes
+    it either way. Fall back: the route's next channel answers it meanwhile (a route with no next channel waits).
+    Wait: it waits for the engine, up to the route's deadline."""
+
+    FALL_BACK = "fallback", "Go to the next channel while it wakes"
+    WAIT = "wait", "Wait for it (up to the deadline)"
+
+
 class RouteBalance(models.TextChoices):
     """How a route spreads requests over its interchangeable local channels (a deployment's replicas): the leading
     local channels of the strategy's order (panel/gateway/balancing.py). In order: the strategy's order alone."""
@@ -244,6 +253,7 @@ class Route(models.Model):
     fallback_on_error = models.BooleanField(default=True)
     # Bounds every attempt, retry, backoff and fallback until the answer starts (below a client's usual 60 s).
     deadline_seconds = models.FloatField(default=45)
+    while_waking = models.CharField(max_length=10, choices=WhileWaking.choices, default=WhileWaking.FALL_BACK)
     # Over the leading local channels (a deployment's replicas): panel/gateway/balancing.py.
     balance = models.CharField(max_length=20, choices=RouteBalance.choices, default=RouteBalance.IN_ORDER,
                                blank=True)

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
-from panel.channels.models import Route, RouteStrategy, listed_routes, order_channels
+from panel.channels.models import ChannelKind, Route, RouteStrategy, listed_routes, order_channels
 from panel.core import outbound
 from panel.core.redis_client import async_redis
 
@@ -44,6 +44,7 @@ class Target:
     context_tokens: int | None = None  # a local engine's context (max_model_len): no answer can be longer
     tool_calling: bool | None = None  # a local engine started with vLLM's auto tool choice (None: not an engine)
     engine_words: str = ""  # "deployment #3 (profile tiny-cpu)", for what the gateway says about a local engine
+    sleeping: int | None = None  # the deployment's id while it sleeps or wakes: a request wakes it (gateway/waking.py)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,14 @@ class RouteTargets:
     rules: tuple = ()  # CachedRule, in the order they are tried
     balance: str = ""  # over the leading local channels (a deployment's replicas): gateway/balancing.py
     affinity_header: str = ""
+    while_waking: str = "fallback"  # channels.models.WhileWaking
+
+    def target(self, channel_id):
+        """This route's current Target for a channel (its own entries, its rules', its canary), or None."""
+        for entry in (*self.entries, *(entry for rule in self.rules for entry in rule.entries)):
+            if entry.target.id == channel_id:
+                return entry.target
+        return self.canary if self.canary is not None and self.canary.id == channel_id else None
 
     def with_rule(self, rule):
         """The route as a request that matched `rule` sees it: the rule's channels in the rule's order, with the
@@ -129,7 +138,14 @@ def target_for(channel):
                   connect_timeout=float(channel.connect_timeout_seconds),
                   first_byte_timeout=float(channel.first_byte_timeout_seconds),
                   idle_timeout=float(channel.idle_timeout_seconds), loopback_ok=loopback_ok,
-                  **(_engine_facts(channel.deployment) if loopback_ok else {}))
+                  sleeping=_sleeping(channel), **(_engine_facts(channel.deployment) if loopback_ok else {}))
+
+
+def _sleeping(channel):
+    """The deployment's id when a local channel's engine sleeps or wakes (its address may move on waking, so this is
+    read whether or not the channel still points at it)."""
+    deployment = channel.deployment if channel.deployment_id and channel.kind == ChannelKind.LOCAL else None
+    return deployment.pk if deployment is not None and deployment.sleeping else None
 
 
 def _engine_facts(deployment):
@@ -159,7 +175,8 @@ def _load(team_id, model_name):
     return RouteTargets(route_id=route.pk, model_name=route.model_name, strategy=route.strategy,
                         fallback_on_error=route.fallback_on_error, entries=tuple(entries), canary=canary,
                         canary_percent=route.canary_percent if canary else 0, deadline=float(route.deadline_seconds),
-                        rules=rules, balance=route.balance, affinity_header=route.affinity_header)
+                        rules=rules, balance=route.balance, affinity_header=route.affinity_header,
+                        while_waking=route.while_waking)
 
 
 def _load_names(team_id):

@@ -26,6 +26,7 @@ from panel.channels.models import (
     RouteBalance,
     RouteChannel,
     RouteStrategy,
+    WhileWaking,
 )
 from panel.channels.routing import routing_changed
 from panel.core import crypto, outbound, safejson
@@ -380,15 +381,18 @@ ROUTE_DEADLINE_LIMITS = (1, 3600)
 @transaction.atomic
 def route_save(*, team, user=None, route=None, model_name, strategy=RouteStrategy.LOCAL_FIRST,
                fallback_on_error=True, enabled=True, entries=(), deadline_seconds=None, balance=None,
-               affinity_header=None):
+               affinity_header=None, while_waking=None):
     """Create (route=None) or replace a route with its channels. `entries` is [(channel, position, weight)].
-    `balance` and `affinity_header` (None: left as they are) spread requests over the leading local channels."""
+    `balance` and `affinity_header` (None: left as they are) spread requests over the leading local channels;
+    `while_waking` (None: left as it is) says what a request does while the route's local engine wakes."""
     entries = list(entries)
     errors = route_check(team=team, route=route, model_name=model_name, strategy=strategy, entries=entries)
     if deadline_seconds is not None and not (
             isinstance(deadline_seconds, (int, float)) and not isinstance(deadline_seconds, bool)
             and ROUTE_DEADLINE_LIMITS[0] <= deadline_seconds <= ROUTE_DEADLINE_LIMITS[1]):
         errors["deadline_seconds"] = ["The deadline is a number of seconds from 1 to 3600."]
+    if while_waking is not None and while_waking not in WhileWaking.values:
+        errors["while_waking"] = [f"While waking is one of: {', '.join(repr(v) for v in WhileWaking.values)}."]
     if balance is not None and balance not in RouteBalance.values:
         errors["balance"] = [f"Balancing is one of: {', '.join(repr(v) for v in RouteBalance.values)}."]
     if affinity_header:
@@ -407,6 +411,8 @@ def route_save(*, team, user=None, route=None, model_name, strategy=RouteStrateg
         route.deadline_seconds = float(deadline_seconds)
     if balance is not None:
         route.balance = balance
+    if while_waking is not None:
+        route.while_waking = while_waking
     if affinity_header is not None:
         route.affinity_header = affinity_header.strip()
     route.save()

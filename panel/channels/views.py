@@ -153,7 +153,7 @@ def _route_form(request, route):
                                strategy=data["strategy"], fallback_on_error=data["fallback_on_error"],
                                enabled=data["enabled"], entries=form.entries(),
                                deadline_seconds=data["deadline_seconds"], balance=data["balance"],
-                               affinity_header=data["affinity_header"])
+                               affinity_header=data["affinity_header"], while_waking=data["while_waking"] or None)
         except ValidationError as error:
             for field, errors in error.message_dict.items():
                 form.add_error(field if field in form.fields else None, errors)

@@ -29,6 +29,7 @@ class CostLine:
     tokens: int
     cost: float | None  # None: a local channel whose host has no GPU price
     gpu_hours: float = 0.0
+    asleep_hours: float = 0.0  # a local line's hours asleep in the range, not in gpu_hours (serving/sleep.py)
     hourly: float | None = None
     baseline: float | None = None  # these tokens at the cloud baseline's prices
     cached: int = 0  # prompt tokens read from the provider's cache (part of `tokens`)
@@ -162,6 +163,7 @@ def cost_summary(query: DashboardQuery):
         deployment = deployments.get(row["deployment_id"])
         if deployment is not None:
             line.gpu_hours = deployment_up_hours(deployment, since=query.start, until=query.end)
+            line.asleep_hours = deployment_asleep_hours(deployment, since=query.start, until=query.end)
             line.hourly = deployment_hourly_price(deployment)
             if line.hourly is None:
                 summary.missing_prices.append(deployment.host.host if deployment.host else str(deployment))
@@ -202,6 +204,7 @@ def _idle_lines(query, *, served, channels, summary):
             summary.missing_prices.append(deployment.host.host if deployment.host else str(deployment))
         name = f"{named.get(deployment.pk, f'deployment #{deployment.pk}')} (idle)"
         lines.append(CostLine(name=name, kind="local", requests=0, tokens=0, gpu_hours=hours, hourly=hourly,
+                              asleep_hours=deployment_asleep_hours(deployment, since=query.start, until=query.end),
                               cost=None if hourly is None else hours * hourly, deployment_id=deployment.pk,
                               baseline=0.0 if summary.baseline_channel is not None else None))
     return lines
@@ -217,13 +220,27 @@ def deployment_hourly_price(deployment):
     return float(host.gpu_price_per_hour) * gpus
 
 
-def deployment_up_hours(deployment, *, since, until):
-    """Hours the deployment was up (ready until finished, or now) within [since, until] (epoch seconds)."""
+def _lifetime(deployment, since, until):
+    """[began, ended] of the deployment's life (first ready until finished, or now) within [since, until]."""
     if deployment.ready_at is None:
-        return 0.0
+        return None
     began = max(deployment.ready_at.timestamp(), since)
     ended = min(deployment.finished_at.timestamp() if deployment.finished_at else until, until)
-    return max(ended - began, 0) / 3600
+    return (began, ended) if ended > began else None
+
+
+def deployment_up_hours(deployment, *, since, until):
+    """Hours the deployment was up (ready until finished, or now) within [since, until] (epoch seconds), less the
+    time it slept (serving/sleep.py: its engine stopped, its GPU free)."""
+    life = _lifetime(deployment, since, until)
+    if life is None:
+        return 0.0
+    return max(life[1] - life[0] - deployment.nap_seconds(since=life[0], until=life[1]), 0) / 3600
+
+
+def deployment_asleep_hours(deployment, *, since, until):
+    life = _lifetime(deployment, since, until)
+    return deployment.nap_seconds(since=life[0], until=life[1]) / 3600 if life is not None else 0.0
 
 
 def baseline_channel(team, rows, channels):

@@ -279,16 +279,18 @@ def cost(query):
         page.figures["savings"]["layout"]["title"]["text"] = f"All-cloud cost ({query.range}); actual unknown"
     page.tables.append(Table("cost", "Cost by channel", [
         "channel", "kind", "requests", "tokens", "cached prompt tokens", "cache writes", "reasoning tokens",
-        "provider tool calls", "GPU hours", "price per hour", "cost", "cost / 1M tokens",
+        "provider tool calls", "GPU hours", "hours asleep", "price per hour", "cost", "cost / 1M tokens",
         "same tokens at the cloud baseline"],
         [[line.name, line.kind, line.requests, line.tokens, line.cached, line.cache_writes, line.reasoning,
           line.tool_calls,
           round(line.gpu_hours, 3) if line.kind == "local" else "",
+          round(line.asleep_hours, 3) if line.kind == "local" else "",
           _money(line.hourly) if line.hourly is not None else ("unknown" if line.kind == "local" else ""),
           _money(line.cost) if line.cost is not None else "unknown",
           _money(line.per_million) if line.cost is not None or line.kind == "remote" else "unknown",
           _money(line.baseline) if line.kind == "local" else ""] for line in lines],
-        note=("Local cost: the host's GPU price per hour × GPUs × the hours the deployment was up in this range. "
+        note=("Local cost: the host's GPU price per hour × GPUs × the hours the deployment was up in this range "
+              "(hours asleep, its engine stopped after idle minutes, are not counted). "
               "Each request carries its minute's share of it, by tokens; idle minutes count here but are charged to no "
               "request. "
               + (f"No GPU price on: {unpriced}: its local cost is unknown until a price is set on the Workers "
@@ -380,7 +382,8 @@ def _pct(value):
 
 
 def _percent(value):
-    return "—" if value is None else f"{value:g} %"
+    """12.5 %, 100 %, -6,253,378.67 % (never in exponent form)."""
+    return "—" if value is None else f"{value:,.2f}".rstrip("0").rstrip(".") + " %"
 
 
 def _fmt_ms(value):

@@ -37,19 +37,33 @@ def step(target, outcome, began, status=None):
             "ms": round((time.perf_counter() - began) * 1000), "status": status}
 
 
-async def first_success(targets, attempt_call, *, fallback_on_error, log, deadline=None, stream=False):
+async def first_success(targets, attempt_call, *, fallback_on_error, log, deadline=None, stream=False, waker=None):
     """Try each target (retries with backoff on retryable errors) until `attempt_call(target, limits)` succeeds,
     within `deadline` seconds for all of it. Returns (target, value); raises the last UpstreamError (kind
     "deadline" when the route's deadline ran out). `log` collects the attempts, the trail of each (channel, outcome,
-    ms, status), `current` (the channel being called) and `fell_back` (the answer is not from the first choice)."""
+    ms, status), `current` (the channel being called) and `fell_back` (the answer is not from the first choice).
+    A sleeping local engine is woken by `waker` (gateway/waking.py), which says whether to wait for it."""
     targets = list(targets)
     first_choice = targets[0].id if targets else None
     trail = log.setdefault("trail", [])
     ends = time.monotonic() + deadline if deadline else None
     last = UpstreamError("no_channel", "the route has no enabled channel", retryable=False)
-    for index, target in enumerate(await COOLDOWN.order(targets)):
+    ordered = await COOLDOWN.order(targets)
+    for index, target in enumerate(ordered):
         if index and not fallback_on_error:
             break
+        if target.sleeping is not None:
+            began = time.perf_counter()
+            awake = None if waker is None else await waker(
+                target, until=ends, has_next=fallback_on_error and index + 1 < len(ordered))
+            log["current"] = target
+            if awake is None:
+                trail.append(step(target, "waking", began))
+                last = UpstreamError("waking", f"the local engine of {target.name} is waking from sleep and was "
+                                               "not ready in time", retryable=False)
+                continue
+            trail.append(step(target, "woke", began))
+            target = awake
         if target.credential_error:
             last = UpstreamError("misconfigured", target.credential_error, retryable=False)
             trail.append(step(target, "misconfigured", time.perf_counter()))

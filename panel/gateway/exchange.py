@@ -61,6 +61,11 @@ class Exchange:
         self.fitted = []  # what admission changed for every channel (max_tokens fitted to a budget)
 
     @property
+    def owner_team_id(self):
+        """The team the request is made for: its key's, or the panel's own request's."""
+        return self.key.team_id if self.key is not None else self.team_id
+
+    @property
     def headers(self):
         return [(b"x-request-id", self.request_id.encode()), *adapted_header(self.fitted + self.adapted)]
 
@@ -149,7 +154,7 @@ class Exchange:
         fields = dict(self.fields)
         fields["latency_ms"] = (time.perf_counter() - self.started) * 1000
         channel = self.channel
-        usage_writer.record(team_id=self.key.team_id if self.key else self.team_id,
+        usage_writer.record(team_id=self.owner_team_id,
                             key_id=self.key.id if self.key else None, route_id=self.route_id,
                             channel_id=channel.id if channel else None, attempts=self.log["attempts"],
                             rate_limited_attempts=self.log["rate_limited"], fell_back=self.log["fell_back"],

@@ -13,6 +13,7 @@ from panel.gateway.attempts import first_success
 from panel.gateway.exchange import Exchange, cost_of
 from panel.gateway.responses import STATUS_FOR_KIND, is_json, json_requested
 from panel.gateway.upstream import TRANSPORT_ERRORS, UpstreamError, open_stream, parse_event, upstream_body
+from panel.gateway.waking import Waker
 
 CHAT_PATH = "/chat/completions"
 
@@ -57,7 +58,8 @@ async def chat_stream(*, targets, payload, model_name, team_id, route_id, fallba
             target, opened = await first_success(
                 list(targets), lambda target, limits: open_stream(
                     target, CHAT_PATH, upstream_body(body, target, stream=True), limits),
-                fallback_on_error=fallback, log=exchange.log, stream=True)
+                fallback_on_error=fallback, log=exchange.log, stream=True,
+                waker=Waker.for_channels(f"a {endpoint} request"))
             exchange.target = target
             async for event in stream_events(opened):
                 exchange.usage_from(event)

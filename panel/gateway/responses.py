@@ -9,8 +9,10 @@ from panel.core import safejson
 from panel.gateway.apis import openai_error_body as error_body
 from panel.gateway.attempts import first_success
 from panel.gateway.upstream import TRANSPORT_ERRORS, UpstreamError, open_stream, post_json
+from panel.gateway.waking import Waker
 
-STATUS_FOR_KIND = {"stalled": 504, "deadline": 504, "rate_limited": 429, "misconfigured": 502, "no_channel": 503}
+STATUS_FOR_KIND = {"stalled": 504, "deadline": 504, "rate_limited": 429, "misconfigured": 502, "no_channel": 503,
+                   "waking": 503}
 
 
 async def send_json(send, status, body, headers=()):
@@ -46,7 +48,8 @@ async def plain_response(exchange, route, passage, send):
     try:
         target, (data, usage) = await first_success(passage.targets, attempt,
                                                     fallback_on_error=route.fallback_on_error, log=exchange.log,
-                                                    deadline=route.deadline)
+                                                    deadline=route.deadline,
+                                                    waker=Waker.for_route(exchange.owner_team_id, route))
     except UpstreamError as error:
         status, payload = upstream_failure(exchange, error, passage)
         await send_json(send, status, payload, exchange.headers)
@@ -90,7 +93,8 @@ async def stream_response(exchange, route, passage, send):
     try:
         target, opened = await first_success(
             passage.targets, attempt, fallback_on_error=route.fallback_on_error,
-            log=exchange.log, deadline=route.deadline, stream=True)
+            log=exchange.log, deadline=route.deadline, stream=True,
+            waker=Waker.for_route(exchange.owner_team_id, route))
     except UpstreamError as error:
         status, payload = upstream_failure(exchange, error, passage)
         await send_json(send, status, payload, exchange.headers)

@@ -15,6 +15,7 @@ from panel.gateway import messages_api, translation
 from panel.gateway.attempts import first_success
 from panel.gateway.responses import send_json, upstream_failure
 from panel.gateway.upstream import UpstreamError, post_json
+from panel.gateway.waking import Waker
 
 ESTIMATE_WORDS = b"estimate: no channel of this route counts tokens; characters / 4"
 
@@ -71,7 +72,7 @@ async def respond(exchange, route, body, send):
 
     try:
         _, count = await first_success(targets, attempt, fallback_on_error=route.fallback_on_error, log=exchange.log,
-                                       deadline=route.deadline)
+                                       deadline=route.deadline, waker=Waker.for_route(exchange.owner_team_id, route))
     except UpstreamError as error:
         status, payload = upstream_failure(exchange, error, _Errors)
         await send_json(send, status, payload, exchange.headers)

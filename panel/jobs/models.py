@@ -14,7 +14,9 @@ from panel.notifications.models import EventKind
 
 class JobState(models.TextChoices):
     """Every state of every kind of job. A job that runs to an end uses the first six; a deployment (a job that runs
-    until it is stopped) is pending and fails like any job, and is otherwise starting, ready, stopping, stopped."""
+    until it is stopped) is pending and fails like any job, and is otherwise starting, ready, stopping, stopped; one
+    whose profile sleeps when idle is asleep (its engine stopped, its worker waiting) and waking (asked to start
+    again by a request)."""
     PENDING = "pending", "Pending"
     RUNNING = "running", "Running"
     CANCELLING = "cancelling", "Cancelling"
@@ -25,6 +27,8 @@ class JobState(models.TextChoices):
     READY = "ready", "Ready"
     STOPPING = "stopping", "Stopping"
     STOPPED = "stopped", "Stopped"
+    ASLEEP = "asleep", "Asleep"
+    WAKING = "waking", "Waking"
 
 
 def state_choices(states):

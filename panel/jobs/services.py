@@ -70,11 +70,11 @@ def job_enqueue(job, task):
     transaction.on_commit(lambda: current_app.send_task(task, args=[job.pk], queue=job.queue or "default"))
 
 
-def job_claim(job, *, worker, reason="", **fields):
-    """A worker takes a pending job (with `fields` written in the same UPDATE). False means someone already did
-    (duplicate delivery), or it was stopped before it started: do nothing."""
+def job_claim(job, *, worker, reason="", allowed_from=(JobState.PENDING,), **fields):
+    """A worker takes a pending job (with `fields` written in the same UPDATE); a woken deployment is claimed from
+    waking. False means someone already did (duplicate delivery), or it was stopped before it started: do nothing."""
     now = timezone.now()
-    return job_transition(job, to=type(job).CLAIMED, allowed_from=[JobState.PENDING],
+    return job_transition(job, to=type(job).CLAIMED, allowed_from=list(allowed_from),
                           reason=reason or f"claimed by {worker}", worker=worker, started_at=now, heartbeat_at=now,
                           **fields)
 

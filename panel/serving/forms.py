@@ -22,13 +22,14 @@ def model_default_length(model):
 PROFILE_FIELDS = ["name", "model", "served_model_name", "dtype", "quantization", "quantization_bits", "max_model_len",
                   "enable_prefix_caching", "block_size", "gpu_memory_utilization", "swap_space", "max_num_seqs",
                   "max_num_batched_tokens", "enable_chunked_prefill", "tensor_parallel_size",
-                  "pipeline_parallel_size", "port", "tool_call_parser", "extra_args"]
+                  "pipeline_parallel_size", "port", "tool_call_parser", "extra_args", "sleep_after_minutes"]
 SECTIONS = [
     ("Model", ["name", "model", "served_model_name", "dtype", "quantization", "quantization_bits", "max_model_len"]),
     ("KV cache", ["enable_prefix_caching", "block_size", "gpu_memory_utilization", "swap_space"]),
     ("Batching", ["max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill"]),
     ("Parallelism and server", ["tensor_parallel_size", "pipeline_parallel_size", "port", "tool_call_parser",
                                 "extra_args"]),
+    ("When idle", ["sleep_after_minutes"]),
 ]
 
 

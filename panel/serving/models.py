@@ -1,4 +1,6 @@
 import shlex
+from datetime import datetime
+from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.db import models
@@ -49,6 +51,8 @@ class ServingProfile(models.Model):
     tool_call_parser = models.CharField(max_length=20, blank=True, choices=_choices("tool_call_parser"),
                                         default=F["tool_call_parser"].default)
     extra_args = models.CharField(max_length=1000, blank=True)
+    # not an engine flag: the panel stops an idle engine and starts it again on the next request (serving/sleep.py)
+    sleep_after_minutes = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -64,8 +68,14 @@ class ServingProfile(models.Model):
 
 DeploymentState = JobState  # a deployment's states are job states: pending, starting, ready, stopping, stopped, failed
 DEPLOYMENT_STATES = (JobState.PENDING, JobState.STARTING, JobState.READY, JobState.STOPPING, JobState.STOPPED,
-                     JobState.FAILED)
-LIVE_DEPLOYMENT_STATES = (DeploymentState.STARTING, DeploymentState.READY, DeploymentState.STOPPING)
+                     JobState.FAILED, JobState.ASLEEP, JobState.WAKING)
+# Asleep and waking are live: the deployment's worker still owns it (it heartbeats and starts the engine on a wake).
+LIVE_DEPLOYMENT_STATES = (DeploymentState.STARTING, DeploymentState.READY, DeploymentState.STOPPING,
+                          DeploymentState.ASLEEP, DeploymentState.WAKING)
+# The states in which a deployment keeps its local channel on its route although its engine is not serving: the
+# gateway wakes it (serving/sleep.py). A woken engine is starting with its channel still enabled; one started any
+# other way has none enabled yet.
+SLEEPING_STATES = (DeploymentState.ASLEEP, DeploymentState.WAKING, DeploymentState.STARTING)
 ACTIVE_DEPLOYMENT_STATES = (DeploymentState.PENDING,) + LIVE_DEPLOYMENT_STATES
 
 
@@ -153,10 +163,25 @@ class Deployment(Job):
         # Whoever sees a ready deployment sees its local channel, and a stopped one is no longer routed.
         local_channel_sync(self)
 
+    def nap_seconds(self, *, since, until):
+        """Seconds asleep within [since, until] (epoch seconds): its GPU hours stop meanwhile."""
+        total = 0.0
+        for nap in self.naps.filter(began_at__lt=datetime.fromtimestamp(until, tz=dt_timezone.utc)).exclude(
+                ended_at__lt=datetime.fromtimestamp(since, tz=dt_timezone.utc)):
+            ended = nap.ended_at.timestamp() if nap.ended_at else until
+            total += max(min(ended, until) - max(nap.began_at.timestamp(), since), 0)
+        return total
+
     @property
     def routable(self):
         """The gateway may send requests to it (its local channel is enabled)."""
         return self.state == DeploymentState.READY
+
+    @property
+    def sleeping(self):
+        """Asleep, or woken and not ready yet: a request to its (still enabled) local channel wakes it and waits or
+        falls back (gateway/waking.py)."""
+        return self.state in SLEEPING_STATES
 
     @property
     def uptime_seconds(self):
@@ -167,3 +192,17 @@ class Deployment(Job):
     @property
     def command_line(self):
         return " ".join(shlex.quote(part) for part in self.command)
+
+
+class Nap(models.Model):
+    """A stretch during which a deployment slept (its engine stopped after idle minutes): from falling asleep until
+    a request woke it, or until it was stopped. Its GPU hours stop meanwhile (dashboards/cost.py)."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="naps")
+    began_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    woken_by = models.CharField(max_length=200, blank=True)  # "a request for tiny-chat", "alice", "stopped"
+
+    class Meta:
+        ordering = ["began_at"]
+        indexes = [models.Index(fields=["deployment", "began_at"])]

@@ -103,6 +103,11 @@ FIELDS = (
                  help="vLLM's automatic tool choice, with the parser that reads the model family's tool calls: "
                       "what agents (Claude Code, OpenAI tools) need. Off: a request that lets the model call tools "
                       "goes to another channel of its route, or is refused in words."),
+    ProfileField("sleep_after_minutes", float, None, "Sleep when idle (minutes)", nullable=True, min_value=0.1,
+                 max_value=7 * 24 * 60,
+                 help="After this many minutes without a request the engine stops and its GPU hours stop; the next "
+                      "request wakes it (its route says whether that request waits or goes to the route's next "
+                      "channel meanwhile). Empty: never sleeps."),
     ProfileField("extra_args", str, "", "Extra engine arguments",
                  help="More vLLM flags, shell-quoted, e.g. --enforce-eager. Flags the profile sets are refused."),
     ProfileField("name", str, "", "Profile name"),

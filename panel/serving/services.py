@@ -26,7 +26,7 @@ from panel.jobs.services import (
 from panel.registry import memory
 from panel.registry.models import RegisteredModel
 from panel.registry.services import serving_refusal
-from panel.serving import configfile, placement, rules, supervisor
+from panel.serving import configfile, placement, rules, sleep, supervisor
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ServingProfile
 from panel.serving.profile_fields import FIELDS, FIELDS_BY_NAME
 
@@ -173,6 +173,7 @@ class DeploymentHooks:
 
     def __init__(self, deployment):
         self.deployment = deployment
+        self.sleep = sleep.SleepHooks(deployment)
 
     def started(self, pid):
         job_heartbeat(self.deployment, pid=pid)
@@ -187,11 +188,14 @@ class DeploymentHooks:
                        heartbeat_at=now, verification=verification)
 
     def beat(self, log_lines):
-        job_heartbeat(self.deployment, log_lines=log_lines)
+        self.sleep.after_beat(job_heartbeat(self.deployment, log_lines=log_lines))
         return self.stop_requested()
 
     def stop_requested(self):
+        """Stop the engine: stopped, failed, or asleep once drained (serving/sleep.py)."""
         state = Deployment.objects.filter(pk=self.deployment.pk).values_list("state", flat=True).first()
+        if state in (DeploymentState.ASLEEP, DeploymentState.WAKING):
+            return self.sleep.stop_engine(state)
         return state not in (DeploymentState.STARTING, DeploymentState.READY)
 
 
@@ -228,6 +232,7 @@ def deployment_execute(*, deployment_id, worker):
             return False
     log_path = Path(settings.LOGS_DIR) / f"deployment-{deployment.pk}.log"
     hooks = DeploymentHooks(deployment)
+    woken = False
     while True:
         port = deployment.profile.port or supervisor.free_port()
         argv = launch_argv(deployment.profile, port=port)
@@ -239,13 +244,18 @@ def deployment_execute(*, deployment_id, worker):
             job_fail(deployment, kind="exposed_engine", reason=exposed, event="refused to start an open engine")
             return False
         claimed = job_claim(deployment, worker=worker,
-                            reason=f"started by {worker}" + (f" (restart {deployment.restarts})"
-                                                             if deployment.restarts else ""),
+                            allowed_from=[DeploymentState.WAKING] if woken else [DeploymentState.PENDING],
+                            reason=f"started by {worker}" + (" after a wake" if woken else "")
+                            + (f" (restart {deployment.restarts})" if deployment.restarts and not woken else ""),
                             port=port, base_url=base_url, command=argv, gpu_indices=deployment.gpu_indices or [],
                             verification={}, engine_key_ciphertext=crypto.encrypt(engine_key))
         if not claimed:
+            if woken:  # stopped while waking: no engine to stop
+                job_cancelled(deployment, reason="stopped while waking")
+                return True
             log.info("deployment #%s is not pending; duplicate delivery or stopped before start", deployment.pk)
             return False
+        woken = False
         profile = deployment.profile
         outcome = supervisor.run_server(
             argv, env=env, port=port, served_model_name=deployment.served_model_name,
@@ -253,7 +263,15 @@ def deployment_execute(*, deployment_id, worker):
             wanted_prefix_caching=profile.enable_prefix_caching,
             grace_seconds=settings.DEPLOYMENT_STOP_GRACE_SECONDS)
         close_old_connections()
-        if outcome.stopped or Deployment.objects.filter(pk=deployment.pk, state=DeploymentState.STOPPING).exists():
+        state = Deployment.objects.filter(pk=deployment.pk).values_list("state", flat=True).first()
+        if state in (DeploymentState.ASLEEP, DeploymentState.WAKING):  # stopped for sleep: start again when woken
+            woken = sleep.wait_while_asleep(deployment)
+            if woken:
+                continue
+            if job_cancelled(deployment, reason="stopped while asleep"):
+                return True
+            state = Deployment.objects.filter(pk=deployment.pk).values_list("state", flat=True).first()
+        if outcome.stopped or state == DeploymentState.STOPPING:
             job_cancelled(deployment, reason="engine stopped")
             return True
         kind, reason = supervisor.classify_crash(outcome)

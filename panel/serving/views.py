@@ -1,3 +1,5 @@
+import time
+
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.db.models import Case, Count, Q, When
@@ -221,7 +223,8 @@ def _detail_context(deployment):
     replicas = deployment.replicas()
     return {"deployment": deployment, "events": job_events(deployment), "replicas": replicas,
             "replica_figures": [(replica, replica.engine_figures()) for replica in replicas],
-            "all_final": deployment.replicas_final(replicas)}
+            "all_final": deployment.replicas_final(replicas),
+            "asleep_hours": deployment.nap_seconds(since=0, until=time.time()) / 3600}
 
 
 @team_view("serving.view")

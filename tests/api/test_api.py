@@ -177,8 +177,16 @@ def test_routes_and_a_canary_by_api(client, team_setup, owner_token):
             for name in ("stable", "candidate")]
     bad = call(client, "post", "/routes", owner_token, {"model_name": "chat", "channels": [{"channel": 999999}]})
     assert bad.status_code == 400 and not Route.objects.exists()
+    waking = call(client, "post", "/routes", owner_token, {"model_name": "chat", "while_waking": "snooze",
+                                                           "channels": [{"channel": made[0]}]})
+    assert waking.status_code in (400, 422) and "while_waking" in waking.text and not Route.objects.exists()
     route = call(client, "post", "/routes", owner_token, {"model_name": "chat", "channels": [{"channel": made[0]}]})
     assert route.status_code == 201 and route.json()["channels"][0]["channel"] == "stable"
+    assert route.json()["while_waking"] == "fallback"  # a sleeping local engine: the next channel meanwhile
+    waits = call(client, "put", f"/routes/{route.json()['id']}", owner_token,
+                 {"model_name": "chat", "while_waking": "wait", "channels": [{"channel": made[0]}]})
+    assert waits.status_code == 200 and waits.json()["while_waking"] == "wait"
+    assert Route.objects.get().while_waking == "wait"
     route_id = route.json()["id"]
     started = call(client, "post", f"/routes/{route_id}/canary", owner_token, {"channel": made[1], "percent": 5})
     assert started.status_code == 200 and started.json()["canary"]["state"] == "running"

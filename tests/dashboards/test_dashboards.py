@@ -491,3 +491,10 @@ def test_a_priced_deployment_that_served_nothing_still_costs_its_gpu_hours(traff
     assert [line for line in keyed.lines if line.kind == "local"] == []
     elsewhere = cost_summary(DashboardQuery(team=traffic["team"], range="1h", channel_id=traffic["cloud"].pk))
     assert [line for line in elsewhere.lines if line.kind == "local"] == []
+
+
+def test_a_percentage_card_is_never_in_exponent_form():
+    from panel.dashboards.pages import _percent
+
+    assert [_percent(value) for value in (12.5, 100.0, 0.0, -6253378.67, None)] == [
+        "12.5 %", "100 %", "0 %", "-6,253,378.67 %", "—"]
