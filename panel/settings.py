@@ -66,6 +66,7 @@ INSTALLED_APPS = [
     "panel.budgets",
     "panel.dashboards",
     "panel.compare",
+    "panel.evaluations",
     "panel.benchmarks",
     "panel.advisor",
     "panel.core",

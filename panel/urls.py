@@ -40,6 +40,7 @@ urlpatterns = [
     path("", include("panel.budgets.urls")),
     path("", include("panel.dashboards.urls")),
     path("", include("panel.compare.urls")),
+    path("", include("panel.evaluations.urls")),
     path("", include("panel.benchmarks.urls")),
     path("", include("panel.advisor.urls")),
     path("", include("panel.notifications.urls")),

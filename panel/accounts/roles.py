@@ -39,6 +39,9 @@ ACTIONS = {
     # compare
     "compare.view": Role.VIEWER,
     "compare.send": Role.MEMBER,  # send a turn, check its replies, share the conversation
+    # evaluations: sets of prompts with checks
+    "evaluations.view": Role.VIEWER,  # the sets, their versions and their JSONL
+    "evaluations.edit": Role.MEMBER,  # create, add the starter set, save a new version, delete
     # registry: models, quantization, quality reports
     "models.view": Role.VIEWER,  # models, quantization jobs, quality reports
     "models.register": Role.MEMBER,

@@ -12,6 +12,7 @@ from panel.api import (
     budgets,
     channels,
     errors,
+    evaluations,
     gguf,
     hosts,
     keys,
@@ -41,7 +42,7 @@ api = ManagementAPI(title="Tokenwise management API", version="1", auth=Ungated(
 errors.install(api)
 # Each operation names its action in its decorator (`auth=gate(...)`, panel/accounts/roles.py) or its router's.
 ROUTERS = [module.router for module in (team, tokens, keys, channels, routes, registry, gguf, serving, benchmarks,
-                                        ladders, hosts, budgets, usage, audit, webhooks, advisor)]
+                                        ladders, hosts, budgets, usage, audit, webhooks, advisor, evaluations)]
 for router in ROUTERS:
     api.add_router("", router)
 

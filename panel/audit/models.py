@@ -32,6 +32,8 @@ class AuditAction(models.TextChoices):
     WEBHOOK_CHANGED = "webhook_changed", "Webhook changed"
     ROUTE_RULE_CHANGED = "route_rule_changed", "Route rule changed"
     REFUSED = "refused", "Authorization refused"
+    EVAL_SET_SAVED = "eval_set_saved", "Evaluation set saved"
+    EVAL_SET_DELETED = "eval_set_deleted", "Evaluation set deleted"
 
 
 class AppendOnlyQuerySet(models.QuerySet):

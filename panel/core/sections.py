@@ -35,6 +35,9 @@ SECTIONS = [
             "local against cloud, with the savings against an all-cloud baseline.", action="usage.view"),
     Section("compare", "Compare", "◫", "The same prompt to the local model and to the cloud model, streamed side "
             "by side with TTFT, tokens/s, tokens and cost per column; JSON and prefix-cache checks."),
+    Section("evaluations", "Evaluations", "✓", "Evaluation sets: the team's own prompts with checks a machine runs "
+            "on every answer (JSON that parses and fits a schema, a pattern, a value, agreement with a reference "
+            "channel), versioned, to judge whether a cheaper model is still good enough."),
     Section("benchmarks", "Benchmarks", "◔", "Benchmark runs, the config ladder (FP16 → AWQ → prefix cache → "
             "batching) with this machine's real numbers, and the max_num_seqs sweep."),
     Section("advisor", "Advisor", "✦", "Concrete recommendations read from your traffic, engine metrics and "

@@ -7,7 +7,7 @@ from panel.accounts.services import membership_add
 from tests.support.browser import screenshot, sign_in
 
 NAVIGATION = ["Overview", "Models", "Quantization", "Serving", "Channels", "Gateway keys", "Dashboards", "Compare",
-              "Benchmarks", "Advisor", "Audit", "Workers"]
+              "Evaluations", "Benchmarks", "Advisor", "Audit", "Workers"]
 
 
 def test_it_signs_in_and_shows_the_navigation(page, live_server, team_setup):

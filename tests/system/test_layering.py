@@ -23,6 +23,7 @@ LAYERS = [
     "budgets",
     "gateway",
     "compare",
+    "evaluations",
     "dashboards",
     "benchmarks",
     "advisor",

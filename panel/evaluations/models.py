@@ -1,0 +1,44 @@
+"""Evaluation sets: a team's prompts with checks a machine can run on the answers (evaluations/checks.py), kept as
+numbered versions that never change once written, so a score always names the exact cases it was taken on."""
+from django.conf import settings
+from django.db import models
+
+
+class EvalSet(models.Model):
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="eval_set_name_unique_per_team")]
+
+    def __str__(self):
+        return self.name
+
+    def current(self):
+        """The newest version (every set has at least one)."""
+        return self.versions.order_by("-number").first()
+
+
+class EvalSetVersion(models.Model):
+    """One version of a set: its cases as parsed and checked (evaluations/sets.py), never edited afterwards."""
+
+    eval_set = models.ForeignKey(EvalSet, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    cases = models.JSONField(default=list)  # [{"id", "messages", "checks", "max_tokens"}]
+    note = models.CharField(max_length=300, blank=True)  # what changed, in the author's words
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-number"]
+        constraints = [models.UniqueConstraint(fields=["eval_set", "number"], name="eval_version_number_unique")]
+
+    def __str__(self):
+        return f"{self.eval_set.name} v{self.number}"

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from panel.evaluations import views
+
+urlpatterns = [
+    path("evaluations/", views.evaluations, name="evaluations"),
+    path("evaluations/new/", views.eval_set_new, name="eval_set_new"),
+    path("evaluations/starter/", views.eval_set_starter, name="eval_set_starter"),
+    path("evaluations/<int:set_id>/", views.eval_set_detail, name="eval_set_detail"),
+    path("evaluations/<int:set_id>/revise/", views.eval_set_revise_view, name="eval_set_revise"),
+    path("evaluations/<int:set_id>/delete/", views.eval_set_delete_view, name="eval_set_delete"),
+    path("evaluations/<int:set_id>/versions/<int:number>.jsonl", views.eval_set_download, name="eval_set_download"),
+]
