@@ -42,6 +42,7 @@ ACTIONS = {
     # evaluations: sets of prompts with checks
     "evaluations.view": Role.VIEWER,  # the sets, their versions and their JSONL
     "evaluations.edit": Role.MEMBER,  # create, add the starter set, save a new version, delete
+    "evaluations.run": Role.MEMBER,  # run a set on a channel or route (its requests cost what the channel costs)
     # registry: models, quantization, quality reports
     "models.view": Role.VIEWER,  # models, quantization jobs, quality reports
     "models.register": Role.MEMBER,

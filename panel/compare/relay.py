@@ -69,13 +69,14 @@ def metrics_of(outcome):
             "fell_back": exchange.log["fell_back"]}
 
 
-async def stream_chat(column, payload, *, team_id):
+async def stream_chat(column, payload, *, team_id, endpoint=ENDPOINT):
     """Send `payload` (a chat body without `model`) to the column and yield events:
-    {"type": "delta", "text"}... then {"type": "done", "ok", "text", "metrics", "diagnosis", "json_valid"}."""
+    {"type": "delta", "text"}... then {"type": "done", "ok", "text", "metrics", "diagnosis", "json_valid"}.
+    `endpoint`: what its usage row says sent it (Compare, an evaluation run)."""
     outcome = None
     stream = panel_requests.chat_stream(
         targets=column.targets, payload=payload, model_name=column.model_name, team_id=team_id,
-        route_id=column.route_id, fallback=column.fallback, endpoint=ENDPOINT,
+        route_id=column.route_id, fallback=column.fallback, endpoint=endpoint,
         # one channel was asked: its failure belongs to it in the usage record
         failed_target=column.targets[0] if column.kind == "channel" and column.targets else None)
     try:

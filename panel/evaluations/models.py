@@ -3,6 +3,8 @@ numbered versions that never change once written, so a score always names the ex
 from django.conf import settings
 from django.db import models
 
+from panel.jobs.models import Job
+
 
 class EvalSet(models.Model):
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
@@ -42,3 +44,19 @@ class EvalSetVersion(models.Model):
 
     def __str__(self):
         return f"{self.eval_set.name} v{self.number}"
+
+
+class EvalRun(Job):
+    """One version of a set answered by one candidate (a channel or a route, as Compare names them: "channel:3"),
+    each answer checked (evaluations/runs.py). `results` holds a line per case; `result` the summary."""
+
+    eval_version = models.ForeignKey(EvalSetVersion, on_delete=models.CASCADE, related_name="runs")
+    candidate = models.JSONField(default=dict)  # {"kind": "channel"|"route", "id", "label"}
+    # One line per case as it is answered: {"id", "passed", "answer", "checks", "ms", "cost", "error"}.
+    results = models.JSONField(default=list, blank=True)
+
+    class Meta(Job.Meta):
+        pass
+
+    def __str__(self):
+        return f"evaluation run #{self.pk}"

@@ -9,5 +9,7 @@ urlpatterns = [
     path("evaluations/<int:set_id>/", views.eval_set_detail, name="eval_set_detail"),
     path("evaluations/<int:set_id>/revise/", views.eval_set_revise_view, name="eval_set_revise"),
     path("evaluations/<int:set_id>/delete/", views.eval_set_delete_view, name="eval_set_delete"),
+    path("evaluations/<int:set_id>/run/", views.eval_run_start, name="eval_run_start"),
+    path("evaluations/runs/<int:run_id>/", views.eval_run_detail, name="eval_run_detail"),
     path("evaluations/<int:set_id>/versions/<int:number>.jsonl", views.eval_set_download, name="eval_set_download"),
 ]

@@ -9,8 +9,10 @@ from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
 from panel.accounts.roles import may
+from panel.compare.services import column_choices
 from panel.evaluations.checks import describe
-from panel.evaluations.models import EvalSet
+from panel.evaluations.models import EvalRun, EvalSet
+from panel.evaluations.runs import eval_run_launch
 from panel.evaluations.services import eval_set_create, eval_set_delete, eval_set_revise, starter_set_add
 from panel.evaluations.sets import MAX_BYTES, cases_jsonl
 
@@ -30,6 +32,16 @@ class EvalSetForm(forms.Form):
     def text(self):
         upload = self.cleaned_data.get("file")
         return upload.read(MAX_BYTES + 1) if upload else self.cleaned_data.get("cases", "")
+
+
+class RunForm(forms.Form):
+    candidate = forms.ChoiceField(label="Candidate", help_text="A channel, or a route as its clients see it. Each "
+                                  "answer is a request like any other: it shows on the dashboards and costs what "
+                                  "the channel costs.")
+
+    def __init__(self, *args, team, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["candidate"].choices = [(choice["key"], choice["label"]) for choice in column_choices(team=team)]
 
 
 class RevisionForm(forms.Form):
@@ -80,14 +92,17 @@ def _set(request, set_id):
     return get_object_or_404(EvalSet, pk=set_id, team=request.team)
 
 
-def _detail(request, eval_set, form=None, status=200):
+def _detail(request, eval_set, form=None, run_form=None, status=200):
     current = eval_set.current()
     rows = [(case, [describe(check) for check in case["checks"]]) for case in current.cases]
     form = form or RevisionForm(initial={"cases": cases_jsonl(current.cases)})
     return render(request, "evaluations/detail.html", {
         "eval_set": eval_set, "current": current, "rows": rows, "form": form,
+        "run_form": run_form or RunForm(team=request.team),
+        "runs": EvalRun.objects.filter(eval_version__eval_set=eval_set).select_related("eval_version")[:20],
         "versions": eval_set.versions.select_related("created_by"),
-        "can_edit": may(request.membership, "evaluations.edit")}, status=status)
+        "can_edit": may(request.membership, "evaluations.edit"),
+        "can_run": may(request.membership, "evaluations.run")}, status=status)
 
 
 @team_view("evaluations.view")
@@ -114,6 +129,30 @@ def eval_set_revise_view(request, set_id):
                 messages.success(request, f"Saved version {version.number}: {len(version.cases)} cases.")
             return redirect("eval_set_detail", set_id=eval_set.pk)
     return _detail(request, eval_set, form, status=400)
+
+
+@require_POST
+@team_view("evaluations.run")
+def eval_run_start(request, set_id):
+    eval_set = _set(request, set_id)
+    form = RunForm(request.POST, team=request.team)
+    if form.is_valid():
+        try:
+            run = eval_run_launch(team=request.team, user=request.user, eval_set=eval_set,
+                                  candidate=form.cleaned_data["candidate"])
+        except ValidationError as error:
+            _errors_into(form, error)
+        else:
+            return redirect("eval_run_detail", run_id=run.pk)
+    return _detail(request, eval_set, run_form=form, status=400)
+
+
+@team_view("evaluations.view")
+def eval_run_detail(request, run_id):
+    run = get_object_or_404(EvalRun.objects.select_related("eval_version__eval_set"), pk=run_id, team=request.team)
+    cases = {case["id"]: case for case in run.eval_version.cases}
+    lines = [(line, cases.get(line["id"], {})) for line in run.results]
+    return render(request, "evaluations/run.html", {"run": run, "lines": lines, "summary": run.result or {}})
 
 
 @require_POST

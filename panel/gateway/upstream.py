@@ -13,8 +13,7 @@ from panel.gateway.assemble import Assembly
 
 RETRY_AFTER_CAP_SECONDS = 5.0
 
-_session = None
-_engine_session = None
+_sessions = {}  # loopback_ok -> (the event loop it belongs to, the session)
 
 # aiohttp rather than httpx on the gateway's hot path: measured here, httpx's async client alone added about
 # 2 ms per streamed request, most of the gateway's overhead (docs/benchmarks.md).
@@ -22,23 +21,30 @@ TRANSPORT_ERRORS = (aiohttp.ClientError, ConnectionError, OSError)
 
 
 def session(loopback_ok=False):
-    """One connection pool per process and policy (created inside the running event loop). Every address a name
-    resolves to is checked by the outbound policy before the connection (no DNS rebinding); only the
-    deployments' own local channels may reach this machine."""
-    global _session, _engine_session
-    current = _engine_session if loopback_ok else _session
-    if current is None or current.closed:
+    """One connection pool per process, policy and event loop (the server's one loop; a worker that runs requests
+    through asyncio.run gets a new pool with each new loop). Every address a name resolves to is checked by the
+    outbound policy before the connection (no DNS rebinding); only the deployments' own local channels may reach
+    this machine."""
+    loop = asyncio.get_running_loop()
+    held_loop, current = _sessions.get(loopback_ok, (None, None))
+    if current is None or current.closed or held_loop is not loop:
         connector = outbound.PolicyConnector(loopback_ok=loopback_ok, limit=1000, keepalive_timeout=30,
                                              ttl_dns_cache=60)
         # No cookie jar: an upstream's cookies must not ride along on another team's next request to it (and
         # matching cookies per request costs CPU on every call).
         current = aiohttp.ClientSession(connector=connector, auto_decompress=True, raise_for_status=False,
                                         json_serialize=json.dumps, cookie_jar=aiohttp.DummyCookieJar())
-        if loopback_ok:
-            _engine_session = current
-        else:
-            _session = current
+        _sessions[loopback_ok] = (loop, current)
     return current
+
+
+async def sessions_close():
+    """Close this loop's pools: for a caller that runs requests in a loop of its own and is done with it."""
+    loop = asyncio.get_running_loop()
+    for key, (held_loop, current) in list(_sessions.items()):
+        if held_loop is loop:
+            del _sessions[key]
+            await current.close()
 
 
 @dataclass(frozen=True)

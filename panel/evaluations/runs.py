@@ -1,0 +1,152 @@
+"""Evaluation runs: every case of a set's version answered by one candidate (a channel or a route, through the
+gateway's entry point for the panel's own requests, so each answer is a usage row with endpoint "evaluation" and
+its cost), each answer checked; the summary is the pass rate, the cost and the cost per accepted answer.
+
+Checks that need another channel are answered first: `agrees` asks the named reference channel the same case,
+`judge` asks the named judge channel whether the answer meets the criteria (PASS or FAIL on its first line)."""
+import asyncio
+import statistics
+from decimal import Decimal
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import ValidationError
+
+from panel.channels.models import Channel
+from panel.compare.relay import stream_chat
+from panel.compare.services import CompareError, column_resolve, column_spec
+from panel.evaluations.checks import MAX_ANSWER_CHARS, run_check
+from panel.evaluations.models import EvalRun
+from panel.gateway.upstream import sessions_close
+from panel.jobs.services import job_claim, job_created, job_enqueue, job_fail, job_heartbeat, job_succeed
+
+ENDPOINT = "evaluation"  # the usage rows of an evaluation run's requests
+SHOWN_ANSWER_CHARS = 2000
+JUDGE_SYSTEM = ("You grade one answer against criteria. Reply with PASS or FAIL on the first line, then one short "
+                "sentence saying why. Judge only what the criteria ask.")
+
+
+def helper_channels(cases):
+    """The channel names the cases' agrees and judge checks name."""
+    return sorted({check["channel"] for case in cases for check in case["checks"]
+                   if check["type"] in ("agrees", "judge")})
+
+
+def eval_run_launch(*, team, user, eval_set, candidate):
+    """Queue a run of the set's current version on `candidate` ("channel:3" or "route:5"); ValidationError, saving
+    nothing, for an unknown or disabled candidate or a reference or judge channel the team does not have enabled."""
+    try:
+        spec = column_spec(team=team, key=candidate, field="candidate")
+    except CompareError as error:
+        raise ValidationError({"candidate": [str(error)]}) from None
+    version = eval_set.current()
+    enabled = set(Channel.objects.filter(team=team, enabled=True).values_list("name", flat=True))
+    missing = [name for name in helper_channels(version.cases) if name not in enabled]
+    if missing:
+        raise ValidationError({"candidate": [f"The set's checks ask channel {', '.join(missing)}, which your team "
+                                             "does not have enabled: add it, or change the set."]})
+    run = EvalRun.objects.create(team=team, created_by=user, eval_version=version, candidate=spec, queue="default")
+    job_created(run, actor=user, reason=f"{eval_set.name} v{version.number} on {spec['label']}")
+    job_enqueue(run, "panel.evaluations.tasks.run_evaluation")
+    return run
+
+
+def eval_run_execute(*, run_id, worker):
+    run = EvalRun.objects.select_related("eval_version__eval_set").get(pk=run_id)
+    if not job_claim(run, worker=worker):
+        return False
+    try:
+        column = column_resolve(team=run.team, spec=run.candidate, index=0)
+        helpers = {name: _channel_column(run.team, name) for name in helper_channels(run.eval_version.cases)}
+    except (CompareError, ValidationError) as error:
+        job_fail(run, kind="candidate_gone", reason=str(error))
+        return True
+    results = asyncio.run(_cases(run, column, helpers))
+    if results is not None:
+        job_succeed(run, result=summary(results))
+    return True
+
+
+async def _cases(run, column, helpers):
+    """Every case in one event loop (the gateway's connection pools live in it), the row updated after each; None
+    when the run was cancelled meanwhile."""
+    cases, results = run.eval_version.cases, []
+    try:
+        for number, case in enumerate(cases, start=1):
+            state = await sync_to_async(job_heartbeat)(run, progress=100 * (number - 1) // len(cases),
+                                                       phase=f"case {number} of {len(cases)}: {case['id']}")
+            if state != EvalRun.CLAIMED:
+                return None  # cancelled: the row says so
+            results.append(await _case(case, column, helpers, team_id=run.team_id))
+            await sync_to_async(EvalRun.objects.filter(pk=run.pk).update)(results=results)
+    finally:
+        await sessions_close()
+    return results
+
+
+def _channel_column(team, name):
+    channel = Channel.objects.filter(team=team, name=name, enabled=True).first()
+    if channel is None:
+        raise ValidationError(f"channel {name} is gone or disabled")
+    return column_resolve(team=team, spec={"kind": "channel", "id": channel.pk, "label": name}, index=0)
+
+
+async def _ask(column, messages, max_tokens, team_id):
+    payload = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    done = None
+    async for event in stream_chat(column, payload, team_id=team_id, endpoint=ENDPOINT):
+        if event["type"] == "done":
+            done = event
+    return done
+
+
+async def _case(case, column, helpers, *, team_id):
+    """One case: the candidate's answer, the helpers' answers its checks need, each check's verdict."""
+    done = await _ask(column, case["messages"], case["max_tokens"], team_id)
+    line = {"id": case["id"], "answer": (done["text"] or "")[:SHOWN_ANSWER_CHARS],
+            "ms": done["metrics"].get("latency_ms"), "cost": done["metrics"].get("cost", "0"),
+            "error": "" if done["ok"] else (done["diagnosis"] or done["error_kind"] or "no answer")}
+    if not done["ok"]:
+        line.update(passed=False, checks=[{"passed": False, "words": f"no answer: {line['error']}"}
+                                          for _ in case["checks"]])
+        return line
+    answer = done["text"] or ""
+    references, verdicts = {}, {}
+    for check in case["checks"]:
+        helper = helpers.get(check.get("channel", ""))
+        if check["type"] == "agrees" and check["channel"] not in references:
+            reply = await _ask(helper, case["messages"], case["max_tokens"], team_id)
+            references[check["channel"]] = reply["text"] if reply["ok"] else None
+        elif check["type"] == "judge":
+            verdicts[(check["channel"], check["criteria"])] = await _judge(helper, check["criteria"], answer,
+                                                                           team_id)
+    checks = []
+    for check in case["checks"]:
+        channel = check.get("channel", "")
+        result = run_check(check, answer, reference=references.get(channel),
+                           judge=lambda criteria, _answer, channel=channel: verdicts[(channel, criteria)])
+        checks.append({"passed": result.passed, "words": result.words})
+    line.update(passed=all(check["passed"] for check in checks), checks=checks)
+    return line
+
+
+async def _judge(column, criteria, answer, team_id):
+    messages = [{"role": "system", "content": JUDGE_SYSTEM},
+                {"role": "user", "content": f"Criteria: {criteria}\n\nAnswer:\n{answer[:MAX_ANSWER_CHARS]}"}]
+    reply = await _ask(column, messages, 64, team_id)
+    if not reply["ok"]:
+        return False, f"the judge channel gave no verdict ({reply['diagnosis'] or reply['error_kind']})"
+    text = (reply["text"] or "").strip()
+    verdict = text.split(None, 1)[0].strip(".:").upper() if text else ""
+    return verdict == "PASS", f"the judge said: {text[:200]}" if text else "the judge said nothing"
+
+
+def summary(results):
+    """Pass rate, cost and cost per accepted answer of a run's lines."""
+    passed = sum(1 for line in results if line["passed"])
+    cost = sum((Decimal(line["cost"] or "0") for line in results), Decimal(0))
+    times = sorted(line["ms"] for line in results if line["ms"] is not None)
+    return {"cases": len(results), "passed": passed, "errors": sum(1 for line in results if line["error"]),
+            "pass_rate": round(passed / len(results), 4) if results else None, "cost": format(cost, "f"),
+            "cost_per_accepted": format(cost / passed, "f") if passed else None,
+            "p50_ms": round(statistics.median(times), 1) if times else None,
+            "p95_ms": round(times[min(len(times) - 1, int(0.95 * len(times)))], 1) if times else None}

@@ -1,0 +1,10 @@
+"""Celery tasks of panel.evaluations: an id in, a service call, the row holds the state."""
+from celery import shared_task
+from django.conf import settings
+
+from panel.evaluations.runs import eval_run_execute
+
+
+@shared_task(bind=True, soft_time_limit=settings.JOB_SOFT_TIME_LIMIT, time_limit=settings.JOB_HARD_TIME_LIMIT)
+def run_evaluation(self, run_id):
+    eval_run_execute(run_id=run_id, worker=self.request.hostname or "unknown")

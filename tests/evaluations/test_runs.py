@@ -1,0 +1,90 @@
+"""An evaluation run on a real default worker: every case of the set answered by the candidate channel (a fake cloud
+provider), the agrees check answered by a reference channel, the judge check by a judge channel, each answer a usage
+row with endpoint "evaluation"; the summary's pass rate, cost and cost per accepted answer; a set that names a
+channel the team lacks is refused before anything is queued; the run's page."""
+import json
+from decimal import Decimal
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.urls import reverse
+
+from panel.evaluations.models import EvalRun
+from panel.evaluations.runs import eval_run_launch
+from panel.evaluations.services import eval_set_create
+from panel.usage.models import RequestLog
+from tests.support.fake_upstream import FakeUpstream, content_text
+from tests.support.gateway import channel
+from tests.support.waiting import wait_until
+
+CASES = [
+    {"id": "says-alpha", "prompt": "Say the first word.", "checks": [{"type": "contains", "text": "alpha"}]},
+    {"id": "json", "prompt": "Give JSON.", "checks": [{"type": "json"}]},
+    {"id": "agrees", "prompt": "Three words.", "checks": [{"type": "agrees", "channel": "reference"}]},
+    {"id": "judged", "prompt": "Be polite.", "checks": [{"type": "judge", "channel": "judge",
+                                                         "criteria": "The answer is polite."}]},
+    {"id": "pattern", "prompt": "Start with alpha bravo.", "checks": [{"type": "regex", "pattern": "^alpha bravo"}]},
+]
+
+
+@pytest.fixture
+def fakes():
+    with FakeUpstream(models=("m",), chunks=3) as candidate, FakeUpstream(models=("m",), chunks=3) as reference, \
+            FakeUpstream(models=("m",), chunks=2) as judge:
+        yield candidate, reference, judge
+
+
+def test_a_run_answers_checks_and_prices_every_case(transactional_db, team_setup, start_worker, fakes, client):
+    team, alice = team_setup["team_a"], team_setup["alice"]
+    candidate_fake, reference_fake, judge_fake = fakes
+    candidate = channel(team, "candidate", candidate_fake, "m", price_input_per_million=Decimal("1"),
+                        price_output_per_million=Decimal("2"))
+    channel(team, "reference", reference_fake, "m")
+    eval_set = eval_set_create(team=team, user=alice, name="smoke", text="\n".join(json.dumps(c) for c in CASES))
+    with pytest.raises(ValidationError, match="judge"):  # the judge channel is not there yet
+        eval_run_launch(team=team, user=alice, eval_set=eval_set, candidate=f"channel:{candidate.pk}")
+    assert not EvalRun.objects.exists()
+    channel(team, "judge", judge_fake, "m")
+
+    start_worker("default")
+    run = eval_run_launch(team=team, user=alice, eval_set=eval_set, candidate=f"channel:{candidate.pk}")
+    wait_until(lambda: EvalRun.objects.get(pk=run.pk).is_final, seconds=90, interval=0.3, message="the run")
+    run.refresh_from_db()
+    assert run.state == "succeeded", (run.failure_kind, run.failure_reason)
+    verdicts = {line["id"]: line["passed"] for line in run.results}
+    assert verdicts == {"says-alpha": True, "json": False, "agrees": True, "judged": False, "pattern": True}
+    by_id = {line["id"]: line for line in run.results}
+    assert by_id["says-alpha"]["answer"] == content_text(3)
+    assert by_id["agrees"]["checks"][0]["words"].startswith("agrees 1.00 with the reference")
+    assert "the judge said: " + content_text(2) in by_id["judged"]["checks"][0]["words"]
+
+    rows = RequestLog.objects.filter(endpoint="evaluation")
+    assert rows.filter(channel=candidate).count() == 5 and rows.count() == 7  # + one reference, one judge answer
+    cost = sum((row.cost for row in rows.filter(channel=candidate)), Decimal(0))
+    assert cost > 0
+    summary = run.result
+    assert (summary["cases"], summary["passed"], summary["errors"], summary["pass_rate"]) == (5, 3, 0, 0.6)
+    assert Decimal(summary["cost"]) == cost and Decimal(summary["cost_per_accepted"]) == cost / 3
+    assert len(candidate_fake.requests) == 5 and len(judge_fake.requests) == 1
+
+    client.force_login(team_setup["vera"])  # a viewer reads the run
+    page = client.get(reverse("eval_run_detail", args=[run.pk])).content.decode()
+    assert "3 of 5" in page and "Cost per accepted answer" in page and "the judge said" in page
+    detail = client.get(reverse("eval_set_detail", args=[eval_set.pk])).content.decode()
+    assert f"#{run.pk}" in detail and "Run version 1" not in detail  # a viewer cannot start one
+    assert client.post(reverse("eval_run_start", args=[eval_set.pk]),
+                       {"candidate": f"channel:{candidate.pk}"}).status_code == 403
+
+
+def test_a_member_starts_a_run_from_the_page_and_a_bad_candidate_is_refused(team_setup, client):
+    team = team_setup["team_a"]
+    eval_set = eval_set_create(team=team, user=team_setup["alice"], name="smoke",
+                               text=json.dumps(CASES[0]) + "\n")
+    made = channel(team, "candidate", "http://127.0.0.1:9/v1", "m")
+    client.force_login(team_setup["alice"])
+    refused = client.post(reverse("eval_run_start", args=[eval_set.pk]), {"candidate": "channel:999999"})
+    assert refused.status_code == 400 and not EvalRun.objects.exists()
+    started = client.post(reverse("eval_run_start", args=[eval_set.pk]), {"candidate": f"channel:{made.pk}"})
+    run = EvalRun.objects.get()
+    assert started.status_code == 302 and started.url == reverse("eval_run_detail", args=[run.pk])
+    assert run.state == "pending" and run.candidate["id"] == made.pk and run.queue == "default"
