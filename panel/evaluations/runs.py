@@ -17,6 +17,7 @@ from panel.compare.services import CompareError, column_resolve, column_spec
 from panel.evaluations.checks import MAX_ANSWER_CHARS, run_check
 from panel.evaluations.models import EvalRun
 from panel.gateway.upstream import sessions_close
+from panel.jobs.models import JobState
 from panel.jobs.services import job_claim, job_created, job_enqueue, job_fail, job_heartbeat, job_succeed
 
 ENDPOINT = "evaluation"  # the usage rows of an evaluation run's requests
@@ -150,3 +151,17 @@ def summary(results):
             "cost_per_accepted": format(cost / passed, "f") if passed else None,
             "p50_ms": round(statistics.median(times), 1) if times else None,
             "p95_ms": round(times[min(len(times) - 1, int(0.95 * len(times)))], 1) if times else None}
+
+
+def candidates_ranked(version):
+    """The latest finished run of each candidate on `version`, cheapest accepted answer first (a candidate that
+    passed nothing last, by pass rate): the comparison the autopilot decides from."""
+    latest = {}
+    for run in version.runs.filter(state=JobState.SUCCEEDED).order_by("-finished_at", "-pk"):
+        latest.setdefault((run.candidate.get("kind"), run.candidate.get("id")), run)
+
+    def order(run):
+        cost = run.result.get("cost_per_accepted")
+        return (cost is None, Decimal(cost) if cost is not None else Decimal(0), -(run.result.get("pass_rate") or 0))
+
+    return sorted(latest.values(), key=order)

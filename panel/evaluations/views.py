@@ -12,7 +12,7 @@ from panel.accounts.roles import may
 from panel.compare.services import column_choices
 from panel.evaluations.checks import describe
 from panel.evaluations.models import EvalRun, EvalSet
-from panel.evaluations.runs import eval_run_launch
+from panel.evaluations.runs import candidates_ranked, eval_run_launch
 from panel.evaluations.services import eval_set_create, eval_set_delete, eval_set_revise, starter_set_add
 from panel.evaluations.sets import MAX_BYTES, cases_jsonl
 
@@ -98,7 +98,7 @@ def _detail(request, eval_set, form=None, run_form=None, status=200):
     form = form or RevisionForm(initial={"cases": cases_jsonl(current.cases)})
     return render(request, "evaluations/detail.html", {
         "eval_set": eval_set, "current": current, "rows": rows, "form": form,
-        "run_form": run_form or RunForm(team=request.team),
+        "run_form": run_form or RunForm(team=request.team), "ranked": candidates_ranked(current),
         "runs": EvalRun.objects.filter(eval_version__eval_set=eval_set).select_related("eval_version")[:20],
         "versions": eval_set.versions.select_related("created_by"),
         "can_edit": may(request.membership, "evaluations.edit"),

@@ -88,3 +88,33 @@ def test_a_member_starts_a_run_from_the_page_and_a_bad_candidate_is_refused(team
     run = EvalRun.objects.get()
     assert started.status_code == 302 and started.url == reverse("eval_run_detail", args=[run.pk])
     assert run.state == "pending" and run.candidate["id"] == made.pk and run.queue == "default"
+
+
+def test_candidates_rank_by_cost_per_accepted_answer_and_the_page_shows_the_cheapest(team_setup, client):
+    from django.utils import timezone
+
+    from panel.evaluations.runs import candidates_ranked
+
+    team = team_setup["team_a"]
+    eval_set = eval_set_create(team=team, user=team_setup["alice"], name="smoke", text=json.dumps(CASES[0]) + "\n")
+    version = eval_set.current()
+
+    def run(label, pk, passed, cost, state="succeeded", minutes_ago=0):
+        per = format(Decimal(cost) / passed, "f") if passed else None
+        return EvalRun.objects.create(team=team, eval_version=version, state=state,
+                                      finished_at=timezone.now() - timezone.timedelta(minutes=minutes_ago),
+                                      candidate={"kind": "channel", "id": pk, "label": label},
+                                      result={"cases": 10, "passed": passed, "cost": cost, "pass_rate": passed / 10,
+                                              "cost_per_accepted": per, "p50_ms": 100.0})
+
+    run("cloud", 1, 10, "0.0100", minutes_ago=5)  # older run of the same candidate: replaced by the next
+    cloud = run("cloud", 1, 9, "0.0090")
+    w8a8 = run("local w8a8", 2, 8, "0.0016")
+    w4 = run("local w4a16", 3, 0, "0.0008")
+    run("broken", 4, 5, "0.0001", state="failed")
+    assert [r.pk for r in candidates_ranked(version)] == [w8a8.pk, cloud.pk, w4.pk]
+    client.force_login(team_setup["vera"])
+    page = client.get(reverse("eval_set_detail", args=[eval_set.pk])).content.decode()
+    ranking = page.split('id="eval-ranking"')[1].split("</table>")[0]
+    assert ranking.index("local w8a8") < ranking.index("cloud") < ranking.index("local w4a16")
+    assert "cheapest" in ranking and "— (none passed)" in ranking and "broken" not in ranking
