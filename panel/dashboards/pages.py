@@ -277,14 +277,16 @@ def cost(query):
         y_title="cost", y_money=True, empty="No traffic in this range")
     if summary.local_unknown:
         page.figures["savings"]["layout"]["title"]["text"] = f"All-cloud cost ({query.range}); actual unknown"
+    # "hours asleep" only where a deployment slept in the range (serving/sleep.py): the table stays narrow otherwise.
+    slept = any(line.asleep_hours for line in lines)
     page.tables.append(Table("cost", "Cost by channel", [
         "channel", "kind", "requests", "tokens", "cached prompt tokens", "cache writes", "reasoning tokens",
-        "provider tool calls", "GPU hours", "hours asleep", "price per hour", "cost", "cost / 1M tokens",
-        "same tokens at the cloud baseline"],
+        "provider tool calls", "GPU hours", *(["hours asleep"] if slept else []), "price per hour", "cost",
+        "cost / 1M tokens", "same tokens at the cloud baseline"],
         [[line.name, line.kind, line.requests, line.tokens, line.cached, line.cache_writes, line.reasoning,
           line.tool_calls,
           round(line.gpu_hours, 3) if line.kind == "local" else "",
-          round(line.asleep_hours, 3) if line.kind == "local" else "",
+          *([round(line.asleep_hours, 3) if line.kind == "local" else ""] if slept else []),
           _money(line.hourly) if line.hourly is not None else ("unknown" if line.kind == "local" else ""),
           _money(line.cost) if line.cost is not None else "unknown",
           _money(line.per_million) if line.cost is not None or line.kind == "remote" else "unknown",

@@ -277,8 +277,8 @@ def in_process(priced, monkeypatch, *, stream, count):
 
     monkeypatch.setattr(enforcement, "count", counted)
     monkeypatch.setattr(usage, "record", lambda **fields: steps.append(("recorded", fields["status_code"])))
-    for module, name in ((redis_client, "_client"), (upstream, "_session")):
-        monkeypatch.setattr(module, name, None)  # clients of this test's event loop
+    monkeypatch.setattr(redis_client, "_client", None)  # clients of this test's event loop
+    monkeypatch.setattr(upstream, "_sessions", {})
     routes._cache.clear()
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
              "headers": [(b"authorization", f"Bearer {priced['raw_app']}".encode())]}
