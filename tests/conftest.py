@@ -102,6 +102,22 @@ def launch_tiny(start_worker, tmp_path):
 
 
 @pytest.fixture(scope="session")
+def shared_engine(tmp_path_factory):
+    """This worker's one running tiny engine (tests/support/shared_engine.py), started at its first use."""
+    from tests.support.shared_engine import SharedEngine
+
+    engine = SharedEngine(tmp_path_factory.mktemp("shared-engine")).wait_ready()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture
+def shared_deployment(shared_engine, transactional_db):
+    """`shared_deployment(team)`: a ready deployment of the team on the shared engine, with its local channel."""
+    return shared_engine.deployment
+
+
+@pytest.fixture(scope="session")
 def demo_model_cache():
     """The run's one trained build of the demo model (panel/registry/demo_model.py caches it under the data dir);
     `seed(data_dir)` copies it into another data dir's cache, so a process started on that dir (the launcher) copies
@@ -149,6 +165,7 @@ def pytest_collection_modifyitems(session, config, items):
     files next: xdist hands whole files to the workers in this order (`make test` turns off its own reordering),
     so the longest files start early and the many short ones even out the end of the run."""
     mark_by_fixtures(items)
+    shared_engine_files_check(items)
     weight = {}
     for item in items:
         file = item.nodeid.split("::")[0]
@@ -163,7 +180,7 @@ def pytest_collection_modifyitems(session, config, items):
 # fixtures (it starts a gpu worker, runs ENGINE_PYTHON or builds the demo model itself) carries the marker
 # explicitly, as a module-level `pytestmark` or on the test; so does a test over ~20 s without the engine (`slow`).
 # The demo model is built by the engine venv.
-ENGINE_FIXTURES = {"launch_tiny", "demo_model", "demo_model_path", "demo_model_cache"}
+ENGINE_FIXTURES = {"launch_tiny", "shared_engine", "demo_model", "demo_model_path", "demo_model_cache"}
 BROWSER_FIXTURES = {"page", "chromium"}  # tests/support/browser.py
 SLOW_FIXTURES = {"launch_tiny"}  # an engine start, ~40 s
 
@@ -177,6 +194,33 @@ def mark_by_fixtures(items):
             item.add_marker(pytest.mark.browser)
         if names & SLOW_FIXTURES:
             item.add_marker(pytest.mark.slow)
+
+
+def shared_engine_files_check(items):
+    """A test on the shared engine lives in a file the scheduler below hands to one worker with the others."""
+    from tests.support.shared_engine import SHARED_ENGINE_FILES
+
+    stray = sorted({item.nodeid.split("::")[0] for item in items if "shared_engine" in item.fixturenames}
+                   - set(SHARED_ENGINE_FILES))
+    if stray:
+        raise pytest.UsageError(f"{', '.join(stray)} use the shared engine: add them to SHARED_ENGINE_FILES "
+                                "(tests/support/shared_engine.py)")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with the files of the shared engine's tests as one unit: one worker starts that engine."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    from tests.support.shared_engine import SHARED_ENGINE_FILES
+
+    class SharedEngineTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            file = super()._split_scope(nodeid)
+            return "shared-engine" if file in SHARED_ENGINE_FILES else file
+
+    return SharedEngineTogether(config, log)
 
 
 # One Chromium for the whole run: the fixtures live here, not in each browser test module, because a second

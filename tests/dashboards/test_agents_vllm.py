@@ -54,8 +54,8 @@ def _prefix_counters(deployment):
 
 
 @pytest.fixture
-def deployment(launch_tiny, team_setup):
-    return launch_tiny(team_setup["team_a"], enable_prefix_caching=True)
+def deployment(shared_deployment, team_setup):
+    return shared_deployment(team_setup["team_a"])
 
 
 def test_a_replayed_agent_session_matches_the_engine_cache_counters_and_prices(deployment, team_setup):

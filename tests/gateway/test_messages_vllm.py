@@ -22,8 +22,8 @@ ASK = [{"role": "user", "content": "Read src/app.py"}]
 
 
 @pytest.fixture
-def deployment(launch_tiny, team_setup):
-    return launch_tiny(team_setup["team_a"])
+def deployment(shared_deployment, team_setup):
+    return shared_deployment(team_setup["team_a"])
 
 
 def speak(channel, apis):
