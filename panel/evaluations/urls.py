@@ -11,5 +11,6 @@ urlpatterns = [
     path("evaluations/<int:set_id>/delete/", views.eval_set_delete_view, name="eval_set_delete"),
     path("evaluations/<int:set_id>/run/", views.eval_run_start, name="eval_run_start"),
     path("evaluations/runs/<int:run_id>/", views.eval_run_detail, name="eval_run_detail"),
+    path("evaluations/runs/<int:run_id>/live/", views.eval_run_live, name="eval_run_live"),
     path("evaluations/<int:set_id>/versions/<int:number>.jsonl", views.eval_set_download, name="eval_set_download"),
 ]

@@ -149,10 +149,20 @@ def eval_run_start(request, set_id):
 
 @team_view("evaluations.view")
 def eval_run_detail(request, run_id):
+    return render(request, "evaluations/run.html", _run_context(request, run_id))
+
+
+@team_view("evaluations.view")
+def eval_run_live(request, run_id):
+    """The run's state, summary and answered cases, re-rendered while it runs (static/js/live.js)."""
+    return render(request, "evaluations/_run_live.html", _run_context(request, run_id))
+
+
+def _run_context(request, run_id):
     run = get_object_or_404(EvalRun.objects.select_related("eval_version__eval_set"), pk=run_id, team=request.team)
     cases = {case["id"]: case for case in run.eval_version.cases}
     lines = [(line, cases.get(line["id"], {})) for line in run.results]
-    return render(request, "evaluations/run.html", {"run": run, "lines": lines, "summary": run.result or {}})
+    return {"run": run, "lines": lines, "summary": run.result or {}}
 
 
 @require_POST

@@ -180,7 +180,8 @@ class Deployment(Job):
     @property
     def sleeping(self):
         """Asleep, or woken and not ready yet: a request to its (still enabled) local channel wakes it and waits or
-        falls back (gateway/waking.py)."""
+        falls back (gateway/waking.py). Starting counts because only a woken deployment's channel is enabled while it
+        starts: a first start has no channel yet, and a restart after a crash disabled it when it went pending."""
         return self.state in SLEEPING_STATES
 
     @property

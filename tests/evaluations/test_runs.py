@@ -70,6 +70,8 @@ def test_a_run_answers_checks_and_prices_every_case(transactional_db, team_setup
     client.force_login(team_setup["vera"])  # a viewer reads the run
     page = client.get(reverse("eval_run_detail", args=[run.pk])).content.decode()
     assert "3 of 5" in page and "Cost per accepted answer" in page and "the judge said" in page
+    live = client.get(reverse("eval_run_live", args=[run.pk])).content.decode()  # what the page polls while it runs
+    assert "data-final" in live and "3 of 5" in live and "<html" not in live
     detail = client.get(reverse("eval_set_detail", args=[eval_set.pk])).content.decode()
     assert f"#{run.pk}" in detail and "Run version 1" not in detail  # a viewer cannot start one
     assert client.post(reverse("eval_run_start", args=[eval_set.pk]),
@@ -88,6 +90,11 @@ def test_a_member_starts_a_run_from_the_page_and_a_bad_candidate_is_refused(team
     run = EvalRun.objects.get()
     assert started.status_code == 302 and started.url == reverse("eval_run_detail", args=[run.pk])
     assert run.state == "pending" and run.candidate["id"] == made.pk and run.queue == "default"
+    page = client.get(started.url).content.decode()  # pending: the page polls its live part until the run ends
+    assert reverse("eval_run_live", args=[run.pk]) in page and "data-live-done" not in page
+    live = client.get(reverse("eval_run_live", args=[run.pk])).content.decode()
+    assert "Pending" in live and "No case answered yet." in live and "data-final" not in live
+    assert client.get(reverse("eval_run_live", args=[run.pk + 1])).status_code == 404
 
 
 def test_candidates_rank_by_cost_per_accepted_answer_and_the_page_shows_the_cheapest(team_setup, client):
