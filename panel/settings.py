@@ -309,6 +309,7 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-budgets": {"task": "panel.budgets.tasks.reconcile_budgets", "schedule": BUDGET_RECONCILE_SECONDS},
     "deliver-webhooks": {"task": "panel.notifications.tasks.deliver_due", "schedule": WEBHOOK_DUE_EVERY_SECONDS},
     "check-ledgers": {"task": "panel.dashboards.tasks.check_ledgers", "schedule": LEDGER_CHECK_EVERY_SECONDS},
+    "expire-traffic-samples": {"task": "panel.usage.tasks.expire_samples", "schedule": 3600},
 }
 
 LOGGING = {

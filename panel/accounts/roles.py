@@ -43,6 +43,8 @@ ACTIONS = {
     "evaluations.view": Role.VIEWER,  # the sets, their versions and their JSONL
     "evaluations.edit": Role.MEMBER,  # create, add the starter set, save a new version, delete
     "evaluations.run": Role.MEMBER,  # run a set on a channel or route (its requests cost what the channel costs)
+    # Real requests of the team's users: turn a route's samples on or off, read them, make a set of them, delete them
+    "samples.manage": Role.ADMIN,
     # registry: models, quantization, quality reports
     "models.view": Role.VIEWER,  # models, quantization jobs, quality reports
     "models.register": Role.MEMBER,

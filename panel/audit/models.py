@@ -34,6 +34,8 @@ class AuditAction(models.TextChoices):
     REFUSED = "refused", "Authorization refused"
     EVAL_SET_SAVED = "eval_set_saved", "Evaluation set saved"
     EVAL_SET_DELETED = "eval_set_deleted", "Evaluation set deleted"
+    ROUTE_SAMPLING_CHANGED = "route_sampling_changed", "Traffic samples changed"
+    SAMPLES_DELETED = "samples_deleted", "Traffic samples deleted"
 
 
 class AppendOnlyQuerySet(models.QuerySet):

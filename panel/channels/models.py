@@ -277,6 +277,10 @@ class Route(models.Model):
     canary_reason = models.TextField(blank=True)  # why it was rolled back, in words
     canary_evidence = models.JSONField(default=dict, blank=True)  # the last guard check's numbers
     canary_checked_at = models.DateTimeField(null=True, blank=True)
+    # Samples of this route's traffic kept as evaluation material (panel/usage/samples.py): off at 0.
+    samples_per_day = models.PositiveIntegerField(default=0)
+    sample_retention_days = models.PositiveSmallIntegerField(default=14)
+    sample_redactions = models.TextField(blank=True)  # the team's regular expressions, one per line
 
     class Meta:
         ordering = ["model_name"]

@@ -19,6 +19,7 @@ from django.db import transaction
 from panel.channels.models import ChannelKind, Route, RouteStrategy, listed_routes, order_channels
 from panel.core import outbound
 from panel.core.redis_client import async_redis
+from panel.usage import samples
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class RouteTargets:
     balance: str = ""  # over the leading local channels (a deployment's replicas): gateway/balancing.py
     affinity_header: str = ""
     while_waking: str = "fallback"  # channels.models.WhileWaking
+    sampling: object = None  # usage.samples.SamplePlan when the route keeps samples of its traffic
 
     def target(self, channel_id):
         """This route's current Target for a channel (its own entries, its rules', its canary), or None."""
@@ -176,7 +178,7 @@ def _load(team_id, model_name):
                         fallback_on_error=route.fallback_on_error, entries=tuple(entries), canary=canary,
                         canary_percent=route.canary_percent if canary else 0, deadline=float(route.deadline_seconds),
                         rules=rules, balance=route.balance, affinity_header=route.affinity_header,
-                        while_waking=route.while_waking)
+                        while_waking=route.while_waking, sampling=samples.plan_for(route))
 
 
 def _load_names(team_id):

@@ -14,6 +14,7 @@ from panel.audit.services import audit_record
 from panel.channels import canary, rules, settings_json
 from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm, RuleForm, RuleSampleForm
 from panel.channels.models import Channel, Route, RouteRule, listed_channels, listed_routes
+from panel.channels.sampling import sampling_words
 from panel.channels.services import (
     PRESETS,
     channel_create,
@@ -240,6 +241,7 @@ def route_detail(request, route_id):
 
 def _route_context(route, form):
     return {"route": route, "entries": route.entries(), "canary_form": form, "rule_rows": rules.rule_traffic(route),
+            "sampling_words": sampling_words(route), "samples_kept": route.samples.count(),
             "stable_percent": 100 - route.canary_percent,
             "candidate_quality": served_model_quality(route.canary_channel),
             "guards": {"json": settings.CANARY_JSON_FAILURE_PERCENT, "errors": settings.CANARY_ERROR_PERCENT,

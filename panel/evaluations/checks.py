@@ -9,6 +9,8 @@ case), each with a "type" naming its kind:
     {"type": "contains", "text": "Paris", "case_sensitive": false}       it contains a text
     {"type": "exact", "text": "42", "case_sensitive": true}              it is exactly a text
     {"type": "agrees", "channel": "name", "min_similarity": 0.6}         it says about what another channel says
+    {"type": "agrees", "answer": "...", "min_similarity": 0.6}           ... or what a recorded answer says (a sample
+                                                                         of real traffic: the answer the client got)
     {"type": "judge", "channel": "name", "criteria": "..."}              another model judges it against criteria
 
 check_problems() says what is wrong with an uploaded check (in words for the team that wrote it), run_check() runs a
@@ -60,7 +62,7 @@ FIELDS = {
     "regex": ("pattern", "flags"),
     "contains": ("text", "case_sensitive"),
     "exact": ("text", "case_sensitive"),
-    "agrees": ("channel", "min_similarity"),
+    "agrees": ("channel", "answer", "min_similarity"),
     "judge": ("channel", "criteria"),
 }
 
@@ -157,8 +159,13 @@ def _exact_problems(spec, kind):
 
 
 def _agrees_problems(spec, kind):
-    problems = _channel_problems(spec, f'{_a_kind(kind)} check needs "channel" (the channel whose answer is the '
-                                       f'reference)')
+    if "channel" in spec and "answer" in spec:
+        problems = [f'{_a_kind(kind)} check takes "channel" or "answer" (the reference), not both']
+    elif "answer" in spec:
+        problems = _text_problems(spec, "answer", "", limit=MAX_ANSWER_CHARS)
+    else:
+        problems = _channel_problems(spec, f'{_a_kind(kind)} check needs "channel" (the channel whose answer is the '
+                                           f'reference) or "answer" (a recorded answer)')
     if "min_similarity" in spec:
         value = spec["min_similarity"]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -292,7 +299,9 @@ def _run_exact(spec, text, **_):
 
 
 def _run_agrees(spec, text, *, reference, **_):
-    channel = spec["channel"]
+    if "answer" in spec:
+        reference = spec["answer"]
+    channel = spec.get("channel")
     if not isinstance(reference, str):
         return CheckResult(False, f"the reference answer is missing (channel {channel} gave none to compare with)")
     needed = spec.get("min_similarity", DEFAULT_MIN_SIMILARITY)
@@ -435,6 +444,8 @@ def _describe_exact(spec):
 
 def _describe_agrees(spec):
     needed = spec.get("min_similarity", DEFAULT_MIN_SIMILARITY)
+    if "answer" in spec:
+        return f"agrees with the recorded answer {_quote(spec['answer'])} (word F1 ≥ {needed:g})"
     return f"agrees with channel {spec['channel']} (word F1 ≥ {needed:g})"
 
 

@@ -29,7 +29,7 @@ JUDGE_SYSTEM = ("You grade one answer against criteria. Reply with PASS or FAIL 
 def helper_channels(cases):
     """The channel names the cases' agrees and judge checks name."""
     return sorted({check["channel"] for case in cases for check in case["checks"]
-                   if check["type"] in ("agrees", "judge")})
+                   if check["type"] in ("agrees", "judge") and "channel" in check})
 
 
 def eval_run_launch(*, team, user, eval_set, candidate):
@@ -114,7 +114,7 @@ async def _case(case, column, helpers, *, team_id):
     references, verdicts = {}, {}
     for check in case["checks"]:
         helper = helpers.get(check.get("channel", ""))
-        if check["type"] == "agrees" and check["channel"] not in references:
+        if check["type"] == "agrees" and "channel" in check and check["channel"] not in references:
             reply = await _ask(helper, case["messages"], case["max_tokens"], team_id)
             references[check["channel"]] = reply["text"] if reply["ok"] else None
         elif check["type"] == "judge":

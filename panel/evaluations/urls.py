@@ -1,6 +1,6 @@
 from django.urls import path
 
-from panel.evaluations import views
+from panel.evaluations import sample_views, views
 
 urlpatterns = [
     path("evaluations/", views.evaluations, name="evaluations"),
@@ -13,4 +13,10 @@ urlpatterns = [
     path("evaluations/runs/<int:run_id>/", views.eval_run_detail, name="eval_run_detail"),
     path("evaluations/runs/<int:run_id>/live/", views.eval_run_live, name="eval_run_live"),
     path("evaluations/<int:set_id>/versions/<int:number>.jsonl", views.eval_set_download, name="eval_set_download"),
+    path("evaluations/samples/<int:route_id>/", sample_views.route_samples, name="route_samples"),
+    path("evaluations/samples/<int:route_id>/settings/", sample_views.route_samples_settings,
+         name="route_samples_settings"),
+    path("evaluations/samples/<int:route_id>/set/", sample_views.route_samples_to_set, name="route_samples_to_set"),
+    path("evaluations/samples/<int:route_id>/delete/", sample_views.route_samples_delete_view,
+         name="route_samples_delete"),
 ]

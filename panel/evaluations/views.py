@@ -50,7 +50,7 @@ class RevisionForm(forms.Form):
     note = forms.CharField(required=False, max_length=300, label="What changed")
 
 
-def _errors_into(form, error):
+def errors_into(form, error):
     for field, problems in error.message_dict.items():
         for problem in problems:
             form.add_error(field if field in form.fields else None, problem)
@@ -72,7 +72,7 @@ def eval_set_new(request):
                                        description=form.cleaned_data["description"], text=form.text(),
                                        request=request)
         except ValidationError as error:
-            _errors_into(form, error)
+            errors_into(form, error)
         else:
             messages.success(request, f"Saved {eval_set.name}: {len(eval_set.current().cases)} cases.")
             return redirect("eval_set_detail", set_id=eval_set.pk)
@@ -121,7 +121,7 @@ def eval_set_revise_view(request, set_id):
             version = eval_set_revise(eval_set=eval_set, user=request.user, text=form.cleaned_data["cases"],
                                       note=form.cleaned_data["note"], request=request)
         except ValidationError as error:
-            _errors_into(form, error)
+            errors_into(form, error)
         else:
             if version.number == before:
                 messages.info(request, "The cases are the same as the current version's: no new version.")
@@ -141,7 +141,7 @@ def eval_run_start(request, set_id):
             run = eval_run_launch(team=request.team, user=request.user, eval_set=eval_set,
                                   candidate=form.cleaned_data["candidate"])
         except ValidationError as error:
-            _errors_into(form, error)
+            errors_into(form, error)
         else:
             return redirect("eval_run_detail", run_id=run.pk)
     return _detail(request, eval_set, run_form=form, status=400)

@@ -285,8 +285,8 @@ class StreamAdapter:
         self.model = model
         self.finished = False
 
-    def content_arrived(self):
-        self.exchange.content_arrived()
+    def content_arrived(self, text=""):
+        self.exchange.content_arrived(text)
 
     def failure(self, error):
         event = {"error": {"message": str(error), "type": "upstream_error", "code": error.kind}}
@@ -324,7 +324,7 @@ class MessagesPassthrough(StreamAdapter):
         elif kind == "message_delta":
             self.usage.update(event.get("usage") or {})
         elif kind == "content_block_delta":
-            self.content_arrived()
+            self.content_arrived((event.get("delta") or {}).get("text") or "")
         self.exchange.take_usage(messages_usage(self.usage))
         self.finished = kind == "message_stop"
         return [messages_api.sse_event(kind or "message", event)]
@@ -359,9 +359,9 @@ class ChatToMessages(StreamAdapter):
                 translated = self.converter.feed(chunk)
             except translation.MalformedAnswer as error:
                 raise UpstreamError("malformed", str(error)) from None
-            for name, _ in translated:
+            for name, data in translated:
                 if name == "content_block_delta":
-                    self.content_arrived()
+                    self.content_arrived((data.get("delta") or {}).get("text") or "")
             events += translated
         return [messages_api.sse_event(name, data) for name, data in events]
 
@@ -396,7 +396,7 @@ class MessagesToChat(StreamAdapter):
                 continue  # the usage chunk the client did not ask for
             delta = (choices[0].get("delta") or {}) if choices else {}
             if delta.get("content") or delta.get("tool_calls"):
-                self.content_arrived()
+                self.content_arrived(delta.get("content") or "")
             out.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         if kind == "message_stop":
             self.finished = True
@@ -417,7 +417,7 @@ class ResponsesPassthrough(StreamAdapter):
         if kind == "error":
             _raise_error_event(event)
         if kind == "response.output_text.delta":
-            self.content_arrived()
+            self.content_arrived(event.get("delta") or "")
         response = event.get("response")
         if isinstance(response, dict):
             response["model"] = self.model

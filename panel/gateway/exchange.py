@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from panel.budgets import enforcement as budgets
 from panel.channels.rules import input_token_estimate
-from panel.gateway import admission, metrics, rate_limits
+from panel.gateway import admission, metrics, rate_limits, sampling
 from panel.gateway.apis import adapted_header, openai_usage
 from panel.usage import tags as request_tags
 from panel.usage import writer as usage_writer
@@ -59,6 +59,8 @@ class Exchange:
         self.session_task = None  # a session lookup running beside the upstream call (gateway/admission.py)
         self.adapted = []  # what the gateway changed in the request for the channel that answered (apis.Passage)
         self.fitted = []  # what admission changed for every channel (max_tokens fitted to a budget)
+        self.sampling = None  # the route's SamplePlan when it keeps samples: the answer's text is collected
+        self.answer_parts = []
 
     @property
     def owner_team_id(self):
@@ -88,9 +90,11 @@ class Exchange:
         self.fields.update(status_code=status, outcome=outcome or OUTCOME_FOR_KIND.get(kind, "error"),
                            error_kind=kind[:40])
 
-    def content_arrived(self):
-        """One content piece of a stream is on its way to the client."""
+    def content_arrived(self, text=""):
+        """One content piece of a stream is on its way to the client (its text is kept only for a sample)."""
         self.pieces += 1
+        if self.sampling is not None and text:
+            self.answer_parts.append(text)
         if self.fields["ttft_ms"] is None:
             self.fields["ttft_ms"] = (time.perf_counter() - self.started) * 1000
 
@@ -160,11 +164,22 @@ class Exchange:
                             rate_limited_attempts=self.log["rate_limited"], fell_back=self.log["fell_back"],
                             attempt_trail=self.log["trail"], request_id=self.request_id, **fields)
         metrics.gateway_request_observe(fields=fields, fell_back=self.log["fell_back"], refused=not self.model_served)
+        if self.sampling is not None and self.responded and fields["outcome"] == "ok" and fields["status_code"] == 200:
+            self.sample(channel)
         if fields["outcome"] != "ok" or fields["status_code"] >= 400:
             log.warning("gateway request %s failed: key …%s route %s channel %s status %s outcome %s %s %.0f ms",
                         self.request_id, self.key.last4 if self.key else "-", self.route_name or "-",
                         channel.name if channel else "-", fields["status_code"], fields["outcome"],
                         fields["error_kind"] or "-", fields["latency_ms"])
+
+
+    def sample(self, channel):
+        """Hand the answered request to the usage writer's thread, which keeps it if the route's day has room."""
+        endpoint, body = self.fields["endpoint"], self.body
+        usage_writer.record_sample(plan=self.sampling, conversation=lambda: sampling.conversation_of(endpoint, body),
+                                   answer="".join(self.answer_parts), channel_id=channel.id if channel else None,
+                                   request_id=self.request_id, endpoint=endpoint, model=self.fields["model"],
+                                   json_requested=self.fields["json_requested"])
 
 
 async def count_against_limits(key, cost, tokens, *, team_id=None, reservation=None, tags=None):

@@ -8,6 +8,7 @@ from panel.channels.diagnosis import describe_upstream_error
 from panel.core import safejson
 from panel.gateway.apis import openai_error_body as error_body
 from panel.gateway.attempts import first_success
+from panel.gateway.sampling import answer_of
 from panel.gateway.upstream import TRANSPORT_ERRORS, UpstreamError, open_stream, post_json
 from panel.gateway.waking import Waker
 
@@ -60,6 +61,8 @@ async def plain_response(exchange, route, passage, send):
     exchange.fields["ttft_ms"] = (time.perf_counter() - exchange.started) * 1000
     if exchange.fields["json_requested"]:
         exchange.fields["json_valid"] = is_json(content_of(data))
+    if exchange.sampling is not None:
+        exchange.answer_parts = [answer_of(passage.client_api, data)]
     await exchange.settle()
     await send_json(send, 200, data, exchange.headers)
     exchange.responded = True
@@ -201,7 +204,7 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send, s
             piece = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
             if piece:
                 content.append(piece)
-                exchange.content_arrived()
+                exchange.content_arrived(piece)
         event["model"] = model_name
         await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
                     "more_body": True})

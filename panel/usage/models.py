@@ -80,3 +80,23 @@ class RequestLog(models.Model):
                    # the Agents dashboard reads a team's sessions
                    models.Index(fields=["team", "session_id"], name="usage_team_session_idx")]
         db_table = "gateway_requestlog"  # created by the gateway app, which held the model first
+
+
+class TrafficSample(models.Model):
+    """One request of a route that keeps samples (opted in per route, panel/usage/samples.py): the conversation in
+    chat messages and the answer the client got, redacted and then encrypted together in `payload`. Deleted after
+    the route's retention; never shown to anyone outside the team."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
+    route = models.ForeignKey("channels.Route", on_delete=models.CASCADE, related_name="samples")
+    channel = models.ForeignKey("channels.Channel", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    request_id = models.CharField(max_length=32, blank=True, default="")  # its usage record's
+    endpoint = models.CharField(max_length=40)
+    model = models.CharField(max_length=200)
+    redacted = models.PositiveIntegerField(default=0)  # how many matches the redaction replaced
+    payload = models.TextField()  # encrypted JSON: {"messages": [...], "answer": "...", "json_requested": bool}
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]

@@ -1,6 +1,8 @@
 """Usage records are written in batches by one background thread, so the gateway never waits on the database.
 At exit the hook stops that thread, waits for the batch it holds (a daemon thread is frozen mid-write when the
-interpreter finalizes, and its batch was lost), then writes what is still queued."""
+interpreter finalizes, and its batch was lost), then writes what is still queued. The same thread keeps the traffic
+samples of routes that opted in (panel/usage/samples.py): deciding, redacting and encrypting one is work the
+request's event loop does not do."""
 import atexit
 import logging
 import queue
@@ -11,6 +13,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from panel.accounts.models import TeamKey
+from panel.usage import samples
 from panel.usage.models import RequestLog
 
 log = logging.getLogger(__name__)
@@ -21,6 +24,8 @@ EXIT_WAIT_SECONDS = 30  # the longest the exit hook waits for the thread's batch
 KEY_USED_EVERY_SECONDS = 60  # a key's last_used_at is written at most this often (per process)
 
 _queue = queue.Queue()
+_samples = queue.Queue()
+MAX_QUEUED_SAMPLES = 1000  # drafts waiting beyond this are dropped: a sample is never worth the gateway's memory
 _thread = None
 _lock = threading.Lock()
 _stop = threading.Event()
@@ -31,6 +36,27 @@ def record(**fields):
     """Queue one RequestLog row (never blocks)."""
     _ensure_thread()
     _queue.put(fields)
+
+
+def record_sample(**draft):
+    """Queue one answered request of a sampling route for `samples.sample_keep` (never blocks)."""
+    if _samples.qsize() >= MAX_QUEUED_SAMPLES:
+        return
+    _ensure_thread()
+    _samples.put(draft)
+
+
+def _keep_samples():
+    while True:
+        try:
+            draft = _samples.get_nowait()
+        except queue.Empty:
+            return
+        try:
+            samples.sample_keep(**draft)
+        except Exception:
+            log.exception("could not keep a traffic sample of route %s", draft["plan"].route_id)
+            connection.close()
 
 
 def _ensure_thread():
@@ -77,6 +103,7 @@ def _run():
         _stop.wait(FLUSH_SECONDS)
         while not _stop.is_set() and (rows := _take(BATCH)):
             _write(rows)
+        _keep_samples()
 
 
 def _keys_used(rows):
@@ -100,3 +127,4 @@ def flush():
             log.error("the usage writer still holds a batch after %d s; writing the queued rows beside it",
                       EXIT_WAIT_SECONDS)
     _write(_take())
+    _keep_samples()

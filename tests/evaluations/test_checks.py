@@ -48,6 +48,7 @@ def test_kinds_and_limits_are_the_documented_ones():
     {"type": "agrees", "channel": "taotoken"},
     {"type": "agrees", "channel": "taotoken", "min_similarity": 1},
     {"type": "agrees", "channel": "taotoken", "min_similarity": 0.01},
+    {"type": "agrees", "answer": "The capital of France is Paris.", "min_similarity": 0.5},
     {"type": "judge", "channel": "gpt-judge", "criteria": "Cites the refund policy."},
 ], ids=lambda spec: spec["type"])
 def test_a_valid_check_has_no_problems(spec):
@@ -102,7 +103,11 @@ def test_a_valid_check_has_no_problems(spec):
     ({"type": "exact"}, '"text"', 'an "exact" check needs "text"'),
     ({"type": "exact", "text": "  \n"}, '"text"', '"text" is empty'),
     ({"type": "exact", "text": "42", "case_sensitive": 1}, '"case_sensitive"', "must be true or false, not a number"),
-    ({"type": "agrees"}, '"channel"', 'an "agrees" check needs "channel"'),
+    ({"type": "agrees"}, '"channel"', 'an "agrees" check needs "channel" (the channel whose answer is the reference) '
+                                      'or "answer" (a recorded answer)'),
+    ({"type": "agrees", "channel": "c", "answer": "a"}, '"answer"', 'takes "channel" or "answer" (the reference), '
+                                                                    'not both'),
+    ({"type": "agrees", "answer": " "}, '"answer"', '"answer" is empty'),
     ({"type": "agrees", "channel": None}, '"channel"', "must be a string, not null"),
     ({"type": "agrees", "channel": " "}, '"channel"', '"channel" is empty'),
     ({"type": "agrees", "channel": "c" * 101}, '"channel"', "is too long: 101 characters, at most 100"),
@@ -126,7 +131,7 @@ def test_each_problem_is_one_sentence_naming_its_field(spec, field, words):
 def test_problems_of_several_fields_are_all_reported():
     problems = check_problems({"type": "agrees", "channel": "", "min_similarity": 2, "reference": "x"})
     assert problems == [
-        'unknown field "reference" for an "agrees" check (it takes "channel" and "min_similarity")',
+        'unknown field "reference" for an "agrees" check (it takes "channel", "answer" and "min_similarity")',
         '"channel" is empty',
         '"min_similarity" must be more than 0 and at most 1, not 2',
     ]
@@ -312,6 +317,13 @@ def test_agrees_without_a_reference_fails_saying_so():
     assert "taotoken" in result.words
 
 
+def test_agrees_with_a_recorded_answer_needs_no_channel():
+    spec = {"type": "agrees", "answer": "The capital of France is Paris.", "min_similarity": 0.5}
+    assert run_check(spec, "Paris is the capital of France.") == CheckResult(
+        True, "agrees 1.00 with the reference (needs 0.50)")
+    assert not run_check(spec, "I do not know.", reference="ignored: the recorded answer is the reference").passed
+
+
 def test_agrees_with_an_empty_reference_and_an_empty_answer_passes():
     assert run_check({"type": "agrees", "channel": "c"}, "", reference="").passed
 
@@ -387,6 +399,8 @@ def test_similarity_of_text_and_nothing():
     ({"type": "agrees", "channel": "taotoken"}, "agrees with channel taotoken (word F1 ≥ 0.6)"),
     ({"type": "agrees", "channel": "taotoken", "min_similarity": 0.75},
      "agrees with channel taotoken (word F1 ≥ 0.75)"),
+    ({"type": "agrees", "answer": "The capital of France is Paris.", "min_similarity": 0.5},
+     'agrees with the recorded answer "The capital of France is Paris." (word F1 ≥ 0.5)'),
     ({"type": "judge", "channel": "gpt-judge", "criteria": "Polite and short."},
      "judged by channel gpt-judge: Polite and short."),
     ({"type": "judge", "channel": "gpt-judge", "criteria": "c" * 100},
