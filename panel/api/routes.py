@@ -1,11 +1,12 @@
 """Routes, their rules and their canaries (as on a route's page): list, one, create, replace, delete; add, replace,
-reorder and delete a rule; start a canary, check and promote it, roll it back, stop it."""
+reorder and delete a rule; start a canary, check and promote it, roll it back, stop it; the route's traffic samples
+(set how it keeps them, read them, delete them: admins, as on the samples page)."""
 import datetime
 from typing import Any, Literal
 
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404
-from ninja import Field, Router, Schema, Status
+from ninja import Field, Query, Router, Schema, Status
 
 from panel.accounts.models import TeamKey
 from panel.api.auth import gate
@@ -26,7 +27,9 @@ from panel.channels.models import (
     WhileWaking,
     listed_routes,
 )
+from panel.channels.sampling import route_samples_delete, route_sampling_save
 from panel.channels.services import route_delete, route_save
+from panel.usage import samples as traffic_samples
 
 router = Router(tags=["routes and canaries"])
 
@@ -89,6 +92,38 @@ class RuleOrder(Schema):
     rule_ids: list[int] = Field(..., max_length=200, description="Every rule of the route, once, in the new order.")
 
 
+class SamplingOut(Schema):
+    samples_per_day: int = Field(..., description="0: the route keeps none of its requests.")
+    retention_days: int
+    redactions: list[str] = Field(..., description="The team's own patterns, after the built-in ones.")
+    kept: int
+
+
+class SamplingIn(Schema):
+    samples_per_day: int = Field(..., ge=0, le=traffic_samples.MAX_PER_DAY, description="0 keeps none.")
+    retention_days: int = Field(14, ge=1, le=traffic_samples.MAX_RETENTION_DAYS)
+    redactions: list[str] = Field([], max_length=traffic_samples.MAX_REDACTIONS,
+                                  description="Regular expressions; each match becomes [redacted] before a sample "
+                                              "is stored.")
+
+
+class SamplesQuery(Schema):
+    limit: int = Field(100, ge=1, le=1000)
+
+
+class SampleOut(Schema):
+    id: int
+    created_at: datetime.datetime
+    endpoint: str
+    model: str
+    channel_id: int | None
+    request_id: str
+    redacted: int
+    messages: list[dict[str, Any]]
+    answer: str
+    json_requested: bool
+
+
 class RouteOut(Schema):
     id: int
     model_name: str
@@ -102,6 +137,7 @@ class RouteOut(Schema):
     channels: list[RouteChannelOut]
     rules: list[RuleOut]
     canary: CanaryOut
+    sampling: SamplingOut
 
 
 class RouteChannelIn(Schema):
@@ -148,7 +184,13 @@ def route_out(route):
                        "percent": route.canary_percent, "auto": route.canary_auto,
                        "started_at": route.canary_started_at, "step_at": route.canary_step_at,
                        "reason": route.canary_reason, "evidence": route.canary_evidence or {},
-                       "checked_at": route.canary_checked_at}}
+                       "checked_at": route.canary_checked_at},
+            "sampling": sampling_out(route)}
+
+
+def sampling_out(route):
+    return {"samples_per_day": route.samples_per_day, "retention_days": route.sample_retention_days,
+            "redactions": traffic_samples.redaction_lines(route.sample_redactions), "kept": route.samples.count()}
 
 
 def rule_out(rule):
@@ -315,4 +357,35 @@ def rules_delete(request, route_id: int, rule_id: int):
     rules.rule_delete(rule=rule)
     audit_record(action=AuditAction.ROUTE_RULE_CHANGED, request=request, target=route.model_name, rule=rule.name,
                  change="deleted")
+    return Status(204, None)
+
+
+@router.put("/routes/{route_id}/sampling", auth=gate("samples.manage"), response=errors({200: SamplingOut}),
+            summary="Set how the route keeps samples of its traffic as evaluation material (0 a day: none)")
+def sampling_set(request, route_id: int, body: SamplingIn):
+    route = _route(request, route_id)
+    if any("\n" in line for line in body.redactions):
+        raise Invalid({"redactions": ["One regular expression per item, without line breaks."]})
+    route_sampling_save(route=route, user=request.user, per_day=body.samples_per_day,
+                        retention_days=body.retention_days, redactions="\n".join(body.redactions), request=request)
+    return sampling_out(route)
+
+
+@router.get("/routes/{route_id}/samples", auth=gate("samples.manage"), response=errors({200: list[SampleOut]}),
+            summary="The route's kept samples, newest first, decrypted (at most `limit`)")
+def samples_list(request, route_id: int, query: Query[SamplesQuery]):
+    found = []
+    for sample in _route(request, route_id).samples.all()[:query.limit]:
+        content = traffic_samples.sample_content(sample)
+        found.append({"id": sample.pk, "created_at": sample.created_at, "endpoint": sample.endpoint,
+                      "model": sample.model, "channel_id": sample.channel_id, "request_id": sample.request_id,
+                      "redacted": sample.redacted, "messages": content["messages"], "answer": content["answer"],
+                      "json_requested": content.get("json_requested", False)})
+    return found
+
+
+@router.delete("/routes/{route_id}/samples", auth=gate("samples.manage"), response=errors({204: None}),
+               summary="Delete every sample the route kept")
+def samples_delete(request, route_id: int):
+    route_samples_delete(route=_route(request, route_id), user=request.user, request=request)
     return Status(204, None)

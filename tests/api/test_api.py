@@ -204,6 +204,38 @@ def test_routes_and_a_canary_by_api(client, team_setup, owner_token):
     assert Notification.objects.get(kind="canary.rolled_back").facts["reason"] == "P99 doubled"
 
 
+def test_a_routes_traffic_samples_by_api(client, team_setup, owner_token):
+    from panel.core import crypto
+    from panel.usage.models import TrafficSample
+
+    made = call(client, "post", "/channels", owner_token, channel_body(name="stable")).json()["id"]
+    route_id = call(client, "post", "/routes", owner_token,
+                    {"model_name": "chat", "channels": [{"channel": made}]}).json()["id"]
+    assert call(client, "get", f"/routes/{route_id}", owner_token).json()["sampling"] == {
+        "samples_per_day": 0, "retention_days": 14, "redactions": [], "kept": 0}
+    bad = call(client, "put", f"/routes/{route_id}/sampling", owner_token,
+               {"samples_per_day": 10, "redactions": ["ok", "(a|aa)+"]})
+    assert bad.status_code == 400 and "line 2: the pattern repeats a group of alternatives" in bad.text
+    assert Route.objects.get().samples_per_day == 0
+    assert call(client, "put", f"/routes/{route_id}/sampling", owner_token,
+                {"samples_per_day": 1001}).status_code in (400, 422)
+    done = call(client, "put", f"/routes/{route_id}/sampling", owner_token,
+                {"samples_per_day": 10, "retention_days": 3, "redactions": [r"CUST-\d{6}"]})
+    assert done.json() == {"samples_per_day": 10, "retention_days": 3, "redactions": [r"CUST-\d{6}"], "kept": 0}
+    route = Route.objects.get()
+    TrafficSample.objects.create(team=route.team, route=route, endpoint="chat", model="chat", redacted=1,
+                                 payload=crypto.encrypt(json.dumps({"messages": [{"role": "user", "content": "Hi"}],
+                                                                    "answer": "Hello", "json_requested": False})))
+    [kept] = call(client, "get", f"/routes/{route_id}/samples?limit=5", owner_token).json()
+    assert (kept["messages"], kept["answer"], kept["redacted"]) == ([{"role": "user", "content": "Hi"}], "Hello", 1)
+    viewer = token_for(team_setup["vera"], team_setup["team_a"])
+    assert call(client, "get", f"/routes/{route_id}/samples", viewer).status_code == 403
+    assert call(client, "delete", f"/routes/{route_id}/samples", viewer).status_code == 403
+    assert call(client, "delete", f"/routes/{route_id}/samples", owner_token).status_code == 204
+    assert not TrafficSample.objects.exists()
+    assert AuditEvent.objects.filter(action__in=["route_sampling_changed", "samples_deleted"]).count() == 2
+
+
 def test_budgets_by_api(client, team_setup, owner_token):
     assert call(client, "put", "/budgets", owner_token, {"money_per_month": "-1"}).status_code == 400
     done = call(client, "put", "/budgets", owner_token, {"money_per_month": "12.50", "tokens_per_month": 1000})
