@@ -51,7 +51,8 @@ def sampling_words(route):
         return "Off: this route keeps none of its requests."
     own = len(samples.redaction_lines(route.sample_redactions))
     redacted = ", ".join(name for name, _ in samples.BUILT_IN_REDACTIONS)
-    team = f" and the team's {own} pattern{'s' if own != 1 else ''}" if own else ""
+    team = (" and whatever your team's pattern matches" if own == 1
+            else f" and whatever your team's {own} patterns match" if own else "")
     return (f"On: this route keeps up to {route.samples_per_day:,} of its answered requests a day (the conversation "
             f"and the answer the client got) as evaluation material. Before they are stored, {redacted}{team} are "
             f"replaced by {samples.REDACTED}; they are kept encrypted and deleted after "
