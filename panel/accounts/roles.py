@@ -24,6 +24,7 @@ ACTIONS = {
     "channels.test": Role.MEMBER,  # the Test button: one request through the channel
     "routes.edit": Role.ADMIN,  # add, change, delete a route or its rules; attach a deployment to a route
     "canaries.run": Role.ADMIN,  # start, promote, roll back, stop
+    "shadows.run": Role.ADMIN,  # start or stop a shadow test (its copies cost money)
     "settings.export": Role.VIEWER,
     "settings.import": Role.ADMIN,
     # notifications

@@ -36,6 +36,8 @@ class AuditAction(models.TextChoices):
     EVAL_SET_DELETED = "eval_set_deleted", "Evaluation set deleted"
     ROUTE_SAMPLING_CHANGED = "route_sampling_changed", "Traffic samples changed"
     SAMPLES_DELETED = "samples_deleted", "Traffic samples deleted"
+    SHADOW_STARTED = "shadow_started", "Shadow test started"
+    SHADOW_STOPPED = "shadow_stopped", "Shadow test stopped"
 
 
 class AppendOnlyQuerySet(models.QuerySet):

@@ -262,6 +262,26 @@ class CanaryForm(forms.Form):
             pk__in=list(used))
 
 
+class ShadowForm(forms.Form):
+    """Start a shadow test: a candidate channel the route does not use yet, the share mirrored, the money it may
+    spend, and how close its answers must be to the client's."""
+
+    channel = forms.ModelChoiceField(queryset=Channel.objects.none(), label="Candidate channel",
+                                     help_text="It answers copies of the route's requests; clients never see them.")
+    percent = forms.IntegerField(min_value=1, max_value=100, initial=10, label="Share mirrored (%)")
+    budget = forms.DecimalField(min_value=Decimal("0.0001"), max_value=Decimal("100000"), decimal_places=4,
+                                initial=Decimal("5"), label="Budget",
+                                help_text="What the copies may cost in all; the test stops when it is spent.")
+    min_similarity = forms.FloatField(min_value=0.01, max_value=1, initial=0.5, label="Agreement needed",
+                                      help_text="Word overlap (F1) with the answer the client got, 0 to 1.")
+
+    def __init__(self, *args, route, **kwargs):
+        super().__init__(*args, **kwargs)
+        used = route.routechannel_set.values_list("channel_id", flat=True)
+        self.fields["channel"].queryset = Channel.objects.filter(team=route.team_id, enabled=True).exclude(
+            pk__in=list(used))
+
+
 RULE_CHANNEL_SLOTS = 4
 
 

@@ -7,6 +7,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from panel.channels.credential_env import env_binding_refusal
 from panel.core import crypto
@@ -426,3 +427,55 @@ class RouteRuleChannel(models.Model):
     class Meta:
         ordering = ["position", "pk"]
         constraints = [models.UniqueConstraint(fields=["rule", "channel"], name="channel_once_per_rule")]
+
+
+class ShadowState(models.TextChoices):
+    RUNNING = "running", "Running"
+    STOPPED = "stopped", "Stopped"
+    BUDGET_SPENT = "budget_spent", "Budget spent"
+    FAILED = "failed", "Candidate failing"
+
+
+class ShadowTest(models.Model):
+    """A share of a route's answered requests sent again to a candidate channel, never to the client
+    (panel/channels/shadow.py, panel/gateway/shadow.py): what the candidate would have answered, its cost and speed,
+    against the answer the client got. At most one runs per route; it stops itself when its budget is spent or the
+    candidate keeps failing."""
+
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="shadow_tests")
+    candidate = models.ForeignKey(Channel, null=True, on_delete=models.SET_NULL, related_name="+")
+    percent = models.PositiveSmallIntegerField()
+    budget = models.DecimalField(max_digits=12, decimal_places=4)  # in the panel's currency
+    min_similarity = models.FloatField(default=0.5)  # an answer agrees with the client's at this word F1 or more
+    state = models.CharField(max_length=20, choices=ShadowState.choices, default=ShadowState.RUNNING)
+    stop_reason = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    started_at = models.DateTimeField(default=timezone.now)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-pk"]
+        constraints = [models.UniqueConstraint(fields=["route"], condition=models.Q(state="running"),
+                                               name="one_running_shadow_per_route")]
+
+
+class ShadowResult(models.Model):
+    """One mirrored request: the candidate's answer judged against the answer the client got (texts not kept)."""
+
+    shadow = models.ForeignKey(ShadowTest, on_delete=models.CASCADE, related_name="results")
+    created_at = models.DateTimeField(default=timezone.now)
+    ok = models.BooleanField()  # the candidate answered
+    error = models.CharField(max_length=200, blank=True)
+    latency_ms = models.FloatField(null=True)
+    client_latency_ms = models.FloatField(null=True)  # what the route's own channel took for the same request
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cost = models.DecimalField(max_digits=14, decimal_places=8, default=0)
+    client_cost = models.DecimalField(max_digits=14, decimal_places=8, default=0)
+    similarity = models.FloatField(null=True)
+    json_valid = models.BooleanField(null=True)  # None: the request asked for no JSON
+    passed = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]

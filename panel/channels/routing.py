@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
-from panel.channels.models import ChannelKind, Route, RouteStrategy, listed_routes, order_channels
+from panel.channels.models import ChannelKind, Route, RouteStrategy, ShadowState, listed_routes, order_channels
 from panel.core import outbound
 from panel.core.redis_client import async_redis
 from panel.usage import samples
@@ -75,6 +75,16 @@ class CachedRule:
 
 
 @dataclass(frozen=True)
+class ShadowPlan:
+    """What the gateway needs of a route's running shadow test (channels/shadow.py; cached with the route)."""
+
+    id: int
+    target: Target  # the candidate's
+    percent: int
+    min_similarity: float
+
+
+@dataclass(frozen=True)
 class RouteTargets:
     route_id: int
     model_name: str
@@ -89,6 +99,7 @@ class RouteTargets:
     affinity_header: str = ""
     while_waking: str = "fallback"  # channels.models.WhileWaking
     sampling: object = None  # usage.samples.SamplePlan when the route keeps samples of its traffic
+    shadow: ShadowPlan | None = None  # a running shadow test: a share of answered requests mirrored to a candidate
 
     def target(self, channel_id):
         """This route's current Target for a channel (its own entries, its rules', its canary), or None."""
@@ -178,7 +189,16 @@ def _load(team_id, model_name):
                         fallback_on_error=route.fallback_on_error, entries=tuple(entries), canary=canary,
                         canary_percent=route.canary_percent if canary else 0, deadline=float(route.deadline_seconds),
                         rules=rules, balance=route.balance, affinity_header=route.affinity_header,
-                        while_waking=route.while_waking, sampling=samples.plan_for(route))
+                        while_waking=route.while_waking, sampling=samples.plan_for(route), shadow=_shadow(route))
+
+
+def _shadow(route):
+    """The route's running shadow test, or None (a disabled candidate mirrors nothing)."""
+    shadow = route.shadow_tests.filter(state=ShadowState.RUNNING).select_related("candidate").first()
+    if shadow is None or shadow.candidate is None or not shadow.candidate.enabled:
+        return None
+    return ShadowPlan(id=shadow.pk, target=target_for(shadow.candidate), percent=shadow.percent,
+                      min_similarity=shadow.min_similarity)
 
 
 def _load_names(team_id):

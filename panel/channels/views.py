@@ -12,7 +12,7 @@ from panel.accounts.roles import may
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels import canary, rules, settings_json
-from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm, RuleForm, RuleSampleForm
+from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm, RuleForm, RuleSampleForm, ShadowForm
 from panel.channels.models import Channel, Route, RouteRule, listed_channels, listed_routes
 from panel.channels.sampling import sampling_words
 from panel.channels.services import (
@@ -24,6 +24,7 @@ from panel.channels.services import (
     route_delete,
     route_save,
 )
+from panel.channels.shadow import FAILURES_IN_A_ROW, shadow_start, shadow_stop, shadow_summary
 from panel.core.crypto import encryption_problem
 from panel.registry.quality import served_model_quality
 
@@ -239,9 +240,12 @@ def route_detail(request, route_id):
     return _render(request, "channels/route_detail.html", _route_context(route, CanaryForm(route=route)))
 
 
-def _route_context(route, form):
+def _route_context(route, form, shadow_form=None):
+    shadow = route.shadow_tests.select_related("candidate").first()
     return {"route": route, "entries": route.entries(), "canary_form": form, "rule_rows": rules.rule_traffic(route),
             "sampling_words": sampling_words(route), "samples_kept": route.samples.count(),
+            "shadow": shadow, "shadow_summary": shadow_summary(shadow) if shadow else None,
+            "shadow_form": shadow_form or ShadowForm(route=route), "shadow_failures": FAILURES_IN_A_ROW,
             "stable_percent": 100 - route.canary_percent,
             "candidate_quality": served_model_quality(route.canary_channel),
             "guards": {"json": settings.CANARY_JSON_FAILURE_PERCENT, "errors": settings.CANARY_ERROR_PERCENT,
@@ -265,6 +269,40 @@ def canary_start_view(request, route_id):
                                       f"to {form.cleaned_data['channel'].name}.")
             return redirect("route_detail", route_id=route.pk)
     return _render(request, "channels/route_detail.html", _route_context(route, form), status=400)
+
+
+@require_POST
+@team_view("shadows.run")
+def shadow_start_view(request, route_id):
+    route = _route(request, route_id)
+    form = ShadowForm(request.POST, route=route)
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            shadow_start(route=route, channel=data["channel"], percent=data["percent"], budget=data["budget"],
+                         min_similarity=data["min_similarity"], user=request.user, request=request)
+        except ValidationError as error:
+            for field, problems in error.message_dict.items():
+                for problem in problems:
+                    form.add_error(field if field in form.fields else None, problem)
+        else:
+            messages.success(request, f"Shadow test started: {data['percent']}% of {route.model_name}'s answered "
+                                      f"requests are copied to {data['channel'].name}.")
+            return redirect(reverse("route_detail", args=[route.pk]) + "#shadow")
+    return _render(request, "channels/route_detail.html", _route_context(route, CanaryForm(route=route), form),
+                   status=400)
+
+
+@require_POST
+@team_view("shadows.run")
+def shadow_stop_view(request, route_id):
+    route = _route(request, route_id)
+    running = route.shadow_tests.filter(state="running").first()
+    if running is None or not shadow_stop(shadow=running, user=request.user, request=request):
+        messages.error(request, "No shadow test runs on this route.")
+    else:
+        messages.success(request, "Shadow test stopped.")
+    return redirect(reverse("route_detail", args=[route.pk]) + "#shadow")
 
 
 @require_POST

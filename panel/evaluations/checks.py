@@ -23,9 +23,6 @@ repetition, since Python's re has no timeout; that validation, and the JSON Sche
 import json
 import math
 import re
-import string
-import unicodedata
-from collections import Counter
 from dataclasses import dataclass
 
 import referencing
@@ -33,6 +30,7 @@ import referencing.exceptions
 from jsonschema import validators
 from jsonschema.exceptions import best_match
 
+from panel.core.similarity import similarity
 from panel.evaluations.patterns import (  # noqa: F401  (the constants are re-exported for the checks' callers)
     MAX_PATTERN_CHARS,
     MAX_SCHEMA_CHARS,
@@ -69,8 +67,6 @@ FIELDS = {
 CUT_NOTE = f" (only the first {MAX_ANSWER_CHARS:,} characters of the answer were checked)"
 
 _CODE_FENCE = re.compile(r"\A```(?:json)?[ \t]*\r?\n(?P<body>.*?)\r?\n?```\Z", re.DOTALL | re.IGNORECASE)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_ASCII_PUNCTUATION = frozenset(string.punctuation)
 
 
 @dataclass(frozen=True)
@@ -373,31 +369,6 @@ def _refuse_constant(name):
 # ---------------------------------------------------------------------------------------------------------------------
 # Similarity
 # ---------------------------------------------------------------------------------------------------------------------
-
-def similarity(answer, reference) -> float:
-    """Word-level F1 between two texts, as SQuAD scores answers: lower-cased, punctuation and the articles a/an/the
-    removed, whitespace-split; F1 of the two multisets of words. 1.0 when both are empty, 0.0 when only one is.
-
-    Punctuation is ASCII punctuation (as in SQuAD) plus any Unicode punctuation, so that "Paris。" and "Paris" agree.
-    Not a string counts as "". Works offline. F1 is computed as 2 * common / (words + words), one division, so
-    that a score of exactly 3/5 compares equal to a threshold of 0.6."""
-    mine, theirs = _words(answer), _words(reference)
-    if not mine or not theirs:
-        return 1.0 if mine == theirs else 0.0
-    common = sum((Counter(mine) & Counter(theirs)).values())
-    return 2 * common / (len(mine) + len(theirs))
-
-
-def _words(text):
-    if not isinstance(text, str):
-        return []
-    text = "".join(char for char in text.lower() if not _is_punctuation(char))
-    return _ARTICLES.sub(" ", text).split()
-
-
-def _is_punctuation(char):
-    return char in _ASCII_PUNCTUATION or unicodedata.category(char).startswith("P")
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Words

@@ -20,6 +20,7 @@ from panel.gateway.exchange import Exchange
 from panel.gateway.keys import key_lookup
 from panel.gateway.responses import error_body, json_requested, plain_response, send_json, stream_response
 from panel.gateway.sampling import SAMPLED_ENDPOINTS
+from panel.gateway.shadow import mirror_maybe
 from panel.gateway.translation import NotTranslatable
 from panel.usage import tags as request_tags
 
@@ -227,8 +228,8 @@ async def application(scope, receive, send):
         exchange.fields.update(admitted.session)  # a refused request is no turn of a session: it has none
         exchange.session_task = admitted.session_task
         exchange.body = body  # its prompt is charged by estimate if the upstream reports no usage
-        if route.sampling is not None and endpoint in SAMPLED_ENDPOINTS:
-            exchange.sampling = route.sampling
+        if endpoint in SAMPLED_ENDPOINTS:
+            exchange.sampling, exchange.shadow = route.sampling, route.shadow
         passage = Passage(endpoint, body, betas=header(scope, b"anthropic-beta")[:1000])
         targets, lease = await BALANCER.place(route, route.ordered(exchange.fields), body=body,
                                               headers=scope["headers"], key_id=exchange.key.id,
@@ -248,6 +249,7 @@ async def application(scope, receive, send):
     finally:
         await exchange.finish()
         await BALANCER.release(lease)
+        mirror_maybe(exchange)  # in the background: the client has its whole answer
 
 
 async def until_disconnect(exchange, work, receive):

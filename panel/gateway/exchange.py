@@ -59,8 +59,9 @@ class Exchange:
         self.session_task = None  # a session lookup running beside the upstream call (gateway/admission.py)
         self.adapted = []  # what the gateway changed in the request for the channel that answered (apis.Passage)
         self.fitted = []  # what admission changed for every channel (max_tokens fitted to a budget)
-        self.sampling = None  # the route's SamplePlan when it keeps samples: the answer's text is collected
-        self.answer_parts = []
+        self.sampling = None  # the route's SamplePlan when it keeps samples
+        self.shadow = None  # the route's ShadowPlan when a shadow test runs on it
+        self.answer_parts = []  # the answer's text, collected for a sample or a shadow test only
 
     @property
     def owner_team_id(self):
@@ -90,10 +91,15 @@ class Exchange:
         self.fields.update(status_code=status, outcome=outcome or OUTCOME_FOR_KIND.get(kind, "error"),
                            error_kind=kind[:40])
 
+    @property
+    def keeps_answer(self):
+        return self.sampling is not None or self.shadow is not None
+
     def content_arrived(self, text=""):
-        """One content piece of a stream is on its way to the client (its text is kept only for a sample)."""
+        """One content piece of a stream is on its way to the client (its text is kept for a sample or a shadow
+        test only)."""
         self.pieces += 1
-        if self.sampling is not None and text:
+        if text and self.keeps_answer:
             self.answer_parts.append(text)
         if self.fields["ttft_ms"] is None:
             self.fields["ttft_ms"] = (time.perf_counter() - self.started) * 1000

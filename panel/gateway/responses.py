@@ -61,7 +61,7 @@ async def plain_response(exchange, route, passage, send):
     exchange.fields["ttft_ms"] = (time.perf_counter() - exchange.started) * 1000
     if exchange.fields["json_requested"]:
         exchange.fields["json_valid"] = is_json(content_of(data))
-    if exchange.sampling is not None:
+    if exchange.keeps_answer:
         exchange.answer_parts = [answer_of(passage.client_api, data)]
     await exchange.settle()
     await send_json(send, 200, data, exchange.headers)

@@ -60,7 +60,8 @@ def test_the_route_page_says_whether_it_keeps_samples_and_an_admin_turns_them_on
     page = client.get(reverse("route_detail", args=[route.pk])).content.decode()
     assert ("On: this route keeps up to 50 of its answered requests a day" in page
             and "e-mail addresses, API keys and tokens, bearer tokens, long numbers (cards, phones, accounts) and "
-                "whatever your team&#x27;s pattern matches are replaced by [redacted]" in page and "deleted after 7 days" in page)
+                "whatever your team&#x27;s pattern matches are replaced by [redacted]" in page
+            and "deleted after 7 days" in page)
 
 
 def test_only_admins_see_or_change_samples(client, team_setup, route):
