@@ -20,6 +20,7 @@ from panel.api import (
     registry,
     routes,
     serving,
+    shadows,
     team,
     tokens,
     usage,
@@ -41,8 +42,9 @@ api = ManagementAPI(title="Tokenwise management API", version="1", auth=Ungated(
                openapi_url="/openapi.json", docs_url="/docs")
 errors.install(api)
 # Each operation names its action in its decorator (`auth=gate(...)`, panel/accounts/roles.py) or its router's.
-ROUTERS = [module.router for module in (team, tokens, keys, channels, routes, registry, gguf, serving, benchmarks,
-                                        ladders, hosts, budgets, usage, audit, webhooks, advisor, evaluations)]
+ROUTERS = [module.router for module in (team, tokens, keys, channels, routes, shadows, registry, gguf, serving,
+                                        benchmarks, ladders, hosts, budgets, usage, audit, webhooks, advisor,
+                                        evaluations)]
 for router in ROUTERS:
     api.add_router("", router)
 

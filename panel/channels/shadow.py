@@ -15,6 +15,8 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels.models import Channel, ShadowResult, ShadowState, ShadowTest
 from panel.channels.routing import routing_changed
+from panel.notifications.models import EventKind
+from panel.notifications.services import notify
 
 MAX_BUDGET = Decimal("100000")
 FAILURES_IN_A_ROW = 5  # the candidate failed this many mirrored requests in a row: the test stops
@@ -64,6 +66,13 @@ def shadow_stop(*, shadow, state=ShadowState.STOPPED, reason="stopped by hand", 
         shadow.refresh_from_db()
         routing_changed(shadow.route.team_id)
         _audit(AuditAction.SHADOW_STOPPED, shadow, request=request, actor=user, state=state, reason=reason[:300])
+        if state != ShadowState.STOPPED:  # it stopped itself: the team hears of it
+            summary = shadow_summary(shadow)
+            notify(team=shadow.route.team_id, kind=EventKind.SHADOW_ENDED,
+                   title=f"Shadow test of {shadow.candidate.name if shadow.candidate else 'a candidate'} on "
+                         f"{shadow.route.model_name} stopped: {reason}"[:300],
+                   route=shadow.route.model_name, state=state, mirrored=summary["mirrored"],
+                   passed=summary["passed"], cost=f"{summary['cost'].normalize():f}")
     return bool(stopped)
 
 

@@ -13,6 +13,7 @@ class EventKind(models.TextChoices):
     CHANNEL_COOLED_DOWN = "channel.cooled_down", "Channel cooled down"
     LEDGER_MISMATCH = "ledger.mismatch", "An engine counted more than 1% more or fewer tokens than was charged"
     STATEMENT_MISMATCH = "statement.mismatch", "A provider's usage export differs from the usage rows by more than 1%"
+    SHADOW_ENDED = "shadow.ended", "A shadow test stopped itself (budget spent or candidate failing)"
     TEST = "test", "Test message"
 
 

@@ -236,6 +236,36 @@ def test_a_routes_traffic_samples_by_api(client, team_setup, owner_token):
     assert AuditEvent.objects.filter(action__in=["route_sampling_changed", "samples_deleted"]).count() == 2
 
 
+def test_a_shadow_test_by_api(client, team_setup, owner_token):
+    from panel.channels.models import ShadowTest
+    from panel.channels.shadow import shadow_record
+
+    stable, small = [call(client, "post", "/channels", owner_token, channel_body(name=name)).json()["id"]
+                     for name in ("stable", "small")]
+    route_id = call(client, "post", "/routes", owner_token,
+                    {"model_name": "chat", "channels": [{"channel": stable}]}).json()["id"]
+    on_route = call(client, "post", f"/routes/{route_id}/shadow-tests", owner_token,
+                    {"channel": stable, "percent": 10, "budget": "2"})
+    assert on_route.status_code == 400 and "already serves this route" in on_route.json()["errors"]["channel"][0]
+    assert call(client, "post", f"/routes/{route_id}/shadow-tests", owner_token,
+                {"channel": small, "percent": 0, "budget": "2"}).status_code in (400, 422)
+    viewer = token_for(team_setup["vera"], team_setup["team_a"])
+    assert call(client, "post", f"/routes/{route_id}/shadow-tests", viewer,
+                {"channel": small, "percent": 10, "budget": "2"}).status_code == 403
+    assert not ShadowTest.objects.exists()
+    started = call(client, "post", f"/routes/{route_id}/shadow-tests", owner_token,
+                   {"channel": small, "percent": 10, "budget": "2", "min_similarity": 0.7})
+    assert started.status_code == 201 and started.json()["state"] == "running"
+    shadow_record(shadow_id=started.json()["id"], ok=True, similarity=0.9, passed=True, cost=Decimal("0.5"),
+                  latency_ms=10, client_latency_ms=20, client_cost=Decimal("1"))
+    [listed] = call(client, "get", f"/routes/{route_id}/shadow-tests", viewer).json()
+    assert (listed["candidate"], listed["min_similarity"], listed["summary"]["passed"]) == ("small", 0.7, 1)
+    assert listed["summary"]["cost_per_accepted"] == "0.5" and listed["summary"]["budget_left"] == "1.5"
+    stopped = call(client, "post", f"/routes/{route_id}/shadow-tests/stop", owner_token)
+    assert stopped.json()["state"] == "stopped"
+    assert call(client, "post", f"/routes/{route_id}/shadow-tests/stop", owner_token).status_code == 400
+
+
 def test_budgets_by_api(client, team_setup, owner_token):
     assert call(client, "put", "/budgets", owner_token, {"money_per_month": "-1"}).status_code == 400
     done = call(client, "put", "/budgets", owner_token, {"money_per_month": "12.50", "tokens_per_month": 1000})

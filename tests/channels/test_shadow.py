@@ -65,6 +65,11 @@ def test_results_stop_the_test_when_the_budget_is_spent(route):
     assert (summary["p50_ms"], summary["client_p50_ms"]) == (150, 400)
     assert summary["client_cost_per_request"] == Decimal("0.02")
     assert AuditEvent.objects.filter(action="shadow_stopped").get().detail["state"] == "budget_spent"
+    from panel.notifications.models import Notification
+
+    note = Notification.objects.get(kind="shadow.ended")  # webhooks hear of a test that stopped itself
+    assert note.title == "Shadow test of small on chat stopped: its budget of 0.01 was spent (0.0110)"
+    assert note.facts == {"route": "chat", "state": "budget_spent", "mirrored": 2, "passed": 1, "cost": "0.011"}
 
 
 def test_a_candidate_failing_in_a_row_stops_the_test_and_a_success_resets_the_count(route):
@@ -110,3 +115,6 @@ def test_an_admin_starts_and_stops_a_shadow_test_on_the_route_page(client, team_
     page = client.get(reverse("route_detail", args=[route.pk])).content.decode()
     assert "Stopped" in page and "Start a shadow test" in page  # the last test's figures stay, a new one may start
     assert set(AuditEvent.objects.values_list("action", flat=True)) >= {"shadow_started", "shadow_stopped"}
+    from panel.notifications.models import Notification
+
+    assert not Notification.objects.exists()  # stopped by hand: no notification
