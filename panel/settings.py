@@ -310,6 +310,7 @@ CELERY_BEAT_SCHEDULE = {
     "deliver-webhooks": {"task": "panel.notifications.tasks.deliver_due", "schedule": WEBHOOK_DUE_EVERY_SECONDS},
     "check-ledgers": {"task": "panel.dashboards.tasks.check_ledgers", "schedule": LEDGER_CHECK_EVERY_SECONDS},
     "expire-traffic-samples": {"task": "panel.usage.tasks.expire_samples", "schedule": 3600},
+    "review-autopilots": {"task": "panel.evaluations.tasks.review_autopilots", "schedule": 3600},
 }
 
 LOGGING = {

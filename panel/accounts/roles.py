@@ -25,6 +25,7 @@ ACTIONS = {
     "routes.edit": Role.ADMIN,  # add, change, delete a route or its rules; attach a deployment to a route
     "canaries.run": Role.ADMIN,  # start, promote, roll back, stop
     "shadows.run": Role.ADMIN,  # start or stop a shadow test (its copies cost money)
+    "autopilot.manage": Role.ADMIN,  # a route's autopilot: its set, thresholds, canaries; review it now
     "settings.export": Role.VIEWER,
     "settings.import": Role.ADMIN,
     # notifications

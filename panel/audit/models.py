@@ -38,6 +38,8 @@ class AuditAction(models.TextChoices):
     SAMPLES_DELETED = "samples_deleted", "Traffic samples deleted"
     SHADOW_STARTED = "shadow_started", "Shadow test started"
     SHADOW_STOPPED = "shadow_stopped", "Shadow test stopped"
+    AUTOPILOT_CHANGED = "autopilot_changed", "Autopilot changed"
+    AUTOPILOT_PROPOSED = "autopilot_proposed", "Autopilot proposed a candidate"
 
 
 class AppendOnlyQuerySet(models.QuerySet):

@@ -60,3 +60,17 @@ class EvalRun(Job):
 
     def __str__(self):
         return f"evaluation run #{self.pk}"
+
+
+class Autopilot(models.Model):
+    """A route's autopilot (evaluations/autopilot.py): the evaluation set it judges candidates by, the team's
+    thresholds, and whether it may start a canary of the cheapest candidate that passes them by itself."""
+
+    route = models.OneToOneField("channels.Route", on_delete=models.CASCADE, related_name="autopilot")
+    eval_set = models.ForeignKey(EvalSet, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    min_pass_rate = models.FloatField(default=0.9)  # of the set's cases, and of the shadow copies
+    min_shadow_copies = models.PositiveIntegerField(default=20)  # 0: the set alone decides
+    start_canary = models.BooleanField(default=False)
+    proposal = models.JSONField(default=dict, blank=True)  # the last one sent: {"channel_id", "words", "at"}
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)

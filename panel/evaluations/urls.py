@@ -1,6 +1,6 @@
 from django.urls import path
 
-from panel.evaluations import sample_views, views
+from panel.evaluations import autopilot_views, sample_views, views
 
 urlpatterns = [
     path("evaluations/", views.evaluations, name="evaluations"),
@@ -19,4 +19,9 @@ urlpatterns = [
     path("evaluations/samples/<int:route_id>/set/", sample_views.route_samples_to_set, name="route_samples_to_set"),
     path("evaluations/samples/<int:route_id>/delete/", sample_views.route_samples_delete_view,
          name="route_samples_delete"),
+    path("evaluations/autopilot/<int:route_id>/", autopilot_views.route_autopilot, name="route_autopilot"),
+    path("evaluations/autopilot/<int:route_id>/settings/", autopilot_views.route_autopilot_settings,
+         name="route_autopilot_settings"),
+    path("evaluations/autopilot/<int:route_id>/review/", autopilot_views.route_autopilot_review,
+         name="route_autopilot_review"),
 ]

@@ -14,6 +14,7 @@ class EventKind(models.TextChoices):
     LEDGER_MISMATCH = "ledger.mismatch", "An engine counted more than 1% more or fewer tokens than was charged"
     STATEMENT_MISMATCH = "statement.mismatch", "A provider's usage export differs from the usage rows by more than 1%"
     SHADOW_ENDED = "shadow.ended", "A shadow test stopped itself (budget spent or candidate failing)"
+    AUTOPILOT_PROPOSAL = "autopilot.proposal", "The autopilot found a cheaper candidate that passes"
     TEST = "test", "Test message"
 
 

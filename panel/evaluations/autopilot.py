@@ -1,0 +1,217 @@
+"""A route's autopilot: which candidate could serve the route for less and still be good enough, on the evidence the
+panel holds, and what to do about it.
+
+The candidates are the team's enabled channels the route does not use (cloud channels, the local channels of other
+deployments: quantized children, other profiles), and the quantized relatives of the route's local model that no
+deployment serves yet (listed with their quality report, to be launched before they can be judged). A channel is
+judged on the autopilot's evaluation set (its latest finished run on the set's current version: the pass rate and
+the cost per accepted answer, evaluations/runs.py) and on shadow traffic (the route's latest shadow test of that
+channel, channels/shadow.py). It qualifies when both pass rates reach the team's `min_pass_rate` (the shadow copies
+only once there are `min_shadow_copies`), its model's quality report does not reject it, and its cost per accepted
+answer is below the route's own on the same set. The cheapest that qualifies is proposed: once per new proposal a
+notification (`autopilot.proposal`, webhooks) and an audit row; with `start_canary`, a canary of it is started, whose
+guards then decide promotion or rollback (channels/canary.py)."""
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
+from panel.channels import canary
+from panel.channels.models import CanaryState, Channel, ShadowTest
+from panel.channels.shadow import shadow_summary
+from panel.evaluations.models import Autopilot
+from panel.evaluations.runs import candidates_ranked
+from panel.notifications.models import EventKind
+from panel.notifications.services import notify
+from panel.registry.quality import quality_report, served_model_quality, verdict_words
+from panel.serving.models import Deployment, DeploymentState
+
+
+@dataclass
+class Candidate:
+    label: str
+    channel: Channel | None = None
+    model: object = None  # a model no deployment serves yet
+    quality: str = ""  # its quality report's verdict in words
+    run: object = None  # its latest finished EvalRun on the set's current version
+    shadow: dict | None = None  # the summary of its latest shadow test on this route
+    qualifies: bool = False
+    reasons: list = field(default_factory=list)  # why not, or what it still needs
+
+    @property
+    def pass_rate(self):
+        return self.run.result.get("pass_rate") if self.run else None
+
+    @property
+    def cost_per_accepted(self):
+        value = self.run.result.get("cost_per_accepted") if self.run else None
+        return Decimal(value) if value is not None else None
+
+
+@dataclass
+class Review:
+    autopilot: Autopilot
+    current: object = None  # the route's own latest run on the set
+    candidates: list = field(default_factory=list)
+    proposal: Candidate | None = None
+    words: str = ""
+
+
+def autopilot_for(route):
+    return Autopilot.objects.filter(route=route).select_related("eval_set").first() or Autopilot(route=route)
+
+
+@transaction.atomic
+def autopilot_save(*, route, user, eval_set, min_pass_rate, min_shadow_copies, start_canary, request=None):
+    """Set a route's autopilot; ValidationError, saving nothing, for a set of another team or a value out of bounds."""
+    errors = {}
+    if eval_set is not None and eval_set.team_id != route.team_id:
+        errors["eval_set"] = ["Pick one of this team's evaluation sets."]
+    if isinstance(min_pass_rate, bool) or not isinstance(min_pass_rate, (int, float)) or not 0 < min_pass_rate <= 1:
+        errors["min_pass_rate"] = ["More than 0 and at most 1 (0.9: nine answers in ten pass)."]
+    copies = min_shadow_copies
+    if isinstance(copies, bool) or not isinstance(copies, int) or not 0 <= copies <= 100_000:
+        errors["min_shadow_copies"] = ["A whole number from 0 (the set alone decides) to 100,000."]
+    if errors:
+        raise ValidationError(errors)
+    autopilot, _ = Autopilot.objects.update_or_create(route=route, defaults=dict(
+        eval_set=eval_set, min_pass_rate=float(min_pass_rate), min_shadow_copies=min_shadow_copies,
+        start_canary=bool(start_canary)))
+    audit_record(action=AuditAction.AUTOPILOT_CHANGED, request=request, team=route.team, actor=user,
+                 target=route.model_name, eval_set=eval_set.name if eval_set else "", min_pass_rate=min_pass_rate,
+                 min_shadow_copies=min_shadow_copies, start_canary=bool(start_canary))
+    return autopilot
+
+
+def autopilot_review(autopilot):
+    """The candidates of the autopilot's route with their evidence, and the one to propose (or why none)."""
+    route = autopilot.route
+    review = Review(autopilot=autopilot)
+    if autopilot.eval_set is None:
+        review.words = "Pick the evaluation set the autopilot judges candidates by."
+        return review
+    version = autopilot.eval_set.current()
+    runs = {(run.candidate.get("kind"), run.candidate.get("id")): run for run in candidates_ranked(version)}
+    review.current = runs.get(("route", route.pk))
+    used = set(route.routechannel_set.values_list("channel_id", flat=True))
+    for channel in Channel.objects.filter(team=route.team, enabled=True).exclude(pk__in=used).order_by("name"):
+        candidate = Candidate(label=channel.name, channel=channel, run=runs.get(("channel", channel.pk)))
+        shadow = ShadowTest.objects.filter(route=route, candidate=channel).first()
+        candidate.shadow = shadow_summary(shadow) if shadow else None
+        served = served_model_quality(channel)
+        if served and served["evaluation"]:
+            report = quality_report(served["model"])
+            candidate.quality = _quality_words(report, served["model"])
+        _judge(candidate, review.current, autopilot)
+        review.candidates.append(candidate)
+    review.candidates += _unserved_relatives(route)
+    qualifying = [candidate for candidate in review.candidates if candidate.qualifies]
+    review.proposal = min(qualifying, key=lambda candidate: candidate.cost_per_accepted, default=None)
+    review.words = _words(review, version)
+    return review
+
+
+def _judge(candidate, current, autopilot):
+    reasons = candidate.reasons
+    if candidate.run is None:
+        reasons.append(f"not run on the set's version {autopilot.eval_set.current().number} yet")
+    elif candidate.pass_rate < autopilot.min_pass_rate:
+        reasons.append(f"passes {candidate.pass_rate:.0%} of the set (needs {autopilot.min_pass_rate:.0%})")
+    shadow = candidate.shadow
+    if autopilot.min_shadow_copies:
+        if shadow is None or shadow["mirrored"] < autopilot.min_shadow_copies:
+            reasons.append(f"{shadow['mirrored'] if shadow else 0} of {autopilot.min_shadow_copies} shadow copies")
+        elif shadow["pass_rate"] < autopilot.min_pass_rate:
+            reasons.append(f"passes {shadow['pass_rate']:.0%} of the shadow copies (needs "
+                           f"{autopilot.min_pass_rate:.0%})")
+    if candidate.quality.endswith("not for production."):
+        reasons.append("its quality report rejects it")
+    if candidate.run is not None and candidate.cost_per_accepted is None:
+        reasons.append("no accepted answer")
+    elif current is None:
+        reasons.append("the route itself has not run the set: its cost per accepted answer is not known")
+    elif candidate.cost_per_accepted is not None and current.result.get("cost_per_accepted") is not None \
+            and candidate.cost_per_accepted >= Decimal(current.result["cost_per_accepted"]):
+        reasons.append("costs no less per accepted answer than the route")
+    candidate.qualifies = not reasons
+
+
+def _quality_words(report, model):
+    row = next((row for row in report["rows"] if row["model"].pk == model.pk), None)
+    if row is None or row["comparison"] is None or row["is_root"]:
+        return ""
+    return verdict_words(row["comparison"])
+
+
+def _unserved_relatives(route):
+    """The quantized relatives of the route's local models that no ready deployment of the team serves."""
+    served = set(Deployment.objects.filter(team=route.team, state=DeploymentState.READY).values_list(
+        "profile__model_id", flat=True))
+    found, seen = [], set()
+    for entry in route.entries():
+        deployment = entry.channel.deployment if entry.channel.deployment_id else None
+        if deployment is None:
+            continue
+        root = deployment.profile.model.parent or deployment.profile.model
+        report = quality_report(root)
+        for row in report["rows"]:
+            model = row["model"]
+            if row["is_root"] or model.pk in served or model.pk in seen:
+                continue
+            seen.add(model.pk)
+            found.append(Candidate(label=model.name, model=model,
+                                   quality=verdict_words(row["comparison"]) if row["comparison"] else "",
+                                   reasons=["no deployment serves it: launch one, then run the set on its channel"]))
+    return found
+
+
+def _words(review, version):
+    if review.proposal is not None:
+        proposal = review.proposal
+        current = Decimal(review.current.result["cost_per_accepted"])
+        saving = 1 - proposal.cost_per_accepted / current if current else Decimal(0)
+        return (f"{proposal.label} passes {proposal.pass_rate:.0%} of “{review.autopilot.eval_set.name}” v"
+                f"{version.number} at {proposal.cost_per_accepted:.6f} per accepted answer, {saving:.0%} less "
+                f"than the route ({current:.6f}): propose a canary of it.")
+    if review.current is None:
+        return (f"Run “{review.autopilot.eval_set.name}” on the route itself first: its cost per accepted "
+                "answer is what a candidate must beat.")
+    return "No candidate passes the thresholds for less than the route costs now."
+
+
+def autopilot_act(autopilot, *, request=None, actor=None):
+    """Review, then act once per new proposal: notify, audit, and start a canary of it when the route allows and
+    none runs. Returns the Review."""
+    review = autopilot_review(autopilot)
+    Autopilot.objects.filter(pk=autopilot.pk).update(reviewed_at=timezone.now())
+    proposal = review.proposal
+    if proposal is None or autopilot.proposal.get("channel_id") == proposal.channel.pk:
+        return review
+    route = autopilot.route
+    with transaction.atomic():
+        autopilot.proposal = {"channel_id": proposal.channel.pk, "words": review.words,
+                              "at": timezone.now().isoformat()}
+        Autopilot.objects.filter(pk=autopilot.pk).update(proposal=autopilot.proposal)
+        audit_record(action=AuditAction.AUTOPILOT_PROPOSED, request=request, team=route.team, actor=actor,
+                     target=route.model_name, candidate=proposal.label, words=review.words)
+        notify(team=route.team_id, kind=EventKind.AUTOPILOT_PROPOSAL, title=review.words[:300],
+               route=route.model_name, candidate=proposal.label, pass_rate=proposal.pass_rate,
+               cost_per_accepted=f"{proposal.cost_per_accepted:f}")
+    if autopilot.start_canary and route.canary_state != CanaryState.RUNNING:
+        try:
+            canary.canary_start(route=route, channel=proposal.channel, request=request, actor=actor)
+        except ValidationError as error:
+            review.words += " The canary could not start: " + " ".join(error.messages)
+    return review
+
+
+def autopilots_review():
+    """Review every route's autopilot that has a set (hourly on beat): each acts once per new proposal."""
+    reviews = []
+    for autopilot in Autopilot.objects.filter(eval_set__isnull=False).select_related("route__team", "eval_set"):
+        reviews.append(autopilot_act(autopilot))
+    return reviews

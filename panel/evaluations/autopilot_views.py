@@ -1,0 +1,82 @@
+"""A route's autopilot page: its candidates with their evidence and the one it proposes (anyone in the team reads it);
+its settings and a review on demand (admins)."""
+from django import forms
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from panel.accounts.decorators import team_view
+from panel.accounts.roles import may
+from panel.channels.models import Route
+from panel.evaluations.autopilot import autopilot_act, autopilot_for, autopilot_review, autopilot_save
+from panel.evaluations.models import EvalSet
+from panel.evaluations.views import errors_into
+
+
+class AutopilotForm(forms.Form):
+    eval_set = forms.ModelChoiceField(queryset=EvalSet.objects.none(), required=False, label="Evaluation set",
+                                      help_text="Candidates are judged on its current version; run it on the route "
+                                                "itself too, for the cost a candidate must beat.")
+    min_pass_rate = forms.FloatField(min_value=0.01, max_value=1, initial=0.9, label="Pass rate needed",
+                                     help_text="Of the set's cases, and of the shadow copies (0.9: nine in ten).")
+    min_shadow_copies = forms.IntegerField(min_value=0, max_value=100_000, initial=20, label="Shadow copies needed",
+                                           help_text="0: the set alone decides.")
+    start_canary = forms.BooleanField(required=False, label="Start a canary of the proposed candidate by itself "
+                                                            "(its guards then promote or roll back)")
+
+    def __init__(self, *args, route, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["eval_set"].queryset = EvalSet.objects.filter(team=route.team_id)
+
+
+def _route(request, route_id):
+    return get_object_or_404(Route, pk=route_id, team=request.team)
+
+
+def _page(request, route, form=None, status=200):
+    autopilot = autopilot_for(route)
+    return render(request, "evaluations/autopilot.html", {
+        "route": route, "autopilot": autopilot, "review": autopilot_review(autopilot),
+        "form": form or AutopilotForm(route=route, initial={
+            "eval_set": autopilot.eval_set_id, "min_pass_rate": autopilot.min_pass_rate,
+            "min_shadow_copies": autopilot.min_shadow_copies, "start_canary": autopilot.start_canary}),
+        "can_manage": may(request.membership, "autopilot.manage"),
+        "can_canary": may(request.membership, "canaries.run")}, status=status)
+
+
+@team_view("evaluations.view")
+def route_autopilot(request, route_id):
+    return _page(request, _route(request, route_id))
+
+
+@require_POST
+@team_view("autopilot.manage")
+def route_autopilot_settings(request, route_id):
+    route = _route(request, route_id)
+    form = AutopilotForm(request.POST, route=route)
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            autopilot_save(route=route, user=request.user, eval_set=data["eval_set"],
+                           min_pass_rate=data["min_pass_rate"], min_shadow_copies=data["min_shadow_copies"],
+                           start_canary=data["start_canary"], request=request)
+        except ValidationError as error:
+            errors_into(form, error)
+        else:
+            messages.success(request, "Autopilot saved.")
+            return redirect("route_autopilot", route_id=route.pk)
+    return _page(request, route, form=form, status=400)
+
+
+@require_POST
+@team_view("autopilot.manage")
+def route_autopilot_review(request, route_id):
+    route = _route(request, route_id)
+    autopilot = autopilot_for(route)
+    if autopilot.pk is None or autopilot.eval_set is None:
+        messages.error(request, "Pick the evaluation set first.")
+    else:
+        review = autopilot_act(autopilot, request=request, actor=request.user)
+        messages.info(request, review.words)
+    return redirect("route_autopilot", route_id=route.pk)

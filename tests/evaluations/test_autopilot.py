@@ -1,0 +1,127 @@
+"""A route's autopilot (panel/evaluations/autopilot.py): candidates judged on the evaluation set's latest runs and the
+route's shadow tests against the team's thresholds, ranked by cost per accepted answer against the route's own; the
+cheapest that qualifies proposed once (a notification, an audit row) and, where the route allows, a canary started;
+the page for the team and its settings for admins."""
+from decimal import Decimal
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from panel.audit.models import AuditEvent
+from panel.channels.models import Channel, Route, RouteChannel
+from panel.channels.shadow import shadow_record, shadow_start
+from panel.evaluations.autopilot import autopilot_act, autopilot_review, autopilot_save, autopilots_review
+from panel.evaluations.models import Autopilot, EvalRun
+from panel.evaluations.services import starter_set_add
+from panel.notifications.models import Notification
+
+pytestmark = pytest.mark.django_db
+SET = "Starter: JSON, extraction and formats"
+
+
+@pytest.fixture
+def world(team_setup):
+    team = team_setup["team_a"]
+
+    def make(name):
+        return Channel.objects.create(team=team, name=name, base_url="https://api.example.com/v1", model_id=name)
+
+    stable, cheap, cheaper_but_bad, pricey = make("stable"), make("cheap"), make("cheaper-bad"), make("pricey")
+    route = Route.objects.create(team=team, model_name="support-bot")
+    RouteChannel.objects.create(route=route, channel=stable, position=0)
+    eval_set = starter_set_add(team=team, user=team_setup["alice"])
+    version = eval_set.current()
+
+    def run(kind, ident, passed, cost_per_accepted):
+        cases = 10
+        return EvalRun.objects.create(team=team, eval_version=version, state="succeeded",
+                                      finished_at=timezone.now(), candidate={"kind": kind, "id": ident,
+                                                                             "label": str(ident)},
+                                      result={"cases": cases, "passed": passed, "pass_rate": passed / cases,
+                                              "cost_per_accepted": cost_per_accepted})
+
+    run("route", route.pk, 10, "0.0030")
+    run("channel", cheap.pk, 9, "0.0010")
+    run("channel", cheaper_but_bad.pk, 6, "0.0005")
+    run("channel", pricey.pk, 10, "0.0050")
+    autopilot = autopilot_save(route=route, user=team_setup["alice"], eval_set=eval_set, min_pass_rate=0.9,
+                               min_shadow_copies=3, start_canary=False)
+    return {"team": team, "route": route, "cheap": cheap, "bad": cheaper_but_bad, "pricey": pricey,
+            "autopilot": autopilot, "eval_set": eval_set, **team_setup}
+
+
+def shadow_copies(world, channel, passed, failed=0):
+    shadow = shadow_start(route=world["route"], channel=channel, percent=10, budget=Decimal("5"))
+    for index in range(passed + failed):
+        shadow_record(shadow_id=shadow.pk, ok=True, similarity=0.9, passed=index < passed, cost=Decimal("0.0001"))
+    return shadow
+
+
+def test_candidates_are_judged_on_the_set_and_the_shadow_copies_and_the_cheapest_that_qualifies_is_proposed(world):
+    review = autopilot_review(world["autopilot"])
+    by_label = {candidate.label: candidate for candidate in review.candidates}
+    assert set(by_label) == {"cheap", "cheaper-bad", "pricey"}
+    assert by_label["cheap"].reasons == ["0 of 3 shadow copies"]  # the set alone is not enough here
+    assert by_label["cheaper-bad"].reasons[0] == "passes 60% of the set (needs 90%)"
+    assert "costs no less per accepted answer than the route" in by_label["pricey"].reasons
+    assert review.proposal is None
+    assert review.words == "No candidate passes the thresholds for less than the route costs now."
+
+    shadow_copies(world, world["cheap"], passed=3)
+    review = autopilot_review(Autopilot.objects.get())
+    assert review.proposal.channel == world["cheap"] and review.proposal.qualifies
+    assert review.words == (f"cheap passes 90% of “{SET}” v1 at 0.001000 per accepted answer, 67% less than the "
+                            "route (0.003000): propose a canary of it.")
+
+
+def test_failing_shadow_copies_hold_a_candidate_back(world):
+    shadow_copies(world, world["cheap"], passed=2, failed=2)
+    [cheap] = [c for c in autopilot_review(world["autopilot"]).candidates if c.label == "cheap"]
+    assert cheap.reasons == ["passes 50% of the shadow copies (needs 90%)"] and not cheap.qualifies
+
+
+def test_a_route_that_has_not_run_the_set_gets_no_proposal(world):
+    EvalRun.objects.filter(candidate__kind="route").delete()
+    review = autopilot_review(world["autopilot"])
+    assert review.proposal is None and review.words.startswith(f"Run “{SET}” on the route itself first")
+
+
+def test_a_proposal_is_sent_once_and_a_canary_starts_where_the_route_allows(world):
+    shadow_copies(world, world["cheap"], passed=3)
+    autopilot_act(world["autopilot"])
+    autopilot_act(Autopilot.objects.get())  # the same proposal: nothing new
+    note = Notification.objects.get(kind="autopilot.proposal")
+    assert note.facts["candidate"] == "cheap" and note.facts["cost_per_accepted"] == "0.0010"
+    assert AuditEvent.objects.filter(action="autopilot_proposed").count() == 1
+    world["route"].refresh_from_db()
+    assert world["route"].canary_state == ""  # proposing only: the team starts it
+
+    Autopilot.objects.update(start_canary=True, proposal={})
+    assert len(autopilots_review()) == 1  # beat's hourly review
+    world["route"].refresh_from_db()
+    assert (world["route"].canary_state, world["route"].canary_channel_id, world["route"].canary_percent) == (
+        "running", world["cheap"].pk, 5)
+
+
+def test_the_page_shows_the_candidates_and_only_admins_change_the_autopilot(client, world):
+    shadow_copies(world, world["cheap"], passed=3)
+    client.force_login(world["vera"])  # a viewer reads it
+    page = client.get(reverse("route_autopilot", args=[world["route"].pk])).content.decode()
+    assert f"cheap passes 90% of “{SET}” v1" in page and "proposed" in page and "Start a canary" not in page
+    assert client.post(reverse("route_autopilot_settings", args=[world["route"].pk]),
+                       {"min_pass_rate": 0.5, "min_shadow_copies": 0}).status_code == 403
+    assert client.post(reverse("route_autopilot_review", args=[world["route"].pk])).status_code == 403
+    client.force_login(world["alice"])
+    page = client.get(reverse("route_autopilot", args=[world["route"].pk])).content.decode()
+    assert "Start a canary of cheap at 5%" in page and "Review now and notify" in page
+    bad = client.post(reverse("route_autopilot_settings", args=[world["route"].pk]),
+                      {"eval_set": world["eval_set"].pk, "min_pass_rate": 2, "min_shadow_copies": 3})
+    assert bad.status_code == 400 and Autopilot.objects.get().min_pass_rate == 0.9
+    saved = client.post(reverse("route_autopilot_settings", args=[world["route"].pk]),
+                        {"eval_set": world["eval_set"].pk, "min_pass_rate": 0.5, "min_shadow_copies": 0})
+    assert saved.status_code == 302 and Autopilot.objects.get().min_pass_rate == 0.5
+    reviewed = client.post(reverse("route_autopilot_review", args=[world["route"].pk]))
+    assert reviewed.status_code == 302 and Notification.objects.filter(kind="autopilot.proposal").count() == 1
+    route_page = client.get(reverse("route_detail", args=[world["route"].pk])).content.decode()
+    assert reverse("route_autopilot", args=[world["route"].pk]) in route_page
