@@ -40,6 +40,7 @@ class AuditAction(models.TextChoices):
     SHADOW_STOPPED = "shadow_stopped", "Shadow test stopped"
     AUTOPILOT_CHANGED = "autopilot_changed", "Autopilot changed"
     AUTOPILOT_PROPOSED = "autopilot_proposed", "Autopilot proposed a candidate"
+    AUTOPILOT_RECHECKED = "autopilot_rechecked", "Autopilot re-ran an evaluation set after a change"
 
 
 class AppendOnlyQuerySet(models.QuerySet):

@@ -11,6 +11,7 @@ only once there are `min_shadow_copies`), its model's quality report does not re
 answer is below the route's own on the same set. The cheapest that qualifies is proposed: once per new proposal a
 notification (`autopilot.proposal`, webhooks) and an audit row; with `start_canary`, a canary of it is started, whose
 guards then decide promotion or rollback (channels/canary.py)."""
+import logging
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -23,12 +24,17 @@ from panel.audit.services import audit_record
 from panel.channels import canary
 from panel.channels.models import CanaryState, Channel, ShadowTest
 from panel.channels.shadow import shadow_summary
-from panel.evaluations.models import Autopilot
-from panel.evaluations.runs import candidates_ranked
+from panel.evaluations.models import Autopilot, EvalRun
+from panel.evaluations.runs import candidates_ranked, eval_run_launch
+from panel.jobs.models import JobState
 from panel.notifications.models import EventKind
 from panel.notifications.services import notify
 from panel.registry.quality import quality_report, served_model_quality, verdict_words
 from panel.serving.models import Deployment, DeploymentState
+
+log = logging.getLogger(__name__)
+
+REGRESSION_POINTS = 0.1  # a channel passing this much less of the set than in its run before has regressed
 
 
 @dataclass
@@ -53,12 +59,25 @@ class Candidate:
 
 
 @dataclass
+class Regression:
+    label: str
+    run: object  # the latest finished run
+    before: object  # the finished run before it
+
+    @property
+    def words(self):
+        return (f"{self.label} passes {self.run.result['pass_rate']:.0%} of the set now, "
+                f"{self.before.result['pass_rate']:.0%} before (run #{self.before.pk} → #{self.run.pk})")
+
+
+@dataclass
 class Review:
     autopilot: Autopilot
     current: object = None  # the route's own latest run on the set
     candidates: list = field(default_factory=list)
     proposal: Candidate | None = None
     words: str = ""
+    regressions: list = field(default_factory=list)  # channels that pass less of the set than they did
 
 
 def autopilot_for(route):
@@ -109,6 +128,7 @@ def autopilot_review(autopilot):
         _judge(candidate, review.current, autopilot)
         review.candidates.append(candidate)
     review.candidates += _unserved_relatives(route)
+    review.regressions = _regressions(autopilot, version, route, review.candidates)
     qualifying = [candidate for candidate in review.candidates if candidate.qualifies]
     review.proposal = min(qualifying, key=lambda candidate: candidate.cost_per_accepted, default=None)
     review.words = _words(review, version)
@@ -138,6 +158,71 @@ def _judge(candidate, current, autopilot):
             and candidate.cost_per_accepted >= Decimal(current.result["cost_per_accepted"]):
         reasons.append("costs no less per accepted answer than the route")
     candidate.qualifies = not reasons
+
+
+def _finished_runs(version, channel_id):
+    return list(EvalRun.objects.filter(eval_version=version, state=JobState.SUCCEEDED, candidate__kind="channel",
+                                       candidate__id=channel_id).order_by("-finished_at", "-pk")[:2])
+
+
+def _regressions(autopilot, version, route, candidates):
+    """The route's own channels and the candidates whose latest run passes REGRESSION_POINTS less than the one
+    before it on the same version (a changed engine, profile or model); a candidate that regressed is not proposed."""
+    found = []
+    channels = [entry.channel for entry in route.entries()] + [c.channel for c in candidates if c.channel]
+    for channel in channels:
+        runs = _finished_runs(version, channel.pk)
+        if len(runs) == 2 and runs[1].result.get("pass_rate") is not None and runs[0].result.get(
+                "pass_rate") is not None and runs[1].result["pass_rate"] - runs[0].result["pass_rate"] >= \
+                REGRESSION_POINTS:
+            found.append(Regression(label=channel.name, run=runs[0], before=runs[1]))
+            for candidate in candidates:
+                if candidate.channel == channel and candidate.qualifies:
+                    candidate.qualifies = False
+                    candidate.reasons.append("it regressed on the set")
+    return found
+
+
+def rechecks_due(autopilot):
+    """The local channels to run the set on again: the route's own, and the candidates the set judged before, whose
+    deployment became ready after their latest run of the current version was queued (its engine, profile or model
+    changed since), with no run of it queued or running."""
+    route = autopilot.route
+    version = autopilot.eval_set.current()
+    on_route = set(route.routechannel_set.values_list("channel_id", flat=True))
+    due = []
+    for channel in Channel.objects.filter(team=route.team, enabled=True, deployment__isnull=False).select_related(
+            "deployment"):
+        deployment = channel.deployment
+        if deployment.state != DeploymentState.READY or deployment.ready_at is None:
+            continue
+        runs = EvalRun.objects.filter(eval_version__eval_set=autopilot.eval_set, candidate__kind="channel",
+                                      candidate__id=channel.pk)
+        if channel.pk not in on_route and not runs.exists():
+            continue  # a candidate the team has not judged on this set: its first run is the team's to start
+        if runs.filter(state__in=list(EvalRun.ACTIVE_STATES)).exists():
+            continue
+        latest = runs.filter(eval_version=version).order_by("-created_at").first()
+        if latest is None or latest.created_at < deployment.ready_at:
+            due.append(channel)
+    return due
+
+
+def autopilot_recheck(autopilot):
+    """Queue a run of the set on each channel due (rechecks_due); the runs queued."""
+    queued = []
+    for channel in rechecks_due(autopilot):
+        try:
+            queued.append(eval_run_launch(team=autopilot.route.team, user=None, eval_set=autopilot.eval_set,
+                                          candidate=f"channel:{channel.pk}"))
+        except ValidationError as error:
+            log.warning("autopilot of %s: no re-check of %s: %s", autopilot.route.model_name, channel.name,
+                        " ".join(error.messages))
+    if queued:
+        audit_record(action=AuditAction.AUTOPILOT_RECHECKED, team=autopilot.route.team,
+                     target=autopilot.route.model_name,
+                     channels=[run.candidate.get("label", "") for run in queued])
+    return queued
 
 
 def _quality_words(report, model):
@@ -188,6 +273,7 @@ def autopilot_act(autopilot, *, request=None, actor=None):
     none runs. Returns the Review."""
     review = autopilot_review(autopilot)
     Autopilot.objects.filter(pk=autopilot.pk).update(reviewed_at=timezone.now())
+    _flag(autopilot, review)
     proposal = review.proposal
     if proposal is None or autopilot.proposal.get("channel_id") == proposal.channel.pk:
         return review
@@ -209,9 +295,25 @@ def autopilot_act(autopilot, *, request=None, actor=None):
     return review
 
 
+def _flag(autopilot, review):
+    """Notify each regression once (by its latest run)."""
+    route = autopilot.route
+    for regression in review.regressions:
+        if regression.run.pk in autopilot.flagged_runs:
+            continue
+        with transaction.atomic():
+            autopilot.flagged_runs = [*autopilot.flagged_runs, regression.run.pk][-200:]
+            Autopilot.objects.filter(pk=autopilot.pk).update(flagged_runs=autopilot.flagged_runs)
+            notify(team=route.team_id, kind=EventKind.EVALUATION_REGRESSION,
+                   title=f"{route.model_name}: {regression.words}"[:300], route=route.model_name,
+                   channel=regression.label, run=regression.run.pk, before=regression.before.pk,
+                   pass_rate=regression.run.result["pass_rate"], before_pass_rate=regression.before.result["pass_rate"])
+
+
 def autopilots_review():
     """Review every route's autopilot that has a set (hourly on beat): each acts once per new proposal."""
     reviews = []
     for autopilot in Autopilot.objects.filter(eval_set__isnull=False).select_related("route__team", "eval_set"):
+        autopilot_recheck(autopilot)
         reviews.append(autopilot_act(autopilot))
     return reviews

@@ -9,7 +9,13 @@ from django.views.decorators.http import require_POST
 from panel.accounts.decorators import team_view
 from panel.accounts.roles import may
 from panel.channels.models import Route
-from panel.evaluations.autopilot import autopilot_act, autopilot_for, autopilot_review, autopilot_save
+from panel.evaluations.autopilot import (
+    autopilot_act,
+    autopilot_for,
+    autopilot_recheck,
+    autopilot_review,
+    autopilot_save,
+)
 from panel.evaluations.models import EvalSet
 from panel.evaluations.views import errors_into
 
@@ -77,6 +83,9 @@ def route_autopilot_review(request, route_id):
     if autopilot.pk is None or autopilot.eval_set is None:
         messages.error(request, "Pick the evaluation set first.")
     else:
+        queued = autopilot_recheck(autopilot)
         review = autopilot_act(autopilot, request=request, actor=request.user)
-        messages.info(request, review.words)
+        rerun = (" Re-running the set on " + ", ".join(run.candidate.get("label", "") for run in queued)
+                 + " (its deployment changed since it was judged).") if queued else ""
+        messages.info(request, review.words + rerun)
     return redirect("route_autopilot", route_id=route.pk)

@@ -72,5 +72,6 @@ class Autopilot(models.Model):
     min_shadow_copies = models.PositiveIntegerField(default=20)  # 0: the set alone decides
     start_canary = models.BooleanField(default=False)
     proposal = models.JSONField(default=dict, blank=True)  # the last one sent: {"channel_id", "words", "at"}
+    flagged_runs = models.JSONField(default=list, blank=True)  # runs whose regression was notified (ids)
     reviewed_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -15,6 +15,7 @@ class EventKind(models.TextChoices):
     STATEMENT_MISMATCH = "statement.mismatch", "A provider's usage export differs from the usage rows by more than 1%"
     SHADOW_ENDED = "shadow.ended", "A shadow test stopped itself (budget spent or candidate failing)"
     AUTOPILOT_PROPOSAL = "autopilot.proposal", "The autopilot found a cheaper candidate that passes"
+    EVALUATION_REGRESSION = "evaluation.regression", "A channel passes less of a route's evaluation set than before"
     TEST = "test", "Test message"
 
 

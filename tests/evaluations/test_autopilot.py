@@ -125,3 +125,41 @@ def test_the_page_shows_the_candidates_and_only_admins_change_the_autopilot(clie
     assert reviewed.status_code == 302 and Notification.objects.filter(kind="autopilot.proposal").count() == 1
     route_page = client.get(reverse("route_detail", args=[world["route"].pk])).content.decode()
     assert reverse("route_autopilot", args=[world["route"].pk]) in route_page
+
+
+def test_a_changed_deployment_is_judged_again_and_a_regression_is_flagged_once(world):
+    from datetime import timedelta
+
+    from panel.serving.models import DeploymentState
+    from tests.support.channels import make_deployment, set_state
+
+    team, version = world["team"], world["eval_set"].current()
+    deployment = make_deployment(team, world["alice"], "w8a8", state=DeploymentState.READY,
+                                 ready_at=timezone.now() - timedelta(hours=2))
+    local = Channel.objects.create(team=team, name="local-w8a8", kind="local", deployment=deployment,
+                                   base_url="http://127.0.0.1:8123/v1", model_id="tiny-served")
+    judged = EvalRun.objects.create(team=team, eval_version=version, state="succeeded",
+                                    finished_at=timezone.now() - timedelta(hours=1),
+                                    candidate={"kind": "channel", "id": local.pk, "label": "local-w8a8"},
+                                    result={"cases": 10, "passed": 10, "pass_rate": 1.0, "cost_per_accepted": "0.0001"})
+    from panel.evaluations.autopilot import autopilot_recheck, rechecks_due
+
+    assert rechecks_due(world["autopilot"]) == []  # judged after its deployment became ready
+    set_state(deployment, DeploymentState.READY, ready_at=timezone.now())  # restarted: a new engine or profile
+    assert rechecks_due(world["autopilot"]) == [local]
+    [queued] = autopilot_recheck(world["autopilot"])
+    assert queued.candidate["id"] == local.pk and queued.eval_version == version and queued.state == "pending"
+    assert rechecks_due(world["autopilot"]) == []  # its run is queued
+    assert AuditEvent.objects.get(action="autopilot_rechecked").detail == {"channels": [queued.candidate["label"]]}
+
+    EvalRun.objects.filter(pk=queued.pk).update(state="succeeded", finished_at=timezone.now(), result={
+        "cases": 10, "passed": 5, "pass_rate": 0.5, "cost_per_accepted": "0.0002"})
+    review = autopilot_review(world["autopilot"])
+    [regression] = review.regressions
+    assert regression.words == f"local-w8a8 passes 50% of the set now, 100% before (run #{judged.pk} → #{queued.pk})"
+    [candidate] = [c for c in review.candidates if c.label == "local-w8a8"]
+    assert not candidate.qualifies
+    autopilot_act(world["autopilot"])
+    autopilot_act(Autopilot.objects.get())
+    note = Notification.objects.get(kind="evaluation.regression")  # once
+    assert note.facts["channel"] == "local-w8a8" and note.facts["before_pass_rate"] == 1.0
