@@ -8,6 +8,7 @@ from ninja import NinjaAPI
 from panel.api import (
     advisor,
     audit,
+    autopilot,
     benchmarks,
     budgets,
     channels,
@@ -44,7 +45,7 @@ errors.install(api)
 # Each operation names its action in its decorator (`auth=gate(...)`, panel/accounts/roles.py) or its router's.
 ROUTERS = [module.router for module in (team, tokens, keys, channels, routes, shadows, registry, gguf, serving,
                                         benchmarks, ladders, hosts, budgets, usage, audit, webhooks, advisor,
-                                        evaluations)]
+                                        evaluations, autopilot)]
 for router in ROUTERS:
     api.add_router("", router)
 

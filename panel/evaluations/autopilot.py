@@ -13,10 +13,12 @@ notification (`autopilot.proposal`, webhooks) and an audit row; with `start_cana
 guards then decide promotion or rollback (channels/canary.py)."""
 import logging
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from panel.audit.models import AuditAction
@@ -24,6 +26,7 @@ from panel.audit.services import audit_record
 from panel.channels import canary
 from panel.channels.models import CanaryState, Channel, ShadowTest
 from panel.channels.shadow import shadow_summary
+from panel.core.money import money_text
 from panel.evaluations.models import Autopilot, EvalRun
 from panel.evaluations.runs import candidates_ranked, eval_run_launch
 from panel.jobs.models import JobState
@@ -31,10 +34,26 @@ from panel.notifications.models import EventKind
 from panel.notifications.services import notify
 from panel.registry.quality import quality_report, served_model_quality, verdict_words
 from panel.serving.models import Deployment, DeploymentState
+from panel.usage.models import RequestLog
 
 log = logging.getLogger(__name__)
 
 REGRESSION_POINTS = 0.1  # a channel passing this much less of the set than in its run before has regressed
+TRAFFIC_DAYS = 30
+CLIENT_ENDPOINTS = ("chat", "completions", "messages", "responses")  # not Compare's, evaluations' or shadow copies
+
+
+def route_traffic(route, days=TRAFFIC_DAYS, now=None):
+    """The route's clients' requests over the last `days`: requests, tokens, cost, cost per 1M tokens, and the cost
+    of a month (30 days) at that rate."""
+    since = (now or timezone.now()) - timedelta(days=days)
+    totals = RequestLog.objects.filter(route=route, created_at__gte=since, endpoint__in=CLIENT_ENDPOINTS).aggregate(
+        requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), cost=Sum("cost"))
+    tokens = (totals["prompt"] or 0) + (totals["completion"] or 0)
+    cost = totals["cost"] or Decimal(0)
+    return {"days": days, "requests": totals["requests"], "tokens": tokens, "cost": cost,
+            "cost_per_million_tokens": cost * 1_000_000 / tokens if tokens else None,
+            "cost_per_month": cost * 30 / days}
 
 
 @dataclass
@@ -78,6 +97,13 @@ class Review:
     proposal: Candidate | None = None
     words: str = ""
     regressions: list = field(default_factory=list)  # channels that pass less of the set than they did
+    traffic: dict = field(default_factory=dict)  # the route's clients' requests over TRAFFIC_DAYS (route_traffic)
+    saving_per_month: Decimal | None = None  # what the proposal saves at that traffic
+
+    @property
+    def current_cost_per_accepted(self):
+        value = self.current.result.get("cost_per_accepted") if self.current else None
+        return Decimal(value) if value is not None else None
 
 
 def autopilot_for(route):
@@ -131,6 +157,10 @@ def autopilot_review(autopilot):
     review.regressions = _regressions(autopilot, version, route, review.candidates)
     qualifying = [candidate for candidate in review.candidates if candidate.qualifies]
     review.proposal = min(qualifying, key=lambda candidate: candidate.cost_per_accepted, default=None)
+    review.traffic = route_traffic(route)
+    if review.proposal is not None:
+        share = review.proposal.cost_per_accepted / review.current_cost_per_accepted
+        review.saving_per_month = review.traffic["cost_per_month"] * (1 - share)
     review.words = _words(review, version)
     return review
 
@@ -261,7 +291,9 @@ def _words(review, version):
         saving = 1 - proposal.cost_per_accepted / current if current else Decimal(0)
         return (f"{proposal.label} passes {proposal.pass_rate:.0%} of “{review.autopilot.eval_set.name}” v"
                 f"{version.number} at {proposal.cost_per_accepted:.6f} per accepted answer, {saving:.0%} less "
-                f"than the route ({current:.6f}): propose a canary of it.")
+                f"than the route ({current:.6f}): propose a canary of it."
+                + (f" At the route's traffic of the last {review.traffic['days']} days that saves about "
+                   f"{money_text(review.saving_per_month)} a month." if review.saving_per_month else ""))
     if review.current is None:
         return (f"Run “{review.autopilot.eval_set.name}” on the route itself first: its cost per accepted "
                 "answer is what a candidate must beat.")

@@ -1,8 +1,11 @@
 """A route's autopilot page: its candidates with their evidence and the one it proposes (anyone in the team reads it);
 its settings and a review on demand (admins)."""
+import csv
+
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import ValidationError
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -89,3 +92,28 @@ def route_autopilot_review(request, route_id):
                  + " (its deployment changed since it was judged).") if queued else ""
         messages.info(request, review.words + rerun)
     return redirect("route_autopilot", route_id=route.pk)
+
+
+@team_view("evaluations.view")
+def route_autopilot_csv(request, route_id):
+    """The candidates with their evidence, one row each, for a spreadsheet."""
+    route = _route(request, route_id)
+    review = autopilot_review(autopilot_for(route))
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="autopilot-{route.pk}.csv"'
+    writer = csv.writer(response)
+    writer.writerow(["candidate", "set_passed", "set_cases", "set_pass_rate", "cost_per_accepted",
+                     "shadow_mirrored", "shadow_passed", "shadow_mean_agreement", "shadow_p50_ms", "quality",
+                     "verdict"])
+    for candidate in review.candidates:
+        result = candidate.run.result if candidate.run else {}
+        shadow = candidate.shadow or {}
+        verdict = ("proposed" if candidate is review.proposal else "passes" if candidate.qualifies
+                   else "; ".join(candidate.reasons))
+        writer.writerow([candidate.label, result.get("passed", ""), result.get("cases", ""),
+                         result.get("pass_rate", ""), result.get("cost_per_accepted", ""),
+                         shadow.get("mirrored", ""), shadow.get("passed", ""),
+                         "" if shadow.get("mean_similarity") is None else f"{shadow['mean_similarity']:.3f}",
+                         "" if shadow.get("p50_ms") is None else f"{shadow['p50_ms']:.0f}", candidate.quality,
+                         verdict])
+    return response

@@ -24,4 +24,6 @@ urlpatterns = [
          name="route_autopilot_settings"),
     path("evaluations/autopilot/<int:route_id>/review/", autopilot_views.route_autopilot_review,
          name="route_autopilot_review"),
+    path("evaluations/autopilot/<int:route_id>/candidates.csv", autopilot_views.route_autopilot_csv,
+         name="route_autopilot_csv"),
 ]

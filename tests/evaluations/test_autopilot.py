@@ -163,3 +163,43 @@ def test_a_changed_deployment_is_judged_again_and_a_regression_is_flagged_once(w
     autopilot_act(Autopilot.objects.get())
     note = Notification.objects.get(kind="evaluation.regression")  # once
     assert note.facts["channel"] == "local-w8a8" and note.facts["before_pass_rate"] == 1.0
+
+
+def test_todays_cost_the_money_saved_a_month_the_api_and_the_csv(client, world):
+    import csv
+
+    from panel.usage.models import RequestLog
+    from tests.support.api_helpers import call, token_for
+
+    shadow_copies(world, world["cheap"], passed=3)
+    for endpoint, cost in (("chat", "0.60"), ("messages", "0.30"), ("evaluation", "5"), ("shadow", "5")):
+        RequestLog.objects.create(team=world["team"], route=world["route"], endpoint=endpoint, model="support-bot",
+                                  status_code=200, outcome="ok", prompt_tokens=1000, completion_tokens=500,
+                                  latency_ms=50, cost=Decimal(cost))
+    review = autopilot_review(world["autopilot"])
+    assert review.traffic["requests"] == 2 and review.traffic["tokens"] == 3000  # clients' requests only
+    assert review.traffic["cost_per_million_tokens"] == Decimal("300")
+    assert review.saving_per_month == Decimal("0.90") * (1 - Decimal("0.0010") / Decimal("0.0030"))
+    assert review.words.endswith("At the route's traffic of the last 30 days that saves about 0.60 a month.")
+
+    token = token_for(world["vera"], world["team"])
+    got = call(client, "get", f"/routes/{world['route'].pk}/autopilot", token).json()
+    assert got["saving_per_month"] == "0.6" and got["traffic"]["cost_per_month"] == "0.9"
+    assert [c["label"] for c in got["candidates"] if c["proposed"]] == ["cheap"]
+    assert call(client, "put", f"/routes/{world['route'].pk}/autopilot", token, {"min_pass_rate": 0.5}
+                ).status_code == 403
+    owner = token_for(world["alice"], world["team"])
+    changed = call(client, "put", f"/routes/{world['route'].pk}/autopilot", owner,
+                   {"eval_set_id": world["eval_set"].pk, "min_pass_rate": 0.5, "min_shadow_copies": 0})
+    assert changed.status_code == 200 and changed.json()["min_shadow_copies"] == 0
+    assert call(client, "put", f"/routes/{world['route'].pk}/autopilot", owner,
+                {"eval_set_id": 999999}).status_code == 400
+
+    client.force_login(world["vera"])
+    rows = list(csv.DictReader(client.get(reverse("route_autopilot_csv", args=[world["route"].pk]))
+                               .content.decode().splitlines()))
+    by_label = {row["candidate"]: row for row in rows}
+    # At the thresholds the API set (half the set, no shadow copies), the cheapest that passes is proposed.
+    assert by_label["cheaper-bad"]["verdict"] == "proposed" and by_label["cheaper-bad"]["set_passed"] == "6"
+    assert by_label["cheap"]["verdict"] == "passes" and by_label["cheap"]["shadow_passed"] == "3"
+    assert by_label["pricey"]["verdict"] == "costs no less per accepted answer than the route"
