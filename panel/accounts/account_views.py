@@ -13,6 +13,7 @@ from panel.accounts.services import invitations_for
 from panel.accounts.tokens import token_issue, token_revoke, tokens_of
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
+from panel.core.forms import errors_into
 
 
 def _page(request, form=None, raw_token=None, password_form=None, status=200):
@@ -39,8 +40,7 @@ def token_create(request):
         token, raw = token_issue(membership=request.membership, name=form.cleaned_data["name"],
                                  role=form.cleaned_data["role"], expires_at=form.cleaned_data["expires_at"])
     except ValidationError as error:
-        for field, problems in error.message_dict.items():
-            form.add_error(field if field in form.fields else None, problems)
+        errors_into(form, error)
         return _page(request, form, status=400)
     audit_record(action=AuditAction.TOKEN_ISSUED, request=request, target=f"{token.name} ({token.masked})",
                  role=token.role)

@@ -13,6 +13,7 @@ from panel.benchmarks import ownership, services, vllm_json
 from panel.benchmarks.forms import BenchmarkForm, ImportForm, LadderForm, SweepForm
 from panel.benchmarks.launch import ladder_from_form, sweep_from_form
 from panel.benchmarks.models import BenchmarkRun, Ladder, Sweep
+from panel.core.forms import errors_into
 from panel.jobs.services import job_cancel, job_events
 
 MAX_COMPARED = 6
@@ -25,12 +26,6 @@ def _home(request, *, form=None, import_form=None, status=200):
                "ladders": Ladder.objects.filter(team=team).select_related("model")[:20],
                "sweeps": Sweep.objects.filter(team=team).select_related("profile")[:20]}
     return render(request, "benchmarks/home.html", context, status=status)
-
-
-def _form_errors(form, error):
-    by_field = error.message_dict if hasattr(error, "error_dict") else {None: error.messages}
-    for field, problems in by_field.items():
-        form.add_error(field if field in form.fields else None, problems)
 
 
 @team_view("benchmarks.view")
@@ -49,7 +44,7 @@ def run_create(request):
             run = services.benchmark_launch(team=request.team, user=request.user, target_kind=kind, target_id=pk,
                                             name=form.cleaned_data["name"], **form.workload_values())
         except ValidationError as error:
-            _form_errors(form, error)
+            errors_into(form, error)
         else:
             audit_record(action=AuditAction.BENCHMARK_LAUNCHED, request=request, target=f"benchmark #{run.pk}",
                          of=run.target_label)
@@ -139,7 +134,7 @@ def ladder_create(request):
         try:
             ladder = ladder_from_form(team=request.team, user=request.user, form=form)
         except ValidationError as error:
-            _form_errors(form, error)
+            errors_into(form, error)
         else:
             audit_record(action=AuditAction.BENCHMARK_LAUNCHED, request=request, target=f"ladder #{ladder.pk}",
                          model=ladder.model.name)
@@ -197,7 +192,7 @@ def sweep_create(request):
         try:
             sweep = sweep_from_form(team=request.team, user=request.user, form=form)
         except ValidationError as error:
-            _form_errors(form, error)
+            errors_into(form, error)
         else:
             audit_record(action=AuditAction.BENCHMARK_LAUNCHED, request=request, target=f"sweep #{sweep.pk}",
                          profile=sweep.profile.name, values=sweep.values)

@@ -26,6 +26,7 @@ from panel.channels.services import (
 )
 from panel.channels.shadow import FAILURES_IN_A_ROW, shadow_start, shadow_stop, shadow_summary
 from panel.core.crypto import encryption_problem
+from panel.core.forms import errors_into
 from panel.registry.quality import served_model_quality
 
 
@@ -157,8 +158,7 @@ def _route_form(request, route):
                                deadline_seconds=data["deadline_seconds"], balance=data["balance"],
                                affinity_header=data["affinity_header"], while_waking=data["while_waking"] or None)
         except ValidationError as error:
-            for field, errors in error.message_dict.items():
-                form.add_error(field if field in form.fields else None, errors)
+            errors_into(form, error)
         else:
             messages.success(request, f"Saved the route for {route.model_name}.")
             return redirect("route_detail", route_id=route.pk)  # where its rules and entries are
@@ -282,9 +282,7 @@ def shadow_start_view(request, route_id):
             shadow_start(route=route, channel=data["channel"], percent=data["percent"], budget=data["budget"],
                          min_similarity=data["min_similarity"], user=request.user, request=request)
         except ValidationError as error:
-            for field, problems in error.message_dict.items():
-                for problem in problems:
-                    form.add_error(field if field in form.fields else None, problem)
+            errors_into(form, error)
         else:
             messages.success(request, f"Shadow test started: {data['percent']}% of {route.model_name}'s answered "
                                       f"requests are copied to {data['channel'].name}.")

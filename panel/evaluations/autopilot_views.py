@@ -12,6 +12,7 @@ from django.views.decorators.http import require_POST
 from panel.accounts.decorators import team_view
 from panel.accounts.roles import may
 from panel.channels.models import Route
+from panel.core.forms import errors_into
 from panel.evaluations.autopilot import (
     autopilot_act,
     autopilot_for,
@@ -20,7 +21,6 @@ from panel.evaluations.autopilot import (
     autopilot_save,
 )
 from panel.evaluations.models import EvalSet
-from panel.evaluations.views import errors_into
 
 
 class AutopilotForm(forms.Form):

@@ -9,8 +9,8 @@ from django.views.decorators.http import require_POST
 from panel.accounts.decorators import team_view
 from panel.channels.models import Route
 from panel.channels.sampling import route_samples_delete, route_sampling_save, sampling_words
+from panel.core.forms import errors_into
 from panel.evaluations.from_samples import eval_set_from_samples
-from panel.evaluations.views import errors_into
 from panel.usage import samples
 from panel.usage.samples import sample_content
 

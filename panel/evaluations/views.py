@@ -10,6 +10,7 @@ from django.views.decorators.http import require_POST
 from panel.accounts.decorators import team_view
 from panel.accounts.roles import may
 from panel.compare.services import column_choices
+from panel.core.forms import errors_into
 from panel.evaluations.checks import describe
 from panel.evaluations.models import EvalRun, EvalSet
 from panel.evaluations.runs import candidates_ranked, eval_run_launch
@@ -48,12 +49,6 @@ class RevisionForm(forms.Form):
     cases = forms.CharField(label="Cases (JSONL)", help_text=JSONL_HELP,
                             widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false"}))
     note = forms.CharField(required=False, max_length=300, label="What changed")
-
-
-def errors_into(form, error):
-    for field, problems in error.message_dict.items():
-        for problem in problems:
-            form.add_error(field if field in form.fields else None, problem)
 
 
 @team_view("evaluations.view")

@@ -8,6 +8,7 @@ from django.views.decorators.http import require_POST
 from panel.accounts.decorators import team_view
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
+from panel.core.forms import errors_into
 from panel.notifications.delivery import SIGNATURE_HEADER, TIMESTAMP_HEADER
 from panel.notifications.forms import WebhookForm
 from panel.notifications.models import Notification, Webhook
@@ -37,11 +38,6 @@ def _page(request, *, form=None, secret=None, secret_for=None, status=200):
     return response
 
 
-def _form_errors(form, error):
-    for field, problems in error.message_dict.items():
-        form.add_error(field if field in form.fields else None, problems)
-
-
 @team_view("webhooks.manage")
 def webhook_list(request):
     return _page(request)
@@ -55,7 +51,7 @@ def webhook_create_view(request):
         try:
             hook, secret = webhook_create(team=request.team, user=request.user, **form.cleaned_data)
         except ValidationError as error:
-            _form_errors(form, error)
+            errors_into(form, error)
         else:
             audit_record(action=AuditAction.WEBHOOK_CHANGED, request=request, target=hook.name, created=True)
             return _page(request, secret=secret, secret_for=hook)
@@ -71,7 +67,7 @@ def webhook_edit_view(request, webhook_id):
         try:
             webhook_update(webhook=hook, **form.cleaned_data)
         except ValidationError as error:
-            _form_errors(form, error)
+            errors_into(form, error)
         else:
             audit_record(action=AuditAction.WEBHOOK_CHANGED, request=request, target=hook.name)
             messages.success(request, f"Saved {hook.name}.")
