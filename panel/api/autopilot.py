@@ -33,6 +33,7 @@ class AutopilotOut(Schema):
     route_id: int
     eval_set_id: int | None
     min_pass_rate: float
+    max_drop: float
     min_shadow_copies: int
     start_canary: bool
     words: str
@@ -48,6 +49,8 @@ class AutopilotOut(Schema):
 class AutopilotIn(Schema):
     eval_set_id: int | None = Field(None, ge=1, le=2**53)
     min_pass_rate: float = Field(0.9, gt=0, le=1)
+    max_drop: float = Field(0.05, ge=0, le=1, description="How much less of the set than the route a candidate "
+                            "may pass.")
     min_shadow_copies: int = Field(20, ge=0, le=100_000)
     start_canary: bool = False
 
@@ -61,7 +64,8 @@ def _text(value):
 def autopilot_out(autopilot):
     review = autopilot_review(autopilot)
     return {"route_id": autopilot.route_id, "eval_set_id": autopilot.eval_set_id,
-            "min_pass_rate": autopilot.min_pass_rate, "min_shadow_copies": autopilot.min_shadow_copies,
+            "min_pass_rate": autopilot.min_pass_rate, "max_drop": autopilot.max_drop,
+            "min_shadow_copies": autopilot.min_shadow_copies,
             "start_canary": autopilot.start_canary, "words": review.words,
             "current_run_id": review.current.pk if review.current else None,
             "current_cost_per_accepted": _text(review.current_cost_per_accepted),
@@ -98,5 +102,6 @@ def autopilot_set(request, route_id: int, body: AutopilotIn):
             raise Invalid({"eval_set_id": [f"Your team has no evaluation set with id {body.eval_set_id}."]})
     autopilot = autopilot_save(route=route, user=request.user, eval_set=eval_set, min_pass_rate=body.min_pass_rate,
                                min_shadow_copies=body.min_shadow_copies, start_canary=body.start_canary,
+                               max_drop=body.max_drop,
                                request=request)
     return autopilot_out(autopilot)

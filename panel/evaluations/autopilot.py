@@ -7,10 +7,11 @@ deployment serves yet (listed with their quality report, to be launched before t
 judged on the autopilot's evaluation set (its latest finished run on the set's current version: the pass rate and
 the cost per accepted answer, evaluations/runs.py) and on shadow traffic (the route's latest shadow test of that
 channel, channels/shadow.py). It qualifies when both pass rates reach the team's `min_pass_rate` (the shadow copies
-only once there are `min_shadow_copies`), its model's quality report does not reject it, and its cost per accepted
-answer is below the route's own on the same set. The cheapest that qualifies is proposed: once per new proposal a
-notification (`autopilot.proposal`, webhooks) and an audit row; with `start_canary`, a canary of it is started, whose
-guards then decide promotion or rollback (channels/canary.py)."""
+only once there are `min_shadow_copies`), its pass rate on the set is at most `max_drop` below the route's own (good
+enough means about as good as today, whatever the model's size), its model's quality report does not reject it, and
+its cost per accepted answer is below the route's own on the same set. The cheapest that qualifies is proposed: once
+per new proposal a notification (`autopilot.proposal`, webhooks) and an audit row; with `start_canary`, a canary of
+it is started, whose guards then decide promotion or rollback (channels/canary.py)."""
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -111,23 +112,28 @@ def autopilot_for(route):
 
 
 @transaction.atomic
-def autopilot_save(*, route, user, eval_set, min_pass_rate, min_shadow_copies, start_canary, request=None):
+def autopilot_save(*, route, user, eval_set, min_pass_rate, min_shadow_copies, start_canary, max_drop=0.05,
+                   request=None):
     """Set a route's autopilot; ValidationError, saving nothing, for a set of another team or a value out of bounds."""
     errors = {}
     if eval_set is not None and eval_set.team_id != route.team_id:
         errors["eval_set"] = ["Pick one of this team's evaluation sets."]
     if isinstance(min_pass_rate, bool) or not isinstance(min_pass_rate, (int, float)) or not 0 < min_pass_rate <= 1:
         errors["min_pass_rate"] = ["More than 0 and at most 1 (0.9: nine answers in ten pass)."]
+    if isinstance(max_drop, bool) or not isinstance(max_drop, (int, float)) or not 0 <= max_drop <= 1:
+        errors["max_drop"] = ["From 0 (at least as good as the route) to 1 (no bound)."]
     copies = min_shadow_copies
     if isinstance(copies, bool) or not isinstance(copies, int) or not 0 <= copies <= 100_000:
         errors["min_shadow_copies"] = ["A whole number from 0 (the set alone decides) to 100,000."]
     if errors:
         raise ValidationError(errors)
     autopilot, _ = Autopilot.objects.update_or_create(route=route, defaults=dict(
-        eval_set=eval_set, min_pass_rate=float(min_pass_rate), min_shadow_copies=min_shadow_copies,
+        eval_set=eval_set, min_pass_rate=float(min_pass_rate), max_drop=float(max_drop),
+        min_shadow_copies=min_shadow_copies,
         start_canary=bool(start_canary)))
     audit_record(action=AuditAction.AUTOPILOT_CHANGED, request=request, team=route.team, actor=user,
                  target=route.model_name, eval_set=eval_set.name if eval_set else "", min_pass_rate=min_pass_rate,
+                 max_drop=max_drop,
                  min_shadow_copies=min_shadow_copies, start_canary=bool(start_canary))
     return autopilot
 
@@ -171,6 +177,10 @@ def _judge(candidate, current, autopilot):
         reasons.append(f"not run on the set's version {autopilot.eval_set.current().number} yet")
     elif candidate.pass_rate < autopilot.min_pass_rate:
         reasons.append(f"passes {candidate.pass_rate:.0%} of the set (needs {autopilot.min_pass_rate:.0%})")
+    elif current is not None and current.result.get("pass_rate") is not None \
+            and candidate.pass_rate < current.result["pass_rate"] - autopilot.max_drop - 1e-9:
+        reasons.append(f"passes {candidate.pass_rate:.0%} of the set, the route {current.result['pass_rate']:.0%} "
+                       f"(at most {autopilot.max_drop:.0%} less allowed)")
     shadow = candidate.shadow
     if autopilot.min_shadow_copies:
         if shadow is None or shadow["mirrored"] < autopilot.min_shadow_copies:

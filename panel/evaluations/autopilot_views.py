@@ -29,6 +29,9 @@ class AutopilotForm(forms.Form):
                                                 "itself too, for the cost a candidate must beat.")
     min_pass_rate = forms.FloatField(min_value=0.01, max_value=1, initial=0.9, label="Pass rate needed",
                                      help_text="Of the set's cases, and of the shadow copies (0.9: nine in ten).")
+    max_drop = forms.FloatField(min_value=0, max_value=1, initial=0.05, label="Less than the route, at most",
+                                help_text="How much smaller a share of the set a candidate may pass than the route "
+                                          "itself (0.05: five points).")
     min_shadow_copies = forms.IntegerField(min_value=0, max_value=100_000, initial=20, label="Shadow copies needed",
                                            help_text="0: the set alone decides.")
     start_canary = forms.BooleanField(required=False, label="Start a canary of the proposed candidate by itself "
@@ -48,7 +51,7 @@ def _page(request, route, form=None, status=200):
     return render(request, "evaluations/autopilot.html", {
         "route": route, "autopilot": autopilot, "review": autopilot_review(autopilot),
         "form": form or AutopilotForm(route=route, initial={
-            "eval_set": autopilot.eval_set_id, "min_pass_rate": autopilot.min_pass_rate,
+            "eval_set": autopilot.eval_set_id, "min_pass_rate": autopilot.min_pass_rate, "max_drop": autopilot.max_drop,
             "min_shadow_copies": autopilot.min_shadow_copies, "start_canary": autopilot.start_canary}),
         "can_manage": may(request.membership, "autopilot.manage"),
         "can_canary": may(request.membership, "canaries.run")}, status=status)
@@ -69,6 +72,7 @@ def route_autopilot_settings(request, route_id):
         try:
             autopilot_save(route=route, user=request.user, eval_set=data["eval_set"],
                            min_pass_rate=data["min_pass_rate"], min_shadow_copies=data["min_shadow_copies"],
+                           max_drop=data["max_drop"],
                            start_canary=data["start_canary"], request=request)
         except ValidationError as error:
             errors_into(form, error)

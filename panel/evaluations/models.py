@@ -69,6 +69,7 @@ class Autopilot(models.Model):
     route = models.OneToOneField("channels.Route", on_delete=models.CASCADE, related_name="autopilot")
     eval_set = models.ForeignKey(EvalSet, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     min_pass_rate = models.FloatField(default=0.9)  # of the set's cases, and of the shadow copies
+    max_drop = models.FloatField(default=0.05)  # a candidate passes at most this much less of the set than the route
     min_shadow_copies = models.PositiveIntegerField(default=20)  # 0: the set alone decides
     start_canary = models.BooleanField(default=False)
     proposal = models.JSONField(default=dict, blank=True)  # the last one sent: {"channel_id", "words", "at"}

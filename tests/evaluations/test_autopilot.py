@@ -46,7 +46,7 @@ def world(team_setup):
     run("channel", cheaper_but_bad.pk, 6, "0.0005")
     run("channel", pricey.pk, 10, "0.0050")
     autopilot = autopilot_save(route=route, user=team_setup["alice"], eval_set=eval_set, min_pass_rate=0.9,
-                               min_shadow_copies=3, start_canary=False)
+                               max_drop=0.1, min_shadow_copies=3, start_canary=False)
     return {"team": team, "route": route, "cheap": cheap, "bad": cheaper_but_bad, "pricey": pricey,
             "autopilot": autopilot, "eval_set": eval_set, **team_setup}
 
@@ -119,8 +119,10 @@ def test_the_page_shows_the_candidates_and_only_admins_change_the_autopilot(clie
                       {"eval_set": world["eval_set"].pk, "min_pass_rate": 2, "min_shadow_copies": 3})
     assert bad.status_code == 400 and Autopilot.objects.get().min_pass_rate == 0.9
     saved = client.post(reverse("route_autopilot_settings", args=[world["route"].pk]),
-                        {"eval_set": world["eval_set"].pk, "min_pass_rate": 0.5, "min_shadow_copies": 0})
-    assert saved.status_code == 302 and Autopilot.objects.get().min_pass_rate == 0.5
+                        {"eval_set": world["eval_set"].pk, "min_pass_rate": 0.5, "min_shadow_copies": 0,
+                         "max_drop": 0.1})
+    assert saved.status_code == 302 and (Autopilot.objects.get().min_pass_rate, Autopilot.objects.get().max_drop) == (
+        0.5, 0.1)
     reviewed = client.post(reverse("route_autopilot_review", args=[world["route"].pk]))
     assert reviewed.status_code == 302 and Notification.objects.filter(kind="autopilot.proposal").count() == 1
     route_page = client.get(reverse("route_detail", args=[world["route"].pk])).content.decode()
@@ -190,7 +192,8 @@ def test_todays_cost_the_money_saved_a_month_the_api_and_the_csv(client, world):
                 ).status_code == 403
     owner = token_for(world["alice"], world["team"])
     changed = call(client, "put", f"/routes/{world['route'].pk}/autopilot", owner,
-                   {"eval_set_id": world["eval_set"].pk, "min_pass_rate": 0.5, "min_shadow_copies": 0})
+                   {"eval_set_id": world["eval_set"].pk, "min_pass_rate": 0.5, "min_shadow_copies": 0,
+                    "max_drop": 1})
     assert changed.status_code == 200 and changed.json()["min_shadow_copies"] == 0
     assert call(client, "put", f"/routes/{world['route'].pk}/autopilot", owner,
                 {"eval_set_id": 999999}).status_code == 400
@@ -199,7 +202,30 @@ def test_todays_cost_the_money_saved_a_month_the_api_and_the_csv(client, world):
     rows = list(csv.DictReader(client.get(reverse("route_autopilot_csv", args=[world["route"].pk]))
                                .content.decode().splitlines()))
     by_label = {row["candidate"]: row for row in rows}
-    # At the thresholds the API set (half the set, no shadow copies), the cheapest that passes is proposed.
+    # At the thresholds the API set (half the set, no shadow copies, any drop), the cheapest that passes is proposed.
     assert by_label["cheaper-bad"]["verdict"] == "proposed" and by_label["cheaper-bad"]["set_passed"] == "6"
     assert by_label["cheap"]["verdict"] == "passes" and by_label["cheap"]["shadow_passed"] == "3"
     assert by_label["pricey"]["verdict"] == "costs no less per accepted answer than the route"
+
+
+def test_a_candidate_may_pass_only_a_little_less_of_the_set_than_the_route(world):
+    """Good enough means about as good as today: with a low floor (a small model passes few cases), the bound that
+    matters is how much less than the route itself a candidate passes."""
+    EvalRun.objects.filter(candidate__kind="route").update(result={"cases": 10, "passed": 6, "pass_rate": 0.6,
+                                                                   "cost_per_accepted": "0.0030"})
+    autopilot = autopilot_save(route=world["route"], user=None, eval_set=world["eval_set"], min_pass_rate=0.3,
+                               max_drop=0.05, min_shadow_copies=0, start_canary=False)
+    by_label = {c.label: c for c in autopilot_review(autopilot).candidates}
+    assert by_label["cheap"].qualifies  # 90%, above the route's 60%
+    assert by_label["cheaper-bad"].qualifies  # 60%: as good as the route, and cheapest
+    autopilot = autopilot_save(route=world["route"], user=None, eval_set=world["eval_set"], min_pass_rate=0.3,
+                               max_drop=0.0, min_shadow_copies=0, start_canary=False)
+    EvalRun.objects.filter(candidate__kind="route").update(result={"cases": 10, "passed": 7, "pass_rate": 0.7,
+                                                                   "cost_per_accepted": "0.0030"})
+    review = autopilot_review(autopilot)
+    by_label = {c.label: c for c in review.candidates}
+    assert by_label["cheaper-bad"].reasons == ["passes 60% of the set, the route 70% (at most 0% less allowed)"]
+    assert review.proposal.label == "cheap"
+    with pytest.raises(Exception, match="From 0"):
+        autopilot_save(route=world["route"], user=None, eval_set=world["eval_set"], min_pass_rate=0.3, max_drop=2,
+                       min_shadow_copies=0, start_canary=False)
