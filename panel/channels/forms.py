@@ -276,7 +276,8 @@ class ShadowForm(forms.Form):
                                       help_text="Word overlap (F1) with the answer the client got, 0 to 1.")
 
     def __init__(self, *args, route, **kwargs):
-        super().__init__(*args, **kwargs)
+        # Its own prefix: the route page holds the canary's form too, whose fields have the same names.
+        super().__init__(*args, prefix="shadow", **kwargs)
         used = route.routechannel_set.values_list("channel_id", flat=True)
         self.fields["channel"].queryset = Channel.objects.filter(team=route.team_id, enabled=True).exclude(
             pk__in=list(used))

@@ -89,17 +89,20 @@ def test_a_candidate_failing_in_a_row_stops_the_test_and_a_success_resets_the_co
 
 def test_an_admin_starts_and_stops_a_shadow_test_on_the_route_page(client, team_setup, route):
     client.force_login(team_setup["vera"])
-    assert client.post(reverse("shadow_start", args=[route.pk]), {"channel": small(route).pk, "percent": 10,
-                                                                  "budget": "5", "min_similarity": "0.5"}
+    assert client.post(reverse("shadow_start", args=[route.pk]), {"shadow-channel": small(route).pk,
+                                                                  "shadow-percent": 10, "shadow-budget": "5",
+                                                                  "shadow-min_similarity": "0.5"}
                        ).status_code == 403
     client.force_login(team_setup["alice"])
     page = client.get(reverse("route_detail", args=[route.pk])).content.decode()
     assert "Start a shadow test" in page and "stable</option>" not in page and "small</option>" in page
-    bad = client.post(reverse("shadow_start", args=[route.pk]), {"channel": small(route).pk, "percent": 101,
-                                                                 "budget": "5", "min_similarity": "0.5"})
+    bad = client.post(reverse("shadow_start", args=[route.pk]), {"shadow-channel": small(route).pk,
+                                                                 "shadow-percent": 101, "shadow-budget": "5",
+                                                                 "shadow-min_similarity": "0.5"})
     assert bad.status_code == 400 and not ShadowTest.objects.exists()
-    started = client.post(reverse("shadow_start", args=[route.pk]), {"channel": small(route).pk, "percent": 10,
-                                                                     "budget": "5", "min_similarity": "0.6"})
+    started = client.post(reverse("shadow_start", args=[route.pk]), {"shadow-channel": small(route).pk,
+                                                                     "shadow-percent": 10, "shadow-budget": "5",
+                                                                     "shadow-min_similarity": "0.6"})
     assert started.status_code == 302
     shadow = ShadowTest.objects.get()
     assert (shadow.percent, shadow.budget, shadow.min_similarity, shadow.created_by) == (
