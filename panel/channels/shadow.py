@@ -76,10 +76,12 @@ def shadow_stop(*, shadow, state=ShadowState.STOPPED, reason="stopped by hand", 
     return bool(stopped)
 
 
+@transaction.atomic
 def shadow_record(*, shadow_id, **fields):
-    """Store one mirrored request's result; stop the test when its budget is spent or the candidate failed
-    FAILURES_IN_A_ROW times in a row. Returns the result, or None when the test ended meanwhile."""
-    shadow = ShadowTest.objects.select_related("route__team", "candidate").filter(pk=shadow_id).first()
+    """Store one mirrored request's result and, in the same transaction, stop the test when its budget is spent or
+    the candidate failed FAILURES_IN_A_ROW times in a row (a reader never sees the result without its consequence).
+    Returns the result, or None when the test ended meanwhile."""
+    shadow = ShadowTest.objects.select_for_update().filter(pk=shadow_id).first()  # concurrent copies: one at a time
     if shadow is None or shadow.state != ShadowState.RUNNING:
         return None
     result = ShadowResult.objects.create(shadow=shadow, **fields)
