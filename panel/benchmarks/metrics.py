@@ -13,21 +13,12 @@ names them (mean_ttft_ms, p99_itl_ms, ...). Request, output-token and total-toke
 wall time; request goodput: requests per second that met every SLO the user set (TTFT, TPOT, E2EL in ms)."""
 import math
 
+from panel.core.percentiles import percentile  # noqa: F401  (the benchmarks' callers import it from here)
+
 FAMILIES = ("ttft", "tpot", "itl", "e2el")
 PERCENTILES = (90, 99)
 STATS = ("mean", "median", "std") + tuple(f"p{p}" for p in PERCENTILES)
 SLO_KEYS = ("ttft", "tpot", "e2el")
-
-
-def percentile(values, p):
-    """Linear interpolation between closest ranks (numpy's default), so p50 <= p90 <= p99 always holds."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * p / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def stats_ms(family, values):

@@ -15,6 +15,7 @@ from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels.models import Channel, ShadowResult, ShadowState, ShadowTest
 from panel.channels.routing import routing_changed
+from panel.core.percentiles import percentile
 from panel.notifications.models import EventKind
 from panel.notifications.services import notify
 
@@ -98,14 +99,6 @@ def shadow_record(*, shadow_id, **fields):
     return result
 
 
-def _percentile(values, share):
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[share - 1]
-
-
 def shadow_summary(shadow):
     """The test's figures: how many mirrored, answered and passed; agreement; latency percentiles of the candidate
     and of the route's own answers to the same requests; cost of both and the candidate's cost per accepted answer."""
@@ -121,8 +114,8 @@ def shadow_summary(shadow):
         "mirrored": len(results), "answered": len(answered), "passed": len(passed),
         "pass_rate": len(passed) / len(results) if results else None,
         "mean_similarity": statistics.fmean(similarities) if similarities else None,
-        "p50_ms": _percentile(latencies, 50), "p95_ms": _percentile(latencies, 95),
-        "client_p50_ms": _percentile(client_latencies, 50), "client_p95_ms": _percentile(client_latencies, 95),
+        "p50_ms": percentile(latencies, 50), "p95_ms": percentile(latencies, 95),
+        "client_p50_ms": percentile(client_latencies, 50), "client_p95_ms": percentile(client_latencies, 95),
         "cost": cost, "client_cost": client_cost, "budget_left": max(shadow.budget - cost, Decimal(0)),
         "cost_per_accepted": cost / len(passed) if passed else None,
         "client_cost_per_request": client_cost / len(results) if results else None,
