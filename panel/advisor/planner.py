@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from panel.channels.models import Channel
-from panel.dashboards.cost import baseline_channel, deployment_hourly_price, deployment_up_hours
+from panel.dashboards.cost import baseline_channel, deployment_up_hours
 from panel.dashboards.models import MINUTE, UsageRollup
 from panel.serving.models import Deployment
 
@@ -105,7 +105,7 @@ def _line(deployment, minutes, cloud, *, since, until):
         else DEFAULT_WAKE_SECONDS
     line = PlanLine(deployment=deployment, name=str(deployment.profile.served_model_name or deployment),
                     up_hours=up_hours, busy_hours=len(minutes) / 60, tokens=sum(m[0] for m in minutes.values()),
-                    hourly=deployment_hourly_price(deployment),
+                    hourly=deployment.hourly_price(),
                     cloud_cost=None if cloud is None else sum(m[1] for m in minutes.values()),
                     wake_seconds=max(wake, 0.0))
     if line.hourly is None:

@@ -164,7 +164,7 @@ def cost_summary(query: DashboardQuery):
         if deployment is not None:
             line.gpu_hours = deployment_up_hours(deployment, since=query.start, until=query.end)
             line.asleep_hours = deployment_asleep_hours(deployment, since=query.start, until=query.end)
-            line.hourly = deployment_hourly_price(deployment)
+            line.hourly = deployment.hourly_price()
             if line.hourly is None:
                 summary.missing_prices.append(deployment.host.host if deployment.host else str(deployment))
             else:
@@ -199,7 +199,7 @@ def _idle_lines(query, *, served, channels, summary):
         hours = deployment_up_hours(deployment, since=query.start, until=query.end)
         if not hours:
             continue
-        hourly = deployment_hourly_price(deployment)
+        hourly = deployment.hourly_price()
         if hourly is None:
             summary.missing_prices.append(deployment.host.host if deployment.host else str(deployment))
         name = f"{named.get(deployment.pk, f'deployment #{deployment.pk}')} (idle)"
@@ -208,16 +208,6 @@ def _idle_lines(query, *, served, channels, summary):
                               cost=None if hourly is None else hours * hourly, deployment_id=deployment.pk,
                               baseline=0.0 if summary.baseline_channel is not None else None))
     return lines
-
-
-def deployment_hourly_price(deployment):
-    """The host's GPU price per hour × the deployment's GPUs (its recorded GPU indices, else the host's GPU count,
-    else 1); None when the host has no price."""
-    host = deployment.host
-    if host is None or host.gpu_price_per_hour is None:
-        return None
-    gpus = len(deployment.gpu_indices or []) or host.gpu_count or 1
-    return float(host.gpu_price_per_hour) * gpus
 
 
 def _lifetime(deployment, since, until):

@@ -1,5 +1,5 @@
 """Local requests carry their GPU cost. Each minute, a deployment costs its host's GPU price per hour × its GPUs × the
-time it was up in that minute (as the Cost tab counts it: `deployment_hourly_price`, `deployment_up_hours`); that
+time it was up in that minute (as the Cost tab counts it: `Deployment.hourly_price`, `deployment_up_hours`); that
 cost is split among the requests its local channels served in the minute, by prompt + completion tokens (by request
 count when none has any), written to each row's `gpu_cost` and added to its `cost`. Budgets, the roll-ups and the
 spend per key and team then count it. A minute without requests is charged to no one ([0050]).
@@ -27,7 +27,7 @@ from django.db.models.functions import Greatest, TruncMinute
 
 from panel.budgets.counters import month_bounds, month_of
 from panel.channels.models import Channel, ChannelKind
-from panel.dashboards.cost import deployment_hourly_price, deployment_up_hours
+from panel.dashboards.cost import deployment_up_hours
 from panel.dashboards.models import MINUTE, LocalCostWatermark
 from panel.dashboards.rollup import OVERLAP_IDS, usage_rollup_lock, usage_rollup_minutes
 from panel.serving.models import Deployment
@@ -73,7 +73,7 @@ def local_cost_allocate(*, now=None):
                        .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=month_start))
                        .select_related("host").order_by("pk"))
         for deployment in deployments:
-            hourly = deployment_hourly_price(deployment)
+            hourly = deployment.hourly_price()
             if hourly is None:
                 if deployment.finished_at is None:
                     result.unpriced.append(deployment.host.host if deployment.host else f"deployment #{deployment.pk}")

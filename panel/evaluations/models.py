@@ -52,7 +52,8 @@ class EvalRun(Job):
 
     eval_version = models.ForeignKey(EvalSetVersion, on_delete=models.CASCADE, related_name="runs")
     candidate = models.JSONField(default=dict)  # {"kind": "channel"|"route", "id", "label"}
-    # One line per case as it is answered: {"id", "passed", "answer", "checks", "ms", "cost", "error"}.
+    # One line per case as it is answered: {"id", "passed", "answer", "checks", "ms", "cost", "gpu_cost",
+    # "error"}: gpu_cost is the local deployment's GPU time, part of cost (evaluations/runs.py).
     results = models.JSONField(default=list, blank=True)
 
     class Meta(Job.Meta):

@@ -2,6 +2,10 @@
 gateway's entry point for the panel's own requests, so each answer is a usage row with endpoint "evaluation" and
 its cost), each answer checked; the summary is the pass rate, the cost and the cost per accepted answer.
 
+An answer from a local deployment also costs the GPU time it took: the deployment's price per hour × its latency,
+as if the deployment served it alone (`gpu_cost` on the line, part of `cost`). The route's real traffic shares that
+time and pays less per answer; what the run compares is variants measured the same way, on the same cases.
+
 Checks that need another channel are answered first: `agrees` asks the named reference channel the same case,
 `judge` asks the named judge channel whether the answer meets the criteria (PASS or FAIL on its first line)."""
 import asyncio
@@ -11,7 +15,7 @@ from decimal import Decimal
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 
-from panel.channels.models import Channel
+from panel.channels.models import Channel, ChannelKind
 from panel.compare.relay import stream_chat
 from panel.compare.services import CompareError, column_resolve, column_spec
 from panel.evaluations.checks import MAX_ANSWER_CHARS, run_check
@@ -71,13 +75,14 @@ async def _cases(run, column, helpers):
     """Every case in one event loop (the gateway's connection pools live in it), the row updated after each; None
     when the run was cancelled meanwhile."""
     cases, results = run.eval_version.cases, []
+    prices = await sync_to_async(local_hourly_prices)(run.team_id)
     try:
         for number, case in enumerate(cases, start=1):
             state = await sync_to_async(job_heartbeat)(run, progress=100 * (number - 1) // len(cases),
                                                        phase=f"case {number} of {len(cases)}: {case['id']}")
             if state != EvalRun.CLAIMED:
                 return None  # cancelled: the row says so
-            results.append(await _case(case, column, helpers, team_id=run.team_id))
+            results.append(await _case(case, column, helpers, team_id=run.team_id, prices=prices))
             await sync_to_async(EvalRun.objects.filter(pk=run.pk).update)(results=results)
     finally:
         await sessions_close()
@@ -100,11 +105,31 @@ async def _ask(column, messages, max_tokens, team_id):
     return done
 
 
-async def _case(case, column, helpers, *, team_id):
+def local_hourly_prices(team_id):
+    """The team's local channels' deployments' GPU price per hour, by channel name (None: the host has no price)."""
+    channels = (Channel.objects.filter(team_id=team_id, kind=ChannelKind.LOCAL, deployment__isnull=False)
+                .select_related("deployment__host"))
+    return {channel.name: channel.deployment.hourly_price() for channel in channels}
+
+
+def answer_cost(metrics, prices):
+    """(cost, GPU time cost) of one answer: the channel's token prices plus, for a priced local deployment, its
+    price per hour × the answer's latency."""
+    cost = Decimal(metrics.get("cost") or "0")
+    hourly, ms = prices.get(metrics.get("channel", "")), metrics.get("latency_ms")
+    if hourly is None or ms is None:
+        return cost, None
+    gpu = (Decimal(str(hourly)) * Decimal(str(ms)) / 3_600_000).quantize(Decimal("1e-10"))
+    return cost + gpu, gpu
+
+
+async def _case(case, column, helpers, *, team_id, prices):
     """One case: the candidate's answer, the helpers' answers its checks need, each check's verdict."""
     done = await _ask(column, case["messages"], case["max_tokens"], team_id)
+    cost, gpu_cost = answer_cost(done["metrics"], prices)
     line = {"id": case["id"], "answer": (done["text"] or "")[:SHOWN_ANSWER_CHARS],
-            "ms": done["metrics"].get("latency_ms"), "cost": done["metrics"].get("cost", "0"),
+            "ms": done["metrics"].get("latency_ms"), "cost": format(cost, "f"),
+            "gpu_cost": format(gpu_cost, "f") if gpu_cost is not None else None,
             "error": "" if done["ok"] else (done["diagnosis"] or done["error_kind"] or "no answer")}
     if not done["ok"]:
         line.update(passed=False, checks=[{"passed": False, "words": f"no answer: {line['error']}"}

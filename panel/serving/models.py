@@ -172,6 +172,15 @@ class Deployment(Job):
             total += max(min(ended, until) - max(nap.began_at.timestamp(), since), 0)
         return total
 
+    def hourly_price(self):
+        """The host's GPU price per hour × the deployment's GPUs (its recorded GPU indices, else the host's GPU
+        count, else 1); None when the host has no price."""
+        host = self.host
+        if host is None or host.gpu_price_per_hour is None:
+            return None
+        gpus = len(self.gpu_indices or []) or host.gpu_count or 1
+        return float(host.gpu_price_per_hour) * gpus
+
     @property
     def routable(self):
         """The gateway may send requests to it (its local channel is enabled)."""

@@ -290,10 +290,10 @@ def test_a_stopped_deployments_gpu_hours_stop_at_its_stop_time(traffic):
 
 
 def test_it_uses_the_deployments_gpus_before_the_hosts_count(team_setup):
-    from panel.dashboards.cost import deployment_hourly_price, deployment_up_hours
+    from panel.dashboards.cost import deployment_up_hours
 
     deployment = make_deployment(team_setup["team_a"], price=Decimal("3"), gpu_count=8, gpu_indices=(0, 1))
-    assert deployment_hourly_price(deployment) == 6.0
+    assert deployment.hourly_price() == 6.0
     stopped_at = NOW - timedelta(hours=4)
     deployment.finished_at = stopped_at
     assert deployment_up_hours(deployment, since=(NOW - timedelta(hours=5)).timestamp(),

@@ -125,3 +125,25 @@ def test_candidates_rank_by_cost_per_accepted_answer_and_the_page_shows_the_chea
     ranking = page.split('id="eval-ranking"')[1].split("</table>")[0]
     assert ranking.index("local w8a8") < ranking.index("cloud") < ranking.index("local w4a16")
     assert "cheapest" in ranking and "— (none passed)" in ranking and "broken" not in ranking
+
+
+def test_a_local_answer_costs_its_deployments_gpu_time(team_setup):
+    """A priced local deployment's answer costs its price per hour × its latency on top of the channel's token
+    prices; an unpriced host's answer and a cloud answer cost only their token prices."""
+    from panel.channels.models import Channel, ChannelKind
+    from panel.evaluations.runs import answer_cost, local_hourly_prices
+    from tests.support.dashboards import make_deployment
+
+    team = team_setup["team_a"]
+    deployment = make_deployment(team, price=Decimal("3.6"), gpu_count=2)  # 7.2 an hour: 0.002 a second
+    Channel.objects.create(team=team, name="local-bf16", kind=ChannelKind.LOCAL, base_url=deployment.base_url,
+                           deployment=deployment, model_id="tiny-chat")
+    prices = local_hourly_prices(team.pk)
+    assert prices == {"local-bf16": pytest.approx(7.2)}
+    cost, gpu = answer_cost({"channel": "local-bf16", "latency_ms": 1500.0, "cost": "0.0001"}, prices)
+    assert gpu == Decimal("0.003") and cost == Decimal("0.0031")
+    assert answer_cost({"channel": "cloud", "latency_ms": 1500.0, "cost": "0.0001"}, prices) == \
+        (Decimal("0.0001"), None)
+    deployment.host.gpu_price_per_hour = None
+    deployment.host.save()
+    assert local_hourly_prices(team.pk) == {"local-bf16": None}
