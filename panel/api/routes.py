@@ -131,6 +131,7 @@ class RouteOut(Schema):
     fallback_on_error: bool
     deadline_seconds: float
     while_waking: str
+    spill_wait_ms: int
     balance: str
     affinity_header: str
     enabled: bool
@@ -155,6 +156,9 @@ class RouteIn(Schema):
     while_waking: Literal[tuple(WhileWaking.values)] = Field(
         WhileWaking.FALL_BACK, description="While the route's local engine wakes from sleep: 'fallback' sends the "
         "request that woke it to the next channel, 'wait' waits for the engine up to the deadline.")
+    spill_wait_ms: int = Field(0, ge=0, le=600_000, description="Milliseconds: a request the local engine would keep "
+                               "waiting longer (its queue × its time per request) goes to the route's remote "
+                               "channels first. 0: off; else at least 50.")
     balance: Literal[tuple(RouteBalance.values)] = Field(
         RouteBalance.IN_ORDER, description="How requests spread over the leading local channels (a deployment's "
         "replicas): '' in order, round_robin, least_in_flight, session_affinity, prefix_aware.")
@@ -174,7 +178,7 @@ class CanaryRollback(Schema):
 def route_out(route):
     return {"id": route.pk, "model_name": route.model_name, "strategy": route.strategy,
             "fallback_on_error": route.fallback_on_error, "deadline_seconds": route.deadline_seconds,
-            "while_waking": route.while_waking, "balance": route.balance, "affinity_header": route.affinity_header,
+            "while_waking": route.while_waking, "spill_wait_ms": route.spill_wait_ms, "balance": route.balance, "affinity_header": route.affinity_header,
             "enabled": route.enabled,
             "channels": [{"channel_id": entry.channel_id, "channel": entry.channel.name, "position": entry.position,
                           "weight": entry.weight} for entry in route.entries()],
@@ -222,6 +226,7 @@ def _save(request, route, body):
     return route_save(team=request.team, user=request.user, route=route, model_name=body.model_name,
                       strategy=body.strategy, fallback_on_error=body.fallback_on_error, enabled=body.enabled,
                       deadline_seconds=body.deadline_seconds, balance=body.balance, while_waking=body.while_waking,
+                      spill_wait_ms=body.spill_wait_ms,
                       affinity_header=body.affinity_header, entries=_entries(request, body))
 
 

@@ -22,7 +22,8 @@ ID_SLACK = 2000  # as the rollup's overlap: writers may commit ids slightly out 
 FIELDS = ("id", "created_at", "key_id", "route_id", "channel_id", "endpoint", "model", "stream", "status_code",
           "outcome", "error_kind", "attempts", "fell_back", "prompt_tokens", "completion_tokens", "cached_tokens",
           "cache_write_tokens", "reasoning_tokens", "server_tool_calls", "tokens_estimated", "ttft_ms", "latency_ms",
-          "cost", "gpu_cost", "json_requested", "json_valid", "canary", "request_id", "attempt_trail", "tags")
+          "cost", "gpu_cost", "json_requested", "json_valid", "canary", "spilled", "request_id", "attempt_trail",
+          "tags")
 
 
 class UsageQuery(Schema):
@@ -79,9 +80,11 @@ class UsageRecord(Schema):
     json_requested: bool
     json_valid: bool | None
     canary: bool | None
+    spilled: bool | None = Field(description="True: the local engine's expected wait passed the route's spill wait, "
+                                 "so the request went to a remote channel first.")
     request_id: str = Field(description="The x-request-id header of the answer.")
     attempt_trail: list[dict[str, Any]] = Field(description="Each upstream attempt in order: channel, channel_id, "
-                                                "outcome, ms, status.")
+                                                "outcome, ms, status (a \"spilled\" step also says expected_wait_ms).")
     tags: list[str] = Field(description="The request's tags (the x-tokenwise-tags header, metadata.tags).")
 
 

@@ -174,6 +174,11 @@ class RouteForm(forms.Form):
                                      help_text="For a deployment whose profile sleeps when idle: the request that "
                                                "wakes it goes to the next channel, or waits for the engine up to the "
                                                "deadline (a route with no next channel always waits).")
+    spill_wait_ms = forms.IntegerField(required=False, min_value=0, max_value=600_000, initial=0,
+                                       label="Spill to the cloud past (ms)",
+                                       help_text="When the local engine would keep a request waiting longer than "
+                                                 "this (its queue × its measured time per request), the request "
+                                                 "goes to the route's cloud channels first. 0: never.")
     balance = forms.ChoiceField(choices=RouteBalance.choices, required=False, initial=RouteBalance.IN_ORDER,
                                 label="Balance replicas",
                                 help_text="Over the local channels tried first (a deployment's replicas). "
@@ -194,7 +199,8 @@ class RouteForm(forms.Form):
             self.initial.update(model_name=route.model_name, strategy=route.strategy,
                                 fallback_on_error=route.fallback_on_error, enabled=route.enabled,
                                 deadline_seconds=route.deadline_seconds, balance=route.balance,
-                                affinity_header=route.affinity_header, while_waking=route.while_waking)
+                                affinity_header=route.affinity_header, while_waking=route.while_waking,
+                                spill_wait_ms=route.spill_wait_ms)
         for index, channel in enumerate(self.channels):
             entry = current.get(channel.pk)
             self.fields[f"use_{channel.pk}"] = forms.BooleanField(required=False, initial=entry is not None,

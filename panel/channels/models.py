@@ -255,6 +255,9 @@ class Route(models.Model):
     # Bounds every attempt, retry, backoff and fallback until the answer starts (below a client's usual 60 s).
     deadline_seconds = models.FloatField(default=45)
     while_waking = models.CharField(max_length=10, choices=WhileWaking.choices, default=WhileWaking.FALL_BACK)
+    # Spill to the cloud on overload (panel/gateway/spill.py): a request whose local engine's expected wait exceeds
+    # this many milliseconds goes to the route's remote channels first instead of queueing. 0: off.
+    spill_wait_ms = models.PositiveIntegerField(default=0)
     # Over the leading local channels (a deployment's replicas): panel/gateway/balancing.py.
     balance = models.CharField(max_length=20, choices=RouteBalance.choices, default=RouteBalance.IN_ORDER,
                                blank=True)

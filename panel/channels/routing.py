@@ -45,6 +45,7 @@ class Target:
     context_tokens: int | None = None  # a local engine's context (max_model_len): no answer can be longer
     tool_calling: bool | None = None  # a local engine started with vLLM's auto tool choice (None: not an engine)
     engine_words: str = ""  # "deployment #3 (profile tiny-cpu)", for what the gateway says about a local engine
+    batch_slots: int | None = None  # a local engine's max_num_seqs: requests it runs at once, the rest wait
     sleeping: int | None = None  # the deployment's id while it sleeps or wakes: a request wakes it (gateway/waking.py)
 
 
@@ -100,6 +101,7 @@ class RouteTargets:
     while_waking: str = "fallback"  # channels.models.WhileWaking
     sampling: object = None  # usage.samples.SamplePlan when the route keeps samples of its traffic
     shadow: ShadowPlan | None = None  # a running shadow test: a share of answered requests mirrored to a candidate
+    spill_wait_ms: int = 0  # spill to the remote channels past this expected local wait (gateway/spill.py); 0: off
 
     def target(self, channel_id):
         """This route's current Target for a channel (its own entries, its rules', its canary), or None."""
@@ -164,7 +166,8 @@ def _sleeping(channel):
 def _engine_facts(deployment):
     profile = deployment.profile
     return {"context_tokens": profile.max_model_len, "tool_calling": bool(profile.tool_call_parser),
-            "engine_words": f"deployment #{deployment.pk} (profile {profile.name})"}
+            "engine_words": f"deployment #{deployment.pk} (profile {profile.name})",
+            "batch_slots": profile.max_num_seqs}
 
 
 def _load(team_id, model_name):
@@ -189,7 +192,8 @@ def _load(team_id, model_name):
                         fallback_on_error=route.fallback_on_error, entries=tuple(entries), canary=canary,
                         canary_percent=route.canary_percent if canary else 0, deadline=float(route.deadline_seconds),
                         rules=rules, balance=route.balance, affinity_header=route.affinity_header,
-                        while_waking=route.while_waking, sampling=samples.plan_for(route), shadow=_shadow(route))
+                        while_waking=route.while_waking, sampling=samples.plan_for(route), shadow=_shadow(route),
+                        spill_wait_ms=route.spill_wait_ms)
 
 
 def _shadow(route):

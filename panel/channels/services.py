@@ -376,15 +376,18 @@ def route_check(*, team, route, model_name, strategy, entries):
 
 
 ROUTE_DEADLINE_LIMITS = (1, 3600)
+SPILL_WAIT_LIMITS = (50, 600_000)  # milliseconds; 0 turns spilling off
 
 
 @transaction.atomic
 def route_save(*, team, user=None, route=None, model_name, strategy=RouteStrategy.LOCAL_FIRST,
                fallback_on_error=True, enabled=True, entries=(), deadline_seconds=None, balance=None,
-               affinity_header=None, while_waking=None):
+               affinity_header=None, while_waking=None, spill_wait_ms=None):
     """Create (route=None) or replace a route with its channels. `entries` is [(channel, position, weight)].
     `balance` and `affinity_header` (None: left as they are) spread requests over the leading local channels;
-    `while_waking` (None: left as it is) says what a request does while the route's local engine wakes."""
+    `while_waking` (None: left as it is) says what a request does while the route's local engine wakes;
+    `spill_wait_ms` (None: left as it is; 0: off) sends a request to the remote channels first when the local
+    engine would keep it waiting longer (gateway/spill.py)."""
     entries = list(entries)
     errors = route_check(team=team, route=route, model_name=model_name, strategy=strategy, entries=entries)
     if deadline_seconds is not None and not (
@@ -393,6 +396,11 @@ def route_save(*, team, user=None, route=None, model_name, strategy=RouteStrateg
         errors["deadline_seconds"] = ["The deadline is a number of seconds from 1 to 3600."]
     if while_waking is not None and while_waking not in WhileWaking.values:
         errors["while_waking"] = [f"While waking is one of: {', '.join(repr(v) for v in WhileWaking.values)}."]
+    if spill_wait_ms is not None and not (
+            isinstance(spill_wait_ms, int) and not isinstance(spill_wait_ms, bool)
+            and (spill_wait_ms == 0 or SPILL_WAIT_LIMITS[0] <= spill_wait_ms <= SPILL_WAIT_LIMITS[1])):
+        errors["spill_wait_ms"] = [f"The spill wait is 0 (off) or a whole number of milliseconds from "
+                                   f"{SPILL_WAIT_LIMITS[0]} to {SPILL_WAIT_LIMITS[1]:,}."]
     if balance is not None and balance not in RouteBalance.values:
         errors["balance"] = [f"Balancing is one of: {', '.join(repr(v) for v in RouteBalance.values)}."]
     if affinity_header:
@@ -413,6 +421,8 @@ def route_save(*, team, user=None, route=None, model_name, strategy=RouteStrateg
         route.balance = balance
     if while_waking is not None:
         route.while_waking = while_waking
+    if spill_wait_ms is not None:
+        route.spill_wait_ms = spill_wait_ms
     if affinity_header is not None:
         route.affinity_header = affinity_header.strip()
     route.save()

@@ -156,7 +156,8 @@ def _route_form(request, route):
                                strategy=data["strategy"], fallback_on_error=data["fallback_on_error"],
                                enabled=data["enabled"], entries=form.entries(),
                                deadline_seconds=data["deadline_seconds"], balance=data["balance"],
-                               affinity_header=data["affinity_header"], while_waking=data["while_waking"] or None)
+                               affinity_header=data["affinity_header"], while_waking=data["while_waking"] or None,
+                               spill_wait_ms=data["spill_wait_ms"])
         except ValidationError as error:
             errors_into(form, error)
         else:

@@ -51,6 +51,10 @@ class UsageRollup(RollupPeriod):
     reasoning_tokens = models.BigIntegerField(null=True, blank=True)
     server_tool_calls = models.BigIntegerField(null=True, blank=True)  # provider tool calls billed per call
     cost = models.FloatField(default=0)
+    # Requests a busy local engine spilled to a remote channel (gateway/spill.py), and what they cost there.
+    # Nullable, as refused.
+    spilled = models.PositiveIntegerField(null=True, blank=True)
+    spilled_cost = models.FloatField(null=True, blank=True)
     ttft_count = models.PositiveIntegerField(default=0)
     ttft_sum_ms = models.FloatField(default=0)
     latency_sum_ms = models.FloatField(default=0)

@@ -313,8 +313,10 @@ def cost(query):
         ["local load, average over this range (tokens / hour)",
          _whole(summary.local_tokens / (summary.span_seconds / 3600))
          if summary.span_seconds else None],
-        ["cloud cost / 1M tokens", _money(summary.cloud_per_million)]],
-        note="Monthly projection: this range's numbers scaled to 30 days."))
+        ["cloud cost / 1M tokens", _money(summary.cloud_per_million)],
+        *_spilled_rows(query)],
+        note="Monthly projection: this range's numbers scaled to 30 days. Spilled: requests a route sent to its "
+             "cloud channel because its local engine would have kept them waiting past the route's spill wait."))
     _, _, deployments = _names(query)
     page.tables.append(Table("ledger", "Ledger: each engine's own token counts against the usage rows", [
         "deployment", "engine tokens", "recorded tokens", "difference", "status"],
@@ -340,6 +342,15 @@ def cost(query):
         ("Monthly projection", _fmt_money(summary.monthly_savings) if savings is not None else "unknown"
          if summary.local_unknown else "—", "savings at this range's rate")]
     return page
+
+
+def _spilled_rows(query):
+    totals = usage_totals(query, columns=("requests", "spilled", "spilled_cost"))
+    if not totals["spilled"]:
+        return [["spilled to the cloud (local engine busy)", "none"]]
+    return [["spilled to the cloud (local engine busy)",
+             f"{totals['spilled']:,} requests ({_percent(_rate(totals['spilled'], totals['requests']))} of all)"],
+            ["spilled requests' cost", _money(totals["spilled_cost"])]]
 
 
 def tag_table(query):

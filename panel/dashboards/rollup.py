@@ -43,7 +43,7 @@ HARD_TIME_LIMIT_SECONDS = 360
 LOCK_KEY = "dashboards:rollup-running"
 LOCK_SECONDS = HARD_TIME_LIMIT_SECONDS
 SUMMED = ("requests", "errors", "refused", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens",
-          "cache_write_tokens", "reasoning_tokens", "server_tool_calls", "cost",
+          "cache_write_tokens", "reasoning_tokens", "server_tool_calls", "cost", "spilled", "spilled_cost",
           "ttft_count", "ttft_sum_ms", "latency_sum_ms") + TTFT_COLUMNS + LATENCY_COLUMNS
 
 
@@ -186,6 +186,9 @@ def _aggregates():
     from django.db.models import Count, Q
 
     return {
+        # First, in this order: an aggregate's "cost" or "spilled" names the aggregate of that name once it is
+        # defined, no longer the column.
+        "spilled_cost": Sum("cost", filter=Q(spilled=True)), "spilled": Count("id", filter=Q(spilled=True)),
         "requests": Count("id"),
         "errors": Count("id", filter=Q(outcome__in=("error", "upstream_stalled", "upstream_cut"))),
         "refused": Count("id", filter=Q(outcome="error", status_code__gte=400, status_code__lt=500)),
@@ -198,7 +201,7 @@ def _aggregates():
 
 
 AGGREGATES = _aggregates()
-FLOATS = {"cost", "ttft_sum_ms", "latency_sum_ms"}
+FLOATS = {"cost", "spilled_cost", "ttft_sum_ms", "latency_sum_ms"}
 
 
 def _rebuild(team_id, source, target, first, last):

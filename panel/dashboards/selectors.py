@@ -30,7 +30,7 @@ MAX_POINTS = 200
 MIN_WINDOW = 15 * MINUTE  # a team a minute old still gets an axis of a quarter hour, with its points on a line
 QUANTILES = (0.5, 0.95, 0.99)
 COUNTS = ("requests", "errors", "refused", "fallbacks", "prompt_tokens", "completion_tokens", "cached_tokens",
-          "cache_write_tokens", "reasoning_tokens", "server_tool_calls", "cost",
+          "cache_write_tokens", "reasoning_tokens", "server_tool_calls", "cost", "spilled", "spilled_cost",
           "ttft_count", "ttft_sum_ms", "latency_sum_ms")
 
 TAG_COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "cache_write_tokens",

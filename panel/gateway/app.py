@@ -16,6 +16,7 @@ from panel.core import outbound, safejson
 from panel.gateway import admission, fingerprint, messages_api, token_count
 from panel.gateway.apis import Passage
 from panel.gateway.balancing import BALANCER
+from panel.gateway.spill import SPILL
 from panel.gateway.exchange import Exchange
 from panel.gateway.keys import key_lookup
 from panel.gateway.responses import error_body, json_requested, plain_response, send_json, stream_response
@@ -234,6 +235,9 @@ async def application(scope, receive, send):
         targets, lease = await BALANCER.place(route, route.ordered(exchange.fields), body=body,
                                               headers=scope["headers"], key_id=exchange.key.id,
                                               request_id=exchange.request_id)
+        targets, lease = await SPILL.place(route, targets, lease=lease, request_id=exchange.request_id,
+                                           fields=exchange.fields, trail=exchange.log["trail"])
+        exchange.spill_watch = bool(route.spill_wait_ms)
         try:
             passage.choose(targets)
         except NotTranslatable as error:
@@ -249,7 +253,21 @@ async def application(scope, receive, send):
     finally:
         await exchange.finish()
         await BALANCER.release(lease)
+        if exchange.spill_watch:
+            await spill_observe(exchange)
         mirror_maybe(exchange)  # in the background: the client has its whole answer
+
+
+async def spill_observe(exchange):
+    """A spilling route's local engine answered: its time per request feeds the next requests' expected wait. A
+    stream's is from its first token to its end (the wait for a batch slot comes before the first token); a whole
+    answer's is its latency, a wait included."""
+    target, fields = exchange.target, exchange.fields
+    if target is None or target.batch_slots is None or fields["outcome"] != "ok" or fields["status_code"] != 200:
+        return
+    latency_ms = (time.perf_counter() - exchange.started) * 1000
+    streamed = fields["stream"] and fields["ttft_ms"] is not None
+    await SPILL.observe(target, latency_ms - fields["ttft_ms"] if streamed else latency_ms)
 
 
 async def until_disconnect(exchange, work, receive):

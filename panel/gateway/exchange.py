@@ -62,6 +62,7 @@ class Exchange:
         self.sampling = None  # the route's SamplePlan when it keeps samples
         self.shadow = None  # the route's ShadowPlan when a shadow test runs on it
         self.answer_parts = []  # the answer's text, collected for a sample or a shadow test only
+        self.spill_watch = False  # the route spills on overload: an engine's answer times its requests
 
     @property
     def owner_team_id(self):

@@ -59,6 +59,9 @@ class RequestLog(models.Model):
     # many raw hashes under one masked hash = a prompt that defeats the prefix cache. Never the prompt itself.
     system_prompt_hash = models.CharField(max_length=16, blank=True, default="")
     system_prompt_shape_hash = models.CharField(max_length=16, blank=True, default="")
+    # True: the route's local engine was expected to keep this request waiting longer than the route's spill wait,
+    # so it went to a remote channel first (panel/gateway/spill.py). None: not spilled. Nullable: an ALTER TABLE.
+    spilled = models.BooleanField(null=True, blank=True)
     # The canary arm this request was assigned to (None: the route had no running canary).
     canary = models.BooleanField(null=True, blank=True)
     # The route's rule that chose the channels (None: the route's own list, or no route).

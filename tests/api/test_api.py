@@ -187,6 +187,14 @@ def test_routes_and_a_canary_by_api(client, team_setup, owner_token):
                  {"model_name": "chat", "while_waking": "wait", "channels": [{"channel": made[0]}]})
     assert waits.status_code == 200 and waits.json()["while_waking"] == "wait"
     assert Route.objects.get().while_waking == "wait"
+    assert route.json()["spill_wait_ms"] == 0  # off unless asked
+    spill = {"model_name": "chat", "while_waking": "wait", "channels": [{"channel": made[0]}], "spill_wait_ms": 20}
+    refused = call(client, "put", f"/routes/{route.json()['id']}", owner_token, spill)
+    assert refused.status_code == 400 and "from 50 to 600,000" in refused.text
+    assert Route.objects.get().spill_wait_ms == 0
+    spill["spill_wait_ms"] = 2000
+    spills = call(client, "put", f"/routes/{route.json()['id']}", owner_token, spill)
+    assert spills.status_code == 200 and spills.json()["spill_wait_ms"] == 2000
     route_id = route.json()["id"]
     started = call(client, "post", f"/routes/{route_id}/canary", owner_token, {"channel": made[1], "percent": 5})
     assert started.status_code == 200 and started.json()["canary"]["state"] == "running"
