@@ -178,7 +178,8 @@ class CanaryRollback(Schema):
 def route_out(route):
     return {"id": route.pk, "model_name": route.model_name, "strategy": route.strategy,
             "fallback_on_error": route.fallback_on_error, "deadline_seconds": route.deadline_seconds,
-            "while_waking": route.while_waking, "spill_wait_ms": route.spill_wait_ms, "balance": route.balance, "affinity_header": route.affinity_header,
+            "while_waking": route.while_waking, "spill_wait_ms": route.spill_wait_ms, "balance": route.balance,
+            "affinity_header": route.affinity_header,
             "enabled": route.enabled,
             "channels": [{"channel_id": entry.channel_id, "channel": entry.channel.name, "position": entry.position,
                           "weight": entry.weight} for entry in route.entries()],

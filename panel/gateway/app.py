@@ -16,12 +16,12 @@ from panel.core import outbound, safejson
 from panel.gateway import admission, fingerprint, messages_api, token_count
 from panel.gateway.apis import Passage
 from panel.gateway.balancing import BALANCER
-from panel.gateway.spill import SPILL
 from panel.gateway.exchange import Exchange
 from panel.gateway.keys import key_lookup
 from panel.gateway.responses import error_body, json_requested, plain_response, send_json, stream_response
 from panel.gateway.sampling import SAMPLED_ENDPOINTS
 from panel.gateway.shadow import mirror_maybe
+from panel.gateway.spill import SPILL
 from panel.gateway.translation import NotTranslatable
 from panel.usage import tags as request_tags
 

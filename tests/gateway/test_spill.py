@@ -101,7 +101,8 @@ def test_the_cost_tab_counts_what_spilled_and_what_it_cost(setup, client):
     now = timezone.now() - timedelta(minutes=5)
     for spilled, cost in ((True, "0.002"), (True, "0.003"), (None, "0.001"), (None, "0")):
         RequestLog.objects.create(team=team, route=setup["route"], channel=cloud, endpoint="chat", model="chat",
-                                  outcome="ok", status_code=200, latency_ms=10, cost=Decimal(cost), spilled=spilled, created_at=now)
+                                  outcome="ok", status_code=200, latency_ms=10, cost=Decimal(cost), spilled=spilled,
+                                  created_at=now)
     usage_rollup_run()
     page = dashboard_page(tab="cost", query=DashboardQuery(team=team, range="24h"))
     rows = dict(page.table("savings").rows)
