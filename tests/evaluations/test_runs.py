@@ -67,6 +67,12 @@ def test_a_run_answers_checks_and_prices_every_case(transactional_db, team_setup
     assert Decimal(summary["cost"]) == cost and Decimal(summary["cost_per_accepted"]) == cost / 3
     assert len(candidate_fake.requests) == 5 and len(judge_fake.requests) == 1
 
+    # A second run in the same worker process (a fresh event loop) works as the first did.
+    again = eval_run_launch(team=team, user=alice, eval_set=eval_set, candidate=f"channel:{candidate.pk}")
+    wait_until(lambda: EvalRun.objects.get(pk=again.pk).is_final, seconds=90, interval=0.3, message="the 2nd run")
+    again.refresh_from_db()
+    assert again.state == "succeeded" and again.result["passed"] == 3, (again.failure_kind, again.failure_reason)
+
     client.force_login(team_setup["vera"])  # a viewer reads the run
     page = client.get(reverse("eval_run_detail", args=[run.pk])).content.decode()
     assert "3 of 5" in page and "Cost per accepted answer" in page and "the judge said" in page
