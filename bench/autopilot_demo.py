@@ -23,6 +23,8 @@ docs/benchmarks.md. Takes about 15 minutes on 2 cores. Not a test.
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -147,8 +149,12 @@ def client_traffic(panel, team, count):
     import openai
 
     from panel.accounts.keys import key_issue
+    from tests.support.environment import ROOT, panel_env
 
-    gateway = panel.start_gateway()
+    static_root = panel.tmp_path / "static"  # the pages' CSS and scripts, for the screenshots
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=ROOT, check=True,
+                   env=panel_env(TOKENWISE_STATIC_ROOT=str(static_root)))
+    gateway = panel.start_gateway(TOKENWISE_STATIC_ROOT=str(static_root))
     _, key = key_issue(team=team, user=None, name="demo-app")
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=120)
     for index in range(count):
@@ -172,9 +178,9 @@ def main(argv=None):
     args = parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     with bench_panel() as panel:
-        from panel.channels.models import Channel, Route
+        from panel.channels.models import Route
         from panel.dashboards.local_cost import SETTLE_SECONDS, local_cost_allocate
-        from panel.evaluations.autopilot import autopilot_act, autopilot_save, route_traffic
+        from panel.evaluations.autopilot import autopilot_act, autopilot_save
         from panel.evaluations.services import eval_set_create
         from panel.hosts.models import WorkerHost
         from tests.support.fake_upstream import FakeUpstream
@@ -237,26 +243,33 @@ def main(argv=None):
             autopilot = autopilot_save(route=route, user=alice, eval_set=eval_set, min_pass_rate=args.min_pass_rate,
                                        max_drop=args.max_drop, min_shadow_copies=0, start_canary=False)
             review = autopilot_act(autopilot, actor=alice)
+            summarize(summary, runs, review, route, team)
+            (args.out_dir / "autopilot_demo.json").write_text(json.dumps(summary, indent=2))
             if args.screenshot:
                 summary["compare"] = screenshots(gateway.url, route, [
                     f"route:{route.pk}", f"channel:{channels['w8a8-int8'].pk}",
                     f"channel:{channels['w4a16-rtn'].pk}"], args.out_dir)
-        traffic = route_traffic(route)
-        summary["runs"] = {label: run.result for label, run in runs.items()}
-        summary["cases"] = {label: {line["id"]: line["passed"] for line in run.results} for label, run in runs.items()}
-        summary["answers"] = {label: {line["id"]: line["answer"][:160] for line in run.results}
-                              for label, run in runs.items()}
-        summary["candidates"] = [{"label": c.label, "pass_rate": c.pass_rate, "quality": c.quality,
-                                  "cost_per_accepted": str(c.cost_per_accepted) if c.cost_per_accepted else None,
-                                  "qualifies": c.qualifies, "reasons": c.reasons} for c in review.candidates]
-        summary["hosts"] = {ch.name: "cloud" if ch.deployment is None else f"{ch.deployment.host.gpu_count} GPU(s)"
-                            for ch in Channel.objects.filter(team=team).select_related("deployment__host")}
-        summary["proposal"] = review.proposal.label if review.proposal else None
-        summary["words"] = review.words
-        summary["traffic"] = {key: str(value) for key, value in traffic.items()}
-        summary["saving_per_month"] = str(review.saving_per_month) if review.saving_per_month is not None else None
-    (args.out_dir / "autopilot_demo.json").write_text(json.dumps(summary, indent=2))
+                (args.out_dir / "autopilot_demo.json").write_text(json.dumps(summary, indent=2))
     print(markdown(summary))
+
+
+def summarize(summary, runs, review, route, team):
+    from panel.channels.models import Channel
+    from panel.evaluations.autopilot import route_traffic
+
+    summary["runs"] = {label: run.result for label, run in runs.items()}
+    summary["cases"] = {label: {line["id"]: line["passed"] for line in run.results} for label, run in runs.items()}
+    summary["answers"] = {label: {line["id"]: line["answer"][:160] for line in run.results}
+                          for label, run in runs.items()}
+    summary["candidates"] = [{"label": c.label, "pass_rate": c.pass_rate, "quality": c.quality,
+                              "cost_per_accepted": str(c.cost_per_accepted) if c.cost_per_accepted else None,
+                              "qualifies": c.qualifies, "reasons": c.reasons} for c in review.candidates]
+    summary["hosts"] = {ch.name: "cloud" if ch.deployment is None else f"{ch.deployment.host.gpu_count} GPU(s)"
+                        for ch in Channel.objects.filter(team=team).select_related("deployment__host")}
+    summary["proposal"] = review.proposal.label if review.proposal else None
+    summary["words"] = review.words
+    summary["traffic"] = {key: str(value) for key, value in route_traffic(route).items()}
+    summary["saving_per_month"] = str(review.saving_per_month) if review.saving_per_month is not None else None
 
 
 def screenshots(base_url, route, columns, out_dir):
@@ -265,11 +278,11 @@ def screenshots(base_url, route, columns, out_dir):
     from django.urls import reverse
     from playwright.sync_api import expect, sync_playwright
 
-    from tests.support.browser import sign_in
+    from tests.support.browser import ARGS, CHROMIUM, sign_in
 
     user, _ = evaluation_text.json_turn(200, split="eval")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch()
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         sign_in(page, base_url, "alice", "pw-alice-123")
         page.goto(base_url + reverse("route_autopilot", args=[route.pk]))

@@ -349,7 +349,8 @@ def _spilled_rows(query):
     if not totals["spilled"]:
         return [["spilled to the cloud (local engine busy)", "none"]]
     return [["spilled to the cloud (local engine busy)",
-             f"{totals['spilled']:,} requests ({_percent(_rate(totals['spilled'], totals['requests']))} of all)"],
+             f"{totals['spilled']:,} request{'s' if totals['spilled'] != 1 else ''} "
+             f"({_percent(_rate(totals['spilled'], totals['requests']))} of all)"],
             ["spilled requests' cost", _money(totals["spilled_cost"])]]
 
 

@@ -118,3 +118,19 @@ def duration(seconds):
     if seconds < 3600:
         return f"{seconds // 60} min"
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+@register.filter(name="money")
+def money_filter(value):
+    """A sum of money as the panel writes it everywhere ('1,234.56', '0.0048', '0.000035'; core/money.py), from a
+    number or the plain decimal text a job's result keeps; '—' for none."""
+    from decimal import Decimal, InvalidOperation
+
+    from panel.core.money import money_text
+
+    if value is None or value == "":
+        return "—"
+    try:
+        return money_text(Decimal(str(value)))
+    except InvalidOperation:
+        return value
