@@ -5,9 +5,15 @@ The gateway sends `route.canary_percent` % of the route's requests to the candid
 route's own channels) and marks each usage record with its arm (`RequestLog.canary`). `canary_check` reads the
 window since the current step began and rolls back at once when a guard trips; with `canary_auto` it also
 promotes 5 -> 25 -> 50 -> 100 after each clean step. Every step is audit-logged and bumps the routing version,
-which the gateway re-reads at most every ROUTE_VERSION_CHECK_SECONDS."""
+which the gateway re-reads at most every ROUTE_VERSION_CHECK_SECONDS.
+
+Other parts of the panel may guard a canary beyond these numbers: `canary_started` is sent inside the transaction
+that starts one, and a receiver may set `Route.canary_hold` (the autopilot runs its evaluation set on the candidate,
+evaluations/canary_guard.py); while a hold is set the step has no passing verdict, so nothing promotes it by
+itself, and the holder clears it or rolls the canary back."""
 from datetime import timedelta
 
+import django.dispatch
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -20,6 +26,9 @@ from panel.channels.services import routing_changed
 from panel.notifications.models import EventKind
 from panel.notifications.services import notify
 from panel.usage.models import RequestLog
+
+# Sent inside canary_start's transaction: route (the row, running), channel, actor, request.
+canary_started = django.dispatch.Signal()
 
 ERROR_KINDS_NOT_THE_CHANNELS = ("bad_request",)  # the client's own bad request, answered 400 by any channel
 
@@ -57,9 +66,11 @@ def canary_start(*, route, channel, percent=CANARY_STEPS[0], auto=False, request
     route.canary_channel, route.canary_percent, route.canary_state = channel, percent, CanaryState.RUNNING
     route.canary_auto, route.canary_started_at, route.canary_step_at = bool(auto), now, now
     route.canary_reason, route.canary_evidence, route.canary_checked_at = "", {}, None
+    route.canary_hold = ""
     route.save()
     routing_changed(route.team_id)
     _audit(AuditAction.CANARY_STARTED, route, request=request, actor=actor, percent=percent, auto=bool(auto))
+    canary_started.send(sender=Route, route=route, channel=channel, actor=actor, request=request)
     return route
 
 
@@ -80,6 +91,8 @@ class NoVerdict(ValidationError):
 
 def verdict_words(verdict):
     """Why the current step has no passing verdict, in words ("" when it has one)."""
+    if verdict and verdict.get("held"):
+        return verdict["held"]
     if not verdict or not verdict.get("candidate"):
         return "the guards have not judged this step yet (no candidate requests checked)"
     if verdict.get("problems"):
@@ -201,7 +214,8 @@ def canary_guards(*, route, now=None):
             problems.append(f"P99 latency {mine:.0f} ms is {mine / max(theirs, 0.001):.1f}× the stable channels' "
                             f"{theirs:.0f} ms (the limit is {ratio:g}×)")
     return {"window_start": start.isoformat(), "candidate": candidate, "stable": stable, "problems": problems,
-            "clean": not problems and candidate["requests"] >= minimum, "minimum": minimum}
+            "clean": not problems and candidate["requests"] >= minimum and not route.canary_hold,
+            "minimum": minimum, "held": route.canary_hold}
 
 
 def canary_check(*, route, now=None, request=None):

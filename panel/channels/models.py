@@ -281,6 +281,9 @@ class Route(models.Model):
     canary_reason = models.TextField(blank=True)  # why it was rolled back, in words
     canary_evidence = models.JSONField(default=dict, blank=True)  # the last guard check's numbers
     canary_checked_at = models.DateTimeField(null=True, blank=True)
+    # Why the canary may not step up yet, set by the part of the panel that guards it beyond the gateway's numbers
+    # (the autopilot: its evaluation set has not passed on the candidate since the canary started). "": no hold.
+    canary_hold = models.CharField(max_length=500, blank=True, default="")
     # Samples of this route's traffic kept as evaluation material (panel/usage/samples.py): off at 0.
     samples_per_day = models.PositiveIntegerField(default=0)
     sample_retention_days = models.PositiveSmallIntegerField(default=14)

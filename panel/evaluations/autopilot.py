@@ -28,6 +28,7 @@ from panel.channels import canary
 from panel.channels.models import CanaryState, Channel, ShadowTest
 from panel.channels.shadow import shadow_summary
 from panel.core.money import money_text
+from panel.evaluations.canary_guard import threshold_words
 from panel.evaluations.models import Autopilot, EvalRun
 from panel.evaluations.runs import candidates_ranked, eval_run_launch
 from panel.jobs.models import JobState
@@ -175,12 +176,9 @@ def _judge(candidate, current, autopilot):
     reasons = candidate.reasons
     if candidate.run is None:
         reasons.append(f"not run on the set's version {autopilot.eval_set.current().number} yet")
-    elif candidate.pass_rate < autopilot.min_pass_rate:
-        reasons.append(f"passes {candidate.pass_rate:.0%} of the set (needs {autopilot.min_pass_rate:.0%})")
-    elif current is not None and current.result.get("pass_rate") is not None \
-            and candidate.pass_rate < current.result["pass_rate"] - autopilot.max_drop - 1e-9:
-        reasons.append(f"passes {candidate.pass_rate:.0%} of the set, the route {current.result['pass_rate']:.0%} "
-                       f"(at most {autopilot.max_drop:.0%} less allowed)")
+    elif short := threshold_words(autopilot, candidate.pass_rate,
+                                  current.result.get("pass_rate") if current is not None else None):
+        reasons.append(short)
     shadow = candidate.shadow
     if autopilot.min_shadow_copies:
         if shadow is None or shadow["mirrored"] < autopilot.min_shadow_copies:

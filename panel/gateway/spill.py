@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from panel.channels.models import ChannelKind
 from panel.core.redis_client import async_redis
-from panel.gateway.balancing import STALE_SECONDS, Lease, inflight_key
+from panel.gateway.balancing import BALANCER, STALE_SECONDS, Lease, inflight_key
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class Spill:
         wait = expected_wait_ms(int(in_flight), engine.batch_slots, float(per_request)) if per_request else 0.0
         if wait <= route.spill_wait_ms:
             return targets, own
-        await self.release(own)
+        await BALANCER.release(own)
         fields["spilled"] = True
         trail.append({"channel": engine.name, "channel_id": engine.id, "outcome": "spilled", "ms": 0,
                       "status": None, "expected_wait_ms": round(wait)})
@@ -114,14 +114,6 @@ class Spill:
                                                                 REQTIME_TTL_SECONDS])
         except (RedisError, OSError) as error:
             log.debug("time per request not kept (%s)", type(error).__name__)
-
-    async def release(self, lease):
-        if lease is None:
-            return
-        try:
-            await self.client().zrem(lease.key, lease.member)
-        except (RedisError, OSError) as error:  # the entry goes stale after STALE_SECONDS instead
-            log.debug("in-flight entry not released (%s)", type(error).__name__)
 
 
 SPILL = Spill()

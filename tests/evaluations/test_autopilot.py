@@ -229,3 +229,55 @@ def test_a_candidate_may_pass_only_a_little_less_of_the_set_than_the_route(world
     with pytest.raises(Exception, match="From 0"):
         autopilot_save(route=world["route"], user=None, eval_set=world["eval_set"], min_pass_rate=0.3, max_drop=2,
                        min_shadow_copies=0, start_canary=False)
+
+
+def test_a_canary_on_the_route_is_held_until_the_set_passes_on_it_and_rolls_back_when_it_does_not(world, client):
+    """However it started (here by a person, with the automatic schedule), a canary on a route whose autopilot has
+    a set queues a run of the set on the candidate in the same transaction and is held: no passing verdict, so
+    nothing steps it up, until the run passes the autopilot's thresholds; a run that falls short rolls it back."""
+    from panel.channels import canary
+    from panel.evaluations import canary_guard
+
+    route, cheap, bad = world["route"], world["cheap"], world["bad"]
+
+    def finish(run, passed, state="succeeded"):
+        EvalRun.objects.filter(pk=run.pk).update(state=state, finished_at=timezone.now(), result={
+            "cases": 10, "passed": passed, "pass_rate": passed / 10, "cost_per_accepted": "0.001"},
+            failure_reason="" if state == "succeeded" else "the engine went away")
+        canary_guard.after_run(run.pk)  # what the run's task does once the run has ended
+        route.refresh_from_db()
+
+    canary.canary_start(route=route, channel=cheap, auto=True, actor=world["alice"])
+    route.refresh_from_db()
+    queued = EvalRun.objects.get(state="pending", candidate__id=cheap.pk)
+    assert route.canary_hold == (f"the evaluation set “{SET}” runs on cheap (run #{queued.pk}): the canary steps up "
+                                 "once it passes the autopilot's thresholds")
+    verdict = canary.canary_guards(route=route)
+    assert not verdict["clean"] and canary.verdict_words(verdict) == route.canary_hold
+    client.force_login(world["alice"])
+    page = client.get(reverse("route_detail", args=[route.pk])).content.decode()
+    assert f"<strong>Held:</strong> the evaluation set “{SET}” runs on cheap (run #{queued.pk})" in page
+
+    finish(queued, passed=3, state="failed")  # a run that did not finish: still held, and why
+    assert route.canary_state == "running" and "did not finish on cheap" in route.canary_hold
+    again = EvalRun.objects.create(team=world["team"], eval_version=queued.eval_version, candidate=queued.candidate)
+    finish(again, passed=9)  # 90 %, the route 100 %: within the 10 points allowed
+    assert (route.canary_state, route.canary_hold) == ("running", "")
+
+    canary.canary_stop(route=route)
+    canary.canary_start(route=route, channel=bad, actor=world["alice"])
+    short = EvalRun.objects.get(state="pending", candidate__id=bad.pk)
+    finish(short, passed=6)
+    assert route.canary_state == "rolled_back" and route.canary_percent == 0
+    assert route.canary_reason == (f"On the evaluation set “{SET}” (run #{short.pk}) the candidate passes 60% of "
+                                   "the set (needs 90%).")
+    assert EvalRun.objects.filter(candidate__id=cheap.pk, state="pending").count() == 0  # nothing else queued
+
+
+def test_a_canary_on_a_route_without_an_autopilot_set_is_not_held(world):
+    from panel.channels import canary
+
+    Autopilot.objects.update(eval_set=None)
+    route = canary.canary_start(route=world["route"], channel=world["cheap"])
+    route.refresh_from_db()
+    assert route.canary_hold == "" and not EvalRun.objects.filter(state="pending").exists()
