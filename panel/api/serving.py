@@ -18,8 +18,9 @@ from panel.audit.services import audit_record
 from panel.jobs.services import job_events
 from panel.registry.models import RegisteredModel
 from panel.serving.configfile import ConfigFileError
-from panel.serving.forms import PROFILE_FIELDS, ImportForm, LaunchForm, ServingProfileForm
-from panel.serving.models import Deployment, ServingProfile
+from panel.serving.forms import PROFILE_FIELDS, ImportForm, LaunchForm, ScaleForm, ServingProfileForm
+from panel.serving.models import Deployment, ScalePolicy, ServingProfile
+from panel.serving.scaling import policy_off, policy_save
 from panel.serving.services import (
     EXPORTS,
     deployment_launch,
@@ -37,6 +38,7 @@ router = Router(tags=["serving profiles and deployments"])
 ProfileCreate = schema_from_form(ServingProfileForm, "ProfileCreate")
 ProfileChange = schema_from_form(ServingProfileForm, "ProfileChange", partial=True)
 DeploymentLaunch = schema_from_form(LaunchForm, "DeploymentLaunch")
+ScaleChange = schema_from_form(ScaleForm, "ScaleChange")
 
 
 class ProfileOut(Schema):
@@ -71,9 +73,21 @@ class ReplicaOut(Schema):
     restarts: int
 
 
+class ScaleOut(Schema):
+    min_replicas: int
+    max_replicas: int
+    up_waiting: float = Field(description="Requests waiting per replica that, kept for up_after_seconds, add one.")
+    up_kv_percent: float = Field(description="KV-cache use (%) that, kept for up_after_seconds, adds one.")
+    up_after_seconds: int
+    down_after_seconds: int = Field(description="Quiet seconds after which one replica drains and stops.")
+    last_decision: str = Field(description="What the scaler last did or could not do, in words.")
+    last_decision_at: datetime.datetime | None
+
+
 class DeploymentOut(JobOut):
     replica_of_id: int | None = Field(description="The deployment this row is a replica of (null: the first).")
     replicas: list[ReplicaOut] = Field(description="Every replica of the deployment, the first one first.")
+    scaling: ScaleOut | None = Field(description="Scale on queue (null: a fixed number of replicas).")
     profile_id: int
     profile: str
     host: str | None
@@ -112,13 +126,23 @@ def profile_out(profile, *, detail=False):
 
 def deployment_out(deployment):
     out = {name: getattr(deployment, name) for name in DeploymentOut.model_fields
-           if name not in ("profile", "host", "warnings", "replicas")}
+           if name not in ("profile", "host", "warnings", "replicas", "scaling")}
     out.update(profile=deployment.profile.name, host=deployment.host.host if deployment.host else None,
                warnings=list(deployment_warnings(deployment)),
                replicas=[{"id": replica.pk, "number": replica.replica_number, "state": replica.state,
                           "host": replica.host.host if replica.host else None, "base_url": replica.base_url,
-                          "restarts": replica.restarts} for replica in deployment.replicas()])
+                          "restarts": replica.restarts} for replica in deployment.replicas()],
+               scaling=scale_out(ScalePolicy.objects.filter(deployment_id=deployment.head_id).first()))
     return out
+
+
+def scale_out(policy):
+    if policy is None:
+        return None
+    return {"min_replicas": policy.min_replicas, "max_replicas": policy.max_replicas, "up_waiting": policy.up_waiting,
+            "up_kv_percent": round(policy.up_kv_cache * 100, 1), "up_after_seconds": policy.up_after_seconds,
+            "down_after_seconds": policy.down_after_seconds, "last_decision": policy.last_decision,
+            "last_decision_at": policy.last_decision_at}
 
 
 def _profiles(request):
@@ -224,7 +248,7 @@ def deployments_launch(request, profile_id: int, body: DeploymentLaunch):
                                                    "route."]})
     deployment = deployment_launch(team=request.team, user=request.user, profile=profile, host=data["host"],
                                    replicas=data["replicas"], restart_on_crash=data["restart_on_crash"],
-                                   attach_to_route=data["attach_to_route"])
+                                   attach_to_route=data["attach_to_route"], max_replicas=data["max_replicas"])
     audit_record(action=AuditAction.DEPLOYMENT_STARTED, request=request,
                  target=f"{profile.name} #{deployment.pk} on {deployment.host.host}")
     return Status(201, deployment_out(deployment))
@@ -236,4 +260,28 @@ def deployments_stop(request, deployment_id: int):
     if deployment_stop(deployment=deployment, user=request.user):
         audit_record(action=AuditAction.DEPLOYMENT_STOPPED, request=request,
                      target=f"{deployment.profile.name} #{deployment.pk}")
+    return deployment_out(_deployment(request, deployment_id))
+
+
+@router.put("/deployments/{deployment_id}/scaling", auth=gate("deployments.run"),
+            response=errors({200: DeploymentOut}),
+            summary="Scale on queue: set the deployment's fewest and most replicas and when to add or remove one")
+def deployments_scaling_set(request, deployment_id: int, body: ScaleChange):
+    deployment = _deployment(request, deployment_id)
+    form = validated(ScaleForm, body)
+    policy = policy_save(deployment=deployment, **form.policy_values())
+    audit_record(action=AuditAction.DEPLOYMENT_SCALING, request=request,
+                 target=f"{deployment.profile.name} #{deployment.head_id}",
+                 detail={"min_replicas": policy.min_replicas, "max_replicas": policy.max_replicas})
+    return deployment_out(_deployment(request, deployment_id))
+
+
+@router.delete("/deployments/{deployment_id}/scaling", auth=gate("deployments.run"),
+               response=errors({200: DeploymentOut}),
+               summary="Scale no more: the deployment keeps the replicas it has")
+def deployments_scaling_off(request, deployment_id: int):
+    deployment = _deployment(request, deployment_id)
+    if policy_off(deployment=deployment):
+        audit_record(action=AuditAction.DEPLOYMENT_SCALING, request=request,
+                     target=f"{deployment.profile.name} #{deployment.head_id}", detail={"off": True})
     return deployment_out(_deployment(request, deployment_id))

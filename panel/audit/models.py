@@ -15,6 +15,7 @@ class AuditAction(models.TextChoices):
     JOB_CANCELLED = "job_cancelled", "Job cancelled"
     DEPLOYMENT_STARTED = "deployment_started", "Deployment started"
     DEPLOYMENT_STOPPED = "deployment_stopped", "Deployment stopped"
+    DEPLOYMENT_SCALING = "deployment_scaling", "Deployment scaling changed"
     MEMBER_ADDED = "member_added", "Member added"
     ROLE_CHANGED = "role_changed", "Role changed"
     MEMBER_REMOVED = "member_removed", "Member removed"

@@ -16,7 +16,7 @@ class JobState(models.TextChoices):
     """Every state of every kind of job. A job that runs to an end uses the first six; a deployment (a job that runs
     until it is stopped) is pending and fails like any job, and is otherwise starting, ready, stopping, stopped; one
     whose profile sleeps when idle is asleep (its engine stopped, its worker waiting) and waking (asked to start
-    again by a request)."""
+    again by a request); a replica the scaler removes is draining (out of rotation, finishing what it runs)."""
     PENDING = "pending", "Pending"
     RUNNING = "running", "Running"
     CANCELLING = "cancelling", "Cancelling"
@@ -29,6 +29,7 @@ class JobState(models.TextChoices):
     STOPPED = "stopped", "Stopped"
     ASLEEP = "asleep", "Asleep"
     WAKING = "waking", "Waking"
+    DRAINING = "draining", "Draining"
 
 
 def state_choices(states):

@@ -140,6 +140,10 @@ class LaunchForm(forms.Form):
                                   label="Replicas",
                                   help_text="Engines serving this profile, each whole, placed over the GPU workers "
                                             "with room; the route balances them. Replicas restart after a crash.")
+    max_replicas = forms.IntegerField(
+        min_value=1, max_value=MAX_REPLICAS, required=False, label="Scale up to",
+        help_text="Optional: up to this many replicas when requests queue (one more when they keep waiting for a "
+                  "minute, one fewer after five quiet minutes, drained first). Empty: a fixed number of replicas.")
     restart_on_crash = forms.BooleanField(required=False,
                                           label="Restart on crash (at once, then with backoff; up to 3 times)")
     attach_to_route = forms.BooleanField(
@@ -166,6 +170,10 @@ class LaunchForm(forms.Form):
 
     def clean(self):
         cleaned = super().clean()
+        top = cleaned.get("max_replicas")
+        if top is not None and top < (cleaned.get("replicas") or 1):
+            self.add_error("max_replicas", f"Scale up to {top} is fewer than the {cleaned.get('replicas') or 1} "
+                                           "replicas asked for: leave it empty, or raise it.")
         if self.running and not cleaned.get("another"):
             first = self.running[0]
             raise forms.ValidationError(
@@ -198,3 +206,41 @@ class ImportForm(forms.Form):
             raise ValidationError("Paste a config.toml or upload one.")
         cleaned["text"] = text
         return cleaned
+
+
+class ScaleForm(forms.Form):
+    """A running deployment's scale policy (serving/scaling.py), as the deployment page and the API take it."""
+
+    min_replicas = forms.IntegerField(min_value=1, max_value=MAX_REPLICAS, label="Fewest replicas")
+    max_replicas = forms.IntegerField(min_value=1, max_value=MAX_REPLICAS, label="Most replicas")
+    up_waiting = forms.FloatField(min_value=0.1, max_value=1000, initial=1, label="Add one when waiting requests "
+                                  "per replica stay at or above")
+    up_kv_percent = forms.FloatField(min_value=5, max_value=100, initial=80, label="…or when the KV cache stays at "
+                                     "or above (%)")
+    up_after_seconds = forms.IntegerField(min_value=10, max_value=3600, initial=60, label="…for (seconds)")
+    down_after_seconds = forms.IntegerField(min_value=30, max_value=86400, initial=300,
+                                            label="Remove one after this many quiet seconds",
+                                            help_text="Quiet: no request waited, the KV cache under half the "
+                                                      "threshold. The replica leaves the route first and stops "
+                                                      "once its requests have finished.")
+
+    def clean(self):
+        cleaned = super().clean()
+        low, high = cleaned.get("min_replicas"), cleaned.get("max_replicas")
+        if low is not None and high is not None and high < low:
+            self.add_error("max_replicas", f"The most replicas ({high}) must be at least the fewest ({low}).")
+        return cleaned
+
+    def policy_values(self):
+        data = self.cleaned_data
+        return {"min_replicas": data["min_replicas"], "max_replicas": data["max_replicas"],
+                "up_waiting": data["up_waiting"], "up_kv_cache": data["up_kv_percent"] / 100,
+                "up_after_seconds": data["up_after_seconds"], "down_after_seconds": data["down_after_seconds"]}
+
+    @classmethod
+    def initial_for(cls, policy, replicas):
+        if policy is None:
+            return {"min_replicas": replicas, "max_replicas": min(replicas + 1, MAX_REPLICAS)}
+        return {"min_replicas": policy.min_replicas, "max_replicas": policy.max_replicas,
+                "up_waiting": policy.up_waiting, "up_kv_percent": round(policy.up_kv_cache * 100, 1),
+                "up_after_seconds": policy.up_after_seconds, "down_after_seconds": policy.down_after_seconds}

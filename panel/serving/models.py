@@ -68,10 +68,11 @@ class ServingProfile(models.Model):
 
 DeploymentState = JobState  # a deployment's states are job states: pending, starting, ready, stopping, stopped, failed
 DEPLOYMENT_STATES = (JobState.PENDING, JobState.STARTING, JobState.READY, JobState.STOPPING, JobState.STOPPED,
-                     JobState.FAILED, JobState.ASLEEP, JobState.WAKING)
+                     JobState.FAILED, JobState.ASLEEP, JobState.WAKING, JobState.DRAINING)
 # Asleep and waking are live: the deployment's worker still owns it (it heartbeats and starts the engine on a wake).
+# Draining too: a replica taken out of rotation by the scaler finishes its requests, then stops (serving/scaling.py).
 LIVE_DEPLOYMENT_STATES = (DeploymentState.STARTING, DeploymentState.READY, DeploymentState.STOPPING,
-                          DeploymentState.ASLEEP, DeploymentState.WAKING)
+                          DeploymentState.ASLEEP, DeploymentState.WAKING, DeploymentState.DRAINING)
 # The states in which a deployment keeps its local channel on its route although its engine is not serving: the
 # gateway wakes it (serving/sleep.py). A woken engine is starting with its channel still enabled; one started any
 # other way has none enabled yet.
@@ -216,3 +217,23 @@ class Nap(models.Model):
     class Meta:
         ordering = ["began_at"]
         indexes = [models.Index(fields=["deployment", "began_at"])]
+
+
+class ScalePolicy(models.Model):
+    """Scale on queue for one deployment (its first replica's row): between `min_replicas` and `max_replicas`
+    engines; one more when requests keep waiting or the KV cache stays full for `up_after_seconds`, one fewer when
+    nothing has waited and the KV cache stayed low for `down_after_seconds` (serving/scaling.py)."""
+
+    deployment = models.OneToOneField(Deployment, on_delete=models.CASCADE, related_name="scale_policy")
+    min_replicas = models.PositiveSmallIntegerField(default=1)
+    max_replicas = models.PositiveSmallIntegerField(default=2)
+    up_waiting = models.FloatField(default=1.0)  # requests waiting per replica, on average, throughout the window
+    up_kv_cache = models.FloatField(default=0.8)  # 0..1: KV cache use per replica, on average, throughout
+    up_after_seconds = models.PositiveIntegerField(default=60)
+    down_after_seconds = models.PositiveIntegerField(default=300)
+    changed_at = models.DateTimeField(null=True, blank=True)  # the last replica added or drained
+    last_decision = models.CharField(max_length=500, blank=True)  # what the scaler last did or could not do, in words
+    last_decision_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.min_replicas}-{self.max_replicas} replicas"

@@ -44,9 +44,10 @@ def host_room(profile, host, verdict):
     return max(1, (host.memory_available_bytes or 0) // max(engine, 1) - waiting)
 
 
-def replicas_place(profile, count, *, host=None, check):
+def replicas_place(profile, count, *, host=None, check, beside=()):
     """The host of each of `count` replicas, or ValidationError saying what the online workers have room for.
-    `check(profile, host)` is the profile's verdict on a host (the serving rules)."""
+    `check(profile, host)` is the profile's verdict on a host (the serving rules); `beside`: the hosts of the
+    deployment's replicas already running (a replica the scaler adds goes where fewest of them are)."""
     if not 1 <= count <= MAX_REPLICAS:
         raise ValidationError(f"Replicas must be between 1 and {MAX_REPLICAS}.")
     if host is not None:
@@ -70,6 +71,9 @@ def replicas_place(profile, count, *, host=None, check):
     if sum(room.replicas for room in rooms) < count:
         raise ValidationError(_no_room(count, rooms))
     placed, on_host = [], {room.host.pk: 0 for room in rooms}
+    for other in beside:
+        if other is not None and other.pk in on_host:
+            on_host[other.pk] += 1
     for _ in range(count):
         # Spread first (the host with the fewest of these replicas), then the most room: two hosts whose free
         # memory differs by a little still get one replica each.
@@ -83,5 +87,5 @@ def replicas_place(profile, count, *, host=None, check):
 
 def _no_room(count, rooms):
     room = ", ".join(f"{room.host.host}: {room.replicas}" for room in rooms)
-    return (f"{count} replicas asked for, but the workers have room for {sum(r.replicas for r in rooms)} now "
+    return (f"{count} replica{'s' if count != 1 else ''} asked for, but the workers have room for {sum(r.replicas for r in rooms)} now "
             f"(per host: {room}). Free GPUs or memory, start another GPU worker, or ask for fewer.")

@@ -26,8 +26,8 @@ from panel.jobs.services import (
 from panel.registry import memory
 from panel.registry.models import RegisteredModel
 from panel.registry.services import serving_refusal
-from panel.serving import configfile, placement, rules, sleep, supervisor
-from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ServingProfile
+from panel.serving import configfile, drain, placement, rules, sleep, supervisor
+from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ScalePolicy, ServingProfile
 from panel.serving.profile_fields import FIELDS, FIELDS_BY_NAME
 
 log = logging.getLogger(__name__)
@@ -125,16 +125,21 @@ def host_pick(profile):
 
 
 def deployment_launch(*, team, user, profile, host=None, replicas=1, restart_on_crash=False, enqueue=True,
-                      attach_to_route=False):
+                      attach_to_route=False, max_replicas=None):
     """Check the profile against the hosts and queue its deployment: `replicas` engines, placed over the online
     GPU workers (all on `host` when given). Returns the first replica's row, which stands for the deployment.
     Replicas of a deployment of several are always restarted after a crash (the others serve meanwhile).
     `attach_to_route` (an admin's choice, checked by the caller): its local channels join the team's existing
-    route of the same served name; without it that route is left as it is. ValidationError, saving nothing, when
-    the model cannot be served (it failed its check as a model) or no host can run the profile."""
+    route of the same served name; without it that route is left as it is. `max_replicas` above `replicas`: it
+    scales on queue between the two (serving/scaling.py; the policy's other values are its defaults).
+    ValidationError, saving nothing, when the model cannot be served (it failed its check as a model), no host can
+    run the profile, or `max_replicas` is under `replicas` or over the limit."""
     refusal = serving_refusal(profile.model)  # before any host: the model is the problem, wherever it would run
     if refusal:
         raise ValidationError(refusal)
+    if max_replicas is not None and not replicas <= max_replicas <= placement.MAX_REPLICAS:
+        raise ValidationError(f"Scale up to must be between the {replicas} replicas asked for and "
+                              f"{placement.MAX_REPLICAS}.")
     if host is not None and not host.is_online:
         raise ValidationError(f"{host.name} is offline.")
     hosts = placement.replicas_place(profile, replicas, host=host, check=profile_check)
@@ -152,6 +157,8 @@ def deployment_launch(*, team, user, profile, host=None, replicas=1, restart_on_
                         + "".join(f". Warning: {warning}" for warning in verdicts[placed.pk].warnings))
             if enqueue:
                 job_enqueue(deployment, "panel.serving.tasks.run_deployment")
+        if max_replicas is not None and max_replicas > replicas:
+            ScalePolicy.objects.create(deployment=head, min_replicas=replicas, max_replicas=max_replicas)
     return head
 
 
@@ -174,6 +181,7 @@ class DeploymentHooks:
     def __init__(self, deployment):
         self.deployment = deployment
         self.sleep = sleep.SleepHooks(deployment)
+        self.draining_since = None
 
     def started(self, pid):
         job_heartbeat(self.deployment, pid=pid)
@@ -192,10 +200,14 @@ class DeploymentHooks:
         return self.stop_requested()
 
     def stop_requested(self):
-        """Stop the engine: stopped, failed, or asleep once drained (serving/sleep.py)."""
+        """Stop the engine: stopped, failed, or asleep or scaled down once drained (serving/drain.py)."""
         state = Deployment.objects.filter(pk=self.deployment.pk).values_list("state", flat=True).first()
         if state in (DeploymentState.ASLEEP, DeploymentState.WAKING):
             return self.sleep.stop_engine(state)
+        if state == DeploymentState.DRAINING:
+            if self.draining_since is None:
+                self.draining_since = time.monotonic()
+            return drain.drained(self.deployment, since=self.draining_since)
         return state not in (DeploymentState.STARTING, DeploymentState.READY)
 
 
@@ -271,6 +283,10 @@ def deployment_execute(*, deployment_id, worker):
             if job_cancelled(deployment, reason="stopped while asleep"):
                 return True
             state = Deployment.objects.filter(pk=deployment.pk).values_list("state", flat=True).first()
+        if state == DeploymentState.DRAINING:  # scaled down: drained, or it ended while draining
+            job_transition(deployment, to=DeploymentState.STOPPED, allowed_from=[DeploymentState.DRAINING], pid=None,
+                           reason="drained and stopped" if outcome.stopped else "ended while draining")
+            return True
         if outcome.stopped or state == DeploymentState.STOPPING:
             job_cancelled(deployment, reason="engine stopped")
             return True

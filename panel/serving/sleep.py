@@ -9,45 +9,16 @@ waking (gateway/waking.py) and the supervisor starts the engine again; woken dur
 at once. vLLM's own sleep mode (GPU memory freed, the process kept) is not used: the CPU engine has none, and a
 stopped engine frees a GPU the same way, at the cost of a cold start."""
 import logging
-import re
 import time
 
-import httpx
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from panel.jobs.services import job_heartbeat, job_transition
+from panel.serving import drain
 from panel.serving.models import Deployment, DeploymentState, Nap
 
 log = logging.getLogger(__name__)
-
-# Every gateway process has seen the sleeping route before the engine stops (it re-reads a changed route within
-# ROUTE_VERSION_CHECK_SECONDS), and a request still running then finishes, up to DRAIN_DEADLINE_SECONDS.
-DRAIN_DEADLINE_SECONDS = 120.0
-METRIC_LINE = re.compile(r"^(vllm:(?:prompt_tokens_total|num_requests_running|num_requests_waiting))"
-                         r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)
-
-
-def drain_seconds():
-    return max(2 * settings.ROUTE_VERSION_CHECK_SECONDS, 2.0)
-
-
-def engine_activity(port, api_key, *, timeout=2.0):
-    """(prompt tokens the engine has taken in since it started, requests running or waiting now), from its own
-    /metrics; None when it does not answer."""
-    try:
-        response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=timeout,
-                             headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
-        response.raise_for_status()
-    except httpx.HTTPError:
-        return None
-    totals = {}
-    for name, value in METRIC_LINE.findall(response.text):
-        totals[name] = totals.get(name, 0.0) + float(value)
-    return (totals.get("vllm:prompt_tokens_total", 0.0),
-            totals.get("vllm:num_requests_running", 0.0) + totals.get("vllm:num_requests_waiting", 0.0))
-
 
 class IdleWatch:
     """When the engine last did anything: a request in flight, or prompt tokens taken in since the last look."""
@@ -116,7 +87,7 @@ class SleepHooks:
             return
         if self.watch is None:  # a new engine (launched, restarted or woken): idle from now
             self.watch, self.asleep_since = IdleWatch(self.minutes), None
-        activity = engine_activity(self.deployment.port, self.deployment.engine_key())
+        activity = drain.engine_activity(self.deployment.port, self.deployment.engine_key())
         if self.watch.observe(activity) and deployment_fall_asleep(self.deployment, minutes=self.minutes):
             self.asleep_since = time.monotonic()
             log.info("deployment #%s is asleep after %g idle minutes", self.deployment.pk, self.minutes)
@@ -132,12 +103,10 @@ class SleepHooks:
             return False
         if state != DeploymentState.ASLEEP:
             return True
-        since = self.asleep_since if self.asleep_since is not None else time.monotonic() - DRAIN_DEADLINE_SECONDS
-        waited = time.monotonic() - since
-        if waited < drain_seconds():
-            return False
-        activity = engine_activity(self.deployment.port, self.deployment.engine_key())
-        return waited >= DRAIN_DEADLINE_SECONDS or activity is None or not activity[1]
+        since = self.asleep_since
+        if since is None:  # asleep before this supervisor knew it: drained long ago
+            since = time.monotonic() - drain.DRAIN_DEADLINE_SECONDS
+        return drain.drained(self.deployment, since=since)
 
 
 def wait_while_asleep(deployment, *, beat_every=5.0, poll_every=0.5):

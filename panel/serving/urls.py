@@ -13,4 +13,5 @@ urlpatterns = [
     path("serving/deployments/<int:deployment_id>/", views.deployment_detail, name="deployment_detail"),
     path("serving/deployments/<int:deployment_id>/live/", views.deployment_live, name="deployment_live"),
     path("serving/deployments/<int:deployment_id>/stop/", views.deployment_stop_view, name="deployment_stop"),
+    path("serving/deployments/<int:deployment_id>/scale/", views.deployment_scale_view, name="deployment_scale"),
 ]

@@ -15,9 +15,10 @@ from panel.jobs.services import job_events
 from panel.registry.models import ModelState, RegisteredModel
 from panel.registry.services import check_failed_refusal
 from panel.serving.configfile import ConfigFileError
-from panel.serving.forms import ImportForm, LaunchForm, ServingProfileForm
-from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ServingProfile
+from panel.serving.forms import ImportForm, LaunchForm, ScaleForm, ServingProfileForm
+from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ScalePolicy, ServingProfile
 from panel.serving.profile_fields import PRESETS
+from panel.serving.scaling import policy_off, policy_save
 from panel.serving.services import (
     EXPORTS,
     deployment_launch,
@@ -202,7 +203,8 @@ def deployment_create(request, profile_id):
         deployment = deployment_launch(team=request.team, user=request.user, profile=profile,
                                        host=form.cleaned_data["host"], replicas=form.cleaned_data["replicas"],
                                        restart_on_crash=form.cleaned_data["restart_on_crash"],
-                                       attach_to_route=form.cleaned_data["attach_to_route"])
+                                       attach_to_route=form.cleaned_data["attach_to_route"],
+                                       max_replicas=form.cleaned_data["max_replicas"])
     except ValidationError as error:
         for message in error.messages:
             messages.error(request, message)
@@ -219,9 +221,14 @@ def _deployment(request, deployment_id):
                              team=request.team)
 
 
+def _scale_policy(deployment):
+    return ScalePolicy.objects.filter(deployment_id=deployment.head_id).first()
+
+
 def _detail_context(deployment):
     replicas = deployment.replicas()
     return {"deployment": deployment, "events": job_events(deployment), "replicas": replicas,
+            "scale_policy": _scale_policy(deployment),
             "replica_figures": [(replica, replica.engine_figures()) for replica in replicas],
             "all_final": deployment.replicas_final(replicas),
             "asleep_hours": deployment.nap_seconds(since=0, until=time.time()) / 3600}
@@ -230,7 +237,36 @@ def _detail_context(deployment):
 @team_view("serving.view")
 def deployment_detail(request, deployment_id):
     deployment = _deployment(request, deployment_id)
-    return render(request, "serving/deployment_detail.html", _detail_context(deployment))
+    context = _detail_context(deployment)
+    context["scale_form"] = ScaleForm(initial=ScaleForm.initial_for(context["scale_policy"], len(
+        [replica for replica in context["replicas"] if replica.is_active])))
+    return render(request, "serving/deployment_detail.html", context)
+
+
+@require_POST
+@team_view("deployments.run")
+def deployment_scale_view(request, deployment_id):
+    """Turn scale on queue on, change it, or turn it off ("off" in the POST)."""
+    deployment = _deployment(request, deployment_id)
+    target = f"{deployment.profile.name} #{deployment.head_id}"
+    if request.POST.get("off"):
+        if policy_off(deployment=deployment):
+            audit_record(action=AuditAction.DEPLOYMENT_SCALING, request=request, target=target, detail={"off": True})
+            messages.success(request, "Scaling is off: the deployment keeps the replicas it has.")
+        return redirect("deployment_detail", deployment_id=deployment.pk)
+    form = ScaleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(m for ms in form.errors.values() for m in ms))
+        return redirect("deployment_detail", deployment_id=deployment.pk)
+    try:
+        policy = policy_save(deployment=deployment, **form.policy_values())
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+        return redirect("deployment_detail", deployment_id=deployment.pk)
+    audit_record(action=AuditAction.DEPLOYMENT_SCALING, request=request, target=target,
+                 detail={"min_replicas": policy.min_replicas, "max_replicas": policy.max_replicas})
+    messages.success(request, f"Scales between {policy.min_replicas} and {policy.max_replicas} replicas.")
+    return redirect("deployment_detail", deployment_id=deployment.pk)
 
 
 @team_view("serving.view")

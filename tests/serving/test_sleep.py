@@ -16,7 +16,7 @@ from panel.dashboards.cost import deployment_asleep_hours, deployment_up_hours
 from panel.dashboards.pages import dashboard_page
 from panel.dashboards.selectors import DashboardQuery
 from panel.jobs.services import job_cancel
-from panel.serving import sleep
+from panel.serving import drain, sleep
 from panel.serving.forms import ServingProfileForm
 from panel.serving.models import Deployment, DeploymentState, Nap
 from panel.serving.sleep import IdleWatch, SleepHooks, deployment_fall_asleep, deployment_wake, wait_while_asleep
@@ -80,7 +80,7 @@ def test_a_stop_while_asleep_disables_the_channel(ready):
 
 def test_a_wake_during_the_drain_makes_it_ready_again_without_stopping_the_engine(ready, monkeypatch):
     hooks = SleepHooks(ready)
-    monkeypatch.setattr(sleep, "engine_activity", lambda port, key: (10.0, 0))
+    monkeypatch.setattr(drain, "engine_activity", lambda port, key: (10.0, 0))
     hooks.watch = IdleWatch(5, now=0)
     monkeypatch.setattr(sleep.time, "monotonic", lambda: 301.0)
     hooks.after_beat(DeploymentState.READY)
@@ -97,15 +97,15 @@ def test_after_the_drain_the_engine_stops_once_it_runs_nothing(ready, monkeypatc
     clock = {"now": 1000.0}
     monkeypatch.setattr(sleep.time, "monotonic", lambda: clock["now"])
     busy = {"value": 1}
-    monkeypatch.setattr(sleep, "engine_activity", lambda port, key: (10.0, busy["value"]))
+    monkeypatch.setattr(drain, "engine_activity", lambda port, key: (10.0, busy["value"]))
     assert deployment_fall_asleep(ready, minutes=5)
     hooks.asleep_since = 1000.0
-    clock["now"] += sleep.drain_seconds() + 0.1
+    clock["now"] += drain.drain_seconds() + 0.1
     assert hooks.stop_engine(DeploymentState.ASLEEP) is False  # a request still running
     busy["value"] = 0
     assert hooks.stop_engine(DeploymentState.ASLEEP) is True
     busy["value"] = 1
-    clock["now"] = 1000.0 + sleep.DRAIN_DEADLINE_SECONDS
+    clock["now"] = 1000.0 + drain.DRAIN_DEADLINE_SECONDS
     assert hooks.stop_engine(DeploymentState.ASLEEP) is True  # the drain's deadline
 
 

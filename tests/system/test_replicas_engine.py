@@ -1,9 +1,14 @@
-"""Two replicas of the tiny demo model on the real CPU engine, on two GPU workers with different host names standing
-in for two hosts: each replica on its host, both on one prefix-aware route, each tenant's requests on one replica,
-one replica SIGKILLed mid-traffic (every request still answered, by the other replica; the killed one restarted and
-back on the route), and Stop ending both with no engine process left behind."""
+"""Replicas of the tiny demo model on the real CPU engine, on two GPU workers with different host names standing
+in for two hosts. One replica launched with room to scale to two: a burst of requests through the gateway keeps
+requests waiting, the scaler (reading what the scraper stores, as on beat) adds the second replica on the other host,
+and every burst request is answered. Both on one prefix-aware route, each tenant's requests on one replica; one
+replica SIGKILLed mid-traffic (every request still answered, by the other replica; the killed one restarted and back
+on the route). Quiet again, the scaler drains the second replica while a long request runs on it: the request
+finishes whole, then its engine stops. Stop ends the rest with no engine process left behind."""
 import os
 import signal
+import threading
+import time
 from types import SimpleNamespace
 
 import httpx
@@ -11,11 +16,14 @@ import pytest
 
 from panel.accounts.keys import key_issue
 from panel.channels.models import Channel, Route
+from panel.dashboards.scraper import deployments_scrape
 from panel.gateway.balancing import prefix_digest, prefix_text, rendezvous
 from panel.hosts.models import WorkerHost
+from panel.jobs.models import JobEvent
 from panel.registry.demo_model import build_demo_model
 from panel.registry.services import model_register
-from panel.serving.models import Deployment, DeploymentState, ServingProfile
+from panel.serving.models import Deployment, DeploymentState, ScalePolicy, ServingProfile
+from panel.serving.scaling import deployments_scale
 from panel.serving.services import deployment_launch, deployment_stop
 from panel.usage.models import RequestLog
 from tests.support.engine_processes import engine_processes
@@ -32,23 +40,57 @@ def body(system, user):
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
 
 
-def ask(gateway, raw, system, user):
-    return httpx.post(f"{gateway.url}/v1/chat/completions", json=body(system, user), timeout=120,
+def ask(gateway, raw, system, user, **extra):
+    return httpx.post(f"{gateway.url}/v1/chat/completions", json=body(system, user) | extra, timeout=120,
                       headers={"Authorization": f"Bearer {raw}"})
+
+
+def beat(until, seconds, message):
+    """What beat does, once a second here: scrape the engines, then let the scaler decide; until `until()`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        deployments_scrape()
+        deployments_scale()
+        if until():
+            return
+        time.sleep(1)
+    raise AssertionError(f"no {message} after {seconds} s: {ScalePolicy.objects.get().last_decision}")
+
+
+class Burst:
+    """Clients sending requests back to back through the gateway (more than the engine batches), until stopped."""
+
+    def __init__(self, gateway, raw, clients=8):
+        self.stop, self.codes = threading.Event(), []
+        self.threads = [threading.Thread(target=self._client, args=(gateway, raw, number)) for number in range(clients)]
+        for thread in self.threads:
+            thread.start()
+
+    def _client(self, gateway, raw, number):
+        while not self.stop.is_set():
+            reply = ask(gateway, raw, f"You are burst client {number}.", "Count to a hundred.", max_tokens=64,
+                        ignore_eos=True)
+            self.codes.append(reply.status_code)
+
+    def end(self):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=120)
+        return self.codes
 
 
 def replica_states(head):
     return [replica.state for replica in head.replicas()]
 
 
-def test_two_replicas_on_two_hosts_balance_by_prefix_survive_a_kill_and_stop_clean(start_worker, team_setup, tmp_path,
-                                                                                   gateway):  # noqa: F811
+def test_replicas_scale_on_a_burst_balance_by_prefix_survive_a_kill_and_drain_without_cutting(
+        start_worker, team_setup, tmp_path, gateway, settings):  # noqa: F811
     team = team_setup["team_a"]
     path = tmp_path / "tiny"
     build_demo_model(path)
     model = model_register(team=team, user=None, source=str(path), name="tiny")
     profile = ServingProfile.objects.create(team=team, model=model, name="tiny-cpu", served_model_name="tiny-chat",
-                                            max_model_len=2048, block_size=32, max_num_seqs=8,
+                                            max_model_len=2048, block_size=32, max_num_seqs=2,
                                             max_num_batched_tokens=2048, enable_prefix_caching=True,
                                             extra_args="--enforce-eager")
     start_worker("gpu", TOKENWISE_HOST_NAME="host-a")
@@ -56,17 +98,34 @@ def test_two_replicas_on_two_hosts_balance_by_prefix_survive_a_kill_and_stop_cle
     wait_until(lambda: WorkerHost.objects.filter(kind="gpu", last_seen__isnull=False).count() == 2,
                message="both GPU workers")
 
-    head = deployment_launch(team=team, user=None, profile=profile, replicas=2)
-    assert sorted(replica.host.host for replica in head.replicas()) == ["host-a", "host-b"]
-    wait_until(lambda: set(replica_states(head)) <= {S.READY, S.FAILED} and S.PENDING not in replica_states(head)
-               and S.STARTING not in replica_states(head), seconds=START_SECONDS, interval=1, message="both replicas")
+    settings.DASHBOARDS_SCRAPE_EVERY_SECONDS = 1  # beat() below scrapes once a second
+    head = deployment_launch(team=team, user=None, profile=profile, replicas=1, max_replicas=2)
+    ScalePolicy.objects.filter(deployment=head).update(up_after_seconds=10, down_after_seconds=30)
+    wait_until(lambda: Deployment.objects.get(pk=head.pk).state in (S.READY, S.FAILED), seconds=START_SECONDS,
+               interval=1, message="the first replica")
+    head.refresh_from_db()
+    assert (head.state, head.host.host) == (S.READY, "host-a"), head.failure_reason
+    _, raw = key_issue(team=team, user=team_setup["alice"], name="app")
+
+    # A burst: eight clients, back to back, on an engine that batches two. The scaler adds a replica on host-b.
+    burst = Burst(gateway, raw)
+    try:
+        beat(lambda: len(head.replicas()) == 2, 120, "second replica")
+        second = head.replicas()[1]
+        assert second.host.host == "host-b" and second.replica_index == 1
+        assert "added on host-b: at least" in ScalePolicy.objects.get().last_decision
+        wait_until(lambda: Deployment.objects.get(pk=second.pk).state in (S.READY, S.FAILED), seconds=START_SECONDS,
+                   interval=1, message="the added replica")
+    finally:
+        codes = burst.end()
+    assert codes and set(codes) == {200}, codes  # every burst request answered
     first, second = head.replicas()
     assert (first.state, second.state) == (S.READY, S.READY), (first.failure_reason, second.failure_reason)
+    RequestLog.objects.all().delete()  # the burst's rows; the tenants' requests are counted below
 
     route = Route.objects.get(team=team, model_name="tiny-chat")
     channels = {channel.deployment_id: channel for channel in Channel.objects.filter(deployment__in=[first, second])}
     assert route.balance == "prefix_aware" and route.routechannel_set.count() == 2
-    _, raw = key_issue(team=team, user=team_setup["alice"], name="app")
 
     # Two tenants whose system prompts hash to different replicas (as the gateway orders the route's channels).
     pool = [SimpleNamespace(id=link.channel_id) for link in route.routechannel_set.order_by("position")]
@@ -101,7 +160,33 @@ def test_two_replicas_on_two_hosts_balance_by_prefix_survive_a_kill_and_stop_cle
     assert [row.outcome for row in rows] == ["ok"] * 10
     assert {row.channel_id for row in rows[6:]} == {channels[first.pk].pk}  # the killed replica's share moved
 
+    # Quiet: the scraper watches both replicas through the scaler's quiet window (30 s here); then a long request
+    # starts on the second replica, and the scaler drains that replica while the request runs.
+    RequestLog.objects.all().delete()
+    deadline = time.monotonic() + 32
+    while time.monotonic() < deadline:
+        deployments_scrape()
+        time.sleep(1)
+    replies = {}
+    long = threading.Thread(target=lambda: replies.setdefault("long", ask(
+        gateway, raw, tenants[channels[second.pk].pk], "Tell a long story.", max_tokens=1500, ignore_eos=True)))
+    long.start()
+    wait_until(lambda: [sample.running for sample in deployments_scrape() if sample.deployment_id == second.pk
+                        and sample.running] != [], seconds=20, interval=0.5, message="the long request running")
+    beat(lambda: Deployment.objects.get(pk=second.pk).state != S.READY, 20, "drain")
+    assert long.is_alive() and Deployment.objects.get(pk=second.pk).state == S.DRAINING  # mid-request
+    assert ScalePolicy.objects.get().last_decision.startswith("replica 2 drains and stops: no request waited")
+    long.join(timeout=300)
+    reply = replies["long"]
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 1500, reply.text[:300]
+    wait_until(lambda: Deployment.objects.get(pk=second.pk).state == S.STOPPED, seconds=60, message="drained")
+    stopped = JobEvent.objects.filter(job_type=Deployment.job_type(), job_id=second.pk, to_state=S.STOPPED).get()
+    assert stopped.reason == "drained and stopped"
+    assert RequestLog.objects.get(channel=channels[second.pk]).outcome == "ok"
+    assert not Channel.objects.get(pk=channels[second.pk].pk).enabled
+    assert ask(gateway, raw, tenants[channels[second.pk].pk], "after the drain").status_code == 200  # on the first
+
     assert deployment_stop(deployment=head) is True
-    wait_until(lambda: set(replica_states(head)) == {S.STOPPED}, seconds=60, message="both stopped")
+    wait_until(lambda: set(replica_states(head)) == {S.STOPPED}, seconds=60, message="all stopped")
     wait_until(lambda: engine_processes(path) == [], seconds=30, message="no engine left")
     assert not Channel.objects.filter(deployment__in=[first, second], enabled=True).exists()
