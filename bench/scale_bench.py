@@ -1,9 +1,9 @@
 """Scale on queue, measured through the real panel (issue 28; a script, not a test; results in docs/benchmarks.md).
 
 A private panel as the test run sets one up (tests/support/bench_panel.py): two GPU workers named host-a and host-b,
-a default worker and beat (scraping every 2 s, the scaler every 2 s), the demo model on the CPU engine with a batch
-of 2, launched with one replica that may scale to two (add after 10 s of waiting requests, remove after 30 quiet
-seconds). Measured from the client's side, through the gateway:
+a default worker and beat (scraping every 2 s, the scaler deciding after each scrape), the demo model on the CPU
+engine with a batch of 2, launched with one replica that may scale to two (add after 10 s of waiting requests,
+remove after 30 quiet seconds). Measured from the client's side, through the gateway:
 - the burst: 8 clients sending back to back; the time from its start to the scaler's decision, and to the second
   replica serving; each request's end-to-end time before and after the second replica joined;
 - the quiet: the time from the burst's end to the drain, a long request running on the drained replica (answered
@@ -37,7 +37,7 @@ from tests.support.waiting import wait_until  # noqa: E402
 
 S = DeploymentState
 SERVED = "tiny-chat"
-EVERY = "2"  # seconds between scrapes and between the scaler's passes
+EVERY = "2"  # seconds between scrapes (the scaler decides after each)
 OUTPUT_TOKENS = 64
 
 
@@ -73,7 +73,7 @@ def main():
                                                 max_model_len=2048, block_size=32, max_num_seqs=2,
                                                 max_num_batched_tokens=2048, enable_prefix_caching=True,
                                                 extra_args="--enforce-eager")
-        beat_env = {"TOKENWISE_SCRAPE_EVERY_SECONDS": EVERY, "TOKENWISE_SCALE_EVERY_SECONDS": EVERY}
+        beat_env = {"TOKENWISE_SCRAPE_EVERY_SECONDS": EVERY}
         lab.start_worker("gpu", TOKENWISE_HOST_NAME="host-a")
         lab.start_worker("gpu", TOKENWISE_HOST_NAME="host-b")
         lab.start_worker("default", **beat_env)

@@ -264,8 +264,6 @@ BENCHMARK_DEPLOYMENT_READY_SECONDS = envint("TOKENWISE_BENCHMARK_DEPLOYMENT_READ
 # --- Dashboards: engine /metrics scrapes, usage rollups, the panel's own /metrics (a bearer token, or explicitly
 # public)
 DASHBOARDS_SCRAPE_EVERY_SECONDS = envint("TOKENWISE_SCRAPE_EVERY_SECONDS", 10, minimum=1)
-# Scale on queue (panel/serving/scaling.py): how often the scaler reads the scraped engine samples and decides.
-SCALE_EVERY_SECONDS = envint("TOKENWISE_SCALE_EVERY_SECONDS", 10, minimum=1)
 DASHBOARDS_SCRAPE_TIMEOUT_SECONDS = envint("TOKENWISE_SCRAPE_TIMEOUT_SECONDS", 3, minimum=1)
 DASHBOARDS_ROLLUP_EVERY_SECONDS = envint("TOKENWISE_ROLLUP_EVERY_SECONDS", 10, minimum=1)
 # Local requests' share of their deployment's GPU cost is allocated this often (panel/dashboards/local_cost.py).
@@ -305,7 +303,6 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "reap-stale-jobs": {"task": "panel.jobs.tasks.reap_stale_jobs", "schedule": REAPER_EVERY_SECONDS},
     "scrape-engines": {"task": "panel.dashboards.tasks.scrape_engines", "schedule": DASHBOARDS_SCRAPE_EVERY_SECONDS},
-    "scale-deployments": {"task": "panel.serving.tasks.scale_deployments", "schedule": SCALE_EVERY_SECONDS},
     "roll-up-usage": {"task": "panel.dashboards.tasks.roll_up_usage", "schedule": DASHBOARDS_ROLLUP_EVERY_SECONDS},
     "allocate-local-cost": {"task": "panel.dashboards.tasks.allocate_local_cost", "schedule": LOCAL_COST_EVERY_SECONDS},
     "check-canaries": {"task": "panel.channels.tasks.check_canaries", "schedule": CANARY_CHECK_EVERY_SECONDS},

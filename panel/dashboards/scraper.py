@@ -175,3 +175,13 @@ def deployments_scrape():
             except Exception:  # a bug for one deployment must not stop the scraper for all
                 log.exception("scrape of deployment %s crashed", deployment.pk)
     return samples
+
+
+def engine_readings(deployment_ids, since):
+    """{deployment id: its good single-scrape samples since `since`, oldest first}: what the scaler decides on
+    (serving/scaling.py)."""
+    found = {}
+    for sample in EngineSample.objects.filter(deployment_id__in=list(deployment_ids), ok=True, period=0,
+                                              at__gte=since).order_by("at"):
+        found.setdefault(sample.deployment_id, []).append(sample)
+    return found

@@ -87,5 +87,6 @@ def replicas_place(profile, count, *, host=None, check, beside=()):
 
 def _no_room(count, rooms):
     room = ", ".join(f"{room.host.host}: {room.replicas}" for room in rooms)
-    return (f"{count} replica{'s' if count != 1 else ''} asked for, but the workers have room for {sum(r.replicas for r in rooms)} now "
+    asked = f"{count} replica{'s' if count != 1 else ''} asked for"
+    return (f"{asked}, but the workers have room for {sum(r.replicas for r in rooms)} now "
             f"(per host: {room}). Free GPUs or memory, start another GPU worker, or ask for fewer.")

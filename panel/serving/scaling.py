@@ -1,10 +1,11 @@
 """Scale on queue: a deployment with a scale policy gets one replica more when requests keep waiting (or its KV cache
 stays full) and one fewer when it stays quiet, between its minimum and maximum (decision 0069).
 
-The scaler runs on beat (every SCALE_EVERY_SECONDS) and reads what the dashboards' scraper already stores: each
-replica's engine samples (vLLM's num_requests_waiting, num_requests_running and KV-cache usage gauges). It decides
-only on a window that every serving replica was scraped through since the last change, and not while a replica is
-still starting or draining, so one burst adds one replica at a time.
+The scaler runs after each pass of the dashboards' scraper (its beat task), on what that pass and the ones before
+stored: each replica's engine samples (vLLM's num_requests_waiting, num_requests_running and KV-cache usage gauges),
+handed in by the scraper's app (`readings`), which sits above serving. It decides only on a window that every
+serving replica was scraped through since the last change, and not while a replica is still starting or draining,
+so one burst adds one replica at a time.
 
 Up: a replica row is written where `placement` finds room (the host with the fewest of the deployment's replicas
 first) and queued, in one transaction with the policy's change. Down: the newest ready replica (never the first,
@@ -150,37 +151,46 @@ def scale_decision(policy, replicas, samples, *, now, every, max_num_seqs):
     return Decision("", "busy enough to keep its replicas")
 
 
-def deployments_scale(*, now=None):
-    """One pass of the scaler over every running deployment with a scale policy; returns {deployment id: action}."""
-    from panel.dashboards.models import EngineSample  # the scraper's rows: dashboards reads serving, not back
-
+def deployments_scale(*, readings, now=None):
+    """One pass of the scaler over every running deployment with a scale policy; returns {deployment id: action}.
+    `readings(deployment ids, since)`: {id: that deployment's good engine samples since then, oldest first}."""
     now = now or timezone.now()
     every = settings.DASHBOARDS_SCRAPE_EVERY_SECONDS
     done = {}
     heads = ScalePolicy.objects.filter(deployment__state__in=[state for state in ACTIVE_DEPLOYMENT_STATES
                                                               if state != S.STOPPING])
     for policy_id, head_id in heads.values_list("pk", "deployment_id"):
-        with transaction.atomic():
-            policy = ScalePolicy.objects.select_for_update().select_related(
-                "deployment__profile__model", "deployment__host").filter(pk=policy_id).first()
-            if policy is None:
-                continue
-            replicas = policy.deployment.replicas()
-            serving = [replica.pk for replica in replicas if replica.state == S.READY]
-            longest = max(policy.up_after_seconds, policy.down_after_seconds)
-            samples = {}
-            for sample in EngineSample.objects.filter(deployment_id__in=serving, ok=True, period=0,
-                                                      at__gte=now - timedelta(seconds=longest + 2 * every)):
-                samples.setdefault(sample.deployment_id, []).append(sample)
-            decision = scale_decision(policy, replicas, samples, now=now, every=every,
-                                      max_num_seqs=policy.deployment.profile.max_num_seqs)
-            if decision.action == "up":
-                done[head_id] = replica_add(policy, replicas, reason=decision.reason, now=now)
-            elif decision.action == "down":
-                done[head_id] = replica_drain(policy, decision.replica, reason=decision.reason, now=now)
-            elif decision.noted:
-                _note(policy, decision.reason, now=now)
+        try:
+            action = _scale_one(policy_id, readings=readings, now=now, every=every)
+        except Exception:  # a bug for one deployment must not stop the scaler (or the scraper) for all
+            log.exception("the scaler failed for deployment #%s", head_id)
+            continue
+        if action is not None:
+            done[head_id] = action
     return done
+
+
+def _scale_one(policy_id, *, readings, now, every):
+    """Decide and act for one policy, in one transaction with its row locked; the action taken ("up", "down", or ""
+    when one was wanted and could not be taken), or None when there was nothing to do."""
+    with transaction.atomic():
+        policy = ScalePolicy.objects.select_for_update().select_related(
+            "deployment__profile__model", "deployment__host").filter(pk=policy_id).first()
+        if policy is None:
+            return None
+        replicas = policy.deployment.replicas()
+        serving = [replica.pk for replica in replicas if replica.state == S.READY]
+        longest = max(policy.up_after_seconds, policy.down_after_seconds)
+        samples = readings(serving, now - timedelta(seconds=longest + 2 * every))
+        decision = scale_decision(policy, replicas, samples, now=now, every=every,
+                                  max_num_seqs=policy.deployment.profile.max_num_seqs)
+        if decision.action == "up":
+            return replica_add(policy, replicas, reason=decision.reason, now=now)
+        if decision.action == "down":
+            return replica_drain(policy, decision.replica, reason=decision.reason, now=now)
+        if decision.noted:
+            _note(policy, decision.reason, now=now)
+        return None
 
 
 def replica_add(policy, replicas, *, reason, now):

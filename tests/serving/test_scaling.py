@@ -14,6 +14,7 @@ from panel.channels.local_channels import local_channel_sync
 from panel.channels.models import Channel
 from panel.channels.routing import routing_version
 from panel.dashboards.models import EngineSample
+from panel.dashboards.scraper import engine_readings
 from panel.jobs.models import JobEvent, JobState
 from panel.serving import drain
 from panel.serving.models import Deployment, ScalePolicy
@@ -134,7 +135,7 @@ def test_a_replica_is_added_on_the_host_with_fewest_and_queued_with_the_change(t
     assert head.host.host == "host-a"
     scrape(head, 70, waiting=3, running=8)
     with django_capture_on_commit_callbacks() as queued:
-        assert deployments_scale() == {head.pk: "up"}
+        assert deployments_scale(readings=engine_readings) == {head.pk: "up"}
     added = Deployment.objects.get(replica_of=head)
     assert (added.state, added.replica_index, added.host.host, added.queue) == (S.PENDING, 1, "host-b", "gpu.host-b")
     assert added.restart_on_crash and len(queued) == 1  # its task is sent once the row is committed
@@ -142,14 +143,14 @@ def test_a_replica_is_added_on_the_host_with_fewest_and_queued_with_the_change(t
     assert event.reason.startswith("the scaler: replica 2 added on host-b: at least 3 requests waited per replica")
     policy = ScalePolicy.objects.get(deployment=head)
     assert policy.changed_at is not None and policy.last_decision.startswith("replica 2 added on host-b")
-    assert deployments_scale() == {}  # replica 2 is starting: the scaler waits for it
+    assert deployments_scale(readings=engine_readings) == {}  # replica 2 is starting: the scaler waits for it
 
 
 def test_no_room_writes_nothing_and_says_why(team_setup, profile):  # noqa: F811
     host("one-gpu", gpus=1)  # its one GPU held by the running replica
     head = running_replicas(team_setup, profile, 1, max_replicas=2)
     scrape(head, 70, waiting=3)
-    assert deployments_scale() == {head.pk: ""}
+    assert deployments_scale(readings=engine_readings) == {head.pk: ""}
     assert not Deployment.objects.filter(replica_of=head).exists()
     policy = ScalePolicy.objects.get(deployment=head)
     assert "no worker could take one more replica: 1 replica asked for, but the workers have room for 0" in \
@@ -168,13 +169,13 @@ def test_a_quiet_deployment_drains_its_newest_replica_off_the_route_in_one_step(
         scrape(row, 310, running=1, kv=0.05)
     before = routing_version(head.team_id)
     with django_capture_on_commit_callbacks(execute=True):
-        assert deployments_scale() == {head.pk: "down"}
+        assert deployments_scale(readings=engine_readings) == {head.pk: "down"}
     first.refresh_from_db(), second.refresh_from_db()
     assert (first.state, second.state) == (S.READY, S.DRAINING)
     channels = {channel.deployment_id: channel.enabled for channel in Channel.objects.filter(deployment__in=[first,
                                                                                                        second])}
     assert channels == {first.pk: True, second.pk: False} and routing_version(head.team_id) != before
-    assert deployments_scale() == {}  # draining: no second change
+    assert deployments_scale(readings=engine_readings) == {}  # draining: no second change
 
 
 def test_a_draining_replica_stops_its_engine_only_once_it_runs_nothing(team_setup, profile, monkeypatch):  # noqa: F811
@@ -206,7 +207,7 @@ def test_a_freed_slot_is_taken_again_with_its_channel(team_setup, profile):  # n
     set_state(second, S.STOPPED)  # drained and stopped earlier
     local_channel_sync(second)
     ScalePolicy.objects.filter(deployment=head).update(min_replicas=2)
-    assert deployments_scale() == {head.pk: "up"}  # under its minimum
+    assert deployments_scale(readings=engine_readings) == {head.pk: "up"}  # under its minimum
     added = Deployment.objects.filter(replica_of=head, state=S.PENDING).get()
     assert added.replica_index == 1  # slot 2 again, not a third
     set_state(added, S.READY, port=8799, base_url="http://127.0.0.1:8799/v1")
@@ -260,8 +261,12 @@ def test_the_page_and_the_api_change_the_policy_and_refuse_bad_values(client, te
     assert "scaling applies to a running deployment" in ended and not ScalePolicy.objects.exists()
 
 
-def test_the_scaler_runs_on_beat():
-    from panel.serving.tasks import scale_deployments
+def test_the_scraper_task_runs_the_scaler_on_what_it_scraped(team_setup, profile, monkeypatch):  # noqa: F811
+    from panel.dashboards import tasks
 
-    entry = settings.CELERY_BEAT_SCHEDULE["scale-deployments"]
-    assert entry["task"] == scale_deployments.name and entry["schedule"] == settings.SCALE_EVERY_SECONDS
+    host("host-a"), host("host-b")
+    head = running_replicas(team_setup, profile, 1, max_replicas=2)
+    scrape(head, 70, waiting=3)
+    monkeypatch.setattr(tasks, "deployments_scrape", lambda: [])  # no engine here: the samples above stand for it
+    tasks.scrape_engines()
+    assert Deployment.objects.filter(replica_of=head, state=S.PENDING).exists()

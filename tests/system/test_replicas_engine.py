@@ -16,7 +16,7 @@ import pytest
 
 from panel.accounts.keys import key_issue
 from panel.channels.models import Channel, Route
-from panel.dashboards.scraper import deployments_scrape
+from panel.dashboards.scraper import deployments_scrape, engine_readings
 from panel.gateway.balancing import prefix_digest, prefix_text, rendezvous
 from panel.hosts.models import WorkerHost
 from panel.jobs.models import JobEvent
@@ -46,11 +46,12 @@ def ask(gateway, raw, system, user, **extra):
 
 
 def beat(until, seconds, message):
-    """What beat does, once a second here: scrape the engines, then let the scaler decide; until `until()`."""
+    """What the scraper's beat task does, once a second here: scrape the engines, then let the scaler decide on
+    what was scraped; until `until()`."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         deployments_scrape()
-        deployments_scale()
+        deployments_scale(readings=engine_readings)
         if until():
             return
         time.sleep(1)
