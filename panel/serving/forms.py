@@ -241,6 +241,9 @@ class ScaleForm(forms.Form):
     def initial_for(cls, policy, replicas):
         if policy is None:
             return {"min_replicas": replicas, "max_replicas": min(replicas + 1, MAX_REPLICAS)}
+        def plain(number):  # 80, not 80.0
+            return int(number) if float(number).is_integer() else number
+
         return {"min_replicas": policy.min_replicas, "max_replicas": policy.max_replicas,
-                "up_waiting": policy.up_waiting, "up_kv_percent": round(policy.up_kv_cache * 100, 1),
+                "up_waiting": plain(policy.up_waiting), "up_kv_percent": plain(round(policy.up_kv_cache * 100, 1)),
                 "up_after_seconds": policy.up_after_seconds, "down_after_seconds": policy.down_after_seconds}
