@@ -76,6 +76,14 @@ def test_too_large_a_conversation_is_not_kept_and_does_not_use_the_allowance(rou
     assert keep(route) is not None and keep(route) is not None  # both of the day's two still there
 
 
+def test_a_long_conversation_under_the_limit_is_redacted_in_one_pass(route, monkeypatch):
+    # A run of 90,000 letters: an address pattern that tried every position of it took about 50 s of CPU here.
+    monkeypatch.setattr(samples, "allowance", lambda per_day, now: per_day)
+    kept = keep(route, ask="x" * 90_000 + " write to jane.doe@example.com or call 0151 2345 6789")
+    text = samples.sample_content(kept)["messages"][0]["content"]
+    assert kept.redacted == 3 and text.endswith(" write to [redacted] or call [redacted]")  # and the answer's
+
+
 def test_nothing_is_kept_while_redis_is_down(route, monkeypatch):
     class Down:
         def incr(self, key):
