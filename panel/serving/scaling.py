@@ -118,14 +118,20 @@ def scale_decision(policy, replicas, samples, *, now, every, max_num_seqs):
 
     up = watched(policy.up_after_seconds)
     if up is not None:
-        # What stayed: each replica's lowest reading over the window, averaged over the replicas.
-        waiting = sum(min(sample.waiting or 0 for sample in window) for window in up) / len(up)
-        kv = sum(min(sample.kv_cache_usage or 0 for sample in window) for window in up) / len(up)
+        # What stayed: the window's mean reading on each replica, averaged over the replicas, with the last reading
+        # still at the threshold (a queue has dips as answers end; a burst that is over adds nothing).
+        def kept(reading, threshold):
+            mean = sum(sum(reading(sample) for sample in window) / len(window) for window in up) / len(up)
+            last = sum(reading(window[-1]) for window in up) / len(up)
+            return mean if mean >= threshold and last >= threshold else None
+
+        waiting = kept(lambda sample: sample.waiting or 0, policy.up_waiting)
+        kv = kept(lambda sample: sample.kv_cache_usage or 0, policy.up_kv_cache)
         pressed = []
-        if waiting >= policy.up_waiting:
-            pressed.append(f"at least {waiting:.3g} request{'s' if waiting != 1 else ''} waited per replica")
-        if kv >= policy.up_kv_cache:
-            pressed.append(f"the KV cache stayed at least {kv:.0%} full")
+        if waiting is not None:
+            pressed.append(f"{waiting:.3g} request{'s' if waiting != 1 else ''} waited per replica on average")
+        if kv is not None:
+            pressed.append(f"the KV cache was {kv:.0%} full on average")
         if pressed:
             why = " and ".join(pressed) + f" for {policy.up_after_seconds} s"
             if len(counted) >= policy.max_replicas:

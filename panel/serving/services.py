@@ -291,6 +291,7 @@ def deployment_execute(*, deployment_id, worker):
             job_cancelled(deployment, reason="engine stopped")
             return True
         kind, reason = supervisor.classify_crash(outcome)
+        deployment.refresh_from_db(fields=["restart_on_crash", "max_restarts"])  # as stored now, not at the start
         if deployment.restart_on_crash and deployment.restarts < deployment.max_restarts and outcome.became_ready:
             deployment.restarts += 1
             # The first crash after a healthy run restarts at once (a replica is back within its start-up time);

@@ -50,16 +50,23 @@ def decide(rule, replicas, samples):
     return scale_decision(rule, replicas, samples, now=NOW, every=EVERY, max_num_seqs=8)
 
 
-def test_requests_that_keep_waiting_add_a_replica_and_a_dip_does_not():
+def test_requests_that_keep_waiting_add_a_replica_and_a_short_wait_does_not():
     one = [replica(1)]
     decision = decide(policy(), one, {1: readings(70, waiting=2, running=8)})
-    assert decision.action == "up" and "at least 2 requests waited per replica for 60 s" in decision.reason
+    assert decision.action == "up" and "2 requests waited per replica on average for 60 s" in decision.reason
     dipped = readings(70, waiting=2)
-    dipped[3].waiting = 0  # one scrape with nothing waiting: not sustained
-    assert decide(policy(), one, {1: dipped}).action == ""
+    dipped[3].waiting = 0  # a dip as answers end: the window's mean still holds
+    assert decide(policy(), one, {1: dipped}).action == "up"
+    short = readings(70)
+    for sample in short[-1:]:
+        sample.waiting = 5  # a short burst at the end: mean under the threshold
+    assert decide(policy(), one, {1: short}).action == ""
+    over = readings(70, waiting=3)
+    over[-1].waiting = 0  # the queue is gone now: a burst that is over adds nothing
+    assert decide(policy(), one, {1: over}).action == ""
     full = decide(policy(), one, {1: readings(70, kv=0.9)})
-    assert full.action == "up" and "KV cache stayed at least 90% full" in full.reason
-    # Two replicas: the average of what stayed on each.
+    assert full.action == "up" and "the KV cache was 90% full on average" in full.reason
+    # Two replicas: the average of both.
     two = [replica(1), replica(2)]
     assert decide(policy(), two, {1: readings(70, waiting=2), 2: readings(70, waiting=0)}).action == "up"
     assert decide(policy(), two, {1: readings(70, waiting=1), 2: readings(70, waiting=0)}).action == ""
@@ -140,7 +147,7 @@ def test_a_replica_is_added_on_the_host_with_fewest_and_queued_with_the_change(t
     assert (added.state, added.replica_index, added.host.host, added.queue) == (S.PENDING, 1, "host-b", "gpu.host-b")
     assert added.restart_on_crash and len(queued) == 1  # its task is sent once the row is committed
     event = JobEvent.objects.filter(job_type=Deployment.job_type(), job_id=added.pk).get()
-    assert event.reason.startswith("the scaler: replica 2 added on host-b: at least 3 requests waited per replica")
+    assert event.reason.startswith("the scaler: replica 2 added on host-b: 3 requests waited per replica on average")
     policy = ScalePolicy.objects.get(deployment=head)
     assert policy.changed_at is not None and policy.last_decision.startswith("replica 2 added on host-b")
     assert deployments_scale(readings=engine_readings) == {}  # replica 2 is starting: the scaler waits for it

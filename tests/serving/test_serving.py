@@ -112,19 +112,6 @@ def test_it_deploys_serves_verifies_and_undeploys_from_the_terminal(start_worker
         httpx.get(f"{deployment.base_url}/models", timeout=2)
 
 
-def test_it_fails_with_a_reason_when_the_engine_is_killed(start_worker, team_setup, profile, demo_model_path):
-    start_worker("gpu")
-    gpu_worker_online()
-    deployment = deployment_launch(team=team_setup["team_a"], user=team_setup["alice"], profile=profile)
-    deployment = wait_state(deployment, {S.READY, S.FAILED})
-    assert deployment.state == S.READY, deployment.failure_reason
-    os.killpg(deployment.pid, signal.SIGKILL)
-    deployment = wait_state(deployment, {S.FAILED}, seconds=30)
-    assert deployment.failure_kind == "killed"
-    assert "killed by signal 9" in deployment.failure_reason
-    assert engine_processes(demo_model_path) == []
-
-
 def test_it_reaps_the_deployment_of_a_killed_worker_and_leaves_no_engine(start_worker, team_setup, profile,
                                                                           demo_model_path):
     worker = start_worker("gpu")
@@ -189,7 +176,8 @@ def test_it_hides_another_teams_profile_and_deployment(client, team_setup, profi
     assert client.get(reverse("profile_detail", args=[profile.pk])).status_code == 200
 
 
-def test_it_restarts_a_crashed_engine_with_backoff(start_worker, team_setup, profile, demo_model_path):
+def test_it_restarts_a_crashed_engine_then_fails_with_the_reason_once_out_of_restarts(start_worker, team_setup,
+                                                                                       profile, demo_model_path):
     start_worker("gpu")
     gpu_worker_online()
     deployment = deployment_launch(team=team_setup["team_a"], user=team_setup["alice"], profile=profile,
@@ -203,6 +191,11 @@ def test_it_restarts_a_crashed_engine_with_backoff(start_worker, team_setup, pro
     # It held its GPU through the restart: its GPU hours still run from the first ready, not the restart's.
     assert deployment.ready_at == first_ready and deployment.started_at > first_ready
     assert deployment.failure_kind == "killed"  # why it last restarted, kept for the page
-    assert deployment_stop(deployment=deployment) is True
-    wait_state(deployment, {S.STOPPED}, seconds=60)
+    # Out of restarts (one allowed here): the next kill fails it, with the reason.
+    Deployment.objects.filter(pk=deployment.pk).update(max_restarts=1)
+    os.killpg(deployment.pid, signal.SIGKILL)
+    deployment = wait_state(deployment, {S.FAILED}, seconds=30)
+    assert deployment.failure_kind == "killed" and deployment.restarts == 1
+    assert "killed by signal 9" in deployment.failure_reason
     wait_until(lambda: engine_processes(demo_model_path) == [], seconds=15, message="no engine left")
+    assert deployment_stop(deployment=deployment) is False  # already over

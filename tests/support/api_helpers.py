@@ -6,6 +6,7 @@ import pytest
 from panel.accounts.models import Membership, Role
 from panel.accounts.services import membership_add
 from panel.accounts.tokens import token_issue
+from tests.support.teams import user_create
 
 
 def token_for(user, team, role=None):
@@ -19,7 +20,7 @@ def role_tokens(team_setup, django_user_model):
     tokens = {Role.OWNER: token_for(team_setup["alice"], team_setup["team_a"]),
               Role.VIEWER: token_for(team_setup["vera"], team_setup["team_a"])}
     for role in (Role.ADMIN, Role.MEMBER):
-        user = django_user_model.objects.create_user(f"api-{role}", password="pw-role-123")
+        user = user_create(f"api-{role}", "pw-role-123")
         membership_add(team=team_setup["team_a"], user=user, role=role)
         tokens[role] = token_for(user, team_setup["team_a"])
     return tokens

@@ -8,6 +8,7 @@ from django.urls import reverse
 
 from panel.accounts.models import ROLE_RANK, Role
 from panel.accounts.services import membership_add
+from tests.support.teams import user_create
 from tests.support.url_gates import API_OPERATIONS, PUBLIC, gated_patterns
 
 # Views that are not team-scoped, on purpose, each with its reason.
@@ -38,7 +39,7 @@ def test_it_gates_every_view_or_says_why_not():
 
 @pytest.mark.parametrize("name, pattern, view", [p for p in PATTERNS if p[0] not in PUBLIC],
                          ids=[p[0] for p in PATTERNS if p[0] not in PUBLIC])
-def test_it_enforces_the_role_each_view_needs(client, team_setup, django_user_model, name, pattern, view):
+def test_it_enforces_the_role_each_view_needs(client, team_setup, name, pattern, view):
     url = url_for(name, pattern)
     needed = required_role(view)
     served = []
@@ -52,7 +53,7 @@ def test_it_enforces_the_role_each_view_needs(client, team_setup, django_user_mo
     assert served, name
     users = {Role.OWNER: team_setup["alice"], Role.VIEWER: team_setup["vera"]}
     for role in (Role.MEMBER, Role.ADMIN):
-        user = django_user_model.objects.create_user(f"{role}-{name}"[:150], password="pw-role-123")
+        user = user_create(f"{role}-{name}"[:150], "pw-role-123")
         membership_add(team=team_setup["team_a"], user=user, role=role)
         users[role] = user
     for role, user in users.items():
