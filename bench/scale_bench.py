@@ -140,7 +140,7 @@ def main():
             print(f"burst: {results['burst']}", flush=True)
 
             # Quiet: a long request on the second replica's tenant just before the drain is due.
-            time.sleep(max(0.0, 30 - (time.monotonic() - burst_end) - 4))
+            time.sleep(max(0.0, 30 - (time.monotonic() - burst_end) - 2))
             system = next(f"You are the assistant of tenant {n}. " * 30 for n in range(200)
                           if _home(head, f"You are the assistant of tenant {n}. " * 30) == second.pk)
             long = {}
@@ -156,6 +156,7 @@ def main():
             draining, stopped = event_at(second, S.DRAINING), event_at(second, S.STOPPED)
             _, long_seconds, whole = long["r"]
             results["cut"] += 0 if whole else 1
+            results["hosts"] = [replica.host.host for replica in head.replicas()]
             results["quiet"] = {"burst_end_to_drain_s": round(drained_at - burst_end, 2),
                                 "long_request_running_at_drain": was_running, "long_request_whole": whole,
                                 "long_request_s": round(long_seconds, 2),
