@@ -107,9 +107,10 @@ def test_replicas_scale_on_a_burst_balance_by_prefix_survive_a_kill_and_drain_wi
     head.refresh_from_db()
     assert head.state == S.READY, head.failure_reason
     _, raw = key_issue(team=team, user=team_setup["alice"], name="app")
-    # A queue of long answers: the defaults (10 s to a non-streamed answer's first byte, 45 s in all) would answer
-    # some of the burst with 504, as they would on any engine this loaded; its admin raises them.
-    Channel.objects.filter(deployment=head).update(first_byte_timeout_seconds=120)
+    # A queue of long answers: the defaults (15 s without a byte once vLLM has sent its headers, which it does at
+    # once, 10 s to the first byte, 45 s in all) would answer some of the burst with 504 "stalled" while it waits in
+    # the engine's queue, as on any engine this loaded; its admin raises them.
+    Channel.objects.filter(deployment=head).update(first_byte_timeout_seconds=120, idle_timeout_seconds=120)
     Route.objects.filter(team=team, model_name="tiny-chat").update(deadline_seconds=120)
 
     # A burst: eight clients, back to back, on an engine that batches two. The scaler adds a replica on the other
@@ -128,7 +129,7 @@ def test_replicas_scale_on_a_burst_balance_by_prefix_survive_a_kill_and_drain_wi
     assert f"added on {other}: " in ScalePolicy.objects.get().last_decision
     wait_until(lambda: Deployment.objects.get(pk=second.pk).state in (S.READY, S.FAILED), seconds=START_SECONDS,
                interval=1, message="the added replica")
-    Channel.objects.filter(deployment=second).update(first_byte_timeout_seconds=120)  # for the long answer below
+    Channel.objects.filter(deployment=second).update(first_byte_timeout_seconds=120, idle_timeout_seconds=120)
     first, second = head.replicas()
     assert (first.state, second.state) == (S.READY, S.READY), (first.failure_reason, second.failure_reason)
     RequestLog.objects.all().delete()  # the burst's rows; the tenants' requests are counted below
