@@ -23,6 +23,7 @@ from django.utils import timezone
 from panel.jobs.services import job_created, job_enqueue, job_transition
 from panel.serving import placement
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ScalePolicy
+from panel.serving.services import profile_check
 
 log = logging.getLogger(__name__)
 S = DeploymentState
@@ -201,8 +202,6 @@ def _scale_one(policy_id, *, readings, now, every):
 
 def replica_add(policy, replicas, *, reason, now):
     """Queue one more replica of the policy's deployment where there is room; "up", or "" with the reason noted."""
-    from panel.serving.services import profile_check
-
     head = policy.deployment
     running = [replica for replica in replicas if replica.state in ACTIVE_DEPLOYMENT_STATES]
     try:
