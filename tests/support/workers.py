@@ -11,12 +11,13 @@ from tests.support.environment import DATA_DIR, ROOT, panel_env
 class WorkerProcess:
     """A real Celery worker (`python -m workers.start KIND`) against the test database and Redis."""
 
-    def __init__(self, kind, database_path, extra_env=None):
+    def __init__(self, kind, database_path, extra_env=None, argv_prefix=()):
+        """`argv_prefix`: what runs it elsewhere, e.g. inside a simulated host (tests/support/hosts.py)."""
         self.kind = kind
         self.log_path = DATA_DIR / f"worker-{kind}-{time.monotonic_ns()}.log"
         env = panel_env(DATABASE_URL=f"sqlite:///{database_path}", **(extra_env or {}))
         self.log_file = open(self.log_path, "wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "workers.start", kind], cwd=ROOT, env=env,
+        self.process = subprocess.Popen([*argv_prefix, sys.executable, "-m", "workers.start", kind], cwd=ROOT, env=env,
                                         stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, seconds=60):

@@ -35,6 +35,13 @@ def test_it_gives_the_gpu_worker_the_nvidia_runtime_and_the_engine():
     assert "--no-deps autoawq==0.2.9" in dockerfile
 
 
+def test_the_web_container_reaches_the_gpu_workers_engines():
+    """The gateway runs in the web container: an engine on the GPU worker's loopback would be out of its reach."""
+    environment = COMPOSE["services"]["gpu-worker"]["environment"]
+    assert environment["TOKENWISE_ENGINE_BIND"] == "${TOKENWISE_ENGINE_BIND:-0.0.0.0}"
+    assert environment["TOKENWISE_ENGINE_ADVERTISE_HOST"] == "${TOKENWISE_ENGINE_ADVERTISE_HOST:-gpu-worker}"
+
+
 def test_it_keeps_data_in_volumes():
     assert {"pgdata", "redisdata", "data"} <= set(COMPOSE["volumes"])
     assert "pgdata:/var/lib/postgresql/data" in COMPOSE["services"]["postgres"]["volumes"]

@@ -1,10 +1,12 @@
-"""Replicas of the tiny demo model on the real CPU engine, on two GPU workers with different host names standing
-in for two hosts. One replica launched with room to scale to two: a burst of requests through the gateway keeps
-requests waiting, the scaler (reading what the scraper stores, as on beat) adds the second replica on the other host,
-and every burst request is answered. Both on one prefix-aware route, each tenant's requests on one replica; one
+"""Replicas of the tiny demo model on the real CPU engine, on two simulated hosts: network namespaces with their own
+addresses, each with its GPU worker and engines, the database and Redis on the main host between them
+(tests/support/hosts.py). One replica launched with room to scale to two: a burst of requests through the gateway
+keeps requests waiting, the scaler (reading what the scraper stores, as on beat) adds the second replica on the other
+host, and every burst request is answered. Both on one prefix-aware route, each tenant's requests on one replica; one
 replica SIGKILLed mid-traffic (every request still answered, by the other replica; the killed one restarted and back
-on the route). Quiet again, the scaler drains the second replica while a long request runs on it: the request
-finishes whole, then its engine stops. Stop ends the rest with no engine process left behind."""
+on the route). Then its whole host is lost: requests go around it, the reaper fails its replica, and the scaler,
+held at two, adds one on the host that is left. Quiet again, the scaler drains that replica while a long request runs
+on it: the request finishes whole, then its engine stops. Stop ends the rest with no engine process left behind."""
 import os
 import signal
 import threading
@@ -20,6 +22,7 @@ from panel.dashboards.scraper import deployments_scrape, engine_readings
 from panel.gateway.balancing import prefix_digest, prefix_text, rendezvous
 from panel.hosts.models import WorkerHost
 from panel.jobs.models import JobEvent
+from panel.jobs.services import jobs_reap
 from panel.registry.demo_model import build_demo_model
 from panel.registry.services import model_register
 from panel.serving.models import Deployment, DeploymentState, ScalePolicy, ServingProfile
@@ -27,7 +30,9 @@ from panel.serving.scaling import deployments_scale
 from panel.serving.services import deployment_launch, deployment_stop
 from panel.usage.models import RequestLog
 from tests.support.engine_processes import engine_processes
+from tests.support.environment import REDIS_PORT
 from tests.support.gateway import gateway  # noqa: F401 (fixture)
+from tests.support.hosts import SimulatedHosts
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine  # the demo model and two real engines on gpu workers
@@ -84,8 +89,22 @@ def replica_states(head):
     return [replica.state for replica in head.replicas()]
 
 
-def test_replicas_scale_on_a_burst_balance_by_prefix_survive_a_kill_and_drain_without_cutting(
-        start_worker, team_setup, tmp_path, gateway, settings):  # noqa: F811
+@pytest.fixture
+def hosts():
+    """Two hosts; requested before the workers, so they are removed after them."""
+    with SimulatedHosts(["host-a", "host-b"], redis_port=REDIS_PORT) as simulated:
+        yield simulated
+
+
+def engine_answers_on_loopback(port):
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code > 0
+    except httpx.HTTPError:
+        return False
+
+
+def test_replicas_on_two_hosts_scale_balance_survive_a_kill_and_a_lost_host_and_drain_without_cutting(
+        hosts, start_worker, team_setup, tmp_path, gateway, settings):  # noqa: F811
     team = team_setup["team_a"]
     path = tmp_path / "tiny"
     build_demo_model(path)
@@ -94,8 +113,8 @@ def test_replicas_scale_on_a_burst_balance_by_prefix_survive_a_kill_and_drain_wi
                                             max_model_len=2048, block_size=32, max_num_seqs=2,
                                             max_num_batched_tokens=2048, enable_prefix_caching=True,
                                             extra_args="--enforce-eager")
-    start_worker("gpu", TOKENWISE_HOST_NAME="host-a")
-    start_worker("gpu", TOKENWISE_HOST_NAME="host-b")
+    for name in ("host-a", "host-b"):
+        start_worker("gpu", argv_prefix=hosts[name].argv_prefix, **hosts.worker_env(name))
     wait_until(lambda: WorkerHost.objects.filter(kind="gpu", last_seen__isnull=False).count() == 2,
                message="both GPU workers")
 
@@ -106,6 +125,9 @@ def test_replicas_scale_on_a_burst_balance_by_prefix_survive_a_kill_and_drain_wi
                interval=1, message="the first replica")
     head.refresh_from_db()
     assert head.state == S.READY, head.failure_reason
+    # Its engine listens on its host's address, where the gateway reaches it, and not on the main host.
+    assert head.base_url == f"http://{hosts[head.host.host].address}:{head.port}/v1"
+    assert hosts.reachable(head.host.host, head.port) and not engine_answers_on_loopback(head.port)
     _, raw = key_issue(team=team, user=team_setup["alice"], name="app")
     # A queue of long answers: the defaults (15 s without a byte once vLLM has sent its headers, which it does at
     # once, 10 s to the first byte, 45 s in all) would answer some of the burst with 504 "stalled" while it waits in
@@ -171,8 +193,40 @@ def test_replicas_scale_on_a_burst_balance_by_prefix_survive_a_kill_and_drain_wi
     assert [row.outcome for row in rows] == ["ok"] * 10
     assert {row.channel_id for row in rows[6:]} == {channels[first.pk].pk}  # the killed replica's share moved
 
+    # The second replica's host is lost: its link goes down, then everything on it dies. The scaler is held at two
+    # replicas. Requests of the tenant homed there go around it (the first waits out the lost engine's first byte,
+    # 5 s here; after it the channel cools down), its worker stops heartbeating, the reaper fails the replica (its
+    # channel leaves the route), and the scaler adds one on the host that is left, in the freed slot.
+    lost, kept = second.host.host, first.host.host
+    ScalePolicy.objects.filter(deployment=head).update(min_replicas=2)
+    Channel.objects.filter(deployment=second).update(first_byte_timeout_seconds=5, idle_timeout_seconds=5)
+    RequestLog.objects.all().delete()
+    hosts.cut(lost)
+    answered = [ask(gateway, raw, tenants[channels[second.pk].pk], f"the host is lost {n}").status_code
+                for n in range(3)]
+    assert answered == [200] * 3
+    wait_until(lambda: RequestLog.objects.count() >= 3, seconds=10, message="three usage rows")
+    assert set(RequestLog.objects.values_list("channel_id", flat=True)) == {channels[first.pk].pk}
+    settings.HOST_OFFLINE_AFTER_SECONDS = 4
+    wait_until(lambda: not WorkerHost.objects.get(kind="gpu", host=lost).is_online, seconds=30, message="offline")
+    assert [job.pk for job in jobs_reap(stale_after_seconds=4)] == [second.pk]
+    second.refresh_from_db()
+    assert second.state == S.FAILED and not Channel.objects.get(pk=channels[second.pk].pk).enabled
+    beat(lambda: len([r for r in head.replicas() if r.state in Deployment.ACTIVE_STATES]) == 2, 30, "a replacement")
+    third = [replica for replica in head.replicas() if replica.state in Deployment.ACTIVE_STATES][1]
+    assert third.host.host == kept and third.replica_index == 1
+    assert ScalePolicy.objects.get().last_decision.startswith(f"replica 2 added on {kept}: 1 replica running, "
+                                                               "under the minimum of 2")
+    wait_until(lambda: Deployment.objects.get(pk=third.pk).state in (S.READY, S.FAILED), seconds=START_SECONDS,
+               interval=1, message="the replacement")
+    third.refresh_from_db()
+    assert third.state == S.READY, third.failure_reason
+    assert Channel.objects.get(deployment=third).pk == channels[second.pk].pk  # the slot's channel, back on
+    Channel.objects.filter(deployment=third).update(first_byte_timeout_seconds=120, idle_timeout_seconds=120)
+    ScalePolicy.objects.filter(deployment=head).update(min_replicas=1)
+
     # Quiet: the scraper watches both replicas through the scaler's quiet window (30 s here); then a long request
-    # starts on the second replica, and the scaler drains that replica while the request runs.
+    # starts on the replacement, and the scaler drains it while the request runs.
     RequestLog.objects.all().delete()
     deadline = time.monotonic() + 32
     while time.monotonic() < deadline:
@@ -182,22 +236,22 @@ def test_replicas_scale_on_a_burst_balance_by_prefix_survive_a_kill_and_drain_wi
     long = threading.Thread(target=lambda: replies.setdefault("long", ask(
         gateway, raw, tenants[channels[second.pk].pk], "Tell a long story.", max_tokens=1500, ignore_eos=True)))
     long.start()
-    wait_until(lambda: [sample.running for sample in deployments_scrape() if sample.deployment_id == second.pk
+    wait_until(lambda: [sample.running for sample in deployments_scrape() if sample.deployment_id == third.pk
                         and sample.running] != [], seconds=20, interval=0.5, message="the long request running")
-    beat(lambda: Deployment.objects.get(pk=second.pk).state != S.READY, 20, "drain")
-    assert long.is_alive() and Deployment.objects.get(pk=second.pk).state == S.DRAINING  # mid-request
+    beat(lambda: Deployment.objects.get(pk=third.pk).state != S.READY, 20, "drain")
+    assert long.is_alive() and Deployment.objects.get(pk=third.pk).state == S.DRAINING  # mid-request
     assert ScalePolicy.objects.get().last_decision.startswith("replica 2 drains and stops: no request waited")
     long.join(timeout=300)
     reply = replies["long"]
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 1500, reply.text[:300]
-    wait_until(lambda: Deployment.objects.get(pk=second.pk).state == S.STOPPED, seconds=60, message="drained")
-    stopped = JobEvent.objects.filter(job_type=Deployment.job_type(), job_id=second.pk, to_state=S.STOPPED).get()
+    wait_until(lambda: Deployment.objects.get(pk=third.pk).state == S.STOPPED, seconds=60, message="drained")
+    stopped = JobEvent.objects.filter(job_type=Deployment.job_type(), job_id=third.pk, to_state=S.STOPPED).get()
     assert stopped.reason == "drained and stopped"
     assert RequestLog.objects.get(channel=channels[second.pk]).outcome == "ok"
     assert not Channel.objects.get(pk=channels[second.pk].pk).enabled
     assert ask(gateway, raw, tenants[channels[second.pk].pk], "after the drain").status_code == 200  # on the first
 
     assert deployment_stop(deployment=head) is True
-    wait_until(lambda: set(replica_states(head)) == {S.STOPPED}, seconds=60, message="all stopped")
+    wait_until(lambda: set(replica_states(head)) - {S.FAILED} == {S.STOPPED}, seconds=60, message="all stopped")
     wait_until(lambda: engine_processes(path) == [], seconds=30, message="no engine left")
-    assert not Channel.objects.filter(deployment__in=[first, second], enabled=True).exists()
+    assert not Channel.objects.filter(deployment__in=[first, second, third], enabled=True).exists()
