@@ -120,7 +120,7 @@ def test_launching_awq_on_a_cpu_host_nobody_checked_warns_and_says_how_to_find_o
     the engine check first: on a CPU without AVX-512 the engine dies at its first request."""
     from io import StringIO
 
-    from django.core.management import call_command
+    from django.core.management import CommandError, call_command
     from django.utils import timezone
 
     from panel.hosts.models import WorkerHost
@@ -150,6 +150,15 @@ def test_launching_awq_on_a_cpu_host_nobody_checked_warns_and_says_how_to_find_o
     out = StringIO()
     call_command("deploy", str(profile.pk), stdout=out)
     assert "warning: Nobody has checked this host's engine yet" in out.getvalue()
+    assert "scales on queue" not in out.getvalue()
+    out = StringIO()
+    call_command("deploy", str(profile.pk), "--max-replicas", "3", stdout=out)
+    scaled = Deployment.objects.latest("pk")
+    assert (scaled.scale_policy.min_replicas, scaled.scale_policy.max_replicas) == (1, 3)
+    assert "scales on queue between 1 and 3 replicas" in out.getvalue()
+    with pytest.raises(CommandError, match="Scale up to must be between the 2 replicas asked for and 16"):
+        call_command("deploy", str(profile.pk), "--replicas", "2", "--max-replicas", "1", stdout=StringIO())
+    assert Deployment.objects.count() == 3  # the refused one wrote nothing
 
 
 def test_every_refused_engine_flag_is_shown_on_the_form_with_its_reason_and_nothing_is_saved(client, team_setup,

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from panel.hosts.models import WorkerHost
-from panel.serving.models import Deployment, DeploymentState, ServingProfile
+from panel.serving.models import Deployment, DeploymentState, ScalePolicy, ServingProfile
 from panel.serving.services import deployment_launch, deployment_warnings
 
 
@@ -18,6 +18,9 @@ class Command(BaseCommand):
         parser.add_argument("--host", help="the worker host to run on (its TOKENWISE_HOST_NAME)")
         parser.add_argument("--replicas", type=int, default=1, help="engines serving the profile, placed over the "
                             "GPU workers with room (all on --host when given)")
+        parser.add_argument("--max-replicas", type=int, metavar="N",
+                            help="scale on queue between --replicas and N (the scale policy's defaults; change them "
+                                 "on the deployment's page or through the API)")
         parser.add_argument("--restart-on-crash", action="store_true")
         parser.add_argument("--wait", type=int, default=0, metavar="SECONDS",
                             help="wait up to SECONDS for the deployment to be ready")
@@ -32,7 +35,7 @@ class Command(BaseCommand):
                 raise CommandError(f"no GPU worker on host {options['host']!r}")
         try:
             deployment = deployment_launch(team=profile.team, user=None, profile=profile, host=host,
-                                           replicas=options["replicas"],
+                                           replicas=options["replicas"], max_replicas=options["max_replicas"],
                                            restart_on_crash=options["restart_on_crash"])
         except ValidationError as error:
             raise CommandError(" ".join(error.messages)) from None
@@ -40,6 +43,9 @@ class Command(BaseCommand):
         self.stdout.write(f"deployment #{deployment.pk} of {profile.name} queued on "
                           + ", ".join(f"{replica.host.host} (replica {replica.replica_number})" if len(replicas) > 1
                                       else replica.host.host for replica in replicas))
+        policy = ScalePolicy.objects.filter(deployment=deployment).first()
+        if policy is not None:
+            self.stdout.write(f"scales on queue between {policy.min_replicas} and {policy.max_replicas} replicas")
         for warning in deployment_warnings(deployment):
             self.stdout.write(self.style.WARNING(f"warning: {warning}"))
         if options["wait"]:
