@@ -105,6 +105,20 @@ def speculative_ngram():
     return True, ""
 
 
+def sleep_mode(gpus):
+    """(True, "") when vLLM's sleep mode runs here (its weights moved off the GPU and its KV cache dropped, the
+    process kept, awake again in seconds), else (False, why): vLLM offers it on CUDA, ROCm and XPU platforms."""
+    if not gpus:
+        return False, "sleep mode frees GPU memory, and this host has no GPU: an idle engine stops instead"
+    try:
+        from vllm.platforms import current_platform
+
+        available = current_platform.is_sleep_mode_available()
+    except Exception as error:
+        return False, f"vLLM's platform could not be read ({type(error).__name__}: {error})"[:300]
+    return (True, "") if available else (False, "this vLLM platform has no sleep mode")
+
+
 def parse_args(argv):
     parser = JsonArgumentParser(description="Report what this host's engine can do (versions, CPU, kernels, GPUs).")
     return parser.parse_args(argv)
@@ -157,6 +171,10 @@ def probe(args):
         result["speculative_ngram"], result["speculative_ngram_reason"] = speculative_ngram()
     else:
         result["speculative_ngram"], result["speculative_ngram_reason"] = False, "vLLM is not installed"
+    if result["packages"].get("vllm"):
+        result["sleep_mode"], result["sleep_mode_reason"] = sleep_mode(gpus)
+    else:
+        result["sleep_mode"], result["sleep_mode_reason"] = False, "vLLM is not installed"
     say(phase="done", progress=100)
     return result
 

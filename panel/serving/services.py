@@ -111,12 +111,22 @@ def deployment_warnings(deployment):
     return warnings
 
 
-def launch_argv(profile, *, port):
-    """The command the panel starts the profile's engine with: every path behind the engine's key."""
-    return configfile.launch_argv(profile_values(profile), model_path=profile.model.path, port=port,
+def launch_argv(profile, *, port, sleep_mode=False):
+    """The command the panel starts the profile's engine with: every path behind the engine's key; with vLLM's
+    sleep mode when `sleep_mode` (serving/sleep.py)."""
+    argv = configfile.launch_argv(profile_values(profile), model_path=profile.model.path, port=port,
                                   engine_python=settings.ENGINE_PYTHON,
                                   checkpoint_quantized=profile.model.is_quantized, host=settings.ENGINE_BIND,
                                   key_guard=True)
+    return [*argv, "--enable-sleep-mode"] if sleep_mode else argv
+
+
+def engine_sleeps(deployment):
+    """Whether the deployment's engine falls asleep in vLLM's sleep mode rather than stopping: its profile sleeps
+    when idle, on a GPU host whose engine check says the engine has the sleep mode."""
+    if not deployment.profile.sleep_after_minutes or not (deployment.host and deployment.host.gpus):
+        return False
+    return (host_facts(deployment.host) or {}).get("engine", {}).get("sleep_mode") is True
 
 
 def host_pick(profile):
@@ -244,13 +254,16 @@ def deployment_execute(*, deployment_id, worker):
             return False
     log_path = Path(settings.LOGS_DIR) / f"deployment-{deployment.pk}.log"
     hooks = DeploymentHooks(deployment)
+    hooks.sleep.engine_sleeps = engine_sleeps(deployment)
+    # vLLM serves /sleep and /wake_up only in its development mode; the key guard keeps them the panel's.
+    sleep_env = {"VLLM_SERVER_DEV_MODE": "1"} if hooks.sleep.engine_sleeps else {}
     woken = False
     while True:
         port = deployment.profile.port or supervisor.free_port()
-        argv = launch_argv(deployment.profile, port=port)
+        argv = launch_argv(deployment.profile, port=port, sleep_mode=hooks.sleep.engine_sleeps)
         base_url = f"http://{settings.ENGINE_ADVERTISE_HOST}:{port}/v1"
         engine_key = secrets.token_urlsafe(32)  # a new one each start; only the local channel learns it
-        env = engine_env(deployment, host_is_gpu) | {"VLLM_API_KEY": engine_key}
+        env = engine_env(deployment, host_is_gpu) | {"VLLM_API_KEY": engine_key} | sleep_env
         exposed = supervisor.exposure_problem(argv, env)
         if exposed:
             job_fail(deployment, kind="exposed_engine", reason=exposed, event="refused to start an open engine")

