@@ -304,6 +304,7 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "reap-stale-jobs": {"task": "panel.jobs.tasks.reap_stale_jobs", "schedule": REAPER_EVERY_SECONDS},
+    "fail-jobs-of-lost-hosts": {"task": "panel.hosts.tasks.fail_jobs_of_lost_hosts", "schedule": REAPER_EVERY_SECONDS},
     "scrape-engines": {"task": "panel.dashboards.tasks.scrape_engines", "schedule": DASHBOARDS_SCRAPE_EVERY_SECONDS},
     "roll-up-usage": {"task": "panel.dashboards.tasks.roll_up_usage", "schedule": DASHBOARDS_ROLLUP_EVERY_SECONDS},
     "allocate-local-cost": {"task": "panel.dashboards.tasks.allocate_local_cost", "schedule": LOCAL_COST_EVERY_SECONDS},

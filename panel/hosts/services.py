@@ -1,12 +1,15 @@
-"""Worker hosts announce themselves; engine checks run on the host they describe."""
+"""Worker hosts announce themselves; engine checks run on the host they describe; jobs queued to a lost host fail."""
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from panel.hosts.models import EngineCheck, WorkerHost
 from panel.jobs import diagnosis, processes
+from panel.jobs.models import JobState
 from panel.jobs.runner import run_job
-from panel.jobs.services import job_created, job_enqueue
+from panel.jobs.services import job_created, job_enqueue, job_fail, job_models
 
 
 def host_heartbeat(*, name, host, kind, queues, cpu_count, memory_bytes, memory_available_bytes, gpus, pid,
@@ -52,3 +55,21 @@ def engine_check_execute(*, check_id, worker):
 def gpu_hosts_online():
     """The GPU worker hosts online now (a job queued on `gpu` lands on one of them)."""
     return [host for host in WorkerHost.objects.filter(kind="gpu").order_by("host") if host.is_online]
+
+
+def jobs_of_lost_hosts_fail(*, stale_after_seconds):
+    """Fail every job still pending on the queue of a host that stopped heartbeating more than `stale_after_seconds`
+    ago (lost, or shut down for good): nobody would start it, and whoever waits on it (a user, the scaler) would
+    wait forever. A worker of that host that comes back finds it failed and leaves it. Returns the failed jobs."""
+    cutoff = timezone.now() - timedelta(seconds=stale_after_seconds)
+    online = set(WorkerHost.objects.filter(last_seen__gte=cutoff).values_list("host", flat=True))
+    lost = {f"gpu.{host}": host for host in WorkerHost.objects.filter(kind="gpu", last_seen__lt=cutoff)
+            .values_list("host", flat=True) if host not in online}
+    failed = []
+    for model in job_models():
+        for job in model.objects.filter(state=JobState.PENDING, queue__in=list(lost)):
+            reason = (f"its host {lost[job.queue]} stopped sending heartbeats over {stale_after_seconds} s ago, "
+                      "before a worker there started it: launch it again where a worker runs")
+            if job_fail(job, kind="host_lost", reason=reason, event="reaper: " + reason):
+                failed.append(job)
+    return failed
