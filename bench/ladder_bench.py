@@ -60,6 +60,11 @@ def ladder_bench(lab):
     if ladder.state != JobState.SUCCEEDED:
         raise SystemExit(f"ladder_bench: the ladder ended {ladder.state}: {ladder.failure_reason}")
 
+    ladder_write(ladders, ladder, Path(os.environ.get("LADDER_BENCH_OUT", "/tmp/ladder-bench.md")))
+
+
+def ladder_write(ladders, ladder, out):
+    """Print the ladder's table as Markdown and write it, with each step's figures as JSON, to `out`."""
     lines = [f"Ladder #{ladder.pk}, {ladder.workload_summary}; host {platform.processor() or platform.machine()}, "
              f"{os.cpu_count()} cores; price {ladder.gpu_price_per_hour} per hour", "",
              "| configuration | weights | output tok/s | gain | TTFT p50 / p99 | end-to-end p99 | cost per M tokens |",
@@ -78,7 +83,6 @@ def ladder_bench(lab):
             lines.append(f"| {row['label']} | {row['status']}: {row['reason']} | | | | | |")
     table = "\n".join(lines)
     print("\n" + table)
-    out = Path(os.environ.get("LADDER_BENCH_OUT", "/tmp/ladder-bench.md"))
     out.write_text(table + "\n\n" + json.dumps([{k: v for k, v in row.items() if k in ("key", "status", "reason")}
                                                 | ({"figures": row["figures"]} if row.get("figures") else {})
                                                 for row in rows], indent=1) + "\n")

