@@ -136,6 +136,10 @@ def envbindings(name, default):
     return bindings
 
 
+POSTGRES_LOCK_TIMEOUT_MS = 20_000  # as long as SQLite's busy timeout (sqlite_database)
+POSTGRES_IDLE_IN_TRANSACTION_MS = 600_000
+
+
 def database_from_url(name, url, *, data_dir):
     """Turn DATABASE_URL into a Django DATABASES entry: sqlite:///path or postgres://user:pass@host:port/db."""
     parsed = urlparse(url)
@@ -167,6 +171,12 @@ def database_from_url(name, url, *, data_dir):
             "PORT": str(port or ""),
             "CONN_MAX_AGE": 60,
             "CONN_HEALTH_CHECKS": True,
+            # Every wait has a deadline, as SQLite's busy timeout gives it: reaching the server, a row or table
+            # lock another transaction holds (lock_timeout: the waiter fails, the holder goes on), and a
+            # transaction its process left open (it would hold its locks for ever).
+            "OPTIONS": {"connect_timeout": 10,
+                        "options": f"-c lock_timeout={POSTGRES_LOCK_TIMEOUT_MS} "
+                                   f"-c idle_in_transaction_session_timeout={POSTGRES_IDLE_IN_TRANSACTION_MS}"},
         }
     raise EnvError(f"{name}={redact_url(url)!r}: unsupported scheme (use sqlite:/// or postgres://)")
 

@@ -1,4 +1,5 @@
-"""DATABASE_URL=postgres://... works: migrations apply and a job is claimed exactly once on PostgreSQL."""
+"""DATABASE_URL=postgres://... works: migrations apply, a job is claimed exactly once, and a lock wait or a
+transaction left open has a deadline on PostgreSQL."""
 import secrets
 import subprocess
 import sys
@@ -18,6 +19,12 @@ team = Team.objects.create(name="pg")
 host = WorkerHost.objects.create(name="gpu@pg", host="pg", kind="gpu")
 check = EngineCheck.objects.create(team=team, host=host)
 print("claims", job_claim(check, worker="a"), job_claim(EngineCheck.objects.get(pk=check.pk), worker="b"))
+from django.db import connection
+with connection.cursor() as cursor:
+    cursor.execute("SHOW lock_timeout")
+    lock = cursor.fetchone()[0]
+    cursor.execute("SHOW idle_in_transaction_session_timeout")
+    print("timeouts", lock, cursor.fetchone()[0])
 """
 
 
@@ -40,3 +47,4 @@ def test_it_migrates_and_claims_once_on_postgres(postgres_url):
                            capture_output=True, text=True, timeout=120)
     assert shell.returncode == 0, shell.stderr
     assert "claims True False" in shell.stdout
+    assert "timeouts 20s 10min" in shell.stdout  # a lock wait and a forgotten transaction both end
