@@ -8,7 +8,10 @@ one id between them), and what names a device, an account or a session (Claude C
 marks, tool names and their input schemas, and a tool call's arguments stay as sent.
 
 A capture is what a listener recorded of one request: {"path", "headers", "body"}. Its headers are kept only where
-they say which client and API version wrote the body (`KEPT_HEADERS`); keys and session ids are left behind.
+they say which client and API version wrote the body (`KEPT_HEADERS`); keys and session ids are left behind. The
+fixtures of 2026-12-04 were recorded by a small HTTP listener that answered each API in kind (a tool call first, so
+the client's second turn carries its result), the CLIs run under `unshare -n` with only loopback, so they could
+reach nothing else.
 
     python -m tests.support.client_shapes CAPTURED.json NAME "CLIENT AND HOW IT WAS RUN"
 """
