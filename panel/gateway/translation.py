@@ -22,9 +22,10 @@ prefixes by itself) and OpenAI's `stream_options` (the gateway asks for usage on
 Deferred tools (`defer_loading: true`, panel/gateway/deferred_tools.py): a chat channel is sent such a tool, as an
 ordinary one, once the conversation has loaded it (a tool search's `tool_reference` names it, an earlier turn called
 it, or tool_choice names it), as Anthropic's API does, and is not sent it until then; the tool_reference reaches the
-chat model as words in the tool's result, and the held tools are counted in the x-tokenwise-adapted header. When
-every tool is deferred, all are sent. A channel that speaks Messages (Anthropic, vLLM's own /v1/messages) gets them
-as the client wrote them.
+chat model as words in the tool's result, and the held tools are counted in the x-tokenwise-adapted header. The
+search runs in the client, so holding costs the agent nothing, and it keeps Claude Code's placeholder tool from
+being offered to the model and unused schemas out of the prompt. When every tool is deferred, all are sent. A
+channel that speaks Messages (Anthropic, vLLM's own /v1/messages) gets them as the client wrote them.
 
 Usage: Anthropic counts `input_tokens` without the cache reads (`cache_read_input_tokens`) and writes
 (`cache_creation_input_tokens`); OpenAI's `prompt_tokens` includes them and `prompt_tokens_details.cached_tokens`
