@@ -9,7 +9,7 @@ ENGINE_PIP_EXTRA ?=
 # compiles the ones a process imports on first use instead (the engine venv builds faster: docs/benchmarks.md).
 TW_PIP_FLAGS ?= -q --no-compile
 
-.PHONY: run test test-fast lint venv engine browser claude-code clean-venvs help
+.PHONY: run test test-fast lint venv engine browser claude-code codex clean-venvs help
 .DEFAULT_GOAL := help
 
 help:
@@ -28,10 +28,10 @@ run: $(VENV)/.installed $(ENGINE_VENV)/.installed
 TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-test: lint $(ENGINE_VENV)/.installed browser claude-code
+test: lint $(ENGINE_VENV)/.installed browser claude-code codex
 	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
-# Neither the engine venv, Chromium nor Claude Code's CLI: every test but those marked engine, browser or client.
+# Neither the engine venv, Chromium nor the coding agents' CLIs: every test but those marked engine, browser or client.
 test-fast: lint
 	$(VENV)/bin/python -m pytest -m "not engine and not browser and not client" $(PARALLEL) $(PYTEST_ARGS)
 
@@ -72,6 +72,17 @@ claude-code: .node/.installed-$(CLAUDE_CODE_VERSION)
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
 	npm install --prefix .node --no-audit --no-fund --loglevel=error @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
 	.node/node_modules/.bin/claude --version
+	@touch $@
+
+# OpenAI's Codex CLI, pinned, for the test that runs `codex exec` through the gateway (tests/system/test_codex.py):
+# a native binary in the npm package, beside Claude Code under .node/. The version the README names as tested.
+CODEX_VERSION := 0.171.0
+codex: .node/.installed-codex-$(CODEX_VERSION)
+.node/.installed-codex-$(CODEX_VERSION):
+	@command -v npm >/dev/null || { echo "tokenwise: installing nodejs and npm for the Codex test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	npm install --prefix .node --no-audit --no-fund --loglevel=error @openai/codex@$(CODEX_VERSION)
+	.node/node_modules/.bin/codex --version
 	@touch $@
 
 clean-venvs:

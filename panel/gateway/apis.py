@@ -10,7 +10,7 @@ import json
 from django.conf import settings
 
 from panel.core import safejson
-from panel.gateway import messages_api, translation
+from panel.gateway import deferred_tools, messages_api, translation
 from panel.gateway.upstream import UpstreamError, upstream_body
 
 CHAT, COMPLETIONS, MESSAGES, RESPONSES, EMBEDDINGS = "chat", "completions", "messages", "responses", "embeddings"
@@ -153,6 +153,7 @@ class Passage:
             payload = dict(self._body_in(api), model=target.model_id)
             if self.client_api == MESSAGES:
                 changes += [f"{name} dropped" for name in translation.dropped_for_chat(self.body)]
+                changes += deferred_tools.held_words(self.body)
         changes += clamp_to_context(payload, target)
         self.adapted[target.id] = changes
         if stream and self.continuous_usage(target, api):
@@ -235,12 +236,13 @@ def lets_model_call_tools(body):
 
 
 def clamp_to_context(payload, target):
-    """Lower an answer's limit that a local engine would refuse (vLLM answers 400 to max_tokens over its context;
-    Claude Code asks for 32,000) to the engine's context, in place; the change in words, or []."""
+    """Lower an answer's limit that a local engine would refuse (vLLM answers 400 to max_tokens, or a Responses
+    request's max_output_tokens, over its context; Claude Code asks for 32,000) to the engine's context, in place; the
+    change in words, or []."""
     if not target.context_tokens:
         return []
     changes = []
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         asked = payload.get(name)
         if isinstance(asked, int) and asked > target.context_tokens:
             payload[name] = target.context_tokens

@@ -106,9 +106,19 @@ def _hash(text):
     return hmac.new(_key(), text.encode("utf-8", "replace"), hashlib.sha256).hexdigest()[:HASH_CHARS]
 
 
+def _conversation(body):
+    """A body's messages: a chat or Messages request's `messages`, or a Responses request's input items (a list of
+    objects; an embeddings body's `input` is strings)."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return messages
+    given = body.get("input")
+    return given if isinstance(given, list) and all(isinstance(item, dict) for item in given) else []
+
+
 def system_prompt(body):
-    """The text of the leading system (or developer) messages of a chat request, or of a Messages request's
-    `system`, or "" when there is none."""
+    """The text of the leading system (or developer) messages of a chat request or of a Responses request's input
+    (after its `instructions`), or of a Messages request's `system`, or "" when there is none."""
     parts = []
     system = body.get("system")
     if isinstance(system, str):
@@ -116,7 +126,9 @@ def system_prompt(body):
     elif isinstance(system, list):
         parts.extend(block["text"] for block in system
                      if isinstance(block, dict) and isinstance(block.get("text"), str))
-    for message in body.get("messages") or ():
+    if isinstance(body.get("instructions"), str):
+        parts.append(body["instructions"])
+    for message in _conversation(body):
         if not isinstance(message, dict) or message.get("role") not in ("system", "developer"):
             break
         content = message.get("content")
@@ -154,8 +166,9 @@ PROMPT_CHUNK_CHARS = 2048  # a completions prompt (one string) is cut into block
 
 def prompt_blocks(body):
     """The prompt of a request as blocks in the order a model reads them: the tools, the (Anthropic) system
-    prompt, then one block per message; a completions prompt in fixed-size pieces. OpenAI chat, completions and
-    Anthropic Messages bodies alike."""
+    prompt or the (Responses) instructions, then one block per message or input item; a completions prompt in
+    fixed-size pieces. OpenAI chat, completions, Responses and Anthropic Messages bodies alike. A Responses input
+    that is one string is a block only after tools or instructions: an embeddings body's is no agent's turn."""
     blocks = []
     tools = body.get("tools") or body.get("functions")
     if tools:
@@ -165,9 +178,11 @@ def prompt_blocks(body):
         blocks.append(system)
     elif isinstance(system, list) and system:
         blocks.append(json.dumps(system, sort_keys=True, ensure_ascii=False))
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        blocks.extend(_message_block(message) for message in messages)
+    if isinstance(body.get("instructions"), str) and body["instructions"]:
+        blocks.append(body["instructions"])
+    blocks.extend(_message_block(message) for message in _conversation(body))
+    if isinstance(body.get("input"), str) and blocks:
+        blocks.append(body["input"])
     prompt = body.get("prompt")
     if isinstance(prompt, list):
         prompt = "\x00".join(item for item in prompt if isinstance(item, str))

@@ -114,6 +114,10 @@ def _check_block(block, where):
         if content is not None and not isinstance(content, (str, list)):
             raise MessagesRequestError(f"{where}.content: a string or a list of content blocks")
         for position, inner in enumerate(content if isinstance(content, list) else []):
+            if isinstance(inner, dict) and inner.get("type") == "tool_reference":  # a tool search found a tool
+                if not isinstance(inner.get("tool_name"), str):
+                    raise MessagesRequestError(f"{where}.content.{position}.tool_name: a string is required")
+                continue
             _check_block(inner, f"{where}.content.{position}")
 
 

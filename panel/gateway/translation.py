@@ -16,9 +16,16 @@ loss a client cannot tell apart in its answer, is dropped and named (`dropped_fo
 `thinking` (none of it comes back: a chat answer has no thinking blocks), `output_config` (its effort),
 `context_management` (it clears thinking from the history) and thinking blocks in earlier assistant turns. Two
 hints that change nothing the model sees pass without a counterpart: Anthropic's `cache_control` (vLLM caches
-prefixes by itself) and OpenAI's `stream_options` (the gateway asks for usage on its own); so does a tool's
-`defer_loading` (a chat channel gets every tool at once). A tool result marked `is_error` reaches a chat model as a
-tool message whose text starts with "Error:", the nearest thing chat has.
+prefixes by itself) and OpenAI's `stream_options` (the gateway asks for usage on its own). A tool result marked
+`is_error` reaches a chat model as a tool message whose text starts with "Error:", the nearest thing chat has.
+
+Deferred tools (`defer_loading: true`, panel/gateway/deferred_tools.py): a chat channel is sent such a tool, as an
+ordinary one, once the conversation has loaded it (a tool search's `tool_reference` names it, an earlier turn called
+it, or tool_choice names it), as Anthropic's API does, and is not sent it until then; the tool_reference reaches the
+chat model as words in the tool's result, and the held tools are counted in the x-tokenwise-adapted header. The
+search runs in the client, so holding costs the agent nothing, and it keeps Claude Code's placeholder tool from
+being offered to the model and unused schemas out of the prompt. When every tool is deferred, all are sent. A
+channel that speaks Messages (Anthropic, vLLM's own /v1/messages) gets them as the client wrote them.
 
 Usage: Anthropic counts `input_tokens` without the cache reads (`cache_read_input_tokens`) and writes
 (`cache_creation_input_tokens`); OpenAI's `prompt_tokens` includes them and `prompt_tokens_details.cached_tokens`
@@ -28,6 +35,7 @@ import time
 import uuid
 
 from panel.core import safejson
+from panel.gateway import deferred_tools
 
 CHAT_FINISH_TO_STOP_REASON = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                               "function_call": "tool_use", "content_filter": "refusal"}
@@ -86,7 +94,8 @@ def messages_request_to_chat(body, *, model_id):
     if user_id:
         chat["user"] = str(user_id)
     if body.get("tools"):
-        chat["tools"] = [_tool_to_chat(tool) for tool in body["tools"]]
+        held = deferred_tools.held(body)
+        chat["tools"] = [_tool_to_chat(tool) for tool in body["tools"] if tool["name"] not in held]
     choice = body.get("tool_choice")
     if choice:
         chat.update(_tool_choice_to_chat(choice))
@@ -159,7 +168,7 @@ def _message_to_chat(message):
         elif kind == "image":
             parts.append(_image_to_chat(block))
         elif kind == "tool_result":
-            result = _text_of(block.get("content") or "", "a tool result")
+            result = _tool_result_text(block.get("content") or "")
             if block.get("is_error"):
                 result = f"Error: {result}"
             tool_messages.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
@@ -172,6 +181,15 @@ def _message_to_chat(message):
         only_text = all(part["type"] == "text" for part in parts)
         turns.append({"role": "user", "content": "".join(part["text"] for part in parts) if only_text else parts})
     return turns
+
+
+def _tool_result_text(content):
+    """A tool result's text; the tools a tool search found (its tool_reference blocks) named in words."""
+    if isinstance(content, str):
+        return content
+    found = deferred_tools.reference_text(content)
+    text = _text_of([block for block in content if block.get("type") != deferred_tools.REFERENCE], "a tool result")
+    return "\n\n".join(part for part in (text, found) if part)
 
 
 def _tool_to_chat(tool):

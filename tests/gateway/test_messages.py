@@ -13,55 +13,15 @@ import pytest
 from panel.accounts.keys import key_issue
 from panel.channels.rules import input_token_estimate
 from tests.support import client_shapes
-from tests.support.fake_messages_upstream import TOOL_INPUT, FakeMessagesUpstream
-from tests.support.gateway import channel, records, route_to
-from tests.support.gateway_server import GatewayServer
+from tests.support.fake_messages_upstream import TOOL_INPUT
+from tests.support.gateway import records, route_to
+from tests.support.messages_gateway import anthropic_fake, chat_fake, client_for, gateway, setup  # noqa: F401 (fixtures)
 from tests.support.waiting import run_coroutine
 
 TOOLS = [{"name": "read_file", "description": "Read a file of the repository.",
           "input_schema": {"type": "object", "properties": {"path": {"type": "string"}, "line": {"type": "integer"}},
                            "required": ["path"]}}]
 REVIEW = [{"role": "user", "content": "Review the change in src/app.py please"}]
-
-
-@pytest.fixture
-def gateway(transactional_db):
-    from django.db import connection
-
-    server = GatewayServer(connection.settings_dict["NAME"], TOKENWISE_BUDGET_CACHE_SECONDS="0")
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def anthropic_fake():
-    with FakeMessagesUpstream(models=("claude-fake",), api_key="sk-ant-0000", apis="messages", chunks=6,
-                              cached_tokens=3, cache_write_tokens=2) as fake:
-        yield fake
-
-
-@pytest.fixture
-def chat_fake():
-    with FakeMessagesUpstream(models=("chat-fake",), api_key="sk-chat-1111", apis="chat", chunks=6) as fake:
-        yield fake
-
-
-@pytest.fixture
-def setup(team_setup, anthropic_fake, chat_fake):
-    team = team_setup["team_a"]
-    cloud = channel(team, "claude", anthropic_fake, "claude-fake", key="sk-ant-0000", apis="messages",
-                    price_input_per_million=Decimal("3"), price_output_per_million=Decimal("15"),
-                    price_cached_per_million=Decimal("0.3"), price_cache_write_per_million=Decimal("3.75"))
-    chat = channel(team, "chatty", chat_fake, "chat-fake", key="sk-chat-1111", apis="chat",
-                   price_input_per_million=Decimal("1"), price_output_per_million=Decimal("2"))
-    key, raw = key_issue(team=team, user=team_setup["alice"], name="agent")
-    return {"team": team, "cloud": cloud, "chat": chat, "key": key, "raw": raw,
-            "claude_route": route_to(team, "claude", cloud), "chat_route": route_to(team, "local", chat),
-            **team_setup}
-
-
-def client_for(gateway, raw):
-    return anthropic.Anthropic(base_url=gateway.url, api_key=raw, max_retries=0)
 
 
 def test_it_passes_a_messages_request_through_with_x_api_key_and_prices_cache_reads_and_writes(gateway, setup,
@@ -277,48 +237,3 @@ def test_a_stream_cut_after_its_first_event_ends_with_an_anthropic_error_event(g
     assert error["type"] == "error" and error["error"]["type"] == "api_error"
     [row] = records()
     assert (row.outcome, row.status_code, row.stream) == ("upstream_cut", 502, True)
-
-
-@pytest.mark.parametrize("stream", [True, False])
-@pytest.mark.parametrize("captured", ["claude_code_2_1_332", "claude_code_2_1_332_tool_turn"])
-def test_claude_codes_captured_request_passes_through_as_sent_and_reaches_a_chat_channel_with_the_changes_named(
-        gateway, setup, anthropic_fake, chat_fake, stream, captured):
-    shape = client_shapes.load(captured)
-    body = dict(shape["body"], stream=stream)
-    headers = {**shape["headers"], "x-api-key": setup["raw"]}
-
-    def ask(model):
-        if not stream:
-            reply = httpx.post(f"{gateway.url}{shape['path']}", json=dict(body, model=model), headers=headers,
-                               timeout=30)
-            assert reply.status_code == 200, reply.text
-            return reply.headers, reply.json()["id"]
-        with httpx.stream("POST", f"{gateway.url}{shape['path']}", json=dict(body, model=model), headers=headers,
-                          timeout=30) as reply:
-            assert reply.status_code == 200, reply.read()
-            events = [json.loads(line[5:]) for line in reply.iter_lines() if line.startswith("data:")]
-        assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
-        return reply.headers, events[0]["message"]["id"]
-
-    # A channel that speaks Messages gets the body as the client wrote it, with the betas it was written for.
-    answered, message_id = ask("claude")
-    sent = anthropic_fake.requests[-1]
-    assert sent.json == dict(body, model="claude-fake") and sent.path == "/v1/messages"
-    assert sent.headers["anthropic-beta"] == shape["headers"]["anthropic-beta"]
-    assert "x-tokenwise-adapted" not in answered and message_id.startswith("msg_")
-
-    # A chat-only channel: the mid-conversation system message stays one; what steers only an Anthropic model is
-    # dropped, and the answer's header says what.
-    answered, message_id = ask("local")
-    sent = chat_fake.requests[-1]
-    roles = [message["role"] for message in sent.json["messages"]]
-    assert roles[:3] == ["system", "user", "system"]
-    if captured.endswith("tool_turn"):  # the Read call and its result, as chat's tool call and tool message
-        assert roles[3:] == ["assistant", "tool"] and sent.json["messages"][3]["tool_calls"][0]["id"] == (
-            sent.json["messages"][4]["tool_call_id"])
-    assert not {"thinking", "output_config", "context_management"} & set(sent.json)
-    assert answered["x-tokenwise-adapted"] == "thinking dropped; output_config dropped; context_management dropped"
-    assert message_id.startswith("msg_")
-    rows = records(2)
-    assert [(row.endpoint, row.outcome, row.stream) for row in rows] == [("messages", "ok", stream)] * 2
-    assert rows[0].session_id and rows[0].session_id == rows[1].session_id  # one session: metadata.user_id

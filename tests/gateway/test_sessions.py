@@ -5,6 +5,7 @@ import httpx
 from panel.gateway import fingerprint
 from panel.gateway.sessions import declared_session, user_session_id
 from panel.usage.models import RequestLog
+from tests.support import client_shapes
 from tests.support.gateway import CHAT, fallback, gateway, primary, records, setup  # noqa: F401 (fixtures)
 
 SYSTEM = {"role": "system", "content": "You review code. Secret marker: pelican-4471. " * 20}
@@ -41,6 +42,26 @@ def test_prefix_hashes_chain_and_compare_blocks():
                  "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
     assert len(fingerprint.prefix_hashes(anthropic)[0]) == 3
     assert len(fingerprint.prefix_hashes({"prompt": "x" * 5000})[0]) == 3
+
+
+def test_a_responses_conversation_chains_by_its_instructions_and_input_items_and_embeddings_stay_out():
+    # Codex sends its instructions as developer items, then the user's turn; its second request extends the first.
+    first = client_shapes.load("codex_0_171_0")["body"]
+    second = client_shapes.load("codex_0_171_0_tool_turn")["body"]
+    hashes_1, _ = fingerprint.prefix_hashes(first)
+    hashes_2, _ = fingerprint.prefix_hashes(second)
+    assert len(hashes_1) == 1 + len(first["input"]) and fingerprint.shared_blocks(hashes_2, hashes_1) == len(hashes_1)
+    other_run = {**first, "input": [*first["input"][:-1], {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "Fix the failing test"}]}]}
+    assert fingerprint.shared_blocks(fingerprint.prefix_hashes(other_run)[0], hashes_1) == len(hashes_1) - 1
+    developer = [part["text"] for item in first["input"][:2] for part in item["content"]]
+    assert fingerprint.system_prompt(first) == "\n".join(developer)
+    # The OpenAI SDK's string input after its instructions: a turn of its own, its system prompt the instructions.
+    sdk = client_shapes.load("openai_python_3_57_0_responses")["body"]
+    assert fingerprint.system_prompt(sdk) == sdk["instructions"]
+    assert fingerprint.prompt_blocks(sdk)[1:] == [sdk["instructions"], sdk["input"]]
+    for embeddings in ({"input": "one two"}, {"input": ["one", "two"]}, {"input": [[1, 2, 3]]}):
+        assert fingerprint.prefix_hashes(embeddings) == ([], []) and not fingerprint.system_prompt(embeddings)
 
 
 def test_a_client_names_its_session_by_header_or_metadata():

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from panel.channels.routing import Target
+from panel.gateway import deferred_tools
 from panel.gateway.apis import Passage, clamp_to_context, messages_usage
 from panel.gateway.messages_api import MessagesRequestError, error_body, parse_messages_request, sse_event
 from panel.gateway.translation import (
@@ -107,7 +108,9 @@ def test_claude_codes_request_is_accepted_and_reaches_chat_with_what_was_dropped
     assert [message["role"] for message in chat["messages"]] == ["system", "user", "system"]
     assert chat["messages"][2]["content"] == body["messages"][1]["content"][0]["text"]
     assert not {"thinking", "output_config", "context_management"} & set(chat) and chat["max_tokens"] == 32000
-    assert [tool["function"]["name"] for tool in chat["tools"]] == [tool["name"] for tool in body["tools"]]
+    # Every tool but its DeferredToolPlaceholder (deferred, and never found by a search: held).
+    assert [tool["function"]["name"] for tool in chat["tools"]] == [
+        tool["name"] for tool in body["tools"] if tool["name"] != "DeferredToolPlaceholder"]
     assert json.loads(chat["user"])["session_id"] == "00000000-0000-4000-8000-000000000001"
 
     # A later turn after a cloud model thought: its thinking is the model's own and a chat model takes none.
@@ -118,6 +121,44 @@ def test_claude_codes_request_is_accepted_and_reaches_chat_with_what_was_dropped
         {"role": "user", "content": "Thanks"}])
     assert dropped_for_chat(later) == ["thinking blocks of earlier turns"]  # "disabled" changes nothing
     assert messages_request_to_chat(later, model_id="m")["messages"][3] == {"role": "assistant", "content": "Hi!"}
+
+
+def test_deferred_tools_reach_chat_once_the_conversation_has_loaded_them_and_the_held_ones_are_counted():
+    # Claude Code's ToolSearch found NotebookEdit: the tool joins the list (still deferred) and a tool_reference
+    # names it in the search's result.
+    body = client_shapes.load("claude_code_2_1_332_tool_search")["body"]
+    assert parse_messages_request(body) is body
+    assert [tool["name"] for tool in body["tools"] if tool.get("defer_loading")] == [
+        "NotebookEdit", "DeferredToolPlaceholder"]
+    chat = messages_request_to_chat(body, model_id="m")
+    names = [tool["function"]["name"] for tool in chat["tools"]]
+    assert "NotebookEdit" in names and "DeferredToolPlaceholder" not in names
+    assert not any("defer_loading" in json.dumps(tool) for tool in chat["tools"])
+    assert chat["messages"][-1] == {"role": "tool", "tool_call_id": "toolu_01",
+                                    "content": "Tool found and now available: NotebookEdit"}
+    assert deferred_tools.held(body) == ["DeferredToolPlaceholder"]
+    assert deferred_tools.held_words(body) == ["1 deferred tool held until tool search finds it"]
+
+    deferred = [dict(WEATHER_TOOL, name=name, defer_loading=True) for name in ("forecast", "radar", "tides")]
+    search = dict(WEATHER_TOOL, name="search_tools")
+    asked = {"model": "m", "max_tokens": 64, "tools": [search, *deferred], "messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "radar", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "Rain."}, {"type": "tool_reference", "tool_name": "forecast"},
+            {"type": "tool_reference", "tool_name": "tides"}]}]}]}
+    chat = messages_request_to_chat(asked, model_id="m")  # radar was called, forecast and tides were found
+    assert [tool["function"]["name"] for tool in chat["tools"]] == ["search_tools", "forecast", "radar", "tides"]
+    assert chat["messages"][-1]["content"] == "Rain.\n\nTools found and now available: forecast, tides"
+    fresh = dict(asked, messages=[{"role": "user", "content": "Weather?"}])
+    assert deferred_tools.held_words(fresh) == ["3 deferred tools held until tool search finds them"]
+    chosen = dict(fresh, tool_choice={"type": "tool", "name": "tides"})
+    assert deferred_tools.held(chosen) == ["forecast", "radar"]
+    assert deferred_tools.held(dict(fresh, tools=deferred)) == []  # no search tool left: all are sent
+    passage = Passage("messages", fresh)
+    passage.choose([SimpleNamespace(id=1, name="chat", loopback_ok=False, tool_calling=None, context_tokens=None,
+                                    model_id="m", channel=SimpleNamespace(speaks=lambda api: api == "chat"))])
+    passage.request(passage.targets[0], stream=False)
+    assert passage.adapted[1] == ["3 deferred tools held until tool search finds them"]
 
 
 def test_a_messages_answers_thinking_tokens_are_its_reasoning_tokens():
@@ -136,6 +177,9 @@ def test_an_answer_longer_than_a_local_engines_context_is_lowered_to_it_and_said
     assert clamp_to_context(payload, Engine) == ["max_tokens lowered from 32000 to 8192 (the model's context)"]
     assert payload == {"max_tokens": 8192}
     assert clamp_to_context({"max_completion_tokens": 100}, Engine) == []
+    responses = {"max_output_tokens": 10000}  # a Responses request's limit, which vLLM refuses over its context too
+    assert clamp_to_context(responses, Engine) == [
+        "max_output_tokens lowered from 10000 to 8192 (the model's context)"] and responses["max_output_tokens"] == 8192
     Engine.context_tokens = None  # a cloud channel: its provider says what it allows
     assert clamp_to_context(payload := {"max_tokens": 32000}, Engine) == [] and payload["max_tokens"] == 32000
 
@@ -349,6 +393,10 @@ def test_a_messages_answer_and_stream_become_chat_ones():
     ({"messages": [{"role": "user", "content": [{"type": "txt", "text": "x"}]}]}, "messages.0.content.0.type"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, "messages.0.content.0.tool_use_id"),
     ({"system": [{"type": "text"}]}, "system"), ({"tools": [{"name": "f"}]}, "tools.0.input_schema"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "tool_reference", "name": "f"}]}]}]}, "messages.0.content.0.content.0.tool_name"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_reference", "tool_name": "f"}]}]},
+     "messages.0.content.0.type"),  # a tool search's reference belongs in its tool result
     ({"tool_choice": {"type": "tool"}}, "tool_choice"), ({"temperature": 2}, "temperature"),
     ({"stream": "yes"}, "stream"), ({"stop_sequences": "END"}, "stop_sequences"),
 ])

@@ -10,8 +10,10 @@ requests) with these paths added:
   answers `chunks` words. Usage reports `cached_tokens` as cache reads and `cache_write_tokens` as cache writes.
 - POST /v1/messages/count_tokens: {"input_tokens": the words of the system prompt and the messages}.
 - POST /v1/chat/completions with `tools` and no tool message last: a tool call (whole or streamed in pieces).
-- POST /v1/responses (whole or streamed, usage with input_tokens_details.cached_tokens) and POST /v1/embeddings
-  (three numbers per input, usage with prompt_tokens only), the OpenAI API's other two.
+- POST /v1/responses (whole or streamed as OpenAI streams it: each output item added, filled and done; usage with
+  input_tokens_details.cached_tokens): with function tools and no function_call_output in its input, a function
+  call (the first function with `TOOL_INPUT`, or `tool_call`'s); and POST /v1/embeddings (three numbers per input,
+  usage with prompt_tokens only), the OpenAI API's other two.
 
 `apis` ("chat", "messages" or "both") says which of the two APIs it serves; the other answers 404.
 """
@@ -216,30 +218,73 @@ class FakeMessagesUpstream(FakeUpstream):
 
     def _responses_reply(self, body, behaviour):
         chunks, cached = self._numbers(body, behaviour)
+        items = body["input"] if isinstance(body["input"], list) else []
         source = body["input"] if isinstance(body["input"], str) else " ".join(_texts(
-            [block for item in body["input"] for block in (item.get("content") if isinstance(item, dict)
-                                                           and isinstance(item.get("content"), list) else [item])]))
+            [block for item in items for block in (item.get("content") if isinstance(item, dict)
+                                                   and isinstance(item.get("content"), list) else [item])]))
         prompt = len(str(source).split()) + len(str(body.get("instructions") or "").split())
-        text = content_text(chunks)
+        tool = _responses_tool(body, items, self.tool_call)
+        output = 9 if tool else chunks
         usage = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": min(cached, prompt)},
-                 "output_tokens": chunks, "output_tokens_details": {"reasoning_tokens": 0},
-                 "total_tokens": prompt + chunks}
+                 "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": prompt + output}
         ident = f"resp_fake{next(self._ids)}"
         searches = [{"type": "web_search_call", "id": f"ws_{index}", "status": "completed",
                      "action": {"type": "search", "query": "fake"}} for index in range(web_searches(body) or 0)]
-        response = {"id": ident, "object": "response", "status": "completed", "model": body["model"],
-                    "output": [*searches, {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                                           "content": [{"type": "output_text", "text": text, "annotations": []}]}],
-                    "usage": usage}
+        if tool:
+            answer = {"type": "function_call", "id": "fc_fake1", "call_id": "call_fake1", "name": tool[0],
+                      "arguments": json.dumps(tool[1]), "status": "completed"}
+        else:
+            answer = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                      "content": [{"type": "output_text", "text": content_text(chunks), "annotations": []}]}
+        response = {"id": ident, "object": "response", "created_at": 0, "status": "completed", "model": body["model"],
+                    "output": [*searches, answer], "usage": usage}
         if not body.get("stream"):
             return _Reply(body=json.dumps(response).encode())
-        events = [{"type": "response.created", "sequence_number": 0,
-                   "response": dict(response, status="in_progress", output=[], usage=None)}]
-        events += [{"type": "response.output_text.delta", "sequence_number": index + 1, "item_id": "msg_1",
-                    "output_index": 0, "content_index": 0, "delta": (" " if index else "") + word}
-                   for index, word in enumerate(text.split(" "))]
-        events.append({"type": "response.completed", "sequence_number": len(events), "response": response})
+        events = [{"type": "response.created", "response": dict(response, status="in_progress", output=[], usage=None)}]
+        for index, item in enumerate(response["output"]):
+            events += _responses_item_events(index, item)
+        events.append({"type": "response.completed", "response": response})
+        events = [dict(event, sequence_number=number) for number, event in enumerate(events)]
         return _Reply(events=[json.dumps(event).encode() for event in events], chunk_count=len(events))
+
+
+def _responses_tool(body, items, chosen):
+    """(name, input) of the function the fake calls for a Responses request that offers functions and carries no
+    function's output yet (as `_wants_tool` for the other APIs), or None."""
+    names = [tool.get("name") for tool in body.get("tools") or () if isinstance(tool, dict)
+             and tool.get("type") == "function"]
+    if not names or any(isinstance(item, dict) and item.get("type") == "function_call_output" for item in items):
+        return None
+    if chosen is not None:
+        return chosen if chosen[0] in names else None
+    return names[0], TOOL_INPUT
+
+
+def _responses_item_events(index, item):
+    """The stream events of one output item, as OpenAI sends them: added, its pieces, done."""
+    where = {"output_index": index, "item_id": item["id"]}
+    if item["type"] == "function_call":
+        arguments, half = item["arguments"], len(item["arguments"]) // 2
+        return [{"type": "response.output_item.added", "output_index": index,
+                 "item": dict(item, arguments="", status="in_progress")},
+                *[{"type": "response.function_call_arguments.delta", **where, "delta": piece}
+                  for piece in (arguments[:half], arguments[half:])],
+                {"type": "response.function_call_arguments.done", **where, "arguments": arguments},
+                {"type": "response.output_item.done", "output_index": index, "item": item}]
+    if item["type"] != "message":
+        return [{"type": "response.output_item.added", "output_index": index, "item": item},
+                {"type": "response.output_item.done", "output_index": index, "item": item}]
+    part = item["content"][0]
+    text = part["text"]
+    return [{"type": "response.output_item.added", "output_index": index,
+             "item": dict(item, content=[], status="in_progress")},
+            {"type": "response.content_part.added", **where, "content_index": 0, "part": dict(part, text="")},
+            *[{"type": "response.output_text.delta", **where, "content_index": 0,
+               "delta": (" " if position else "") + word} for position, word in enumerate(text.split(" "))],
+            {"type": "response.output_text.done", **where, "content_index": 0, "text": text},
+            {"type": "response.content_part.done", **where, "content_index": 0, "part": part},
+            {"type": "response.output_item.done", "output_index": index, "item": item}]
 
 
 def web_searches(body):

@@ -4,7 +4,8 @@ user runs it: `claude -p ... --output-format json` with ANTHROPIC_BASE_URL at th
 The upstream is the fake provider, scripted to answer the CLI's first turn with a call of its Read tool on a file
 in the working folder, and the next one (which carries the tool's result) in text: the CLI runs the tool, sends its
 result and prints the answer. Once to a channel that speaks Messages (passed through), once to one that speaks only
-chat completions (translated both ways). The usage rows show one session with its turns and cache figures."""
+chat completions (translated both ways). The usage rows show one session with its turns and cache figures. Its
+ToolSearch the same two ways: the tool it finds reaches the next request (decision 0073)."""
 import json
 from decimal import Decimal
 
@@ -66,3 +67,34 @@ def test_the_real_cli_runs_a_tool_and_answers_through_the_gateway_as_one_session
     if apis == "messages":  # the provider's cache reads and writes, priced as such
         assert all(row.cached_tokens == 40 and row.cache_write_tokens == 20 for row in turns)
         assert all(row.cost > 0 for row in turns)
+
+
+@pytest.mark.parametrize("apis", ["messages", "chat"])
+def test_the_real_clis_tool_search_finds_a_deferred_tool_through_the_gateway(gateway, team_setup, tmp_path, apis):
+    """The CLI's ToolSearch runs in the CLI; its result names the tool it found in a tool_reference block, and the
+    next request lists that tool, deferred. Passed through as sent; on a chat channel the tool is sent once found and
+    the never-found placeholder is held (decision 0073)."""
+    team = team_setup["team_a"]
+    with FakeMessagesUpstream(models=("claude-fake",), api_key="sk-fake-0000", apis=apis, chunks=5,
+                              tool_call=("ToolSearch", {"query": "notebook"})) as fake:
+        cloud = channel(team, "cloud", fake, "claude-fake", key="sk-fake-0000", apis=apis, timeout=30)
+        route_to(team, "agent", cloud)
+        _, raw = key_issue(team=team, user=team_setup["alice"], name="claude-code")
+        result = run_claude(gateway, raw, "agent", tmp_path, "Find a tool to edit notebooks")
+        sent = [request.json for request in fake.requests if request.path.endswith(("/messages",
+                                                                                    "/chat/completions"))]
+
+    assert result["is_error"] is False and result["result"] == content_text(5), result
+    first, second = sent[-2:]
+    if apis == "messages":
+        assert second["messages"][-1]["content"][0]["content"] == [{"type": "tool_reference",
+                                                                    "tool_name": "NotebookEdit"}]
+        assert {tool["name"] for tool in second["tools"] if tool.get("defer_loading")} >= {"NotebookEdit"}
+    else:
+        names = [[tool["function"]["name"] for tool in body["tools"]] for body in (first, second)]
+        assert "ToolSearch" in names[0] and "NotebookEdit" not in names[0] and "NotebookEdit" in names[1]
+        assert not any("DeferredToolPlaceholder" in turn for turn in names)
+        last = second["messages"][-1]
+        assert last["role"] == "tool" and last["content"] == "Tool found and now available: NotebookEdit"
+    rows = records(len(sent))
+    assert [row.outcome for row in rows] == ["ok"] * len(sent)
