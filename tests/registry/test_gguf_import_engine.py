@@ -226,13 +226,14 @@ def test_a_fresh_install_imports_the_starter_model_and_offers_it_first(smollm2, 
     login = bootstrap(on_progress=said.append)
     job = login["starter_job"]
     assert f"importing SmolLM2-135M-Instruct from the pip package {PACKAGE}=={VERSION}" in said[-1]
+    assert not any("demo model" in line for line in said)
     gguf_import_execute(job_id=job.pk, worker="test")  # what the GPU worker does with the queued job
     assert starter_model_outcome(job) == "SmolLM2-135M-Instruct is ready: new serving profiles use it by default"
     model = job.result_model
     assert (model.name, model.state, model.provenance["license"]) == ("SmolLM2-135M-Instruct", ModelState.READY,
                                                                        "apache-2.0")
     names = sorted(model.team.models.values_list("name", flat=True))
-    assert names == ["SmolLM2-135M-Instruct", "tokenwise-tiny-qwen2"], names  # beside the demo model
+    assert names == ["SmolLM2-135M-Instruct"], names  # no demo model trained: the starter model was to be had
 
     from django.contrib.auth import get_user_model
 
