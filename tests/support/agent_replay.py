@@ -94,10 +94,12 @@ def replay_and_check(*, team, deployment, gateway_url, raw_key, model, turns):
     assert queries == session.input_tokens
     assert abs(cache_share - engine_share) < 0.5
     # The repeated-prefix share is measured on the request's messages (characters, message by message), the
-    # engine's hits on whole 32-token blocks of the templated prompt: each turn the engine misses the partly
-    # filled last block of the previous prompt and the new messages, the gateway only the new messages. Over a
-    # session of growing turns that is within a few points.
-    assert abs(repeated_share - engine_share) < 5, (repeated_share, engine_share)
+    # engine's hits on whole blocks of the templated prompt: each turn the engine misses up to one block (the
+    # partly filled last block of the previous prompt) that the gateway counts as repeated. So they differ by at
+    # most one block per turn of the session's input, plus a point for characters against tokens: 5 points on
+    # the tiny model's 20 turns, 10 on the real model's 8 shorter ones (measured 5.2 there).
+    blocks = 100 * turns * deployment.profile.block_size / session.input_tokens
+    assert abs(repeated_share - engine_share) < blocks + 1, (repeated_share, engine_share, blocks)
     assert engine_share > 50  # the replay really was served mostly from the cache
 
     # Money: billed at the channel's prices (cached input at its cached price), against every input token at the

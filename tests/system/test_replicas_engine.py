@@ -207,9 +207,13 @@ def test_replicas_on_two_hosts_scale_balance_survive_a_kill_and_a_lost_host_and_
     assert answered == [200] * 3
     wait_until(lambda: RequestLog.objects.count() >= 3, seconds=10, message="three usage rows")
     assert set(RequestLog.objects.values_list("channel_id", flat=True)) == {channels[first.pk].pk}
-    settings.HOST_OFFLINE_AFTER_SECONDS = 4
-    wait_until(lambda: not WorkerHost.objects.get(kind="gpu", host=lost).is_online, seconds=30, message="offline")
-    assert [job.pk for job in jobs_reap(stale_after_seconds=4)] == [second.pk]
+    # Past a supervisor's heartbeat (every 5 s), so that only what the lost host ran is stale.
+    settings.HOST_OFFLINE_AFTER_SECONDS = 12
+    wait_until(lambda: not WorkerHost.objects.get(kind="gpu", host=lost).is_online, seconds=40, message="offline")
+    reaped = []
+    wait_until(lambda: reaped.extend(jobs_reap(stale_after_seconds=12)) or reaped, seconds=30, interval=1,
+               message="the lost replica reaped")
+    assert [job.pk for job in reaped] == [second.pk]
     second.refresh_from_db()
     assert second.state == S.FAILED and not Channel.objects.get(pk=channels[second.pk].pk).enabled
     beat(lambda: len([r for r in head.replicas() if r.state in Deployment.ACTIVE_STATES]) == 2, 30, "a replacement")
