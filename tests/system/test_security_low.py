@@ -23,20 +23,11 @@ from panel.budgets.models import Budget
 from tests.support.environment import REDIS_URL, ROOT
 from tests.support.fake_messages_upstream import FakeMessagesUpstream
 from tests.support.gateway import channel, route_to
-from tests.support.gateway_server import GatewayServer
+from tests.support.messages_gateway import gateway  # noqa: F401 (fixture)
 from tests.support.safetensors import write_safetensors
 from tests.support.waiting import run_coroutine
 
 COUNT = {"model": "claude", "messages": [{"role": "user", "content": "Review the change in src/app.py please"}]}
-
-
-@pytest.fixture
-def gateway(transactional_db):
-    from django.db import connection
-
-    server = GatewayServer(connection.settings_dict["NAME"], TOKENWISE_BUDGET_CACHE_SECONDS="0")
-    yield server
-    server.stop()
 
 
 @pytest.fixture
