@@ -58,7 +58,8 @@ def test_a_run_answers_checks_and_prices_every_case(transactional_db, team_setup
     assert by_id["agrees"]["checks"][0]["words"].startswith("agrees 1.00 with the reference")
     assert "the judge said: " + content_text(2) in by_id["judged"]["checks"][0]["words"]
 
-    rows = RequestLog.objects.filter(endpoint="evaluation")
+    rows = RequestLog.objects.filter(endpoint="evaluation")  # the worker's usage writer adds them in batches
+    wait_until(lambda: rows.count() >= 7, seconds=30, interval=0.3, message="the run's usage rows")
     assert rows.filter(channel=candidate).count() == 5 and rows.count() == 7  # + one reference, one judge answer
     cost = sum((row.cost for row in rows.filter(channel=candidate)), Decimal(0))
     assert cost > 0
