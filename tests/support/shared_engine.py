@@ -57,19 +57,19 @@ class SharedEngine:
         from panel.registry.models import RegisteredModel
         from panel.serving import supervisor
         from panel.serving.models import ServingProfile
-        from panel.serving.services import launch_argv
+        from panel.serving.services import CPU_ENGINE_ENV, launch_argv
 
         self.model_path = folder / "tiny"
         build_demo_model(self.model_path)
         profile = ServingProfile(model=RegisteredModel(name="tiny", path=str(self.model_path)), **PROFILE)
         self.port = supervisor.free_port()
-        self.argv = launch_argv(profile, port=self.port)
+        self.argv = launch_argv(profile, port=self.port, cpu_host=True)
         self.key = secrets.token_urlsafe(32)
         self.base_url = f"http://{settings.ENGINE_ADVERTISE_HOST}:{self.port}/v1"
         self.log_path = folder / "engine.log"
         self.hooks = _Hooks()
         self.outcome = None
-        env = {"VLLM_CPU_KVCACHE_SPACE": str(settings.CPU_KVCACHE_GIB), "VLLM_API_KEY": self.key}
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(settings.CPU_KVCACHE_GIB), "VLLM_API_KEY": self.key, **CPU_ENGINE_ENV}
 
         def run():
             self.outcome = supervisor.run_server(
