@@ -30,6 +30,18 @@ def _clean_redis(redis_server):
     redis.Redis.from_url(REDIS_URL).flushdb()
 
 
+@pytest.fixture(scope="module")
+def module_gateways(django_db_setup, django_db_blocker):
+    """The gateway processes this module's tests share (tests/support/gateway_server.py, ModuleGateways)."""
+    from django.db import connection
+
+    from tests.support.gateway_server import ModuleGateways
+
+    gateways = ModuleGateways(connection.settings_dict["NAME"])
+    yield gateways
+    gateways.stop()
+
+
 @pytest.fixture
 def team_setup(db):
     """Two teams; `alice` owns team A, `vera` is a viewer in A, `bob` owns team B."""

@@ -23,7 +23,7 @@ from panel.channels.models import Channel, Route, RouteChannel
 from panel.channels.rules import input_token_estimate
 from panel.usage.models import RequestLog
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.gateway_server import GatewayServer
+from tests.support.gateway import gateway_for
 from tests.support.waiting import wait_until
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "one two three four"}], "max_tokens": 20}
@@ -49,12 +49,8 @@ def priced(team_setup):
 
 
 @pytest.fixture
-def gateway(transactional_db):
-    from django.db import connection
-
-    server = GatewayServer(connection.settings_dict["NAME"], TOKENWISE_BUDGET_CACHE_SECONDS="0")
-    yield server
-    server.stop()
+def gateway(transactional_db, request):
+    yield from gateway_for(request, TOKENWISE_BUDGET_CACHE_SECONDS="0")
 
 
 def ask(gateway, raw):

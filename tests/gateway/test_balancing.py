@@ -30,6 +30,9 @@ from tests.support.fake_upstream import FakeUpstream, closed_port
 from tests.support.gateway import channel, gateway, records  # noqa: F401 (fixtures)
 from tests.support.waiting import run_coroutine, wait_until
 
+# A gateway process per test (tests/support/gateway.py): its tests stop the gateway and read its log
+GATEWAY_PER_TEST = True
+
 
 def target(ident, kind="local"):
     return Target(id=ident, name=f"replica-{ident}", base_url="", model_id="m", api_key=None, credential_error="",

@@ -14,6 +14,9 @@ from tests.support.fake_upstream import closed_port
 from tests.support.gateway import CHAT, fallback, gateway, post, primary, records, setup  # noqa: F401 (fixtures)
 from tests.support.waiting import run_coroutine
 
+# A gateway process per test (tests/support/gateway.py): its tests stop the gateway and read its log
+GATEWAY_PER_TEST = True
+
 FLAKY, STEADY = SimpleNamespace(id=101), SimpleNamespace(id=102)
 
 

@@ -23,6 +23,9 @@ from tests.support.gateway import (  # noqa: F401 (fixtures)
 )
 from tests.support.waiting import wait_until
 
+# A gateway process per test (tests/support/gateway.py): samples are written after the answer, past a test
+GATEWAY_PER_TEST = True
+
 SECRET_ASK = ("Customer CUST-123456 (jane.doe@example.com, card 4111 1111 1111 1111) asks why key "
               "sk-live-abcdefghijklmnop1234 was refused.")
 

@@ -23,6 +23,9 @@ from tests.support.gateway import (  # noqa: F401 (fixtures)
 )
 from tests.support.waiting import wait_until
 
+# A gateway process per test (tests/support/gateway.py): shadow requests run after the answer, past a test
+GATEWAY_PER_TEST = True
+
 
 @pytest.fixture
 def candidate(setup):

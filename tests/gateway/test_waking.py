@@ -15,6 +15,9 @@ from tests.support.channels import make_deployment
 from tests.support.gateway import CHAT, fallback, gateway, post, primary, records, setup  # noqa: F401 (fixtures)
 from tests.support.waiting import wait_until
 
+# A gateway process per test (tests/support/gateway.py): requests wait for a waking engine past a test
+GATEWAY_PER_TEST = True
+
 
 def asleep(setup, primary, *, while_waking, only_local=False, deadline=45):
     """The route's local channel belongs to a deployment that has just fallen asleep (through the real writer)."""

@@ -19,12 +19,34 @@ CHAT = {"model": "chat", "messages": [{"role": "user", "content": "one two three
 
 
 @pytest.fixture
-def gateway(transactional_db):
+def gateway(transactional_db, request):
+    yield from gateway_for(request)
+
+
+def gateway_for(request, **env_changes):
+    """A gateway process for one test (a fixture's body): the module's shared one (tests/conftest.py,
+    `module_gateways`), its usage records written before the test's data is flushed; or, in a module that sets
+    GATEWAY_PER_TEST (its tests leave requests running: stalls, deadlines, shadows, wakes), a process of its own."""
     from django.db import connection
 
-    server = GatewayServer(connection.settings_dict["NAME"])
-    yield server
-    server.stop()
+    if getattr(request.module, "GATEWAY_PER_TEST", False):
+        server = GatewayServer(connection.settings_dict["NAME"], **env_changes)
+        yield server
+        server.stop()
+        return
+    yield request.getfixturevalue("module_gateways").get(**env_changes)
+    usage_settled()
+
+
+def usage_settled(quiet=0.4, seconds=10):
+    """Once no usage record has arrived for `quiet` seconds: the gateway's writer adds them every 0.2 s."""
+    last, since = RequestLog.objects.count(), time.monotonic()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() - since < quiet and time.monotonic() < deadline:
+        time.sleep(0.1)
+        count = RequestLog.objects.count()
+        if count != last:
+            last, since = count, time.monotonic()
 
 
 @pytest.fixture

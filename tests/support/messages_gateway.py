@@ -9,17 +9,12 @@ import pytest
 
 from panel.accounts.keys import key_issue
 from tests.support.fake_messages_upstream import FakeMessagesUpstream
-from tests.support.gateway import channel, route_to
-from tests.support.gateway_server import GatewayServer
+from tests.support.gateway import channel, gateway_for, route_to
 
 
 @pytest.fixture
-def gateway(transactional_db):
-    from django.db import connection
-
-    server = GatewayServer(connection.settings_dict["NAME"], TOKENWISE_BUDGET_CACHE_SECONDS="0")
-    yield server
-    server.stop()
+def gateway(transactional_db, request):
+    yield from gateway_for(request, TOKENWISE_BUDGET_CACHE_SECONDS="0")
 
 
 @pytest.fixture

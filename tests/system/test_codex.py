@@ -16,6 +16,9 @@ from tests.support.fake_messages_upstream import FakeMessagesUpstream
 from tests.support.fake_upstream import content_text
 from tests.support.gateway import channel, gateway, records, route_to  # noqa: F401 (fixtures)
 
+# A gateway process per test (tests/support/gateway.py): the CLI's session outlives its checks
+GATEWAY_PER_TEST = True
+
 pytestmark = pytest.mark.client
 NOTES = "The deploy freeze starts on Friday at 16:00."
 

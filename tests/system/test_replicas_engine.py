@@ -35,6 +35,9 @@ from tests.support.gateway import gateway  # noqa: F401 (fixture)
 from tests.support.hosts import SimulatedHosts
 from tests.support.waiting import wait_until
 
+# A gateway process per test (tests/support/gateway.py): one long test
+GATEWAY_PER_TEST = True
+
 pytestmark = pytest.mark.engine  # the demo model and two real engines on gpu workers
 S = DeploymentState
 START_SECONDS = 300
