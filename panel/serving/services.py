@@ -115,7 +115,7 @@ def deployment_warnings(deployment):
 # host"): its ahead-of-time compiled-graph cache never loads there ("'function' object has no attribute
 # 'finalize_loading'"), so every start compiled the model again, where the older cache loads; and one worker in the
 # engine-core process (the "uni" executor, which the CPU platform allows only without V1 multiprocessing) spares a
-# third process importing vLLM. 59 s to 40 s for the demo model, decoding as fast.
+# third process importing vLLM. 37 s to 21-26 s for the demo model, decoding as fast.
 CPU_ENGINE_ENV = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 CPU_ONE_WORKER_ARGS = ["--distributed-executor-backend", "uni"]
 
