@@ -294,17 +294,18 @@ def _option_argv(flag, value):
 
 
 def launch_argv(values, *, model_path, port, engine_python="python", host="127.0.0.1", checkpoint_quantized=False,
-                swap_space_flag=ENGINE_HAS_SWAP_SPACE, key_guard=False):
+                swap_space_flag=ENGINE_HAS_SWAP_SPACE, key_guard=False, host_args=()):
     """The vLLM OpenAI server command for a profile, as an argv list (the usual flags plus the ones we always set),
     ending with extra_args. `key_guard`: with the middleware that puts every path behind the engine's key (the
-    panel's own starts; an exported command leaves it out, it imports from Tokenwise's folder). Raises
+    panel's own starts; an exported command leaves it out, it imports from Tokenwise's folder). `host_args`: flags
+    the host's kind calls for, before extra_args (which may say otherwise: the last flag wins). Raises
     ConfigFileError when extra_args is refused."""
     extra = validate_extra_args(values.get("extra_args") or "", model_path=model_path)
     argv = [str(engine_python), "-m", SERVER_MODULE] + (["--middleware", KEY_GUARD] if key_guard else [])
     for flag, value in _engine_options(values, model_path=model_path, port=port, host=host,
                                        checkpoint_quantized=checkpoint_quantized, swap_space_flag=swap_space_flag):
         argv += _option_argv(flag, value)
-    return argv + extra
+    return argv + list(host_args) + extra
 
 
 def _group_extra(tokens):

@@ -124,15 +124,11 @@ def launch_argv(profile, *, port, sleep_mode=False, cpu_host=False):
     """The command the panel starts the profile's engine with: every path behind the engine's key; with vLLM's
     sleep mode when `sleep_mode` (serving/sleep.py); on a CPU host, one worker in the engine's own process when
     the profile needs one (before extra_args, which may say otherwise: the last flag wins)."""
-    values = profile_values(profile)
-    argv = configfile.launch_argv(values, model_path=profile.model.path, port=port,
+    one_worker = cpu_host and profile.tensor_parallel_size * profile.pipeline_parallel_size == 1
+    argv = configfile.launch_argv(profile_values(profile), model_path=profile.model.path, port=port,
                                   engine_python=settings.ENGINE_PYTHON,
                                   checkpoint_quantized=profile.model.is_quantized, host=settings.ENGINE_BIND,
-                                  key_guard=True)
-    if cpu_host and profile.tensor_parallel_size * profile.pipeline_parallel_size == 1:
-        extra = len(configfile.validate_extra_args(values.get("extra_args") or "", model_path=profile.model.path))
-        at = len(argv) - extra
-        argv = argv[:at] + CPU_ONE_WORKER_ARGS + argv[at:]
+                                  key_guard=True, host_args=CPU_ONE_WORKER_ARGS if one_worker else ())
     return [*argv, "--enable-sleep-mode"] if sleep_mode else argv
 
 
