@@ -1,5 +1,5 @@
-"""Canary rollout of a candidate channel on a route (move 5% of the traffic to the
-quantized model first, watch JSON parse failures and P99, roll back above 3%).
+"""Canary rollout of a candidate channel on a route (move 5% of the traffic to the quantized model first, watch
+its JSON parse failures against the stable channels', its errors and its P99, roll back when one is worse).
 
 The gateway sends `route.canary_percent` % of the route's requests to the candidate first (falling back to the
 route's own channels) and marks each usage record with its arm (`RequestLog.canary`). `canary_check` reads the
@@ -156,6 +156,9 @@ def canary_stop(*, route, request=None, actor=None):
 
 # ------------------------------------------------------------------------------------------------- guards
 
+JSON_GUARD_Z = 1.645  # one-sided 95 %: a difference of JSON failure rates this many standard errors is not chance
+
+
 def p99(values):
     """The 99th percentile by nearest rank (None for no values)."""
     if not values:
@@ -184,6 +187,35 @@ def _arm(rows, candidate_id=None):
             "latency_samples": len(latencies), "p99_ms": p99(latencies)}
 
 
+def _rate(failures, count):
+    return failures / count if count else 0.0
+
+
+def json_guard(candidate, stable, *, minimum, limit):
+    """The JSON guard's words when it trips, else "". A real model fails some JSON requests itself (a runaway
+    answer cut at max_tokens), so the candidate is judged against the stable arm of the same window: it trips when
+    its failure rate is more than `limit` points above the stable arm's and the difference is more than chance (a
+    one-sided two-proportion z-test at 95 %). With fewer than `minimum` stable JSON requests there is nothing to
+    compare with, and the candidate must stay at or under `limit` % on its own."""
+    mine, count = candidate["json_failures"], candidate["json_requests"]
+    if count < minimum:
+        return ""
+    rate = _rate(mine, count)
+    words = f"JSON parse failures {100 * rate:.1f}% ({mine} of {count} requests that asked for JSON)"
+    if stable["json_requests"] < minimum:
+        return f"{words} are above the {limit}% threshold" if 100 * rate > limit else ""
+    theirs, their_count = stable["json_failures"], stable["json_requests"]
+    baseline = _rate(theirs, their_count)
+    if 100 * (rate - baseline) <= limit:
+        return ""
+    pooled = (mine + theirs) / (count + their_count)
+    spread = (pooled * (1 - pooled) * (1 / count + 1 / their_count)) ** 0.5
+    if spread and (rate - baseline) / spread < JSON_GUARD_Z:
+        return ""
+    return (f"{words} are {100 * (rate - baseline):.1f} points above the stable channels' {100 * baseline:.1f}% "
+            f"({theirs} of {their_count}), more than the {limit}-point threshold")
+
+
 def canary_guards(*, route, now=None):
     """The numbers of the current window for both arms and the guards that trip, in words.
     {"window_start", "candidate": {...}, "stable": {...}, "problems": [...], "clean": bool}: `clean` means enough
@@ -196,12 +228,8 @@ def canary_guards(*, route, now=None):
     stable = _arm([row for row in rows if not row["canary"]])
     minimum, problems = settings.CANARY_MIN_REQUESTS, []
     json_limit, error_limit = settings.CANARY_JSON_FAILURE_PERCENT, settings.CANARY_ERROR_PERCENT
-    if candidate["json_requests"] >= minimum:
-        rate = 100 * candidate["json_failures"] / candidate["json_requests"]
-        if rate > json_limit:
-            problems.append(f"JSON parse failures {rate:.1f}% ({candidate['json_failures']} of "
-                            f"{candidate['json_requests']} requests that asked for JSON) are above the "
-                            f"{json_limit}% threshold")
+    if json_problem := json_guard(candidate, stable, minimum=minimum, limit=json_limit):
+        problems.append(json_problem)
     if candidate["requests"] >= minimum:
         rate = 100 * candidate["errors"] / candidate["requests"]
         if rate > error_limit:

@@ -67,4 +67,4 @@ def test_it_shows_advice_and_a_canary_that_rolls_back(page, live_server, team_se
     expect(page.locator(".message.error")).to_contain_text("JSON parse failures 10.0% (4 of 40")
     screenshot(page, "route-canary-rolled-back")
     page.click("nav.sidebar >> text=Advisor")
-    expect(page.locator(".advice-item").filter(has_text="was rolled back")).to_contain_text("3% threshold")
+    expect(page.locator(".advice-item").filter(has_text="was rolled back")).to_contain_text("3-point threshold")

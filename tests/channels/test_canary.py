@@ -113,7 +113,7 @@ def test_it_rolls_back_at_once_on_broken_json_and_the_gateway_stops_within_a_sec
         rolled_back_at = time.monotonic()
         route.refresh_from_db()
         assert (route.canary_state, route.canary_percent) == (CanaryState.ROLLED_BACK, 0)
-        assert "JSON parse failures 100.0%" in route.canary_reason and "3% threshold" in route.canary_reason
+        assert "JSON parse failures 100.0%" in route.canary_reason and "3-point threshold" in route.canary_reason
         assert route.canary_evidence["candidate"]["json_failures"] == hits
 
         # The gateway caches routes for 5 s; the routing version brings the rollback in within a second.
@@ -334,3 +334,44 @@ def test_it_rolls_back_on_its_own_with_beat_and_a_worker(gateway, setup, candida
                message="the beat's check to roll the canary back")
     [rolled] = audit(AuditAction.CANARY_ROLLED_BACK)
     assert rolled.actor is None and "JSON parse failures 100.0%" in rolled.detail["reason"]
+
+
+@pytest.mark.django_db
+def test_it_judges_json_failures_against_the_stable_arm_as_on_the_real_model(setup):
+    """The figures of bench/canary_demo.py on SmolLM2-135M: the bf16 parent itself fails some JSON requests (runaway
+    answers cut at max_tokens), so a W8A8 child as good as it passes and a W4A16 child far worse trips."""
+    def arm(json_requests, failures):
+        return {"requests": json_requests, "errors": 0, "json_requests": json_requests, "json_failures": failures,
+                "latency_samples": 0, "p99_ms": None}
+
+    from panel.channels.canary import json_guard
+
+    assert json_guard(arm(32, 4), arm(28, 4), minimum=20, limit=3) == ""  # 12.5% against the parent's 14.3%
+    tripped = json_guard(arm(24, 13), arm(36, 8), minimum=20, limit=3)
+    assert tripped == ("JSON parse failures 54.2% (13 of 24 requests that asked for JSON) are 31.9 points above the "
+                       "stable channels' 22.2% (8 of 36), more than the 3-point threshold")
+    assert json_guard(arm(24, 6), arm(36, 8), minimum=20, limit=3) == ""  # 25.0% against 22.2%: within 3 points
+    assert json_guard(arm(24, 9), arm(36, 8), minimum=20, limit=3) == ""  # 37.5% against 22.2%: could be chance
+    assert json_guard(arm(20, 1), arm(400, 0), minimum=20, limit=3).startswith("JSON parse failures 5.0%")
+    assert json_guard(arm(20, 1), arm(10, 0), minimum=20, limit=3) == (  # too few stable JSON requests: on its own
+        "JSON parse failures 5.0% (1 of 20 requests that asked for JSON) are above the 3% threshold")
+    assert json_guard(arm(19, 19), arm(100, 0), minimum=20, limit=3) == ""  # no verdict before the minimum
+
+    route = canary_start(route=setup["route"], channel=setup["candidate"])
+    now = timezone.now()
+
+    def log(canary, channel, count, valid):
+        RequestLog.objects.bulk_create([RequestLog(team=setup["team"], route=route, channel=channel, canary=canary,
+                                                   endpoint="chat", model="chat", status_code=200, outcome="ok",
+                                                   latency_ms=500, json_requested=True, json_valid=valid,
+                                                   created_at=now) for _ in range(count)])
+
+    log(True, setup["candidate"], 28, True)
+    log(True, setup["candidate"], 4, False)
+    log(False, setup["stable"], 24, True)
+    log(False, setup["stable"], 4, False)
+    assert canary_check(route=route, now=now + timedelta(seconds=1)) == "watching"
+    log(True, setup["candidate"], 30, False)  # now 34 of 62 against 4 of 28
+    assert canary_check(route=route, now=now + timedelta(seconds=1)) == "rolled_back"
+    route.refresh_from_db()
+    assert "54.8% (34 of 62" in route.canary_reason and "stable channels' 14.3% (4 of 28)" in route.canary_reason
