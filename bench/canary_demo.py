@@ -170,7 +170,7 @@ def markdown(summary):
             figures = verdict[arm]
             said = (result["reason"] or "no guard tripped") if arm == "candidate" else ""
             lines.append(f"| {result['candidate']} | {arm} | {figures['requests']} | {figures['json_requests']} | "
-                         f"{figures['json_failures']} | {result['cut_at_max_tokens'][arm]} | {figures['p99_ms']} ms | "
+                         f"{figures['json_failures']} | {result['cut_at_max_tokens'][arm]} | {figures['p99_ms']:.0f} ms | "
                          f"{said} |")
     return "\n".join(lines)
 
