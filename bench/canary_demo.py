@@ -169,9 +169,9 @@ def markdown(summary):
         for arm in ("stable", "candidate"):
             figures = verdict[arm]
             said = (result["reason"] or "no guard tripped") if arm == "candidate" else ""
+            p99 = f"{figures['p99_ms']:.0f} ms" if figures["p99_ms"] is not None else ""
             lines.append(f"| {result['candidate']} | {arm} | {figures['requests']} | {figures['json_requests']} | "
-                         f"{figures['json_failures']} | {result['cut_at_max_tokens'][arm]} | {figures['p99_ms']:.0f} ms | "
-                         f"{said} |")
+                         f"{figures['json_failures']} | {result['cut_at_max_tokens'][arm]} | {p99} | {said} |")
     return "\n".join(lines)
 
 

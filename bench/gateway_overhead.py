@@ -5,8 +5,9 @@ test; results in docs/benchmarks.md):
 
 1. CPU per request of the whole gateway process (every thread, from /proc via psutil) for 20- and 200-chunk streams
    at concurrency 16 against an unpaced fake upstream: the fixed cost and the cost per chunk (a line through both).
-2. Added TTFT at concurrency 1: time to the first content event of a 20-chunk stream, directly and through the
-   gateway, the two paths alternating for --rounds rounds (the median of each path's p50s).
+2. Added TTFT at concurrency 1: time to the first content event of a 20-chunk stream, directly, through a bare proxy
+   on the gateway's own server and client stack (bench/bare_proxy.py: the floor any Python proxy process adds here)
+   and through the gateway, the paths alternating for --rounds rounds (the median of each path's p50s).
 3. Requests per second at concurrency 16, directly and through the gateway, alternating for --rounds rounds: 20-chunk
    streams paced at --chunk-delay seconds between events (0.01: 100 tokens a second, a real decode's pace), read to
    their end by a load generator in a process of its own.
@@ -15,14 +16,18 @@ Goals (issue 29): at most 1.5 ms fixed + 0.02 ms per chunk; at least 95% of the 
 1.0 ms of added TTFT. The fake upstreams, the gateway and the load generator share this machine's cores."""
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import httpx
 from gateway_bench import free_port, load, prepare_panel, start, stop, ttft
 from gateway_cpu_bench import line_through, measure
 
+BENCH = Path(__file__).resolve().parent
 GOALS = {"fixed_ms": 1.5, "ms_per_chunk": 0.02, "rps_share": 0.95, "added_ttft_ms": 1.0}
 SERVER = ["-m", "uvicorn", "panel.asgi:application", "--loop", "uvloop", "--http", "httptools", "--no-access-log",
           "--log-level", "warning"]
@@ -63,26 +68,49 @@ def cpu_cost(args):
             "ms_per_chunk": statistics.median(run["ms_per_chunk"] for run in runs)}
 
 
+def bare_proxy_to(upstream_url):
+    """bench/bare_proxy.py on the gateway's server flags: the floor of any Python proxy on this stack."""
+    port = free_port()
+    process = start([sys.executable, *SERVER[:2], "bare_proxy:application", "--app-dir", str(BENCH), *SERVER[3:],
+                     "--port", str(port)], env=dict(os.environ, UPSTREAM=upstream_url))
+    url = f"http://127.0.0.1:{port}/v1"
+    for _ in range(100):  # ready once it relays a stream
+        try:
+            httpx.post(f"{url}/chat/completions", json={"model": "chat", "stream": True}, timeout=5)
+            return process, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit("the bare proxy did not start")
+
+
 def side_by_side(args):
-    """2. and 3.: TTFT at concurrency 1 and requests per second at concurrency 16, direct against the gateway."""
+    """2. and 3.: TTFT at concurrency 1 (direct, through the bare proxy, through the gateway) and requests per second
+    at concurrency 16 (direct against the gateway)."""
     fake, fake_url = upstream(20, args.chunk_delay)
     try:
         gateway, url, key = gateway_to(fake_url)
+        bare, bare_url = bare_proxy_to(fake_url)
         paths = {"direct": (f"{fake_url}/chat/completions", "unused"), "gateway": (f"{url}/chat/completions", key)}
-        ttfts, rates = {name: [] for name in paths}, {name: [] for name in paths}
+        ttfts = {name: [] for name in (*paths, "bare_proxy")}
+        rates = {name: [] for name in paths}
         try:
             for _ in range(args.rounds):
-                for name, (target, token) in paths.items():
+                for name, (target, token) in {**paths, "bare_proxy": (f"{bare_url}/chat/completions", "-")}.items():
                     ttfts[name].append(ttft(target, {"Authorization": f"Bearer {token}"}, args.requests // 2))
+                for name, (target, token) in paths.items():
                     rates[name].append(load(target, token, 16, args.seconds))
         finally:
             stop(gateway)
+            stop(bare)
     finally:
         stop(fake)
     p50 = {name: statistics.median(run["p50_ms"] for run in runs) for name, runs in ttfts.items()}
     rps = {name: statistics.median(run["rps"] for run in runs) for name, runs in rates.items()}
     return {"chunk_delay_s": args.chunk_delay, "ttft": ttfts, "rps_runs": rates, "ttft_p50_ms": p50,
-            "added_ttft_ms": p50["gateway"] - p50["direct"], "rps": rps, "rps_share": rps["gateway"] / rps["direct"]}
+            "added_ttft_ms": p50["gateway"] - p50["direct"],
+            "bare_proxy_added_ttft_ms": p50["bare_proxy"] - p50["direct"],
+            "gateway_over_bare_proxy_ms": p50["gateway"] - p50["bare_proxy"],
+            "rps": rps, "rps_share": rps["gateway"] / rps["direct"]}
 
 
 def main():
