@@ -7,10 +7,11 @@ targets and webhooks.
   TOKENWISE_OUTBOUND_ALLOW (CIDRs). Public addresses are fine.
 - The panel's own origin (its port on this machine, the names in ALLOWED_HOSTS, TOKENWISE_PUBLIC_URL) is refused:
   a channel pointed there would call the gateway in a loop.
-- The address checked is the address connected to: aiohttp sessions connect through `PolicyConnector` (every
-  resolved address and every literal address checked), httpx calls go to the address `pinned` resolved and checked
-  (the name stays in Host and in TLS). A name that resolves to a public address when saved and to 127.0.0.1 later
-  (DNS rebinding) is refused at request time.
+- The address checked is the address connected to: the gateway's own client (panel/gateway/http_client.py)
+  checks every address it resolves and every literal one with `address_refusal`; aiohttp sessions connect through
+  `PolicyConnector` (every resolved address and every literal address checked), httpx calls go to the address
+  `pinned` resolved and checked (the name stays in Host and in TLS). A name that resolves to a public address when
+  saved and to 127.0.0.1 later (DNS rebinding) is refused at request time.
 - No outbound call follows a redirect: a 3xx is the upstream's error (a 307 to another address would carry the body
   and the credential header past every check here).
 - Every request carries HOP_HEADER; the gateway refuses a request that has it, so nothing loops even through a

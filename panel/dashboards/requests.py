@@ -23,7 +23,8 @@ OUTCOME_WORDS = {
     "rate_limited": "the channel answered 429", "upstream_auth": "the channel refused its key",
     "upstream_not_found": "the channel does not serve the model", "malformed": "an answer that is not JSON",
     "error_event": "an error event", "bad_request": "the channel refused the request (4xx)",
-    "misconfigured": "the channel's key cannot be read (not called)", "client_closed": "the client left",
+    "misconfigured": "the channel's key cannot be read (not called)",
+    "refused": "the channel's address is not allowed (not called)", "client_closed": "the client left",
 }
 
 

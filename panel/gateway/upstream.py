@@ -6,45 +6,21 @@ import json
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from panel.core import outbound, safejson
+from panel.gateway import http_client
 from panel.gateway.assemble import Assembly
 
 RETRY_AFTER_CAP_SECONDS = 5.0
 
-_sessions = {}  # loopback_ok -> (the event loop it belongs to, the session)
-
-# aiohttp rather than httpx on the gateway's hot path: measured here, httpx's async client alone added about
-# 2 ms per streamed request, most of the gateway's overhead (docs/benchmarks.md).
-TRANSPORT_ERRORS = (aiohttp.ClientError, ConnectionError, OSError)
-
-
-def session(loopback_ok=False):
-    """One connection pool per process, policy and event loop (the server's one loop; a worker that runs requests
-    through asyncio.run gets a new pool with each new loop). Every address a name resolves to is checked by the
-    outbound policy before the connection (no DNS rebinding); only the deployments' own local channels may reach
-    this machine."""
-    loop = asyncio.get_running_loop()
-    held_loop, current = _sessions.get(loopback_ok, (None, None))
-    if current is None or current.closed or held_loop is not loop:
-        connector = outbound.PolicyConnector(loopback_ok=loopback_ok, limit=1000, keepalive_timeout=30,
-                                             ttl_dns_cache=60)
-        # No cookie jar: an upstream's cookies must not ride along on another team's next request to it (and
-        # matching cookies per request costs CPU on every call).
-        current = aiohttp.ClientSession(connector=connector, auto_decompress=True, raise_for_status=False,
-                                        json_serialize=json.dumps, cookie_jar=aiohttp.DummyCookieJar())
-        _sessions[loopback_ok] = (loop, current)
-    return current
+# The gateway's own HTTP client (panel/gateway/http_client.py), not aiohttp's: what the gateway adds to a client's
+# time to first token is mostly the upstream call's CPU (decision 0077, docs/benchmarks.md).
+TRANSPORT_ERRORS = (OSError,)  # ConnectionError and TimeoutError included
 
 
 async def sessions_close():
-    """Close this loop's pools: for a caller that runs requests in a loop of its own and is done with it."""
-    loop = asyncio.get_running_loop()
-    for key, (held_loop, current) in list(_sessions.items()):
-        if held_loop is loop:
-            del _sessions[key]
-            await current.close()
+    """Close this event loop's kept upstream connections: for a caller that runs requests in a loop of its own and
+    is done with it."""
+    await http_client.close_kept()
 
 
 @dataclass(frozen=True)
@@ -53,10 +29,6 @@ class Limits:
 
     first_byte: float
     total: float | None
-
-
-def client_timeout(target, limits):
-    return aiohttp.ClientTimeout(total=limits.total, sock_connect=target.connect_timeout)
 
 
 class UpstreamError(Exception):
@@ -134,21 +106,23 @@ def stalled(seconds, what):
 
 async def send_request(target, path, payload, limits, api="chat", extra_headers=()):
     """POST and wait for the response headers, at most `limits.first_byte` seconds. A redirect is an answer like any
-    other non-200, never followed: aiohttp would carry x-api-key (the operator's key, maybe) to another origin."""
+    other non-200, never followed: it would carry x-api-key (the operator's key, maybe) to another origin."""
     try:
         async with asyncio.timeout(limits.first_byte):
-            return await session(target.loopback_ok).post(target.base_url.rstrip("/") + path,
-                                                          data=json.dumps(payload).encode(),
-                                                          headers=headers_for(target, api, extra_headers),
-                                                          timeout=client_timeout(target, limits),
-                                                          allow_redirects=False)
-    except aiohttp.ConnectionTimeoutError:
+            return await http_client.post(target.base_url.rstrip("/") + path, json.dumps(payload).encode(),
+                                          headers_for(target, api, extra_headers), loopback_ok=target.loopback_ok,
+                                          connect_timeout=target.connect_timeout, total=limits.total)
+    except http_client.ConnectTimeout:
         raise UpstreamError("connection", f"no connection within {target.connect_timeout:g} s") from None
     except TimeoutError:
         raise stalled(limits.first_byte, "no answer") from None
-    except aiohttp.ClientConnectorDNSError:  # asking again does not make a name resolve: not retried here
+    except http_client.DNSError:  # asking again does not make a name resolve: not retried here
         raise UpstreamError("dns", f"the channel's host name {error_host(target)} does not resolve",
                             retryable=False) from None
+    except outbound.OutboundRefused as refusal:  # the address is not one the panel may call: asking again won't help
+        raise UpstreamError("refused", f"the channel's address is refused: {refusal}", retryable=False) from None
+    except ValueError as error:  # a line break in the channel's key or URL: nothing was sent
+        raise UpstreamError("misconfigured", f"the request cannot be sent: {error}", retryable=False) from None
     except TRANSPORT_ERRORS as error:
         raise UpstreamError("connection", f"cannot reach the channel ({type(error).__name__})") from None
 

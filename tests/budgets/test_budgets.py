@@ -274,7 +274,6 @@ def in_process(priced, monkeypatch, *, stream, count):
     monkeypatch.setattr(enforcement, "count", counted)
     monkeypatch.setattr(usage, "record", lambda **fields: steps.append(("recorded", fields["status_code"])))
     monkeypatch.setattr(redis_client, "_client", None)  # clients of this test's event loop
-    monkeypatch.setattr(upstream, "_sessions", {})
     routes._cache.clear()
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
              "headers": [(b"authorization", f"Bearer {priced['raw_app']}".encode())]}
@@ -283,7 +282,7 @@ def in_process(priced, monkeypatch, *, stream, count):
         try:
             await app.application(scope, receive, send)
         finally:
-            await upstream.session().close()
+            await upstream.sessions_close()
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright may hold this thread's event loop
         pool.submit(asyncio.run, scenario()).result()

@@ -1,0 +1,343 @@
+"""The gateway's HTTP/1.1 client for its upstream calls: one POST, its response read as it arrives, the connection
+kept for the next request. Not aiohttp's client: on a Zen 4 EPYC, aiohttp's request and response handling took
+0.3 ms of the gateway thread's CPU per request, most of what the gateway added to a client's time to first token
+(decision 0077, docs/benchmarks.md). What it does:
+
+- HTTP/1.1 over TCP or TLS (the system's CA store); a response framed by its length, chunked, or read to the
+  connection's close (httptools parses it); a gzip or deflate body decoded, though none is asked for;
+- connections kept per event loop, outbound policy, scheme, host and port, and reused only after a complete
+  response that did not ask to close; a kept connection lost before the first byte of its response is tried once
+  more on a new one (the server closed it while it was idle, so it read nothing);
+- every address connected to has passed the outbound policy (panel/core/outbound.py): a name is resolved (cached
+  for a minute) and every address it resolves to is checked; an address written in the URL is checked as written;
+- no redirect is followed, no cookie kept, no proxy used;
+- deadlines: the connection (`ConnectTimeout`) and the whole exchange (`total`: a read past it raises TimeoutError);
+  the caller bounds the wait for the response's headers."""
+import asyncio
+import ipaddress
+import socket
+import ssl
+import time
+import zlib
+from urllib.parse import urlsplit
+
+import httptools
+
+from panel.core import outbound
+
+DNS_CACHE_SECONDS = 60
+KEEP_IDLE_SECONDS = 30  # a kept connection idle longer than this is closed rather than reused
+PAUSE_AT_BYTES = 256 * 1024  # a response read ahead of its consumer by this much stops reading from the socket
+
+_idle = {}  # event loop -> {(loopback_ok, scheme, host, port): [Connection]}
+_names = {}  # (host, port) -> (expires, addresses)
+_tls = None
+
+
+class DNSError(ConnectionError):
+    """The host name does not resolve."""
+
+
+class ConnectTimeout(ConnectionError):
+    """No connection within the connect deadline."""
+
+
+class Disconnected(ConnectionError):
+    """The upstream closed the connection, or sent what is not an HTTP response, before the response was whole.
+    `received`: whether any byte of the response had come."""
+
+    received = False
+
+
+def _tls_context():
+    global _tls
+    if _tls is None:
+        _tls = ssl.create_default_context()
+    return _tls
+
+
+def _clean(text, what):
+    if "\r" in text or "\n" in text:
+        raise ValueError(f"a line break in the request's {what}")
+    return text
+
+
+class Response:
+    """One response: `status` and `headers` (lower-case names) once its head is in; the body through `content`
+    (`readany()`, `at_eof()`, aiohttp's words) or `read()`; then `release()` (the connection may serve the next
+    request) or `close()`."""
+
+    def __init__(self, connection, total):
+        loop = asyncio.get_running_loop()
+        self.connection, self.content = connection, self
+        self.status, self.headers, self.complete, self.keep_alive = None, {}, False, False
+        self.received = False  # any byte of it
+        self.parser = httptools.HttpResponseParser(self)
+        self.head = loop.create_future()
+        self._blocks, self._size, self._waiter, self._ended, self._error = [], 0, None, False, None
+        self._decoder, self._paused = None, False
+        self._timer = None if total is None else loop.call_later(total, self._expire)
+
+    # ------------------------------------------------------------------ httptools' callbacks
+    def on_header(self, name, value):
+        name = name.decode("latin-1").lower()
+        value = value.decode("latin-1")
+        self.headers[name] = f"{self.headers[name]}, {value}" if name in self.headers else value
+
+    def on_headers_complete(self):
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()  # read here: the parser forgets it once the body is in
+        encoding = self.headers.get("content-encoding", "").strip().lower()
+        if encoding in ("gzip", "deflate"):
+            self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body):
+        data = self._decoder.decompress(body) if self._decoder is not None else bytes(body)
+        if data:
+            self._blocks.append(data)
+            self._size += len(data)
+            if self._size > PAUSE_AT_BYTES and not self._paused:
+                self._paused = True
+                self.connection.transport.pause_reading()
+            self._wake()
+
+    def on_message_complete(self):
+        self.complete = True
+        self._end()
+
+    # ------------------------------------------------------------------ from the connection
+    def fed(self, data):
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            self._fail(Disconnected(f"the upstream's answer is not HTTP ({error})"))
+            self.connection.transport.close()
+
+    def lost(self):
+        if self.complete:
+            return
+        framed = "content-length" in self.headers or "chunked" in self.headers.get("transfer-encoding", "")
+        if self.status is not None and not framed:
+            self.complete = True  # a body that runs to the connection's close
+            self._end()
+        else:
+            self._fail(Disconnected("the upstream closed the connection"))
+
+    # ------------------------------------------------------------------ the body, for the caller
+    async def readany(self):
+        while not self._blocks:
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = self._blocks[0] if len(self._blocks) == 1 else b"".join(self._blocks)
+        self._blocks.clear()
+        self._size = 0
+        if self._paused:
+            self._paused = False
+            self.connection.transport.resume_reading()
+        return data
+
+    def at_eof(self):
+        return self._ended and not self._blocks
+
+    async def read(self):
+        parts = []
+        while block := await self.readany():
+            parts.append(block)
+        return b"".join(parts)
+
+    def release(self):
+        """Done with it: a whole response on a connection that may stay open keeps the connection for the next
+        request; anything else closes it."""
+        self._stop_timer()
+        if self.complete and self.keep_alive and not self.connection.closed:
+            self.connection.keep()
+        else:
+            self.connection.close()
+
+    def close(self):
+        self._stop_timer()
+        self.connection.close()
+
+    # ------------------------------------------------------------------ inside
+    def _wake(self):
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _end(self):
+        if self._decoder is not None:
+            tail = self._decoder.flush()
+            if tail:
+                self._blocks.append(tail)
+        self._ended = True
+        self._stop_timer()
+        self._wake()
+
+    def _fail(self, error):
+        if self._error is None and not self.complete:
+            self._error = error
+        if not self.head.done():
+            self.head.set_exception(error)
+            self.head.exception()  # retrieved: a head nobody waits for any more is no "never retrieved" warning
+        self._wake()
+
+    def _expire(self):
+        self._timer = None
+        self._fail(TimeoutError())
+        self.connection.close()
+
+    def _stop_timer(self):
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, pool_key):
+        self.pool_key, self.transport, self.response = pool_key, None, None
+        self.closed, self.idle_since = False, 0.0
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def data_received(self, data):
+        if self.response is None:  # bytes nobody asked for on an idle connection: it is not reused
+            self.close()
+            return
+        self.response.fed(data)
+
+    def connection_lost(self, exc):
+        self.closed = True
+        if self.response is not None:
+            self.response.lost()
+
+    def keep(self):
+        self.response = None
+        self.idle_since = time.monotonic()
+        for loop in [loop for loop in _idle if loop.is_closed()]:  # a finished asyncio.run's connections
+            del _idle[loop]
+        _idle.setdefault(asyncio.get_running_loop(), {}).setdefault(self.pool_key, []).append(self)
+
+    def close(self):
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def post(url, body, headers, *, loopback_ok=False, connect_timeout=None, total=None):
+    """POST `body` (bytes) to `url` with `headers` (a dict) and return its Response once the head is in. Raises
+    outbound.OutboundRefused, DNSError, ConnectTimeout, another ConnectionError or OSError, or ValueError for a
+    header or URL that cannot be sent."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url[:100]}")
+    tls = parts.scheme == "https"
+    host, port = parts.hostname, parts.port or (443 if tls else 80)
+    target = _clean((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), "path")
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    lines = [f"POST {target} HTTP/1.1", f"host: {_clean(netloc, 'host')}", f"content-length: {len(body)}"]
+    lines += [f"{_clean(str(name), 'headers')}: {_clean(str(value), 'headers')}" for name, value in headers.items()]
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    pool_key = (loopback_ok, parts.scheme, host, port)
+    connection = _kept(pool_key)
+    if connection is not None:
+        try:
+            return await _exchange(connection, request, total)
+        except Disconnected as error:
+            if error.received:
+                raise
+            # closed by the server while it was idle: it read nothing of this request
+    return await _exchange(await _connect(pool_key, tls, loopback_ok, connect_timeout), request, total)
+
+
+async def _exchange(connection, request, total):
+    """Send the request on `connection` and wait for the response's head. Any failure or cancellation (the
+    caller's deadline, a client that left) closes the connection: its response may still come."""
+    connection.response = response = Response(connection, total)
+    connection.transport.write(request)
+    try:
+        await response.head
+    except Disconnected as error:
+        error.received = response.received
+        response.close()
+        raise
+    except BaseException:
+        response.close()
+        raise
+    return response
+
+
+def _kept(pool_key):
+    kept = _idle.get(asyncio.get_running_loop(), {}).get(pool_key)
+    now = time.monotonic()
+    while kept:
+        connection = kept.pop()
+        if not connection.closed and now - connection.idle_since < KEEP_IDLE_SECONDS:
+            return connection
+        connection.close()
+    return None
+
+
+async def _connect(pool_key, tls, loopback_ok, connect_timeout):
+    _, _, host, port = pool_key
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(connect_timeout):
+            last = None
+            for address in await _addresses(host, port, loopback_ok):
+                try:
+                    _, connection = await loop.create_connection(
+                        lambda: Connection(pool_key), address, port, ssl=_tls_context() if tls else None,
+                        server_hostname=host if tls else None)
+                    return connection
+                except OSError as error:
+                    last = error
+            raise last
+    except TimeoutError:
+        raise ConnectTimeout(f"no connection to {host}:{port} within {connect_timeout:g} s") from None
+
+
+async def _addresses(host, port, loopback_ok):
+    """The addresses to connect to, each allowed by the outbound policy; OutboundRefused when any is not."""
+    literal = host.strip("[]")
+    try:
+        ipaddress.ip_address(literal.split("%", 1)[0])
+    except ValueError:
+        pass
+    else:
+        refusal = outbound.address_refusal(literal, loopback_ok=loopback_ok)
+        if refusal:
+            raise outbound.OutboundRefused(refusal)
+        return [literal]
+    cached = _names.get((host, port))
+    if cached is not None and cached[0] > time.monotonic():
+        addresses = cached[1]
+    else:
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError):
+            raise DNSError(f"{host} does not resolve") from None
+        addresses = list(dict.fromkeys(info[4][0] for info in infos))
+        _names[(host, port)] = (time.monotonic() + DNS_CACHE_SECONDS, addresses)
+    for address in addresses:
+        refusal = outbound.address_refusal(address, loopback_ok=loopback_ok)
+        if refusal:
+            raise outbound.OutboundRefused(f"{host} resolves to {refusal}")
+    return addresses
+
+
+async def close_kept():
+    """Close this event loop's kept connections: for a caller that runs requests in a loop of its own and is done
+    with it."""
+    for kept in _idle.pop(asyncio.get_running_loop(), {}).values():
+        for connection in kept:
+            connection.close()
