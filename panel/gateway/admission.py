@@ -13,8 +13,10 @@ wait for its session at all: the lookup runs beside the upstream call and its fi
 request ends. When Redis cannot be reached the request goes, without session fields."""
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
@@ -168,9 +170,10 @@ class Admission:
     too_large: str | None = None  # the request's most alone is over its key's tokens per minute
     session: dict = field(default_factory=dict)
     reservation: reservations.Reservation | None = None  # what the request holds against its budgets
-    # A key without limits or budgets: its session is looked up beside the upstream call, not before it (the
-    # request's usage row waits for it: `session_fields`), so the lookup's round trip is not the client's wait.
-    session_task: asyncio.Task | None = None
+    # A key without limits or budgets: its session is looked up once the answer's first byte is on its way to the
+    # client (`Exchange.look_up_session`; the usage row waits for it: `session_fields`), so that neither the
+    # lookup's round trip nor its CPU is in the first token's way.
+    session_lookup: Callable[[], Awaitable[dict]] | None = None
     lowered: tuple | None = None  # (asked, given): max_tokens fitted to what a budget had left (the key's option)
 
 
@@ -185,7 +188,7 @@ async def admit(key, *, body, headers, session=True, channels=(), counted=False,
     asked = sessions.session_ask(body=body, headers=headers) if session else None
     if not limited and not scopes:
         return Admission() if asked is None else Admission(
-            session_task=asyncio.ensure_future(_session_only(key, asked)))
+            session_lookup=functools.partial(_session_only, key, asked))
     minute, retry_after = rate_limits.window()
     held = reservations.scope_held_keys(scopes, month) if session else []
     prompt_estimate = input_token_estimate(body) if held or key.tpm_limit else 0

@@ -227,7 +227,7 @@ async def application(scope, receive, send):
             await until_disconnect(exchange, token_count.respond(exchange, route, body, send), receive)
             return
         exchange.fields.update(admitted.session)  # a refused request is no turn of a session: it has none
-        exchange.session_task = admitted.session_task
+        exchange.session_lookup = admitted.session_lookup
         exchange.body = body  # its prompt is charged by estimate if the upstream reports no usage
         if endpoint in SAMPLED_ENDPOINTS:
             exchange.sampling, exchange.shadow = route.sampling, route.shadow

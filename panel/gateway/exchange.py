@@ -56,7 +56,8 @@ class Exchange:
         self.pieces = 0
         self.reservation = None  # what the request holds against its budgets until it is settled
         self.tags = None  # the request's tags as stored ("|a|b|"): their budgets count it too
-        self.session_task = None  # a session lookup running beside the upstream call (gateway/admission.py)
+        self.session_lookup = None  # the deferred session lookup of a key without limits (gateway/admission.py)
+        self.session_task = None  # that lookup, once started
         self.adapted = []  # what the gateway changed in the request for the channel that answered (apis.Passage)
         self.fitted = []  # what admission changed for every channel (max_tokens fitted to a budget)
         self.sampling = None  # the route's SamplePlan when it keeps samples
@@ -151,10 +152,17 @@ class Exchange:
                                                       team_id=self.team_id, reservation=self.reservation,
                                                       tags=self.tags))
 
+    def look_up_session(self):
+        """Start the deferred session lookup, once: called when the answer's first byte is on its way to the
+        client (it then runs after that byte is written), else at the request's end."""
+        if self.session_lookup is not None and self.session_task is None:
+            self.session_task = asyncio.ensure_future(self.session_lookup())
+
     async def finish(self):
         try:
             await self.settle()  # a request that ended without an answer (an error, a client that left)
         finally:
+            self.look_up_session()
             if self.session_task is not None:
                 self.fields.update(await admission.session_fields(self.session_task))
             self.record()

@@ -225,7 +225,10 @@ class Connection(asyncio.Protocol):
         self.idle_since = time.monotonic()
         for loop in [loop for loop in _idle if loop.is_closed()]:  # a finished asyncio.run's connections
             del _idle[loop]
-        _idle.setdefault(asyncio.get_running_loop(), {}).setdefault(self.pool_key, []).append(self)
+        kept = _idle.setdefault(asyncio.get_running_loop(), {}).setdefault(self.pool_key, [])
+        if len(kept) >= 32:  # after a burst: drop those the server has closed since
+            kept[:] = [connection for connection in kept if not connection.closed]
+        kept.append(self)
 
     def close(self):
         self.closed = True
@@ -301,7 +304,7 @@ async def _connect(pool_key, tls, loopback_ok, connect_timeout):
                     return connection
                 except OSError as error:
                     last = error
-            raise last
+            raise last or DNSError(f"{host} has no address")
     except TimeoutError:
         raise ConnectTimeout(f"no connection to {host}:{port} within {connect_timeout:g} s") from None
 

@@ -33,10 +33,10 @@ def key(team_setup, monkeypatch, settings):
 
 async def admitted(key, headers=SESSION):
     """The admission with its session fields in `.session`, whether it looked the session up before the upstream
-    call (a key with limits or budgets) or beside it (`session_task`)."""
+    call (a key with limits or budgets) or after it (`session_lookup`)."""
     answer = await admission.admit(key, body=BODY, headers=headers)
-    if answer.session_task is not None:
-        answer.session = await admission.session_fields(answer.session_task)
+    if answer.session_lookup is not None:
+        answer.session = await admission.session_fields(asyncio.ensure_future(answer.session_lookup()))
     return answer
 
 
@@ -59,8 +59,8 @@ def test_a_request_refused_by_a_limit_or_a_budget_is_no_turn_of_its_session(key)
     assert "this key's monthly budget of 10 tokens is spent (10 tokens this month)" in spent.budget_spent
     assert spent.rate_limited is None and spent.session == {}
     Budget.objects.all().delete()
-    unlimited = admit(key)  # no limits, no budgets: looked up beside the upstream call, with the same answer
-    assert unlimited.session_task is not None
+    unlimited = admit(key)  # no limits, no budgets: looked up after the first byte, with the same answer
+    assert unlimited.session_lookup is not None
     assert unlimited.session == {"session_id": "review-42", "session_turn": 2, "repeated_share": 1.0}
 
 
@@ -92,7 +92,7 @@ def test_without_redis_the_request_goes_without_session_fields(key, settings, ca
     answer = admit(replace(key, rpm_limit=1))
     assert (answer.rate_limited, answer.budget_spent, answer.session) == (None, None, {})
     assert "letting the request through" in caplog.text
-    Budget.objects.all().delete()  # nothing to check first: only the session lookup, beside the upstream call
+    Budget.objects.all().delete()  # nothing to check first: only the session lookup, after the first byte
     answer = admit(key)
-    assert answer.session_task is not None and answer.session == {}
+    assert answer.session_lookup is not None and answer.session == {}
     assert "the request is recorded without it" in caplog.text

@@ -2,6 +2,7 @@
 limits and budgets, a key cache that unknown keys flushed, client user ids stored as sent, a symlink alias of
 another team's model folder, /metrics open behind a same-host proxy, metric labels from refused model names, data
 files readable by every local user, and the launcher's Redis without a password."""
+import asyncio
 import json
 import os
 import pathlib
@@ -102,8 +103,10 @@ def admit_as(key, user_id, text="review main.py"):
         answer = await admission.admit(key, headers=[], body={
             "model": "claude", "max_tokens": 10, "metadata": {"user_id": user_id},
             "messages": [{"role": "user", "content": text}]})
-        # A key without limits or budgets looks its session up beside the upstream call.
-        return answer.session if answer.session_task is None else await admission.session_fields(answer.session_task)
+        # A key without limits or budgets looks its session up once the first byte is on its way.
+        if answer.session_lookup is None:
+            return answer.session
+        return await admission.session_fields(asyncio.ensure_future(answer.session_lookup()))
     return run_coroutine(one())
 
 
