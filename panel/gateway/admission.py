@@ -148,6 +148,12 @@ async def _session_only(key, asked):
     return sessions.session_fields(asked, session_id=answer[2].decode(), turn=answer[3], previous=answer[4])
 
 
+async def _session_later(key, body, headers):
+    """A key without limits or budgets: its request's session fields, looked up after the first byte."""
+    asked = sessions.session_ask(body=body, headers=headers)
+    return {} if asked is None else await _session_only(key, asked)
+
+
 SESSION_WAIT_SECONDS = 5.0  # past the Redis client's own socket timeout
 
 
@@ -185,10 +191,9 @@ async def admit(key, *, body, headers, session=True, channels=(), counted=False,
     The budgets are the team's, the key's and those of the request's `tags`."""
     limited = bool(key.rpm_limit or key.tpm_limit)
     scopes, month = await budgets.scopes_for(key, tags)
+    if not limited and not scopes:  # the prompt's hashes too are worked out after the first byte
+        return Admission(session_lookup=functools.partial(_session_later, key, body, headers) if session else None)
     asked = sessions.session_ask(body=body, headers=headers) if session else None
-    if not limited and not scopes:
-        return Admission() if asked is None else Admission(
-            session_lookup=functools.partial(_session_only, key, asked))
     minute, retry_after = rate_limits.window()
     held = reservations.scope_held_keys(scopes, month) if session else []
     prompt_estimate = input_token_estimate(body) if held or key.tpm_limit else 0
