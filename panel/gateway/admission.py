@@ -9,8 +9,9 @@ over it is refused with 400); a counted request over a budget, or whose maximum 
 what requests in flight hold, is refused (402); an admitted request holds its maximum against each budget
 (budgets/reservations.py) and becomes a turn of a session. A part that does not apply (no limits, no budget, no prompt
 to hash) is left out, and a request with none of them costs no call. A key with neither limits nor budgets does not
-wait for its session at all: the lookup runs beside the upstream call and its fields reach the usage row when the
-request ends. When Redis cannot be reached the request goes, without session fields."""
+wait for its session at all: the lookup (the prompt's hashes, then Redis) runs once the answer's first byte is on
+its way, and its fields reach the usage row when the request ends. When Redis cannot be reached the request goes,
+without session fields."""
 import asyncio
 import dataclasses
 import functools
