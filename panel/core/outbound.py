@@ -122,6 +122,16 @@ def _resolve(host, port):
     return list(dict.fromkeys(info[4][0] for info in infos))
 
 
+def resolved_refusal(host, addresses, *, loopback_ok=False):
+    """Why the panel may not call `host`, which resolved to `addresses`, in words ("" when it may): one address
+    it may not reach is enough."""
+    for address in addresses:
+        refusal = address_refusal(address, loopback_ok=loopback_ok)
+        if refusal:
+            return f"{host} resolves to {refusal}"
+    return ""
+
+
 def url_refusal(url, *, loopback_ok=False):
     """Why the panel may not call `url`, in words ("" when it may): at save and import. A name is resolved and
     every address checked; a name that does not resolve is left to the Test button to explain."""
@@ -129,11 +139,7 @@ def url_refusal(url, *, loopback_ok=False):
     if refusal:
         return refusal
     host, port = _host_port(url)
-    for address in _resolve(host, port):
-        refusal = address_refusal(address, loopback_ok=loopback_ok)
-        if refusal:
-            return f"{host} resolves to {refusal}"
-    return ""
+    return resolved_refusal(host, _resolve(host, port), loopback_ok=loopback_ok)
 
 
 def pinned(url, *, loopback_ok=False):
@@ -154,10 +160,9 @@ def pinned(url, *, loopback_ok=False):
     addresses = _resolve(host, port)
     if not addresses:
         return url, headers, {}  # httpx reports the name that does not resolve in its own words
-    for address in addresses:
-        refusal = address_refusal(address, loopback_ok=loopback_ok)
-        if refusal:
-            raise OutboundRefused(f"{host} resolves to {refusal}")
+    refusal = resolved_refusal(host, addresses, loopback_ok=loopback_ok)
+    if refusal:
+        raise OutboundRefused(refusal)
     address = addresses[0]
     netloc = (f"[{address}]" if ":" in address else address) + (f":{parts.port}" if parts.port else "")
     headers["Host"] = parts.netloc.rsplit("@", 1)[-1]

@@ -331,10 +331,9 @@ async def _addresses(host, port, loopback_ok):
             raise DNSError(f"{host} does not resolve") from None
         addresses = list(dict.fromkeys(info[4][0] for info in infos))
         _names[(host, port)] = (time.monotonic() + DNS_CACHE_SECONDS, addresses)
-    for address in addresses:
-        refusal = outbound.address_refusal(address, loopback_ok=loopback_ok)
-        if refusal:
-            raise outbound.OutboundRefused(f"{host} resolves to {refusal}")
+    refusal = outbound.resolved_refusal(host, addresses, loopback_ok=loopback_ok)
+    if refusal:
+        raise outbound.OutboundRefused(refusal)
     return addresses
 
 
