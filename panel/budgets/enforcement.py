@@ -1,9 +1,10 @@
 """What the gateway asks of budgets: may this key spend (`refusal`), and what a finished request spent (`count`),
 against its team's, its key's and its tags' budgets.
 
-Budgets are cached per team for TOKENWISE_BUDGET_CACHE_SECONDS like keys are (panel/gateway/keys.py), so a request
-costs no database query; the spend is read before (for the gateway, in its one admission call to Redis:
-gateway/admission.py; a team without budgets reads none) and counted after, in one script call. A request that
+Budgets are cached per team for TOKENWISE_BUDGET_CACHE_SECONDS like keys are (panel/gateway/keys.py), and read
+again ahead of expiry while in use (panel/core/refresher.py), so a request costs no database query; the spend is
+read before (for the gateway, in its one admission call to Redis: gateway/admission.py; a team without budgets
+reads none) and counted after, in one script call. A request that
 starts under the budget is let finish, so the last one may overshoot it."""
 import asyncio
 import logging
@@ -30,6 +31,7 @@ from panel.budgets.models import Budget
 from panel.budgets.reservations import Reservation
 from panel.budgets.services import ALERT_AT, budget_crossed
 from panel.core.redis_client import async_redis, registered_script, sync_redis
+from panel.core.refresher import ACTIVE_SECONDS, Refresher
 
 log = logging.getLogger(__name__)
 
@@ -47,29 +49,60 @@ class TeamBudgets:
     tags: dict = field(default_factory=dict)  # tag -> Limits
 
 
-_cache = {}
+_cache = {}  # team id -> (expires at, TeamBudgets or None)
+_used = {}  # team id -> when a request last read its budgets
 
 
 async def budgets_for(team_id):
     """The team's budgets (None when it has none), from the cache or one query."""
+    now = time.monotonic()
+    _used[team_id] = now
+    REFRESHER.touch()
     hit = _cache.get(team_id)
-    if hit and hit[0] > time.monotonic():
+    if hit and hit[0] > now:
         return hit[1]
-    team, keys, tags = None, {}, {}
-    async for row in Budget.objects.filter(team_id=team_id).values("key_id", "tag", "money_per_month",
-                                                                   "tokens_per_month"):
-        limits = Limits(row["money_per_month"], row["tokens_per_month"])
+    return (await _load([team_id]))[team_id]
+
+
+async def _load(team_ids):
+    """{team id: TeamBudgets or None} in one query, cached."""
+    found = {team_id: [None, {}, {}] for team_id in team_ids}
+    async for row in Budget.objects.filter(team_id__in=team_ids).values("team_id", "key_id", "tag", "money_per_month",
+                                                                        "tokens_per_month"):
+        limits, budgets = Limits(row["money_per_month"], row["tokens_per_month"]), found[row["team_id"]]
         if row["tag"]:
-            tags[row["tag"]] = limits
+            budgets[2][row["tag"]] = limits
         elif row["key_id"] is None:
-            team = limits
+            budgets[0] = limits
         else:
-            keys[row["key_id"]] = limits
-    found = TeamBudgets(team, keys, tags) if team or keys or tags else None
+            budgets[1][row["key_id"]] = limits
     if len(_cache) > 10_000:
         _cache.clear()
-    _cache[team_id] = (time.monotonic() + settings.BUDGET_CACHE_SECONDS, found)
-    return found
+        _used.clear()
+    expires = time.monotonic() + settings.BUDGET_CACHE_SECONDS
+    for team_id, (team, keys, tags) in found.items():
+        _cache[team_id] = (expires, TeamBudgets(team, keys, tags) if team or keys or tags else None)
+    return {team_id: _cache[team_id][1] for team_id in team_ids}
+
+
+async def _refresh():
+    """The refresher's round: the budgets of the teams in use whose entries expire before the round after next,
+    read again in one query."""
+    now = time.monotonic()
+    for team_id in [team_id for team_id, used in _used.items() if now - used > ACTIVE_SECONDS]:
+        del _used[team_id]
+    ahead = 2 * _refresh_interval()
+    due = [team_id for team_id in _used if _cache.get(team_id, (0,))[0] - now < ahead]
+    if due:
+        await _load(due)
+
+
+def _refresh_interval():
+    """A fifth of the cache's time: a team's budgets are read again about a second before they would expire."""
+    return settings.BUDGET_CACHE_SECONDS / 5
+
+
+REFRESHER = Refresher("budgets", _refresh, _refresh_interval)
 
 
 def _scopes(budgets, key, tags):

@@ -5,7 +5,9 @@ process. The gateway (and Compare) call `route_for`, `model_names` and `target_f
 Routes are read from the database once and cached for ROUTE_CACHE_SECONDS. The cache honours the team's routing
 version (a Redis counter bumped after every routing change): an entry is re-validated against it at most every
 ROUTE_VERSION_CHECK_SECONDS, so a change such as a canary rollback reaches every gateway process within about that
-long. One Redis GET per team per interval; if Redis is unreachable the TTL alone applies."""
+long. A refresher (panel/core/refresher.py) reads the versions of the teams in use, one Redis call per round, and
+reloads their routes ahead of expiry, so a request waits on neither; if Redis is unreachable the TTL alone
+applies."""
 import logging
 import random
 import time
@@ -19,6 +21,7 @@ from django.db import transaction
 from panel.channels.models import ChannelKind, Route, RouteStrategy, ShadowState, listed_routes, order_channels
 from panel.core import outbound
 from panel.core.redis_client import async_redis
+from panel.core.refresher import ACTIVE_SECONDS, Refresher
 from panel.usage import samples
 
 log = logging.getLogger(__name__)
@@ -219,36 +222,85 @@ async def model_names(team_id):
 
 
 _versions = {}  # team id -> (checked at, version)
+_used = {}  # cache key -> when a request last read it
 
 
 async def _version(team_id, now):
-    """The team's routing version, read from Redis at most every ROUTE_VERSION_CHECK_SECONDS (None: unknown)."""
+    """The team's routing version (None: unknown), as the refresher last read it, or read here when it is older
+    than ROUTE_VERSION_CHECK_SECONDS (the first request of a while)."""
     seen = _versions.get(team_id)
     if seen and now - seen[0] < settings.ROUTE_VERSION_CHECK_SECONDS:
         return seen[1]
-    try:
-        raw = await async_redis().get(cache.make_and_validate_key(_version_key(team_id)))
-        version = int(raw or 0)
-    except Exception:  # Redis down or an odd value: fall back to the TTL alone
-        log.debug("routing version of team %s unreadable", team_id, exc_info=True)
-        version = None
+    version = (await _read_versions([team_id]))[0]
     if len(_versions) > 10_000:
         _versions.clear()
     _versions[team_id] = (now, version)
     return version
 
 
+async def _read_versions(team_ids):
+    """The teams' routing versions from Redis in one call; None for each when Redis cannot answer (the TTL alone
+    applies then)."""
+    try:
+        raw = await async_redis().mget([cache.make_and_validate_key(_version_key(team_id)) for team_id in team_ids])
+        return [int(value or 0) for value in raw]
+    except Exception:  # Redis down or an odd value
+        log.debug("routing versions of teams %s unreadable", team_ids, exc_info=True)
+        return [None] * len(team_ids)
+
+
 async def _cached(key, team_id, load):
     now = time.monotonic()
+    REFRESHER.touch()
     version = await _version(team_id, now)
     hit = _cache.get(key)
     if hit and hit[0] > now and (version is None or hit[2] == version):
-        return hit[1]
-    value = await sync_to_async(load, thread_sensitive=False)()
+        value = hit[1]
+    else:
+        value = await sync_to_async(load, thread_sensitive=False)()
+        _store(key, now, value, version, load)
+    if value is not None:  # kept fresh while in use; a name no route serves is not (anyone can make names up)
+        _used[key] = now
+    return value
+
+
+def _store(key, loaded_at, value, version, load):
     if len(_cache) > 10_000:
         _cache.clear()
-    _cache[key] = (now + settings.ROUTE_CACHE_SECONDS, value, version)
-    return value
+        _used.clear()
+    _cache[key] = (loaded_at + settings.ROUTE_CACHE_SECONDS, value, version, load)
+
+
+async def _refresh():
+    """The refresher's round: the routing versions of the teams whose routes were read lately, in one Redis call,
+    then a reload (in a thread) of each such route whose version changed or that would expire before the round
+    after next. A request then finds its route and version fresh in memory."""
+    now = time.monotonic()
+    for key in [key for key, used in _used.items() if now - used > ACTIVE_SECONDS]:
+        del _used[key]
+    teams = sorted({key[1] for key in _used})
+    if not teams:
+        return
+    for team_id, version in zip(teams, await _read_versions(teams)):
+        if version is not None:
+            _versions[team_id] = (now, version)
+    ahead = 2 * _refresh_interval()
+    for key in list(_used):
+        hit = _cache.get(key)
+        if hit is None or hit[1] is None or not settings.ROUTE_CACHE_SECONDS:
+            continue
+        expires, _, version, load = hit
+        current = _versions.get(key[1], (0, None))[1]
+        if (current is not None and current != version) or expires - time.monotonic() < ahead:
+            loaded_at = time.monotonic()
+            _store(key, loaded_at, await sync_to_async(load, thread_sensitive=False)(), current, load)
+
+
+def _refresh_interval():
+    return settings.ROUTE_VERSION_CHECK_SECONDS / 2
+
+
+REFRESHER = Refresher("routes", _refresh, _refresh_interval)
 
 
 def _version_key(team_id):

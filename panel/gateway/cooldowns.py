@@ -14,6 +14,7 @@ import time
 from redis.exceptions import RedisError
 
 from panel.core.redis_client import async_redis
+from panel.core.refresher import ACTIVE_SECONDS, Refresher
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,8 @@ PROBE_SECONDS = 60.0  # a probe that never ended (its client left, its process d
 FAILURES_TTL_SECONDS = 3600  # consecutive failures older than this are forgotten
 REDIS_RETRY_SECONDS = 5.0
 # A set of channels that Redis showed with no failure on record is taken as clean for this long without asking
-# again (the hot path's round trip), so a channel that starts failing in another process is seen here this late.
+# again, so a channel that starts failing in another process is seen here this late. While requests use the set, a
+# refresher asks Redis every half of it and renews it, so they need no round trip of their own.
 CLEAN_SECONDS = 0.5
 
 # KEYS: per channel its fails, cool and probe keys. ARGV: threshold, probe ms.
@@ -103,6 +105,9 @@ class Cooldown:
         self.redis_down_until = 0.0
         self.on_record = set()  # channels with failures on record in Redis, as this process last saw them
         self.clean_until = {}  # tuple of channel ids -> monotonic time until which it is taken as clean
+        self.used = {}  # tuple of channel ids -> when a request last ordered it
+        self.failures_seen = 0  # failed() calls in this process: a refresh that saw one begin renews nothing
+        self.refresher = Refresher("channel cooldowns", self.refresh, lambda: CLEAN_SECONDS / 2)
 
     def client(self):
         return self._client if self._client is not None else async_redis()
@@ -129,7 +134,10 @@ class Cooldown:
         if not targets or not self.redis_usable():
             return self.local.order(targets)
         ids = tuple(target.id for target in targets)
-        if self.clean_until.get(ids, 0) > time.monotonic():
+        now = time.monotonic()
+        self.used[ids] = now
+        self.refresher.touch()
+        if self.clean_until.get(ids, 0) > now:
             return targets
         keys = [name for target in targets for name in _keys(target.id)]
         try:
@@ -144,14 +152,46 @@ class Cooldown:
             else:
                 self.on_record.discard(target.id)
         if not any(int(count) for count in counts):
-            if len(self.clean_until) > 10_000:
-                self.clean_until.clear()
-            self.clean_until[ids] = time.monotonic() + CLEAN_SECONDS
+            self.taken_clean(ids, time.monotonic())
         resting = {target.id for target, state in zip(targets, states) if int(state) == 1}
         return sorted(targets, key=lambda target: target.id in resting)
 
+    def taken_clean(self, ids, since):
+        if len(self.clean_until) > 10_000:
+            self.clean_until.clear()
+            self.used.clear()
+        self.clean_until[ids] = since + CLEAN_SECONDS
+
+    async def refresh(self):
+        """The refresher's round: the failure counts of the channels of every set ordered lately, in one Redis
+        call; a set with none on record is taken as clean for another CLEAN_SECONDS, any other is dropped (its next
+        request runs the ordering script, probes and rests included)."""
+        now = time.monotonic()
+        for ids in [ids for ids, used in self.used.items() if now - used > ACTIVE_SECONDS]:
+            del self.used[ids]
+        if not self.used or not self.redis_usable():
+            return
+        sets = list(self.used)
+        channels = sorted({channel_id for ids in sets for channel_id in ids})
+        failures_before = self.failures_seen
+        try:
+            counts = await self.client().mget([_keys(channel_id)[0] for channel_id in channels])
+        except (RedisError, OSError) as error:
+            self.redis_failed(error)
+            return
+        if self.failures_seen != failures_before:
+            return  # a failure was counted meanwhile: what Redis said may not show it
+        failing = {channel_id for channel_id, count in zip(channels, counts) if int(count or 0)}
+        self.on_record |= failing
+        for ids in sets:
+            if failing.intersection(ids):
+                self.clean_until.pop(ids, None)
+            else:
+                self.taken_clean(ids, now)
+
     async def failed(self, channel_id):
         """Count a failed request: (consecutive failures, True when it starts a rest)."""
+        self.failures_seen += 1
         self.clean_until.clear()
         if self.redis_usable():
             try:

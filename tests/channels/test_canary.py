@@ -156,6 +156,7 @@ def test_it_promotes_a_clean_candidate_step_by_step_on_the_schedule(gateway, set
             route.refresh_from_db()
             assert route.canary_percent == next_percent
         assert route.canary_state == CanaryState.COMPLETED
+        time.sleep(0.6)  # the last step reaches the gateway within 0.5 s
         before = len(candidate_fake.requests)
         send(client, gateway, setup["raw"], 50)
         assert len(candidate_fake.requests) - before == 50  # at 100% everything goes to the candidate

@@ -8,11 +8,12 @@ from types import SimpleNamespace
 import pytest
 import redis.asyncio as aioredis
 
+from panel.gateway import cooldowns
 from panel.gateway.cooldowns import CLEAN_SECONDS, COOLDOWN_AFTER_FAILURES, Cooldown
 from tests.support.environment import REDIS_URL
 from tests.support.fake_upstream import closed_port
 from tests.support.gateway import CHAT, fallback, gateway, post, primary, records, setup  # noqa: F401 (fixtures)
-from tests.support.waiting import run_coroutine
+from tests.support.waiting import run_coroutine, without_a_wait
 
 # A gateway process per test (tests/support/gateway.py): its tests stop the gateway and read its log
 GATEWAY_PER_TEST = True
@@ -43,6 +44,23 @@ def test_a_channel_that_failed_in_one_process_rests_in_every_other():
         assert ids(await b.order([FLAKY, STEADY])) == [102, 101]
         assert ids(await a.order([FLAKY, STEADY])) == [102, 101]
         assert await b.failed(FLAKY.id) == (4, False)  # tried last and failing again: the rest goes on, not announced
+    run_coroutine(scenario())
+
+
+def test_channels_in_use_are_taken_as_clean_without_a_round_trip_and_a_failure_elsewhere_still_shows():
+    flaky, steady = SimpleNamespace(id=201), SimpleNamespace(id=202)
+
+    async def scenario():
+        a, b = two_processes()
+        await a.client().delete(*[name for target in (flaky, steady) for name in cooldowns._keys(target.id)])
+        assert ids(await b.order([flaky, steady])) == [201, 202]
+        for _ in range(8):  # 1.2 s, more than twice CLEAN_SECONDS: b's refresher renewed the pair
+            await asyncio.sleep(0.15)
+            assert ids(without_a_wait(b.order([flaky, steady]))) == [201, 202]
+        for _ in range(COOLDOWN_AFTER_FAILURES):
+            await a.failed(flaky.id)
+        await asyncio.sleep(CLEAN_SECONDS)  # a's failures reach b within this
+        assert ids(await b.order([flaky, steady])) == [202, 201]
     run_coroutine(scenario())
 
 

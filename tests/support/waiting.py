@@ -31,3 +31,13 @@ def run_coroutine(coroutine):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def without_a_wait(coroutine):
+    """The coroutine's result when it finishes without waiting on anything (no Redis call, no query); else fails."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise AssertionError("it waited (a round trip on the request's path)")
