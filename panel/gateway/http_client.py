@@ -149,6 +149,10 @@ class Response:
     def at_eof(self):
         return self._ended and not self._blocks
 
+    def buffered(self):
+        """Whether readany() returns at once (a block is in, or the body's end or failure is known)."""
+        return bool(self._blocks) or self._ended or self._error is not None
+
     async def read(self):
         parts = []
         while block := await self.readany():

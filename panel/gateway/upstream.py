@@ -233,19 +233,23 @@ MAX_LINE_BYTES = 4 * 1024 * 1024  # an upstream line longer than this is not a s
 
 async def stream_lines(response, idle):
     """The stream's lines (without their line ends); UpstreamError("stalled") when nothing comes within `idle`
-    seconds. Read by network block, not by line: one deadline per block (an event and its blank line usually arrive
-    together), which is most of what relaying a chunk costs the gateway."""
+    seconds. Read by network block, not by line: one deadline per block that must be waited for (an event and its
+    blank line usually arrive together; a block already in needs none), which is most of what relaying a chunk
+    costs the gateway."""
     content = response.content
     pending = b""
     while True:
-        waiting = asyncio.timeout(idle)
-        try:
-            async with waiting:
-                block = await content.readany()
-        except TimeoutError:
-            if not waiting.expired():
-                raise  # the channel's total time (aiohttp's own timeout), not a silence between chunks
-            raise stalled(idle, "no next chunk") from None
+        if content.buffered():
+            block = await content.readany()
+        else:
+            waiting = asyncio.timeout(idle)
+            try:
+                async with waiting:
+                    block = await content.readany()
+            except TimeoutError:
+                if not waiting.expired():
+                    raise  # the exchange's total time (the client's own timer), not a silence between chunks
+                raise stalled(idle, "no next chunk") from None
         if not block:
             if pending:
                 yield pending.decode("utf-8", "replace").rstrip("\r")
