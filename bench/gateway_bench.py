@@ -199,14 +199,15 @@ def throughput(upstream_url, env, key, processes, seconds):
     return rows
 
 
-def prepare_panel(data_dir, upstream_url):
-    """A fresh database with one team, a channel to the fake upstream, a route `chat` and a key."""
+def prepare_panel(data_dir, upstream_url, root=ROOT):
+    """A fresh database with one team, a channel to the fake upstream, a route `chat` and a key (migrated and made
+    by the code of `root`)."""
     env = dict(os.environ, TOKENWISE_DATA_DIR=str(data_dir), SECRET_KEY=secrets.token_urlsafe(50),
                TOKENWISE_ENCRYPTION_KEYS=__import__("cryptography.fernet").fernet.Fernet.generate_key().decode(),
                REDIS_URL=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/9"),
                DJANGO_SETTINGS_MODULE="panel.settings",
                TOKENWISE_OUTBOUND_ALLOW="127.0.0.0/8")  # the fake upstream is on loopback
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=root, env=env, check=True)
     code = f"""
 from panel.accounts.models import Team
 from panel.channels.models import Channel, Route, RouteChannel
@@ -218,7 +219,7 @@ route = Route.objects.create(team=team, model_name="chat")
 RouteChannel.objects.create(route=route, channel=channel, position=1)
 print(key_issue(team=team, user=None, name="bench")[1])
 """
-    key = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env, check=True,
+    key = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=root, env=env, check=True,
                          capture_output=True, text=True).stdout.strip().splitlines()[-1]
     return env, key
 

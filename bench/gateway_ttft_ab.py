@@ -1,36 +1,78 @@
-"""TTFT p50/p95 at concurrency 1, direct and through the gateway of the tree given as argv[1] (bench/gateway_bench.py's
-own functions, without the wrk throughput part), for A/B runs of two trees on a shared machine:
+"""Added TTFT of several trees in one run, for A/B comparisons on a shared machine (not a test; results in
+docs/benchmarks.md). One fake upstream; per tree given, a panel (its own database, key and route) and a gateway
+started from that tree; then the paths in turn, direct first, `--block` requests each, so that every tree sees the
+same moments of the machine. Prints each path's TTFT p50 and mean and what each gateway adds to the direct call.
 
-  git archive 37dd726 | tar -x -C /tmp/old && ln -s $PWD/.venv /tmp/old/.venv
-  export REDIS_URL=redis://127.0.0.1:<a redis-server's port>/0 TOKENWISE_OUTBOUND_ALLOW=127.0.0.1/32
-  AB=$PWD/bench/gateway_ttft_ab.py
-  for tree in /tmp/old $PWD /tmp/old $PWD; do (cd $tree && .venv/bin/python $AB $tree 400); done
-"""
-import json
+  git worktree add /tmp/before <commit>
+  .venv/bin/python bench/gateway_ttft_ab.py /tmp/before $PWD [--requests 300] [--block 1] [--gap 0]
+
+--block 1 sends one request per path in turn (each gateway idles while the others answer); --block 20 runs of
+twenty back to back, as bench/gateway_overhead.py's TTFT figure does; --gap S sleeps S seconds before each request
+(a person's pace). The upstream streams 20 chunks 10 ms apart, as a real decode does."""
+import argparse
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-root = Path(sys.argv[1])
-sys.path.insert(0, str(root))
-import bench.gateway_bench as gb  # noqa: E402
+import httpx
+from gateway_bench import free_port, prepare_panel, stop
+from gateway_overhead import SERVER, first_event_ms, upstream
 
-requests = int(sys.argv[2]) if len(sys.argv) > 2 else 500
-up_port, gw_port = gb.free_port(), gb.free_port()
-upstream = gb.start([sys.executable, "-m", "tests.support.fake_upstream", "--port", str(up_port), "--chunks", "20",
-                     "--model", "fake-model"], ready_url=f"http://127.0.0.1:{up_port}/v1/models")
-upstream_url = f"http://127.0.0.1:{up_port}/v1"
-env, key = gb.prepare_panel(Path(tempfile.mkdtemp(prefix="tw-ab-")), upstream_url)
-gateway = gb.start([sys.executable, "-m", "uvicorn", "panel.asgi:application", "--port", str(gw_port), "--loop",
-                    "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"], env=env,
-                   ready_url=f"http://127.0.0.1:{gw_port}/login/")
-try:
-    gb.BODY["model"] = "fake-model"
-    direct = gb.ttft(f"{upstream_url}/chat/completions", {}, requests)
-    gb.BODY["model"] = "chat"
-    through = gb.ttft(f"http://127.0.0.1:{gw_port}/v1/chat/completions", {"Authorization": f"Bearer {key}"}, requests)
-finally:
-    gb.stop(gateway)
-    gb.stop(upstream)
-print(json.dumps({"tree": str(root), "direct": direct, "gateway": through,
-                  "added_p50_ms": round(through["p50_ms"] - direct["p50_ms"], 3)}))
+
+def gateway_of(tree, upstream_url):
+    """A panel and a gateway run from `tree` (its code, this interpreter)."""
+    env, key = prepare_panel(Path(tempfile.mkdtemp(prefix="tokenwise-ab-")), upstream_url, root=tree)
+    port = free_port()
+    process = subprocess.Popen([sys.executable, *SERVER, "--port", str(port)], cwd=tree, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    for _ in range(300):
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/login/", timeout=1)
+            return process, f"http://127.0.0.1:{port}/v1/chat/completions", key
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    stop(process)
+    raise SystemExit(f"the gateway of {tree} did not start")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("trees", nargs="+")
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--block", type=int, default=1)
+    parser.add_argument("--gap", type=float, default=0.0)
+    args = parser.parse_args()
+    fake, fake_url = upstream(20, 0.01)
+    processes = []
+    paths = [("direct", f"{fake_url}/chat/completions", "unused")]
+    try:
+        for tree in args.trees:
+            process, url, key = gateway_of(os.path.abspath(tree), fake_url)
+            processes.append(process)
+            paths.append((tree, url, key))
+        clients = [httpx.Client(timeout=30) for _ in paths]
+        times = {name: [] for name, _, _ in paths}
+        warm_up = 20
+        for turn in range(0, args.requests + warm_up, args.block):
+            for client, (name, url, key) in zip(clients, paths):
+                for index in range(turn, turn + args.block):
+                    time.sleep(args.gap)
+                    first = first_event_ms(client, url, key)
+                    if index >= warm_up:
+                        times[name].append(first)
+    finally:
+        for process in [fake, *processes]:
+            stop(process)
+    direct_p50, direct_mean = statistics.median(times["direct"]), statistics.mean(times["direct"])
+    for name, values in times.items():
+        p50, mean = statistics.median(values), statistics.mean(values)
+        print(f"{name:40s} TTFT p50 {p50:.3f} ms (adds {p50 - direct_p50:+.3f}), mean {mean:.3f} ms "
+              f"(adds {mean - direct_mean:+.3f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
