@@ -31,7 +31,7 @@ from panel.budgets.models import Budget
 from panel.budgets.reservations import Reservation
 from panel.budgets.services import ALERT_AT, budget_crossed
 from panel.core.redis_client import async_redis, registered_script, sync_redis
-from panel.core.refresher import ACTIVE_SECONDS, Refresher
+from panel.core.refresher import Refresher
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +50,12 @@ class TeamBudgets:
 
 
 _cache = {}  # team id -> (expires at, TeamBudgets or None)
-_used = {}  # team id -> when a request last read its budgets
 
 
 async def budgets_for(team_id):
     """The team's budgets (None when it has none), from the cache or one query."""
     now = time.monotonic()
-    _used[team_id] = now
-    REFRESHER.touch()
+    REFRESHER.touch(team_id)
     hit = _cache.get(team_id)
     if hit and hit[0] > now:
         return hit[1]
@@ -78,7 +76,6 @@ async def _load(team_ids):
             budgets[1][row["key_id"]] = limits
     if len(_cache) > 10_000:
         _cache.clear()
-        _used.clear()
     expires = time.monotonic() + settings.BUDGET_CACHE_SECONDS
     for team_id, (team, keys, tags) in found.items():
         _cache[team_id] = (expires, TeamBudgets(team, keys, tags) if team or keys or tags else None)
@@ -88,11 +85,8 @@ async def _load(team_ids):
 async def _refresh():
     """The refresher's round: the budgets of the teams in use whose entries expire before the round after next,
     read again in one query."""
-    now = time.monotonic()
-    for team_id in [team_id for team_id, used in _used.items() if now - used > ACTIVE_SECONDS]:
-        del _used[team_id]
-    ahead = 2 * _refresh_interval()
-    due = [team_id for team_id in _used if _cache.get(team_id, (0,))[0] - now < ahead]
+    now, ahead = time.monotonic(), 2 * _refresh_interval()
+    due = [team_id for team_id in REFRESHER.in_use() if _cache.get(team_id, (0,))[0] - now < ahead]
     if due:
         await _load(due)
 

@@ -21,7 +21,7 @@ from django.db import transaction
 from panel.channels.models import ChannelKind, Route, RouteStrategy, ShadowState, listed_routes, order_channels
 from panel.core import outbound
 from panel.core.redis_client import async_redis
-from panel.core.refresher import ACTIVE_SECONDS, Refresher
+from panel.core.refresher import Refresher
 from panel.usage import samples
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,6 @@ async def model_names(team_id):
 
 
 _versions = {}  # team id -> (checked at, version)
-_used = {}  # cache key -> when a request last read it
 
 
 async def _version(team_id, now):
@@ -251,7 +250,6 @@ async def _read_versions(team_ids):
 
 async def _cached(key, team_id, load):
     now = time.monotonic()
-    REFRESHER.touch()
     version = await _version(team_id, now)
     hit = _cache.get(key)
     if hit and hit[0] > now and (version is None or hit[2] == version):
@@ -259,15 +257,14 @@ async def _cached(key, team_id, load):
     else:
         value = await sync_to_async(load, thread_sensitive=False)()
         _store(key, now, value, version, load)
-    if value is not None:  # kept fresh while in use; a name no route serves is not (anyone can make names up)
-        _used[key] = now
+    # Kept fresh while in use; a name no route serves is not (anyone can make names up).
+    REFRESHER.touch(key if value is not None else None)
     return value
 
 
 def _store(key, loaded_at, value, version, load):
     if len(_cache) > 10_000:
         _cache.clear()
-        _used.clear()
     _cache[key] = (loaded_at + settings.ROUTE_CACHE_SECONDS, value, version, load)
 
 
@@ -276,16 +273,15 @@ async def _refresh():
     then a reload (in a thread) of each such route whose version changed or that would expire before the round
     after next. A request then finds its route and version fresh in memory."""
     now = time.monotonic()
-    for key in [key for key, used in _used.items() if now - used > ACTIVE_SECONDS]:
-        del _used[key]
-    teams = sorted({key[1] for key in _used})
+    in_use = REFRESHER.in_use()
+    teams = sorted({key[1] for key in in_use})
     if not teams:
         return
     for team_id, version in zip(teams, await _read_versions(teams)):
         if version is not None:
             _versions[team_id] = (now, version)
     ahead = 2 * _refresh_interval()
-    for key in list(_used):
+    for key in in_use:
         hit = _cache.get(key)
         if hit is None or hit[1] is None or not settings.ROUTE_CACHE_SECONDS:
             continue

@@ -26,9 +26,13 @@ class Refresher:
     def __init__(self, name, refresh, interval):
         self.name, self.refresh, self.interval = name, refresh, interval
         self._loops = weakref.WeakKeyDictionary()  # loop -> [its task, when a request last touched it]
+        self.used = {}  # what requests used (a cache's keys) -> when last
 
-    def touch(self):
-        """Called on the hot path: this loop's refresher runs on, or starts (outside a loop: nothing to do)."""
+    def touch(self, item=None):
+        """Called on the hot path, with what the request used when there is one to keep fresh: this loop's
+        refresher runs on, or starts (outside a loop it only notes the item)."""
+        if item is not None:
+            self.used[item] = time.monotonic()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -39,6 +43,13 @@ class Refresher:
             return
         if self.interval() > 0:
             self._loops[loop] = [loop.create_task(self._run(loop), name=f"refresher: {self.name}"), time.monotonic()]
+
+    def in_use(self):
+        """What requests used within ACTIVE_SECONDS, for `refresh` to keep fresh (the rest is forgotten)."""
+        now = time.monotonic()
+        for item in [item for item, used in self.used.items() if now - used > ACTIVE_SECONDS]:
+            del self.used[item]
+        return list(self.used)
 
     async def _run(self, loop):
         while True:

@@ -14,7 +14,7 @@ import time
 from redis.exceptions import RedisError
 
 from panel.core.redis_client import async_redis
-from panel.core.refresher import ACTIVE_SECONDS, Refresher
+from panel.core.refresher import Refresher
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,6 @@ class Cooldown:
         self.redis_down_until = 0.0
         self.on_record = set()  # channels with failures on record in Redis, as this process last saw them
         self.clean_until = {}  # tuple of channel ids -> monotonic time until which it is taken as clean
-        self.used = {}  # tuple of channel ids -> when a request last ordered it
         self.failures_seen = 0  # failed() calls in this process: a refresh that saw one begin renews nothing
         self.refresher = Refresher("channel cooldowns", self.refresh, lambda: CLEAN_SECONDS / 2)
 
@@ -135,8 +134,7 @@ class Cooldown:
             return self.local.order(targets)
         ids = tuple(target.id for target in targets)
         now = time.monotonic()
-        self.used[ids] = now
-        self.refresher.touch()
+        self.refresher.touch(ids)
         if self.clean_until.get(ids, 0) > now:
             return targets
         keys = [name for target in targets for name in _keys(target.id)]
@@ -159,7 +157,6 @@ class Cooldown:
     def taken_clean(self, ids, since):
         if len(self.clean_until) > 10_000:
             self.clean_until.clear()
-            self.used.clear()
         self.clean_until[ids] = since + CLEAN_SECONDS
 
     async def refresh(self):
@@ -167,11 +164,9 @@ class Cooldown:
         call; a set with none on record is taken as clean for another CLEAN_SECONDS, any other is dropped (its next
         request runs the ordering script, probes and rests included)."""
         now = time.monotonic()
-        for ids in [ids for ids, used in self.used.items() if now - used > ACTIVE_SECONDS]:
-            del self.used[ids]
-        if not self.used or not self.redis_usable():
+        sets = self.refresher.in_use()
+        if not sets or not self.redis_usable():
             return
-        sets = list(self.used)
         channels = sorted({channel_id for ids in sets for channel_id in ids})
         failures_before = self.failures_seen
         try:

@@ -9,7 +9,7 @@ from django.conf import settings
 
 from panel.accounts.keys import key_hash
 from panel.accounts.models import TeamKey
-from panel.core.refresher import ACTIVE_SECONDS, Refresher
+from panel.core.refresher import Refresher
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,11 @@ class KeyCache:
     def __init__(self):
         self.known = {}
         self.unknown = {}
-        self.used = {}  # digest of a known key -> when a request last used it
 
     def get(self, digest):
         hit = self.known.get(digest)
         if hit is not None:
-            self.used[digest] = time.monotonic()
-            REFRESHER.touch()
+            REFRESHER.touch(digest)
         else:
             hit = self.unknown.get(digest)
         if hit and hit[0] > time.monotonic():
@@ -53,9 +51,8 @@ class KeyCache:
     def due(self, within):
         """The digests of the keys used lately whose entries expire within `within` seconds."""
         now = time.monotonic()
-        for digest in [digest for digest, used in self.used.items() if now - used > ACTIVE_SECONDS]:
-            del self.used[digest]
-        return [digest for digest in self.used if digest in self.known and self.known[digest][0] - now < within]
+        return [digest for digest in REFRESHER.in_use()
+                if digest in self.known and self.known[digest][0] - now < within]
 
     def put(self, digest, info):
         entries, bound = (self.unknown, UNKNOWN_KEYS_CACHED) if info is None else (self.known, KNOWN_KEYS_CACHED)
@@ -63,9 +60,7 @@ class KeyCache:
         self.unknown.pop(digest, None)  # a key deleted or issued since: one answer, in its table
         entries[digest] = (time.monotonic() + settings.KEY_CACHE_SECONDS, info)
         while len(entries) > bound:
-            oldest = next(iter(entries))  # dicts keep insertion order
-            del entries[oldest]
-            self.used.pop(oldest, None)
+            entries.pop(next(iter(entries)))  # the oldest: dicts keep insertion order
 
 
 FIELDS = ("id", "team_id", "allowed_models", "rpm_limit", "tpm_limit", "expires_at", "revoked_at", "last4",
