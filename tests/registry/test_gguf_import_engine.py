@@ -12,6 +12,7 @@ import json
 import shutil
 import struct
 import subprocess
+import time
 import zipfile
 from pathlib import Path
 
@@ -357,6 +358,7 @@ def claude_code_through_the_local_engine(team, gateway, key, folder):
         rule = rule_save(route=Route.objects.get(team=team, model_name="smol"), name="longer than the context",
                          tokens_over=1800, channels=[cloud])
         before = RequestLog.objects.order_by("-id").values_list("id", flat=True).first() or 0
+        time.sleep(0.6)  # the rule reaches the gateway within 0.5 s
         result = run_claude(gateway, key, "smol", folder, "Say hi.")
     assert result["is_error"] is False and result["result"] == content_text(4), result
     # The CLI's own turn (its prompt is over the local context) went by the rule; a short side request it may send

@@ -186,7 +186,7 @@ class FakeMessagesUpstream(FakeUpstream):
                     "usage": {"output_tokens": output,
                               **({"server_tool_use": usage["server_tool_use"]} if searches is not None else {})}},
                    {"type": "message_stop"}]
-        return _Reply(events=[json.dumps(event).encode() for event in events], chunk_count=len(events))
+        return _Reply(events=[json.dumps(event).encode() for event in events], chunk_count=len(events), named=True)
 
     def _chat_tool_reply(self, body):
         name, tool_input = _wants_tool(body, "chat", self.tool_call)
@@ -246,7 +246,7 @@ class FakeMessagesUpstream(FakeUpstream):
             events += _responses_item_events(index, item)
         events.append({"type": "response.completed", "response": response})
         events = [dict(event, sequence_number=number) for number, event in enumerate(events)]
-        return _Reply(events=[json.dumps(event).encode() for event in events], chunk_count=len(events))
+        return _Reply(events=[json.dumps(event).encode() for event in events], chunk_count=len(events), named=True)
 
 
 def _responses_tool(body, items, chosen):

@@ -181,6 +181,7 @@ class _Reply:
     headers: tuple = ()
     chunk_count: int = 1
     paced_frames: int | None = None  # frames after the first that wait the chunk delay (None: every one)
+    named: bool = False  # events carry their `type` on an `event:` line and no [DONE] ends them (Anthropic, Responses)
 
 
 class _PeerClosed(Exception):
@@ -447,19 +448,25 @@ def _text_completion(ident, model, text, finish, usage):
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], "usage": usage}
 
 
-def _stream_frames(events, behaviour):
-    """The SSE frames to send and whether the stream then ends properly (else the socket is just closed)."""
-    frames = [b"data: " + event + b"\n\n" for event in events]
+def _stream_frames(events, behaviour, named=False):
+    """The SSE frames to send and whether the stream then ends properly (else the socket is just closed). `named`:
+    each event also names its type on an `event:` line and no `data: [DONE]` ends the stream, as Anthropic's
+    Messages and OpenAI's Responses streams are written (clients such as Claude Code read only named events)."""
+    if named:
+        frames = [b"event: " + json.loads(event)["type"].encode() + b"\ndata: " + event + b"\n\n" for event in events]
+        done = []
+    else:
+        frames, done = [b"data: " + event + b"\n\n" for event in events], [_DONE]
     name, options = behaviour.name, behaviour.options
     after = options.get("after", 0)
     if name == "cut_stream":
         return frames[:after], False
     if name == "error_event":
         error = json.dumps(_error_body(options["message"], options["type"])).encode()
-        return frames[:after] + [b"data: " + error + b"\n\n", _DONE], True
+        return frames[:after] + [(b"event: error\n" if named else b"") + b"data: " + error + b"\n\n", *done], True
     if name == "malformed_json":
-        return frames[:after] + [_MALFORMED_EVENT] + frames[after:] + [_DONE], True
-    return frames + [_DONE], True
+        return frames[:after] + [_MALFORMED_EVENT] + frames[after:] + done, True
+    return frames + done, True
 
 
 def _faulty_body(body, behaviour):
@@ -501,7 +508,7 @@ async def _deliver_stream(conn, reply, behaviour, delay, keep_alive):
         await conn.send(pending)
         await conn.wait(behaviour.options["delay"])
         pending = b""
-    frames, complete = _stream_frames(reply.events, behaviour)
+    frames, complete = _stream_frames(reply.events, behaviour, reply.named)
     if behaviour.name == "slow_drip":
         delay = behaviour.options["delay"]
     ending = b"0\r\n\r\n" if complete else b""
