@@ -9,7 +9,7 @@ ENGINE_PIP_EXTRA ?=
 # compiles the ones a process imports on first use instead (the engine venv builds faster: docs/benchmarks.md).
 TW_PIP_FLAGS ?= -q --no-compile
 
-.PHONY: run test test-fast lint venv engine browser claude-code codex clean-venvs help
+.PHONY: run test test-setup test-fast lint venv engine browser claude-code codex clean-venvs help
 .DEFAULT_GOAL := help
 
 help:
@@ -18,7 +18,9 @@ help:
 	@echo "make test-fast  the suite without the engine and browser tests (no .venv-engine, no Chromium)"
 	@echo "make lint       ruff over the whole tree (make test and make test-fast run it first)"
 
-run: $(VENV)/.installed $(ENGINE_VENV)/.installed
+# The two venvs install side by side (pip unpacks on one core; a first start takes the longer of the two).
+run:
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed $(ENGINE_VENV)/.installed
 	@$(VENV)/bin/python -m panel.launcher
 
 # The whole suite in one run on $(TEST_WORKERS) pytest-xdist workers, each pinned to its own share of the cores with
@@ -28,8 +30,14 @@ run: $(VENV)/.installed $(ENGINE_VENV)/.installed
 TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-test: lint $(ENGINE_VENV)/.installed browser claude-code codex
+# What the suite needs is set up three at a time: the two venvs side by side (pip unpacks on one core), apt and npm
+# meanwhile, one after the other (apt holds one lock, npm installs into one prefix: the order-only links below).
+test:
+	@$(MAKE) --no-print-directory -j3 test-setup
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
+
+test-setup: $(VENV)/.installed-test $(ENGINE_VENV)/.installed browser claude-code codex
 
 # Neither the engine venv, Chromium nor the coding agents' CLIs: every test but those marked engine, browser or client.
 test-fast: lint
@@ -67,7 +75,7 @@ browser:
 # npm from Debian's nodejs. The version the README names as tested.
 CLAUDE_CODE_VERSION := 2.1.332
 claude-code: .node/.installed-$(CLAUDE_CODE_VERSION)
-.node/.installed-$(CLAUDE_CODE_VERSION):
+.node/.installed-$(CLAUDE_CODE_VERSION): | browser
 	@command -v npm >/dev/null || { echo "tokenwise: installing nodejs and npm for the Claude Code tests"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
 	npm install --prefix .node --no-audit --no-fund --loglevel=error @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
@@ -78,7 +86,7 @@ claude-code: .node/.installed-$(CLAUDE_CODE_VERSION)
 # a native binary in the npm package, beside Claude Code under .node/. The version the README names as tested.
 CODEX_VERSION := 0.171.0
 codex: .node/.installed-codex-$(CODEX_VERSION)
-.node/.installed-codex-$(CODEX_VERSION):
+.node/.installed-codex-$(CODEX_VERSION): | browser .node/.installed-$(CLAUDE_CODE_VERSION)
 	@command -v npm >/dev/null || { echo "tokenwise: installing nodejs and npm for the Codex test"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
 	npm install --prefix .node --no-audit --no-fund --loglevel=error @openai/codex@$(CODEX_VERSION)
