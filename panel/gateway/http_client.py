@@ -6,8 +6,10 @@ kept for the next request. Not aiohttp's client: on a Zen 4 EPYC, aiohttp's requ
 - HTTP/1.1 over TCP or TLS (the system's CA store); a response framed by its length, chunked, or read to the
   connection's close (httptools parses it); a gzip or deflate body decoded, though none is asked for;
 - connections kept per event loop, outbound policy, scheme, host and port, and reused only after a complete
-  response that did not ask to close; a kept connection lost before the first byte of its response is tried once
-  more on a new one (the server closed it while it was idle, so it read nothing);
+  response that did not ask to close; a kept connection lost within RESEND_WITHIN_SECONDS of sending, before any
+  byte of its response, is tried once more on a new one (the server closed it while it was idle: its close crossed
+  the request, which it never read); lost later, the server may have read the request and worked on it, and a
+  second copy could be charged twice: that is an error for the caller (the route's fallback decides);
 - every address connected to has passed the outbound policy (panel/core/outbound.py): a name is resolved (cached
   for a minute) and every address it resolves to is checked; an address written in the URL is checked as written;
 - no redirect is followed, no cookie kept, no proxy used;
@@ -27,6 +29,7 @@ from panel.core import outbound
 
 DNS_CACHE_SECONDS = 60
 KEEP_IDLE_SECONDS = 30  # a kept connection idle longer than this is closed rather than reused
+RESEND_WITHIN_SECONDS = 0.25  # a kept connection's close this soon after sending crossed the request on the wire
 PAUSE_AT_BYTES = 256 * 1024  # a response read ahead of its consumer by this much stops reading from the socket
 
 _idle = {}  # event loop -> {(loopback_ok, scheme, host, port): [Connection]}
@@ -257,12 +260,13 @@ async def post(url, body, headers, *, loopback_ok=False, connect_timeout=None, t
     pool_key = (loopback_ok, parts.scheme, host, port)
     connection = _kept(pool_key)
     if connection is not None:
+        sent = time.monotonic()
         try:
             return await _exchange(connection, request, total)
         except Disconnected as error:
-            if error.received:
+            if error.received or time.monotonic() - sent > RESEND_WITHIN_SECONDS:
                 raise
-            # closed by the server while it was idle: it read nothing of this request
+            # closed by the server while it was idle, as the request left: it read nothing of it
     return await _exchange(await _connect(pool_key, tls, loopback_ok, connect_timeout), request, total)
 
 

@@ -124,6 +124,32 @@ def test_a_kept_connection_the_server_closed_while_idle_is_replaced():
     assert body == b"two" and connections == 2
 
 
+def test_a_kept_connection_closed_as_the_request_left_is_resent_once_and_one_closed_later_is_not():
+    """A close that crosses the request (the server's idle timer) costs a resend on a new connection; a server that
+    held the request longer may have worked on it, and a second copy could be charged twice: that is an error."""
+    async def scenario(server):
+        server.answers = [sized(b"one"), "close", sized(b"two"), sized(b"three"), [0.5, "close"]]
+        bodies = []
+        for _ in range(2):
+            response = await post(server)
+            bodies.append(await response.read())
+            response.release()
+        resent = (server.connections, len(server.requests))
+        third = await post(server)
+        bodies.append(await third.read())
+        third.release()
+        try:
+            await post(server)
+        except http_client.Disconnected as error:
+            failed = (error.received, str(error))
+        return bodies, resent, failed, server.connections, len(server.requests)
+
+    bodies, resent, failed, connections, requests = run(scenario)
+    assert bodies == [b"one", b"two", b"three"] and resent == (2, 3)
+    assert failed == (False, "the upstream closed the connection")
+    assert (connections, requests) == (2, 5)  # held 0.5 s, then closed: not sent again
+
+
 def test_a_stream_cut_before_its_length_is_an_error_and_the_connection_is_not_kept():
     async def scenario(server):
         server.answers = [[OK_HEAD + b"content-length: 100\r\n\r\nshort", "close"], sized(b"next")]
