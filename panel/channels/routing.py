@@ -49,6 +49,8 @@ class Target:
     tool_calling: bool | None = None  # a local engine started with vLLM's auto tool choice (None: not an engine)
     engine_words: str = ""  # "deployment #3 (profile tiny-cpu)", for what the gateway says about a local engine
     batch_slots: int | None = None  # a local engine's max_num_seqs: requests it runs at once, the rest wait
+    gpu_hourly: float | None = None  # a local engine's GPU price per hour (None: its host has none), shared out by
+    # the minute among the requests it served (dashboards/local_cost.py)
     sleeping: int | None = None  # the deployment's id while it sleeps or wakes: a request wakes it (gateway/waking.py)
 
 
@@ -170,7 +172,7 @@ def _engine_facts(deployment):
     profile = deployment.profile
     return {"context_tokens": profile.max_model_len, "tool_calling": bool(profile.tool_call_parser),
             "engine_words": f"deployment #{deployment.pk} (profile {profile.name})",
-            "batch_slots": profile.max_num_seqs}
+            "batch_slots": profile.max_num_seqs, "gpu_hourly": deployment.hourly_price()}
 
 
 def _load(team_id, model_name):

@@ -7,6 +7,7 @@ row, including when the page goes away: Django cancels the generator on a client
 connection is closed and the row says `client_closed`."""
 import json
 from dataclasses import dataclass
+from decimal import Decimal
 
 from panel.channels.diagnosis import describe_upstream_error
 from panel.gateway import panel_requests
@@ -66,7 +67,17 @@ def metrics_of(outcome):
             "cached_tokens": fields["cached_tokens"], "latency_ms": round((ended - started) * 1000, 1),
             "cost": format(cost.normalize(), "f") if cost else "0",
             "channel": exchange.target.name if exchange.target else "", "attempts": exchange.log["attempts"],
-            "fell_back": exchange.log["fell_back"]}
+            "fell_back": exchange.log["fell_back"], **_local_cost(exchange.target)}
+
+
+def _local_cost(target):
+    """A deployment's engine has no price per token: its GPU's price per hour is shared out by the minute among
+    the requests it served (the usage row gets its share then), so the column says that instead of a cost of 0."""
+    if target is None or not target.engine_words:
+        return {}
+    hourly = target.gpu_hourly
+    return {"cost": None, "local_gpu": True,
+            "gpu_hourly": format(Decimal(str(hourly)).normalize(), "f") if hourly is not None else None}
 
 
 async def stream_chat(column, payload, *, team_id, endpoint=ENDPOINT):

@@ -104,13 +104,18 @@
     return unit ? number + " " + unit : String(number);
   }
 
+  // A deployment's engine: its GPU's hourly price, shared out by the minute among the requests it served.
+  function gpuCost(hourly) {
+    return hourly ? "GPU " + hourly + "/h, by the minute" : "unknown: no GPU price";
+  }
+
   function metricsList(metrics) {
     const dl = el("dl", "metrics");
     const rows = [
       ["TTFT", fmt(metrics.ttft_ms, "ms")], ["tokens/s", fmt(metrics.tokens_per_second, "", 1)],
       ["prompt", fmt(metrics.prompt_tokens)], ["completion", fmt(metrics.completion_tokens)],
       ["cached", fmt(metrics.cached_tokens)], ["latency", fmt(metrics.latency_ms, "ms")],
-      ["cost", fmt(metrics.cost)],
+      ["cost", metrics.local_gpu ? gpuCost(metrics.gpu_hourly) : fmt(metrics.cost)],
     ];
     for (const [name, value] of rows) {
       const row = el("div");

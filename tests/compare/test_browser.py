@@ -3,11 +3,14 @@ page streams two columns side by side, shows their metrics, diagnoses the failin
 the JSON and prefix-cache checks, and refuses bad input with a message while staying usable."""
 import subprocess
 import sys
+from decimal import Decimal
 
 from playwright.sync_api import expect
 
+from panel.serving.models import Deployment
 from tests.support.browser import screenshot, sign_in
 from tests.support.compare import channel
+from tests.support.dashboards import make_deployment
 from tests.support.environment import ROOT, panel_env
 from tests.support.fake_upstream import FakeUpstream, closed_port, content_text
 from tests.support.gateway_server import GatewayServer
@@ -22,7 +25,10 @@ def test_it_streams_columns_side_by_side_in_the_browser(page, team_setup, transa
                    env=panel_env(TOKENWISE_STATIC_ROOT=str(static_root)))
     with FakeUpstream(("qwen-awq",), chunks=24, chunk_delay=0.12) as engine, \
             FakeUpstream(("qwen-plus",), chunks=18, chunk_delay=0.15) as cloud:
-        local = channel(team_a, "local-qwen-awq", engine.base_url, model="qwen-awq", kind="local")
+        deployment = make_deployment(team_a, price=Decimal("2.50"))
+        Deployment.objects.filter(pk=deployment.pk).update(base_url=engine.base_url)
+        local = channel(team_a, "local-qwen-awq", engine.base_url, model="qwen-awq", kind="local",
+                        deployment=deployment)
         remote = channel(team_a, "taotoken", cloud.base_url, model="qwen-plus", price_input_per_million="0.5",
                          price_output_per_million="2")
         down = channel(team_a, "old-box", f"http://127.0.0.1:{closed_port()}/v1", model="qwen-awq", kind="local")
@@ -67,6 +73,7 @@ def test_it_streams_columns_side_by_side_in_the_browser(page, team_setup, transa
                 ttft = columns.nth(index).locator("[data-metric=TTFT] dd")
                 expect(ttft).to_contain_text(" ms")
                 expect(columns.nth(index).locator("[data-metric=completion] dd")).not_to_have_text("–")
+            expect(columns.nth(0).locator("[data-metric=cost] dd")).to_have_text("GPU 2.5/h, by the minute")
             expect(columns.nth(1).locator("[data-metric=cost] dd")).not_to_have_text("0")
             expect(columns.nth(2).locator(".pill")).to_have_text("failed")
             expect(columns.nth(2).locator(".diagnosis")).to_contain_text("Connection refused")

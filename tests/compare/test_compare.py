@@ -15,6 +15,7 @@ from panel.accounts.services import membership_add
 from panel.channels.models import Route, RouteChannel
 from panel.compare.models import Conversation, Message
 from panel.compare.services import conversation_send, texts_diff
+from panel.serving.models import Deployment
 from panel.usage.models import RequestLog
 from tests.support.compare import Panel, channel
 from tests.support.fake_upstream import FakeUpstream, closed_port, content_text
@@ -176,6 +177,39 @@ def test_it_streams_columns_side_by_side_and_diagnoses_the_failing_ones(team_set
             assert saved.count() == 6 and "within 2 s" in saved.get(column=3).metrics["error"]
             page = panel.http.get(f"/compare/{conversation}/")
             assert page.status_code == 200 and content_text(12).encode() in page.content
+        finally:
+            panel.close()
+
+
+def test_a_deployments_column_shows_its_gpu_price_shared_by_the_minute_instead_of_a_cost_of_0(team_setup,
+                                                                                                transactional_db):
+    """A deployment's engine has no price per token: the column says what its GPU costs an hour (its share is
+    written to the usage row by the minute), or that its host has no GPU price; a cloud column keeps its cost."""
+    from panel.hosts.models import WorkerHost
+    from tests.support.dashboards import make_deployment
+
+    team_a = team_setup["team_a"]
+    with FakeUpstream(("tiny-chat",), chunks=4) as engine, FakeUpstream(chunks=4) as cloud:
+        deployment = make_deployment(team_a, price=Decimal("2.50"), gpu_count=2)
+        Deployment.objects.filter(pk=deployment.pk).update(base_url=engine.base_url)
+        local = channel(team_a, "local-tiny", engine.base_url, model="tiny-chat", kind="local",
+                        deployment=deployment)
+        priced = channel(team_a, "taotoken", cloud.base_url, price_output_per_million=Decimal("2"))
+        panel = Panel(team_setup["alice"])
+        try:
+            def ask():
+                sent = panel.post("/compare/send/", {"columns": [f"channel:{local.pk}", f"channel:{priced.pk}"],
+                                                     "message": "hello", "max_tokens": 8})
+                assert sent.status_code == 200, sent.text
+                return [panel.events(column["stream_url"])[-1] for column in sent.json()["columns"]]
+
+            mine, theirs = ask()
+            assert mine["ok"] and mine["metrics"]["local_gpu"] is True and mine["metrics"]["cost"] is None
+            assert mine["metrics"]["gpu_hourly"] == "5"  # 2.50 an hour, two GPUs
+            assert theirs["metrics"]["cost"] == "0.000008" and "local_gpu" not in theirs["metrics"]
+            WorkerHost.objects.filter(pk=deployment.host_id).update(gpu_price_per_hour=None)
+            mine, _ = ask()
+            assert mine["metrics"]["local_gpu"] is True and mine["metrics"]["gpu_hourly"] is None
         finally:
             panel.close()
 
