@@ -359,7 +359,14 @@ def claude_code_through_the_local_engine(team, gateway, key, folder):
                          tokens_over=1800, channels=[cloud])
         before = RequestLog.objects.order_by("-id").values_list("id", flat=True).first() or 0
         time.sleep(0.6)  # the rule reaches the gateway within 0.5 s
-        result = run_claude(gateway, key, "smol", folder, "Say hi.")
+        try:
+            result = run_claude(gateway, key, "smol", folder, "Say hi.")
+        except AssertionError as failure:  # the gateway's side too: each request that ended, where and how long
+            ended = [(row.channel.name if row.channel else None, row.stream, row.outcome, row.status_code,
+                      row.prompt_tokens, row.completion_tokens, round(row.latency_ms))
+                     for row in RequestLog.objects.filter(id__gt=before).select_related("channel").order_by("id")]
+            raise AssertionError(f"{failure}\nthe gateway's rows since (a request still running has none): "
+                                 f"{ended}") from None
     assert result["is_error"] is False and result["result"] == content_text(4), result
     # The CLI's own turn (its prompt is over the local context) went by the rule; a short side request it may send
     # beside it stays local. Rows are written as requests end, not in the order they were sent.

@@ -31,9 +31,13 @@ def run_claude(gateway, raw, model, folder, prompt):
     return json.loads(completed.stdout)
 
 
+NOTABLE = ("[API", "[ERROR]", "[WARN]", "retry", "Retry", "fallback", "[engine]")  # its requests, errors and turns
+
+
 def _tail(log, lines=60):
-    """The debug log's last lines, or why there are none."""
+    """The debug log's last lines about requests, errors and turns (not its config writes), or why there are none."""
     try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        text = log.read_text(errors="replace")
     except OSError as error:
         return f"(no debug log: {error})"
+    return "\n".join([line for line in text.splitlines() if any(mark in line for mark in NOTABLE)][-lines:])
