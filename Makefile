@@ -34,7 +34,7 @@ PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # meanwhile, one after the other (apt holds one lock, npm installs into one prefix: the order-only links below).
 test:
 	@$(MAKE) --no-print-directory -j3 test-setup
-	$(VENV)/bin/ruff check .
+	@$(MAKE) --no-print-directory lint
 	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
 test-setup: $(VENV)/.installed-test $(ENGINE_VENV)/.installed browser claude-code codex

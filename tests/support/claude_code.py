@@ -8,6 +8,7 @@ from tests.support.environment import ROOT
 
 CLI = ROOT / ".node" / "node_modules" / ".bin" / "claude"
 DEADLINE_SECONDS = 120
+NOTABLE = ("[API", "[ERROR]", "[WARN]", "retry", "Retry", "fallback", "[engine]")  # its requests, errors and turns
 
 
 def run_claude(gateway, raw, model, folder, prompt):
@@ -29,9 +30,6 @@ def run_claude(gateway, raw, model, folder, prompt):
                              f"its log's end:\n{_tail(log)}") from None
     assert completed.returncode == 0, (completed.stdout[-2000:], completed.stderr[-2000:], _tail(log))
     return json.loads(completed.stdout)
-
-
-NOTABLE = ("[API", "[ERROR]", "[WARN]", "retry", "Retry", "fallback", "[engine]")  # its requests, errors and turns
 
 
 def _tail(log, lines=60):
