@@ -12,6 +12,7 @@ from django.views.decorators.http import require_POST
 from panel.accounts.decorators import team_view
 from panel.accounts.roles import may
 from panel.channels.models import Route
+from panel.core.csv_cells import csv_row
 from panel.core.forms import errors_into
 from panel.evaluations.autopilot import (
     autopilot_act,
@@ -106,18 +107,17 @@ def route_autopilot_csv(request, route_id):
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="autopilot-{route.pk}.csv"'
     writer = csv.writer(response)
-    writer.writerow(["candidate", "set_passed", "set_cases", "set_pass_rate", "cost_per_accepted",
-                     "shadow_mirrored", "shadow_passed", "shadow_mean_agreement", "shadow_p50_ms", "quality",
-                     "verdict"])
+    writer.writerow(csv_row(["candidate", "set_passed", "set_cases", "set_pass_rate", "cost_per_accepted",
+                             "shadow_mirrored", "shadow_passed", "shadow_mean_agreement", "shadow_p50_ms", "quality",
+                             "verdict"]))
     for candidate in review.candidates:
         result = candidate.run.result if candidate.run else {}
         shadow = candidate.shadow or {}
         verdict = ("proposed" if candidate is review.proposal else "passes" if candidate.qualifies
                    else "; ".join(candidate.reasons))
-        writer.writerow([candidate.label, result.get("passed", ""), result.get("cases", ""),
-                         result.get("pass_rate", ""), result.get("cost_per_accepted", ""),
-                         shadow.get("mirrored", ""), shadow.get("passed", ""),
-                         "" if shadow.get("mean_similarity") is None else f"{shadow['mean_similarity']:.3f}",
-                         "" if shadow.get("p50_ms") is None else f"{shadow['p50_ms']:.0f}", candidate.quality,
-                         verdict])
+        writer.writerow(csv_row([  # a channel's or route's name may start with "=": a spreadsheet must not run it
+            candidate.label, result.get("passed", ""), result.get("cases", ""), result.get("pass_rate", ""),
+            result.get("cost_per_accepted", ""), shadow.get("mirrored", ""), shadow.get("passed", ""),
+            "" if shadow.get("mean_similarity") is None else f"{shadow['mean_similarity']:.3f}",
+            "" if shadow.get("p50_ms") is None else f"{shadow['p50_ms']:.0f}", candidate.quality, verdict]))
     return response

