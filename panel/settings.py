@@ -242,6 +242,11 @@ ADVISOR_WINDOW_HOURS = envint("TOKENWISE_ADVISOR_WINDOW_HOURS", 24, minimum=1)
 GATEWAY_MAX_BODY_BYTES = envint("TOKENWISE_GATEWAY_MAX_BODY_BYTES", 4 * 1024 * 1024, minimum=1024)
 GATEWAY_MAX_TOKENS = envint("TOKENWISE_GATEWAY_MAX_TOKENS", 131072, minimum=1)
 GATEWAY_BACKOFF_BASE_SECONDS = envint("TOKENWISE_GATEWAY_BACKOFF_BASE_MS", 200, minimum=0) / 1000
+# The most of an upstream's answer the gateway reads, decoded (panel/gateway/upstream.py): a whole answer (or a
+# non-streamed answer assembled from a stream), and one stream event or error answer. Past either the attempt fails
+# (upstream_too_large). A Responses stream's last event repeats the whole answer: hence 4 MiB for an event.
+GATEWAY_MAX_ANSWER_BYTES = envint("TOKENWISE_GATEWAY_MAX_ANSWER_BYTES", 16 * 1024 * 1024, minimum=64 * 1024)
+GATEWAY_MAX_EVENT_BYTES = envint("TOKENWISE_GATEWAY_MAX_EVENT_BYTES", 4 * 1024 * 1024, minimum=16 * 1024)
 BUDGET_CACHE_SECONDS = envint("TOKENWISE_BUDGET_CACHE_SECONDS", 5, minimum=0)  # a budget change applies within this
 BUDGET_RECONCILE_SECONDS = envint("TOKENWISE_BUDGET_RECONCILE_SECONDS", 60, minimum=1)
 # The ledger check (panel/dashboards/ledger.py): each whole hour, engines against usage rows.

@@ -104,7 +104,8 @@ def exception_kind(exception):
         return "timeout"
     if any(isinstance(error, socket.gaierror) for error in chain) or any(
             marker in text for marker in ("name or service not known", "temporary failure in name resolution",
-                                          "nodename nor servname", "no address associated", "getaddrinfo failed")):
+                                          "nodename nor servname", "no address associated", "getaddrinfo failed",
+                                          "does not resolve")):
         return "dns"
     if any(isinstance(error, ConnectionRefusedError) or getattr(error, "errno", None) in ERRNO_REFUSED
            for error in chain) or "connection refused" in text:

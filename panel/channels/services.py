@@ -452,12 +452,8 @@ def _call(client, method, url, *, loopback_ok=False, **kwargs):
         return None, b"", 0.0, httpx.ConnectError(f"the panel does not call this address: {error}")
     try:
         with client.stream(method, url, headers=headers, extensions=extensions, **kwargs) as response:
-            body = bytearray()
-            for chunk in response.iter_bytes():
-                body += chunk
-                if len(body) > MAX_TEST_BODY:
-                    break
-            return response.status_code, bytes(body), (time.perf_counter() - started) * 1000, None
+            body, _ = outbound.read_capped(response, MAX_TEST_BODY)  # decoded a step at a time: no gzip bomb
+            return response.status_code, body, (time.perf_counter() - started) * 1000, None
     except httpx.HTTPError as error:
         return None, b"", (time.perf_counter() - started) * 1000, error
 

@@ -11,7 +11,10 @@ targets and webhooks.
   checks every address it resolves and every literal one with `address_refusal`; aiohttp sessions connect through
   `PolicyConnector` (every resolved address and every literal address checked), httpx calls go to the address
   `pinned` resolved and checked (the name stays in Host and in TLS). A name that resolves to a public address when
-  saved and to 127.0.0.1 later (DNS rebinding) is refused at request time.
+  saved and to 127.0.0.1 later (DNS rebinding) is refused at request time; a name that does not resolve is refused
+  too, never handed to httpx, which would look it up again (a rebinding name can fail once, then answer 127.0.0.1).
+- An answer is read with a cap (`read_capped`): decoded a step at a time, so a small gzip answer that decodes to
+  gigabytes never sits in memory.
 - No outbound call follows a redirect: a 3xx is the upstream's error (a 307 to another address would carry the body
   and the credential header past every check here).
 - Every request carries HOP_HEADER; the gateway refuses a request that has it, so nothing loops even through a
@@ -19,6 +22,7 @@ targets and webhooks.
 import functools
 import ipaddress
 import socket
+import zlib
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -151,15 +155,16 @@ def pinned(url, *, loopback_ok=False):
         raise OutboundRefused(refusal)
     parts = urlsplit(url)
     host, port = _host_port(url)
-    headers = {HOP_HEADER: "1"}
+    headers = {HOP_HEADER: "1", "Accept-Encoding": "gzip, deflate"}  # what read_capped decodes
     try:
         ipaddress.ip_address(host.split("%", 1)[0])
         return url, headers, {}
     except ValueError:
         pass
     addresses = _resolve(host, port)
-    if not addresses:
-        return url, headers, {}  # httpx reports the name that does not resolve in its own words
+    if not addresses:  # never left to httpx: its own lookup could answer what this one did not (DNS rebinding)
+        raise OutboundRefused(f"the name {host} does not resolve (check its spelling and this machine's DNS); "
+                              "nothing was sent")
     refusal = resolved_refusal(host, addresses, loopback_ok=loopback_ok)
     if refusal:
         raise OutboundRefused(refusal)
@@ -168,6 +173,31 @@ def pinned(url, *, loopback_ok=False):
     headers["Host"] = parts.netloc.rsplit("@", 1)[-1]
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)), headers, {
         "sni_hostname": host}
+
+
+def read_capped(response, limit):
+    """(body, cut) of an httpx response opened with `stream`: at most `limit` bytes of it, decoded (gzip and deflate
+    here, a step at a time; `pinned` asks for no other encoding), and whether there was more. What is past the cap
+    is neither read nor decoded."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    decoder = None
+    if encoding in ("gzip", "deflate"):
+        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    body = bytearray()
+    for chunk in response.iter_raw():
+        while chunk:
+            if decoder is None:
+                body += chunk[:limit + 1 - len(body)]
+                chunk = b""
+            else:
+                try:
+                    body += decoder.decompress(chunk, limit + 1 - len(body))
+                except zlib.error:
+                    return bytes(body[:limit]), False
+                chunk = decoder.unconsumed_tail
+            if len(body) > limit:
+                return bytes(body[:limit]), True
+    return bytes(body), False
 
 
 class PolicyResolver(AbstractResolver):

@@ -25,6 +25,7 @@ OUTCOME_WORDS = {
     "error_event": "an error event", "bad_request": "the channel refused the request (4xx)",
     "misconfigured": "the channel's key cannot be read (not called)",
     "refused": "the channel's address is not allowed (not called)", "client_closed": "the client left",
+    "upstream_too_large": "an answer larger than the gateway accepts (not kept)",
 }
 
 

@@ -4,7 +4,9 @@ kept for the next request. Not aiohttp's client: on a Zen 4 EPYC, aiohttp's requ
 (decision 0077, docs/benchmarks.md). What it does:
 
 - HTTP/1.1 over TCP or TLS (the system's CA store); a response framed by its length, chunked, or read to the
-  connection's close (httptools parses it); a gzip or deflate body decoded, though none is asked for;
+  connection's close (httptools parses it); a gzip or deflate body decoded, though none is asked for, as its reader
+  takes it (INFLATE_STEP at a time: a small compressed body that decodes to gigabytes never sits in memory whole),
+  and `read(limit)` stops past a size (`BodyTooLarge`);
 - connections kept per event loop, outbound policy, scheme, host and port, and reused only after a complete
   response that did not ask to close; a kept connection lost within RESEND_WITHIN_SECONDS of sending, before any
   byte of its response, is tried once more on a new one (the server closed it while it was idle: its close crossed
@@ -31,6 +33,7 @@ DNS_CACHE_SECONDS = 60
 KEEP_IDLE_SECONDS = 30  # a kept connection idle longer than this is closed rather than reused
 RESEND_WITHIN_SECONDS = 0.25  # a kept connection's close this soon after sending crossed the request on the wire
 PAUSE_AT_BYTES = 256 * 1024  # a response read ahead of its consumer by this much stops reading from the socket
+INFLATE_STEP = 64 * 1024  # the most decoded bytes of a compressed body one readany() makes
 
 _idle = {}  # event loop -> {(loopback_ok, scheme, host, port): [Connection]}
 _names = {}  # (host, port) -> (expires, addresses)
@@ -43,6 +46,10 @@ class DNSError(ConnectionError):
 
 class ConnectTimeout(ConnectionError):
     """No connection within the connect deadline."""
+
+
+class BodyTooLarge(Exception):
+    """A body past the size its reader accepts; the connection is closed and nothing of the body is kept."""
 
 
 class Disconnected(ConnectionError):
@@ -78,7 +85,7 @@ class Response:
         self.parser = httptools.HttpResponseParser(self)
         self.head = loop.create_future()
         self._blocks, self._size, self._waiter, self._ended, self._error = [], 0, None, False, None
-        self._decoder, self._paused = None, False
+        self._decoder, self._paused, self._flushed = None, False, False
         self._timer = None if total is None else loop.call_later(total, self._expire)
 
     # ------------------------------------------------------------------ httptools' callbacks
@@ -97,14 +104,13 @@ class Response:
             self.head.set_result(None)
 
     def on_body(self, body):
-        data = self._decoder.decompress(body) if self._decoder is not None else bytes(body)
-        if data:
-            self._blocks.append(data)
-            self._size += len(data)
-            if self._size > PAUSE_AT_BYTES and not self._paused:
-                self._paused = True
-                self.connection.transport.pause_reading()
-            self._wake()
+        # Kept as it came (still compressed, if it is): readany() decodes it a step at a time.
+        self._blocks.append(bytes(body))
+        self._size += len(body)
+        if self._size > PAUSE_AT_BYTES and not self._paused:
+            self._paused = True
+            self.connection.transport.pause_reading()
+        self._wake()
 
     def on_message_complete(self):
         self.complete = True
@@ -131,34 +137,45 @@ class Response:
 
     # ------------------------------------------------------------------ the body, for the caller
     async def readany(self):
-        while not self._blocks:
-            if self._error is not None:
-                raise self._error
-            if self._ended:
-                return b""
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        data = self._blocks[0] if len(self._blocks) == 1 else b"".join(self._blocks)
-        self._blocks.clear()
-        self._size = 0
-        if self._paused:
-            self._paused = False
-            self.connection.transport.resume_reading()
-        return data
+        """The body's next bytes (decoded), b"" at its end."""
+        while True:
+            while not self._blocks and not self._undecoded():
+                if self._error is not None:
+                    raise self._error
+                if self._ended:
+                    return self._last()
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            data = self._blocks[0] if len(self._blocks) == 1 else b"".join(self._blocks)
+            self._blocks.clear()
+            self._size = 0
+            if self._decoder is not None:
+                data = self._inflate(data)
+            if self._paused and len(self._undecoded()) <= PAUSE_AT_BYTES:
+                self._paused = False
+                self.connection.transport.resume_reading()
+            if data:
+                return data
 
     def at_eof(self):
-        return self._ended and not self._blocks
+        return self._ended and not self._blocks and not self._undecoded() and (
+            self._decoder is None or self._flushed)
 
     def buffered(self):
         """Whether readany() returns at once (a block is in, or the body's end or failure is known)."""
-        return bool(self._blocks) or self._ended or self._error is not None
+        return bool(self._blocks) or bool(self._undecoded()) or self._ended or self._error is not None
 
-    async def read(self):
-        parts = []
+    async def read(self, limit=None):
+        """The whole body; BodyTooLarge (the connection closed) once it passes `limit` bytes, decoded."""
+        parts, size = [], 0
         while block := await self.readany():
+            size += len(block)
+            if limit is not None and size > limit:
+                self.close()
+                raise BodyTooLarge(f"a body larger than {limit} bytes")
             parts.append(block)
         return b"".join(parts)
 
@@ -180,11 +197,26 @@ class Response:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def _undecoded(self):
+        return self._decoder.unconsumed_tail if self._decoder is not None else b""
+
+    def _inflate(self, data):
+        """At most INFLATE_STEP decoded bytes of what is left undecoded and `data`; the rest stays undecoded."""
+        source = self._decoder.unconsumed_tail + data if self._decoder.unconsumed_tail else data
+        try:
+            return self._decoder.decompress(source, INFLATE_STEP)
+        except zlib.error:
+            self.close()
+            raise Disconnected("the upstream's compressed answer does not decode") from None
+
+    def _last(self):
+        """What the decoder still holds once every byte of the body went through it (a few bytes at most)."""
+        if self._decoder is None or self._flushed:
+            return b""
+        self._flushed = True
+        return self._decoder.flush()
+
     def _end(self):
-        if self._decoder is not None:
-            tail = self._decoder.flush()
-            if tail:
-                self._blocks.append(tail)
         self._ended = True
         self._stop_timer()
         self._wake()

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from django.conf import settings
+
 from panel.core import outbound, safejson
 from panel.gateway import http_client
 from panel.gateway.assemble import Assembly
@@ -104,6 +106,14 @@ def stalled(seconds, what):
     return UpstreamError("stalled", f"{what} within {seconds:g} s")
 
 
+def too_large(what, limit):
+    """An answer past the gateway's size caps: the attempt fails and nothing of it is kept. Asking the same channel
+    again would bring the same answer: the next channel is asked."""
+    return UpstreamError("upstream_too_large", f"the channel sent {what} larger than {limit:,} bytes, more than the "
+                         "gateway accepts (TOKENWISE_GATEWAY_MAX_ANSWER_BYTES, TOKENWISE_GATEWAY_MAX_EVENT_BYTES)",
+                         retryable=False)
+
+
 async def send_request(target, path, payload, limits, api="chat", extra_headers=()):
     """POST and wait for the response headers, at most `limits.first_byte` seconds. A redirect is an answer like any
     other non-200, never followed: it would carry x-api-key (the operator's key, maybe) to another origin."""
@@ -134,7 +144,10 @@ def error_host(target):
 async def refusal(target, response):
     try:
         async with asyncio.timeout(target.idle_timeout):
-            body = await response.read()
+            body = await response.read(settings.GATEWAY_MAX_EVENT_BYTES)
+    except http_client.BodyTooLarge:
+        response.close()
+        raise too_large(f"an error answer ({response.status})", settings.GATEWAY_MAX_EVENT_BYTES) from None
     except (TimeoutError, *TRANSPORT_ERRORS):
         body = b""
     response.close()
@@ -158,8 +171,12 @@ async def post_json(target, path, payload, limits, api="chat", extra_headers=())
     opened = await first_event(target, response, limits, began)
     assembly = Assembly()
     finished = False
+    size, limit = 0, settings.GATEWAY_MAX_ANSWER_BYTES
     try:
         async for line in chain_lines(opened):
+            size += len(line)
+            if size > limit:
+                raise too_large("an answer", limit)
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
@@ -205,7 +222,9 @@ async def chain_lines(opened):
 async def whole_body(target, response):
     try:
         async with asyncio.timeout(target.idle_timeout):
-            body = await response.read()
+            body = await response.read(settings.GATEWAY_MAX_ANSWER_BYTES)
+    except http_client.BodyTooLarge:
+        raise too_large("an answer", settings.GATEWAY_MAX_ANSWER_BYTES) from None
     except TimeoutError:
         response.close()
         raise stalled(target.idle_timeout, "no more of the answer's body") from None
@@ -228,16 +247,14 @@ class OpenStream:
     first: list = field(default_factory=list)
 
 
-MAX_LINE_BYTES = 4 * 1024 * 1024  # an upstream line longer than this is not a stream event
-
-
 async def stream_lines(response, idle):
     """The stream's lines (without their line ends); UpstreamError("stalled") when nothing comes within `idle`
-    seconds. Read by network block, not by line: one deadline per block that must be waited for (an event and its
-    blank line usually arrive together; a block already in needs none), which is most of what relaying a chunk
-    costs the gateway."""
+    seconds, "upstream_too_large" for a line (one event's data) past TOKENWISE_GATEWAY_MAX_EVENT_BYTES. Read by
+    network block, not by line: one deadline per block that must be waited for (an event and its blank line usually
+    arrive together; a block already in needs none), which is most of what relaying a chunk costs the gateway."""
     content = response.content
     pending = b""
+    limit = settings.GATEWAY_MAX_EVENT_BYTES
     while True:
         if content.buffered():
             block = await content.readany()
@@ -255,13 +272,14 @@ async def stream_lines(response, idle):
                 yield pending.decode("utf-8", "replace").rstrip("\r")
             return
         pending += block
-        if b"\n" not in block:
-            if len(pending) > MAX_LINE_BYTES:
-                raise UpstreamError("malformed", f"the channel sent a line longer than {MAX_LINE_BYTES} bytes")
-            continue
-        *lines, pending = pending.split(b"\n")
-        for raw in lines:
-            yield raw.decode("utf-8", "replace").rstrip("\r")
+        if b"\n" in block:
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                if len(raw) > limit:
+                    raise too_large("a stream event", limit)
+                yield raw.decode("utf-8", "replace").rstrip("\r")
+        if len(pending) > limit:  # a line without its end past the cap: nothing of it is kept
+            raise too_large("a stream event", limit)
 
 
 async def open_stream(target, path, payload, limits, api="chat", extra_headers=()):

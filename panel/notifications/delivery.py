@@ -84,7 +84,7 @@ def _post(delivery):
             with client.stream("POST", url, content=body, headers=headers, extensions=extensions) as answer:
                 deadline = started + settings.WEBHOOK_TIMEOUT_SECONDS
                 read = 0
-                for chunk in answer.iter_bytes():
+                for chunk in answer.iter_raw():  # never decoded: a small gzip answer can decode to gigabytes
                     read += len(chunk)
                     if read > MAX_ANSWER_BYTES or time.perf_counter() > deadline:
                         break

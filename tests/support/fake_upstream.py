@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -33,6 +34,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -79,6 +81,8 @@ _OPTIONS = {
     "json_content": {"value": None},
     "broken_json_content": {"text": '{"answer": "alpha bravo", "done": tru'},
     "redirect": {"location": None, "status": 307},
+    "gzip_bomb": {"size": 200 * 1024 * 1024, "sse": None},
+    "endless_event": {"after": 1, "size": 64 * 1024 * 1024},
 }
 _STATUS_OPTIONS = {"retry_after": None, "message": None}
 _COMMON_OPTIONS = {"path": INFERENCE_PATHS, "chunks": None, "cached_tokens": None}
@@ -528,6 +532,35 @@ async def _deliver_stream(conn, reply, behaviour, delay, keep_alive):
     return keep_alive
 
 
+@functools.lru_cache(maxsize=4)
+def _bomb(size, sse):
+    """A gzip body that decodes to `size` bytes: a `data:` line or a JSON string, neither ever ended."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts = [packer.compress(b'data: {"x": "' if sse else b'{"x": "')]
+    piece = b"a" * (1 << 20)
+    for _ in range(size // len(piece)):
+        parts.append(packer.compress(piece))
+    parts.append(packer.flush())
+    return b"".join(parts)
+
+
+async def _send_bomb(conn, size, sse, keep_alive):
+    body = _bomb(size, sse)
+    kind = "text/event-stream" if sse else "application/json"
+    await conn.send(_head(200, (("content-type", kind), ("content-encoding", "gzip"), ("content-length", len(body))),
+                          keep_alive) + body)
+
+
+async def _send_endless_event(conn, events, options):
+    frames, _ = _stream_frames(events, _OK)
+    await conn.send(_head(200, (("content-type", "text/event-stream"), ("transfer-encoding", "chunked")), False)
+                    + b"".join(map(_chunk, frames[:options["after"]])) + _chunk(b'data: {"x": "'))
+    piece = b"a" * (64 * 1024)
+    for _ in range(options["size"] // len(piece)):
+        await conn.send(_chunk(piece))
+    conn.close()
+
+
 class FakeUpstream:
     """A fake OpenAI-compatible provider on 127.0.0.1, served by its own asyncio loop in a background thread.
 
@@ -699,6 +732,11 @@ class FakeUpstream:
         - json_content: content that is valid JSON text, json.dumps(`value`) (default {"answer": <the words>}).
         - broken_json_content: a well-formed completion whose content is `text`, JSON that does not parse.
         - redirect: `status` (default 307) with `Location: <location>` and an empty body.
+        - gzip_bomb: 200 with `Content-Encoding: gzip` and a small body (about 1/1000 of `size`) that decodes to
+          `size` bytes (default 200 MiB) of one letter: a stream (an SSE line without its end) when the request
+          asked for one or `sse` is True, else a JSON body that never ends.
+        - endless_event: a 200 stream of `after` events (default 1), then one `data:` line that runs for `size`
+          bytes (default 64 MiB) without its end, then the connection closes.
         """
         behaviour = Behaviour.make(name, **options)
         if times is not None and times < 0:
@@ -807,6 +845,14 @@ class FakeUpstream:
         if behaviour.status:
             await _send_whole(conn, _status_reply(behaviour), keep_alive)
             return keep_alive
+        if behaviour.name == "gzip_bomb":
+            sse = behaviour.options["sse"]
+            await _send_bomb(conn, behaviour.options["size"], bool(request.json.get("stream")) if sse is None else sse,
+                             keep_alive)
+            return keep_alive
+        if behaviour.name == "endless_event":
+            await _send_endless_event(conn, self._reply(request, behaviour).events, behaviour.options)
+            return False
         if behaviour.name == "redirect":
             options = behaviour.options
             await _send_whole(conn, _Reply(options["status"], headers=(("location", options["location"]),)),
