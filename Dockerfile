@@ -1,5 +1,5 @@
 # Two images from one file:
-#   panel       the web server, the default worker and beat (no torch, no engine)
+#   panel       the web server, the default and long workers and beat (no torch, no engine)
 #   gpu-worker  the panel's code plus an engine venv with CUDA vLLM and AutoAWQ, for GPU hosts
 FROM python:3.11-slim AS panel
 ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 TOKENWISE_DATA_DIR=/data

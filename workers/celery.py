@@ -1,4 +1,4 @@
-"""The Celery app. Workers start through `python -m workers.start {default,gpu,beat}`; Celery's Django fixup
+"""The Celery app. Workers start through `python -m workers.start {default,long,gpu,beat}`; Celery's Django fixup
 sets Django up in each worker process. Every app's tasks live in its own `tasks.py` (found by autodiscovery);
 services send them by name (`panel.jobs.services.job_enqueue`)."""
 import os

@@ -62,7 +62,7 @@ def benchmarks_get(request, run_id: int):
     return run_out(get_object_or_404(_runs(request), pk=run_id), detail=True)
 
 
-@router.post("/benchmarks", auth=gate("benchmarks.run"), response=errors({201: BenchmarkOut}))
+@router.post("/benchmarks", auth=gate("benchmarks.run"), response=errors({201: BenchmarkOut}, long_run=True))
 def benchmarks_start(request, body: BenchmarkStart):
     text = body.prompts_text
     form = validated(BenchmarkForm, body.dict(exclude={"prompts_text"}, exclude_unset=True), team=request.team,

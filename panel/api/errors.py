@@ -1,11 +1,14 @@
 """Every refusal of the API in one shape: {"detail": words, "errors": {field: [words]}} with 400 (nothing was
-saved), 401, 403 or 404; the OpenAPI schema lists them on every operation."""
+saved), 401, 403 or 404; the OpenAPI schema lists them on every operation. A launch of long work answers 429 while the
+team has as many long runs as it may (panel/jobs/queues.py)."""
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
 from django.http import Http404
 from ninja import Schema
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as SchemaError
+
+from panel.jobs.queues import LongRunsFull
 
 
 class Problem(Schema):
@@ -35,9 +38,10 @@ def form_invalid(form):
     return Invalid({field: [item["message"] for item in items] for field, items in form.errors.get_json_data().items()})
 
 
-def errors(ok):
-    """The responses of an operation whose success is `ok` ({status: schema})."""
-    return {**ok, 400: Problem, 401: Problem, 403: Problem, 404: Problem}
+def errors(ok, *, long_run=False):
+    """The responses of an operation whose success is `ok` ({status: schema}); a launch of long work (`long_run`)
+    may also answer 429."""
+    return {**ok, 400: Problem, 401: Problem, 403: Problem, 404: Problem, **({429: Problem} if long_run else {})}
 
 
 def install(api):
@@ -47,6 +51,8 @@ def install(api):
     api.exception_handler(Invalid)(lambda request, exc: answer(request, 400, exc.detail, exc.errors))
     api.exception_handler(ValidationError)(
         lambda request, exc: answer(request, 400, invalid_from(exc).detail, invalid_from(exc).errors))
+    api.exception_handler(LongRunsFull)(
+        lambda request, exc: answer(request, 429, invalid_from(exc).detail, invalid_from(exc).errors))
     api.exception_handler(PermissionDenied)(
         lambda request, exc: answer(request, 403, str(exc) or "You may not do this."))
     api.exception_handler(Http404)(lambda request, exc: answer(request, 404, "Not found in your team."))

@@ -106,7 +106,7 @@ def ladders_get(request, ladder_id: int):
     return ladder_out(get_object_or_404(_ladders(request), pk=ladder_id), detail=True)
 
 
-@router.post("/ladders", auth=gate("benchmarks.run"), response=errors({201: LadderOut}),
+@router.post("/ladders", auth=gate("benchmarks.run"), response=errors({201: LadderOut}, long_run=True),
              summary="A config ladder: one model served step by step, each step benchmarked on a GPU worker")
 def ladders_start(request, body: LadderStart):
     ladder = ladder_from_form(team=request.team, user=request.user, form=_form(LadderForm, request, body))
@@ -133,7 +133,7 @@ def sweeps_get(request, sweep_id: int):
     return sweep_out(get_object_or_404(_sweeps(request), pk=sweep_id), detail=True)
 
 
-@router.post("/sweeps", auth=gate("benchmarks.run"), response=errors({201: SweepOut}),
+@router.post("/sweeps", auth=gate("benchmarks.run"), response=errors({201: SweepOut}, long_run=True),
              summary="A max_num_seqs sweep: one serving profile at each value, the best within a P99 target")
 def sweeps_start(request, body: SweepStart):
     sweep = sweep_from_form(team=request.team, user=request.user, form=_form(SweepForm, request, body))

@@ -22,6 +22,7 @@ from panel.benchmarks.ladder_table import (  # noqa: F401  (re-exported for the 
 from panel.benchmarks.models import BenchmarkRun, Ladder, StepProfile, Sweep, TargetKind
 from panel.hosts.models import WorkerHost
 from panel.jobs.models import JobState
+from panel.jobs.queues import LONG_QUEUE, long_run_admit
 from panel.jobs.services import (
     job_cancel,
     job_cancelled,
@@ -222,12 +223,13 @@ def ladder_launch(*, team, user, model, host=None, small_max_num_seqs=8, large_m
         raise ValidationError(problems)
     ladder = Ladder(team=team, created_by=user, model=model, small_max_num_seqs=small_max_num_seqs,
                     large_max_num_seqs=large_max_num_seqs, max_model_len=max_model_len, extra_args=extra_args,
-                    gpu_price_per_hour=gpu_price_per_hour, repeats=repeats, queue="default", **values)
+                    gpu_price_per_hour=gpu_price_per_hour, repeats=repeats, queue=LONG_QUEUE, **values)
     host = host or ladder_host(ladder)
     refusal = slots_refusal(host)
     if refusal:
         raise ValidationError(refusal)
     with transaction.atomic():
+        long_run_admit(team)
         ladder.host = host
         ladder.save()
         job_created(ladder, actor=user, reason=f"config ladder of {model.name} on {host.host} requested")
@@ -490,8 +492,9 @@ def sweep_launch(*, team, user, profile, values, p99_target_ms, host=None, repea
     if refusal:
         raise ValidationError(refusal)
     with transaction.atomic():
+        long_run_admit(team)
         sweep = Sweep.objects.create(team=team, created_by=user, profile=profile, host=host, values=values,
-                                     p99_target_ms=p99_target_ms, repeats=repeats, queue="default", **values_checked)
+                                     p99_target_ms=p99_target_ms, repeats=repeats, queue=LONG_QUEUE, **values_checked)
         job_created(sweep, actor=user, reason=f"max_num_seqs sweep of {profile.name} over {values} requested")
         if enqueue:
             job_enqueue(sweep, "panel.benchmarks.tasks.run_sweep")

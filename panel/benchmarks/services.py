@@ -15,6 +15,7 @@ from panel.channels.diagnosis import redact
 from panel.channels.models import Channel, CredentialError, Route, order_channels
 from panel.core import outbound
 from panel.jobs.models import JobState
+from panel.jobs.queues import LONG_QUEUE, long_run_admit
 from panel.jobs.services import (
     job_cancel,
     job_cancelled,
@@ -91,17 +92,23 @@ def target_of(*, team, target_kind, target_id):
 
 def benchmark_launch(*, team, user, target_kind, target_id, name="", ladder=None, sweep=None, step="", enqueue=True,
                      **workload_given):
-    """Validate the target and the workload, insert a pending run and (on commit) queue it on the default queue."""
+    """Validate the target and the workload, insert a pending run and (on commit) queue it on the long queue;
+    LongRunsFull while the team has as many long runs as it may (a ladder's or sweep's step is part of its run)."""
 
     field, target, label = target_of(team=team, target_kind=target_kind, target_id=target_id)
     values = workload_values(**workload_given)
     workload_check(values)
-    if ladder is None and sweep is None:  # a ladder's or sweep's later runs are stopped when they start instead
+    # A ladder's or sweep's step runs inside its task, never queued; its later runs are stopped when they start
+    # instead of refused here.
+    step_of = ladder or sweep
+    if step_of is None:
         spend.launch_check(team.pk)
     with transaction.atomic():
+        if step_of is None:
+            long_run_admit(team)
         run = BenchmarkRun.objects.create(team=team, created_by=user, name=name[:200], target_kind=target_kind,
-                                          target_label=label[:300], queue="default", ladder=ladder, sweep=sweep,
-                                          step=step, **{field: target}, **values)
+                                          target_label=label[:300], queue="" if step_of else LONG_QUEUE,
+                                          ladder=ladder, sweep=sweep, step=step, **{field: target}, **values)
         job_created(run, actor=user, reason=f"benchmark of {label} requested")
         if enqueue:
             job_enqueue(run, "panel.benchmarks.tasks.run_benchmark")

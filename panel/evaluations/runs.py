@@ -14,6 +14,7 @@ from decimal import Decimal
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
+from django.db import transaction
 
 from panel.channels.models import Channel, ChannelKind
 from panel.compare.relay import stream_chat
@@ -22,6 +23,7 @@ from panel.evaluations.checks import MAX_ANSWER_CHARS, run_check
 from panel.evaluations.models import EvalRun
 from panel.gateway.upstream import sessions_close
 from panel.jobs.models import JobState
+from panel.jobs.queues import LONG_QUEUE, long_run_admit
 from panel.jobs.services import job_claim, job_created, job_enqueue, job_fail, job_heartbeat, job_succeed
 
 ENDPOINT = "evaluation"  # the usage rows of an evaluation run's requests
@@ -37,8 +39,9 @@ def helper_channels(cases):
 
 
 def eval_run_launch(*, team, user, eval_set, candidate):
-    """Queue a run of the set's current version on `candidate` ("channel:3" or "route:5"); ValidationError, saving
-    nothing, for an unknown or disabled candidate or a reference or judge channel the team does not have enabled."""
+    """Queue a run of the set's current version on `candidate` ("channel:3" or "route:5") on the long queue;
+    ValidationError, saving nothing, for an unknown or disabled candidate or a reference or judge channel the team
+    does not have enabled, LongRunsFull while the team has as many long runs as it may."""
     try:
         spec = column_spec(team=team, key=candidate, field="candidate")
     except CompareError as error:
@@ -49,9 +52,12 @@ def eval_run_launch(*, team, user, eval_set, candidate):
     if missing:
         raise ValidationError({"candidate": [f"The set's checks ask channel {', '.join(missing)}, which your team "
                                              "does not have enabled: add it, or change the set."]})
-    run = EvalRun.objects.create(team=team, created_by=user, eval_version=version, candidate=spec, queue="default")
-    job_created(run, actor=user, reason=f"{eval_set.name} v{version.number} on {spec['label']}")
-    job_enqueue(run, "panel.evaluations.tasks.run_evaluation")
+    with transaction.atomic():
+        long_run_admit(team)
+        run = EvalRun.objects.create(team=team, created_by=user, eval_version=version, candidate=spec,
+                                     queue=LONG_QUEUE)
+        job_created(run, actor=user, reason=f"{eval_set.name} v{version.number} on {spec['label']}")
+        job_enqueue(run, "panel.evaluations.tasks.run_evaluation")
     return run
 
 

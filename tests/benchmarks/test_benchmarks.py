@@ -164,7 +164,7 @@ def test_it_launches_from_the_page_audits_it_and_compares_runs(client, team_setu
         first = BenchmarkRun.objects.get(name="file run")
         assert response["Location"] == reverse("benchmark_run", args=[first.pk])
         assert first.prompts == [[{"role": "user", "content": "first"}], [{"role": "user", "content": "second"}]]
-        assert first.queue == "default"
+        assert first.queue == "long"
         event = AuditEvent.objects.get(action=AuditAction.BENCHMARK_LAUNCHED)
         assert event.actor == team_setup["alice"] and event.team == team and f"#{first.pk}" in event.target
         run_now(first)

@@ -12,7 +12,7 @@ from tests.support.fake_upstream import FakeUpstream
 
 def test_it_runs_a_benchmark_from_the_page_with_live_progress(start_worker, team_setup, live_server, page):
     team = team_setup["team_a"]
-    start_worker("default")
+    start_worker("long")
     with FakeUpstream(chunks=30, chunk_delay=0.04) as fake:  # 80 requests, 4 at a time: about 25 s
         channel = Channel.objects.create(team=team, name="cloud-fake", kind="remote", base_url=fake.base_url,
                                          model_id="fake-model", credential_kind="none", timeout_seconds=10)

@@ -23,7 +23,7 @@ WORKLOAD = dict(workload="synthetic", input_tokens=48, output_tokens=16, request
 
 @pytest.fixture
 def engine_setup(start_worker, team_setup, tmp_path):
-    """The tiny demo model registered for team A, a real GPU worker (the CPU engine) and a default worker."""
+    """The tiny demo model registered for team A, a real GPU worker (the CPU engine) and a long-work worker."""
     from panel.hosts.models import WorkerHost
     from panel.registry.demo_model import build_demo_model
 
@@ -31,7 +31,7 @@ def engine_setup(start_worker, team_setup, tmp_path):
     build_demo_model(path)
     model = model_register(team=team_setup["team_a"], user=team_setup["alice"], source=str(path), name="tiny")
     start_worker("gpu")
-    start_worker("default")
+    start_worker("long")
     wait_until(lambda: WorkerHost.objects.filter(kind="gpu", last_seen__isnull=False).exists(), message="worker")
     return model
 

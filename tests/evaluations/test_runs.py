@@ -46,7 +46,7 @@ def test_a_run_answers_checks_and_prices_every_case(transactional_db, team_setup
     assert not EvalRun.objects.exists()
     channel(team, "judge", judge_fake, "m")
 
-    start_worker("default")
+    start_worker("long")
     run = eval_run_launch(team=team, user=alice, eval_set=eval_set, candidate=f"channel:{candidate.pk}")
     wait_until(lambda: EvalRun.objects.get(pk=run.pk).is_final, seconds=90, interval=0.3, message="the run")
     run.refresh_from_db()
@@ -96,7 +96,7 @@ def test_a_member_starts_a_run_from_the_page_and_a_bad_candidate_is_refused(team
     started = client.post(reverse("eval_run_start", args=[eval_set.pk]), {"candidate": f"channel:{made.pk}"})
     run = EvalRun.objects.get()
     assert started.status_code == 302 and started.url == reverse("eval_run_detail", args=[run.pk])
-    assert run.state == "pending" and run.candidate["id"] == made.pk and run.queue == "default"
+    assert run.state == "pending" and run.candidate["id"] == made.pk and run.queue == "long"
     page = client.get(started.url).content.decode()  # pending: the page polls its live part until the run ends
     assert reverse("eval_run_live", args=[run.pk]) in page and "data-live-done" not in page
     live = client.get(reverse("eval_run_live", args=[run.pk])).content.decode()

@@ -39,3 +39,21 @@ def test_it_resolves_every_task_to_the_tokenwise_app_from_another_thread():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["tokenwise", "tokenwise", settings.CELERY_BROKER_URL]
+
+
+def test_it_sends_long_work_to_the_long_worker_and_keeps_default_for_the_periodic_tasks():
+    from django.conf import settings
+
+    from workers.celery import app
+    from workers.start import argv_for
+
+    def routed(task):
+        return app.amqp.router.route({}, task)["queue"].name
+
+    assert {routed(entry["task"]) for entry in settings.CELERY_BEAT_SCHEDULE.values()} == {"default"}
+    for task in ("panel.evaluations.tasks.run_evaluation", "panel.benchmarks.tasks.run_benchmark",
+                 "panel.benchmarks.tasks.run_ladder", "panel.benchmarks.tasks.run_sweep"):
+        assert routed(task) == "long", task
+    default, long = argv_for("default"), argv_for("long")
+    assert default[default.index("-Q") + 1] == "default" and long[long.index("-Q") + 1] == "long"
+    assert long[long.index("-n") + 1] == f"long@{settings.HOST_NAME}"

@@ -8,21 +8,28 @@ COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
 
 
 def test_it_defines_every_production_service():
-    assert set(COMPOSE["services"]) == {"postgres", "redis", "web", "worker", "beat", "gpu-worker"}
+    assert set(COMPOSE["services"]) == {"postgres", "redis", "web", "worker", "long-worker", "beat", "gpu-worker"}
 
 
 def test_it_health_checks_the_long_running_services():
-    for name in ["postgres", "redis", "web", "worker", "gpu-worker"]:
+    for name in ["postgres", "redis", "web", "worker", "long-worker", "gpu-worker"]:
         assert COMPOSE["services"][name]["healthcheck"]["test"], name
 
 
 def test_it_points_every_panel_process_at_postgres_and_redis():
-    for name in ["web", "worker", "beat", "gpu-worker"]:
+    for name in ["web", "worker", "long-worker", "beat", "gpu-worker"]:
         environment = COMPOSE["services"][name]["environment"]
         assert environment["DATABASE_URL"].startswith("postgres://"), name
         assert environment["REDIS_URL"] == "redis://redis:6379/0", name
         assert "SECRET_KEY" in environment and "TOKENWISE_ENCRYPTION_KEYS" in environment
         assert COMPOSE["services"][name]["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_long_work_has_a_worker_of_its_own_beside_the_default_one():
+    """Evaluation runs and benchmarks on the default worker would hold up budgets, canaries and webhooks."""
+    assert COMPOSE["services"]["worker"]["command"] == ["python", "-m", "workers.start", "default"]
+    assert COMPOSE["services"]["long-worker"]["command"] == ["python", "-m", "workers.start", "long"]
+    assert "long@" in COMPOSE["services"]["long-worker"]["healthcheck"]["test"][1]
 
 
 def test_it_gives_the_gpu_worker_the_nvidia_runtime_and_the_engine():

@@ -77,7 +77,7 @@ def sign_in(base, password):
 def stop_launcher(process):
     launcher = psutil.Process(process.pid)
     family = [launcher] + launcher.children(recursive=True)
-    assert len(family) >= 6  # launcher, redis, web, worker, gpu worker, beat (and pool children)
+    assert len(family) >= 7  # launcher, redis, web, worker, long worker, gpu worker, beat (and pool children)
     os.kill(process.pid, signal.SIGINT)
     process.wait(timeout=60)
     time.sleep(0.5)
@@ -103,9 +103,10 @@ def test_it_starts_everything_signs_in_and_stops_on_ctrl_c(tmp_path, demo_model_
 
         def workers_online():
             page = client.get("/workers/live/").text
-            return page.count('pill ok">online') == 2 and "gpu@launchhost" in page and "default@launchhost" in page
+            return (page.count('pill ok">online') == 3 and "gpu@launchhost" in page and "default@launchhost" in page
+                    and "long@launchhost" in page)
 
-        wait_until(workers_online, seconds=90, interval=1, message="both workers online on the Workers page")
+        wait_until(workers_online, seconds=90, interval=1, message="the three workers online on the Workers page")
         assert (tmp_path / "data" / "models" / "tokenwise-tiny-qwen2" / "config.json").exists()
     finally:
         rest = stop_launcher(process)
