@@ -24,6 +24,13 @@ class RoleForm(forms.Form):
     role = forms.ChoiceField(choices=Role.choices)
 
 
+class GpuQuotaForm(forms.Form):
+    gpu_quota = forms.IntegerField(
+        label="GPU quota", required=False, min_value=0, max_value=100_000,
+        help_text="The most GPUs the team's deployments may hold at once (tensor × pipeline parallel × replicas, on "
+                  "GPU hosts). Empty: no limit; 0: CPU hosts only.")
+
+
 class TokenForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="What uses it, e.g. the deploy script.")
     role = forms.ChoiceField(label="Acts as", choices=Role.choices,

@@ -24,6 +24,9 @@ class Team(models.Model):
     member_keys = models.BooleanField(default=False)
     member_key_rpm_limit = models.PositiveIntegerField(null=True, blank=True)
     member_key_tpm_limit = models.PositiveIntegerField(null=True, blank=True)
+    # The most GPUs the team's deployments may hold at once (None: no limit), set by an owner on the Members page and
+    # checked at every launch (panel/serving/quota.py). A CPU host's deployments hold none.
+    gpu_quota = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]

@@ -241,3 +241,16 @@ def member_remove(*, actor, membership):
     if membership.role == Role.OWNER and _owners(membership.team).count() <= 1:
         raise ValidationError(f"{membership.user} is the last owner of {membership.team} and cannot be removed.")
     membership.delete()
+
+
+@transaction.atomic
+def team_gpu_quota_set(*, actor, quota):
+    """Set the most GPUs `actor`'s team's deployments may hold at once (None: no limit). Only an owner may: an admin
+    could otherwise lift the limit the owner set. Deployments already running keep running; the next launch is
+    checked (serving/quota.py)."""
+    if actor.role != Role.OWNER:
+        raise PermissionDenied("Only an owner of the team sets its GPU quota.")
+    if quota is not None and quota < 0:
+        raise ValidationError({"gpu_quota": ["The GPU quota is a number of GPUs, 0 or more (empty: no limit)."]})
+    Team.objects.filter(pk=actor.team_id).update(gpu_quota=quota)
+    actor.team.gpu_quota = quota

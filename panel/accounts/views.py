@@ -11,7 +11,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
-from panel.accounts.forms import InviteForm, RoleForm, role_choices
+from panel.accounts.forms import GpuQuotaForm, InviteForm, RoleForm, role_choices
 from panel.accounts.models import Invitation, Membership, Role
 from panel.accounts.services import (
     INVITE_LINK_DAYS,
@@ -25,6 +25,7 @@ from panel.accounts.services import (
     member_role_change,
     member_setup_link,
     member_setup_user,
+    team_gpu_quota_set,
     team_switch,
 )
 from panel.accounts.throttle import signin_blocked
@@ -91,12 +92,13 @@ def invitation_accept_view(request, invitation_id):
 
 # --- Members (owners and admins)
 
-def _members_page(request, *, form=None, status=200, setup_link=None):
+def _members_page(request, *, form=None, quota_form=None, status=200, setup_link=None):
     role = request.membership.role
     memberships = (Membership.objects.filter(team=request.team).select_related("user")
                    .order_by("user__username"))
     return render(request, "accounts/members.html", {
         "memberships": memberships, "form": form or InviteForm(actor_role=role), "role_choices": role_choices(role),
+        "quota_form": quota_form or GpuQuotaForm(initial={"gpu_quota": request.team.gpu_quota}),
         "setup_link": request.build_absolute_uri(setup_link) if setup_link else None,
         "link_days": INVITE_LINK_DAYS}, status=status)
 
@@ -142,6 +144,24 @@ def member_invite_view(request):
     response = _members_page(request, setup_link=member_setup_link(user=membership.user))
     response["Cache-Control"] = "no-store"
     return response
+
+
+@require_POST
+@team_view("members.manage")
+def team_gpu_quota_view(request):
+    form = GpuQuotaForm(request.POST)
+    if not form.is_valid():
+        return _members_page(request, quota_form=form, status=400)
+    quota = form.cleaned_data["gpu_quota"]
+    try:
+        team_gpu_quota_set(actor=request.membership, quota=quota)
+    except PermissionDenied as error:  # an admin: a 403, kept in the audit log
+        audit_record(action=AuditAction.REFUSED, request=request, target="the team's GPU quota", reason=str(error))
+        raise
+    audit_record(action=AuditAction.SETTING_CHANGED, request=request, target="the team's GPU quota",
+                 gpu_quota="no limit" if quota is None else str(quota))
+    messages.success(request, "GPU quota: " + ("no limit." if quota is None else f"at most {quota} GPUs at once."))
+    return redirect("members")
 
 
 @require_POST

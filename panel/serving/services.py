@@ -26,7 +26,7 @@ from panel.jobs.services import (
 from panel.registry import memory
 from panel.registry.models import RegisteredModel
 from panel.registry.services import serving_refusal
-from panel.serving import configfile, drain, placement, rules, sleep, supervisor
+from panel.serving import configfile, drain, placement, quota, rules, sleep, supervisor
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ScalePolicy, ServingProfile
 from panel.serving.profile_fields import FIELDS, FIELDS_BY_NAME
 
@@ -166,6 +166,7 @@ def deployment_launch(*, team, user, profile, host=None, replicas=1, restart_on_
     hosts = placement.replicas_place(profile, replicas, host=host, check=profile_check)
     verdicts = {placed.pk: profile_check(profile, placed) for placed in hosts}
     with transaction.atomic():
+        quota.gpu_quota_check(team=team, profile=profile, hosts=hosts)
         head = None
         for index, placed in enumerate(hosts):
             deployment = Deployment.objects.create(
