@@ -7,7 +7,7 @@ import importlib
 import platform
 import sys
 
-from engine import protocol
+from engine import protocol, serve
 from engine.protocol import JsonArgumentParser, say
 
 
@@ -119,6 +119,16 @@ def sleep_mode(gpus):
     return (True, "") if available else (False, "this vLLM platform has no sleep mode")
 
 
+def engine_flags():
+    """(every option string of this vLLM's server, "") as its own parser knows them, or (None, why): the panel
+    refuses a profile's extra flag that the host's vLLM does not know (argparse would read `--unknown= x` as a
+    positional word)."""
+    try:
+        return serve.known_flags(), ""
+    except Exception as error:
+        return None, f"vLLM's server options could not be read ({type(error).__name__}: {error})"[:300]
+
+
 def parse_args(argv):
     parser = JsonArgumentParser(description="Report what this host's engine can do (versions, CPU, kernels, GPUs).")
     return parser.parse_args(argv)
@@ -175,6 +185,8 @@ def probe(args):
         result["sleep_mode"], result["sleep_mode_reason"] = sleep_mode(gpus)
     else:
         result["sleep_mode"], result["sleep_mode_reason"] = False, "vLLM is not installed"
+    if result["packages"].get("vllm"):
+        result["engine_flags"], result["engine_flags_reason"] = engine_flags()
     say(phase="done", progress=100)
     return result
 

@@ -18,13 +18,20 @@ import tomllib
 
 import yaml
 
-from panel.serving.engine_flags import flag_problems
+from panel.serving.engine_flags import flag_tokens
 from panel.serving.profile_fields import FIELDS_BY_NAME, SECTIONS, section_fields
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# What the panel starts its own engines with: vLLM's server behind a check, by vLLM's own parser, that the arguments
+# set nothing but what their flags name (engine/serve.py).
+CHECKED_SERVER_MODULE = "engine.serve"
 # vLLM's --api-key guards only /v1 (and a few prefixes); this middleware (engine/api_key_guard.py, imported from the
 # project root, the engines' working directory) puts every path behind the key: /invocations, /tokenize, /metrics...
 KEY_GUARD = "engine.api_key_guard.ApiKeyGuard"
+# A multimodal engine fetches the http(s) image, audio and video URLs a request names, from the GPU host's network.
+# The panel's engines fetch none: the only domain allowed is one that cannot resolve (RFC 2606's .invalid), so a
+# request sends media inline (data: URLs) or not at all; local files need --allowed-local-media-path, refused.
+NO_MEDIA_DOMAINS = "--allowed-media-domains=media.invalid"
 ENGINE_HAS_SWAP_SPACE = False  # vLLM 0.32: `--swap-space` is gone
 MAX_TEXT_CHARS = 200_000
 HEADER = "# config.toml —— vLLM 推理服务配置骨架"
@@ -216,10 +223,12 @@ def _show_key(key):
 
 # ------------------------------------------------------------------------------------------------- launching
 
-def validate_extra_args(text, *, model_path=None):
-    """extra_args as an argv list, or ConfigFileError: not shell-quoted, not a flag list, a flag the profile
-    already sets (in any spelling vLLM accepts: underscores, `--flag=value`, prefixes, short aliases), or a flag or
-    value outside the allow-list (`engine_flags.py`; a file must be inside `model_path`)."""
+def validate_extra_args(text, *, model_path=None, engine_flags=None):
+    """extra_args as argv tokens, each flag with its value in one `--flag=value` token, or ConfigFileError: not
+    shell-quoted, not a flag list, a flag the profile already sets (in any spelling vLLM accepts: underscores,
+    `--flag=value`, prefixes, short aliases), a flag or value outside the allow-list (`engine_flags.py`; a file must
+    be inside `model_path`), a value that starts with "-", or (given the host's `engine_flags`) a flag its vLLM
+    does not know."""
     if not isinstance(text, str):
         raise ConfigFileError([f"extra_args must be text, got {type(text).__name__}"])
     try:
@@ -238,11 +247,12 @@ def validate_extra_args(text, *, model_path=None):
         elif (owner := _owned_by(token)) is not None:
             problems.append(f"extra_args sets {token.split('=', 1)[0]}, which the profile already sets "
                             f"({owner}): change it in the profile instead")
+    arguments = []
     if not problems:
-        problems = flag_problems(tokens, model_path=model_path)
+        arguments, problems = flag_tokens(tokens, model_path=model_path, engine_flags=engine_flags)
     if problems:
         raise ConfigFileError(problems)
-    return tokens
+    return arguments
 
 
 def _owned_by(token):
@@ -288,35 +298,29 @@ def _engine_options(values, *, model_path, port, host, checkpoint_quantized, swa
 
 
 def _option_argv(flag, value):
+    """One token: `--flag`, `--no-flag` or `--flag=value` (a value never stands alone, where vLLM's parser could
+    read it as an option of its own)."""
     if isinstance(value, bool):
         return [flag if value else "--no-" + flag[2:]]
-    return [flag, _float_text(value) if isinstance(value, float) else str(value)]
+    return [f"{flag}={_float_text(value) if isinstance(value, float) else value}"]
 
 
 def launch_argv(values, *, model_path, port, engine_python="python", host="127.0.0.1", checkpoint_quantized=False,
-                swap_space_flag=ENGINE_HAS_SWAP_SPACE, key_guard=False, host_args=()):
+                swap_space_flag=ENGINE_HAS_SWAP_SPACE, key_guard=False, host_args=(), engine_flags=None):
     """The vLLM OpenAI server command for a profile, as an argv list (the usual flags plus the ones we always set),
-    ending with extra_args. `key_guard`: with the middleware that puts every path behind the engine's key (the
-    panel's own starts; an exported command leaves it out, it imports from Tokenwise's folder). `host_args`: flags
-    the host's kind calls for, before extra_args (which may say otherwise: the last flag wins). Raises
-    ConfigFileError when extra_args is refused."""
-    extra = validate_extra_args(values.get("extra_args") or "", model_path=model_path)
-    argv = [str(engine_python), "-m", SERVER_MODULE] + (["--middleware", KEY_GUARD] if key_guard else [])
+    ending with extra_args; every value in its flag's token. `key_guard`: the panel's own start: through the checked
+    entry point (engine/serve.py), with the middleware that puts every path behind the engine's key (an exported
+    command leaves both out: they import from Tokenwise's folder). `host_args`: flags the host's kind calls for,
+    before extra_args (which may say otherwise: the last flag wins). `engine_flags`: the options the host's vLLM
+    knows. Raises ConfigFileError when extra_args is refused."""
+    extra = validate_extra_args(values.get("extra_args") or "", model_path=model_path, engine_flags=engine_flags)
+    module = CHECKED_SERVER_MODULE if key_guard else SERVER_MODULE
+    argv = [str(engine_python), "-m", module] + ([f"--middleware={KEY_GUARD}", NO_MEDIA_DOMAINS] if key_guard
+                                                 else [])
     for flag, value in _engine_options(values, model_path=model_path, port=port, host=host,
                                        checkpoint_quantized=checkpoint_quantized, swap_space_flag=swap_space_flag):
         argv += _option_argv(flag, value)
     return argv + list(host_args) + extra
-
-
-def _group_extra(tokens):
-    """extra_args as [[flag, value...], ...]: each flag with the words that follow it."""
-    groups = []
-    for token in tokens:
-        if token.startswith("-") and not NUMBER.match(token) or not groups:
-            groups.append([token])
-        else:
-            groups[-1].append(token)
-    return groups
 
 
 def _comment_text(text):
@@ -330,7 +334,7 @@ def deploy_script(values, *, model_path, port, engine_python="python", host="127
                   swap_space_flag=swap_space_flag)
     extra = validate_extra_args(values.get("extra_args") or "", model_path=model_path)
     lines = [shlex.join(_option_argv(flag, value)) for flag, value in _engine_options(values, **kwargs)]
-    lines += [shlex.join(group) for group in _group_extra(extra)]
+    lines += [shlex.quote(token) for token in extra]
     title = values.get("name") or values.get("model_name") or "serving profile"
     notes = [f"# vllm_deploy.sh —— {_comment_text(title)} (exported by Tokenwise)",
              "# The start-up log must show the quantization and prefix caching actually applied; ready when "
@@ -356,16 +360,13 @@ def yaml_export(values, *, model_path, port, engine_python="python", host="127.0
                               checkpoint_quantized=checkpoint_quantized, swap_space_flag=swap_space_flag)
     mapping = {flag[2:]: value for flag, value in options}
     leftovers = []
-    for group in _group_extra(validate_extra_args(values.get("extra_args") or "", model_path=model_path)):
-        flag, *words = group
-        if "=" in flag:
-            flag, first = flag.split("=", 1)
-            words.insert(0, first)
+    for token in validate_extra_args(values.get("extra_args") or "", model_path=model_path):
+        flag, has_value, word = token.partition("=")
         key = flag[2:]
-        if not flag.startswith("--") or key in mapping:
-            leftovers.append(shlex.join(group))
+        if key in mapping:
+            leftovers.append(shlex.quote(token))
         else:
-            mapping[key] = True if not words else words[0] if len(words) == 1 else words
+            mapping[key] = word if has_value else True
     header = ["# vLLM config file (exported by Tokenwise); vLLM wants the name to end in .yaml. Run:",
               f"# python -m {SERVER_MODULE} --config vllm_config.yaml"]
     if leftovers:

@@ -9,6 +9,8 @@ import json
 import os
 import re
 
+import jinja2
+
 # Flags refused with a reason of their own (any other unlisted flag gets the general one).
 REFUSED = {
     "--trust-remote-code": "runs Python code shipped with the checkpoint",
@@ -34,6 +36,8 @@ REFUSED = {
     "--tokenizer": "reads another model's folder",
     "--lora-modules": "reads another model's folder",
     "--allowed-local-media-path": "lets requests read files of the host",
+    "--allowed-media-domains": "lets requests make the engine fetch URLs from the GPU host's network (the panel's "
+                               "engines fetch none: send media inline)",
     "--hf-overrides": "changes the checkpoint's configuration, including the code it runs",
     "--model-loader-extra-config": "passes settings to the weight loader",
     "--kv-transfer-config": "connects the engine to other hosts",
@@ -95,8 +99,15 @@ def _speculative(value):
 
 
 def _chat_template(value, model_path):
-    """A Jinja template written inline, or a file inside the model's folder (vLLM opens any path it is given)."""
-    if ("{{" in value or "{%" in value) and not os.path.lexists(value):
+    """A Jinja template written inline (it must parse as one), or a file inside the model's folder (vLLM opens any
+    path it is given)."""
+    if "{{" in value or "{%" in value:
+        if os.path.lexists(value):
+            return "names a file whose name looks like a template: rename the file"
+        try:
+            jinja2.Environment().parse(value)
+        except jinja2.TemplateSyntaxError as error:
+            return f"is not a Jinja template: {error.message} (line {error.lineno})"
         return ""
     if not model_path:
         return "takes a template written inline, or a file in the model's folder"
@@ -110,7 +121,6 @@ BOOLEAN = None  # a flag that takes no value
 ALLOWED = {
     "--enforce-eager": BOOLEAN,
     "--disable-log-stats": BOOLEAN,
-    "--disable-log-requests": BOOLEAN,
     "--disable-custom-all-reduce": BOOLEAN,
     "--disable-sliding-window": BOOLEAN,
     "--async-scheduling": BOOLEAN,
@@ -118,7 +128,6 @@ ALLOWED = {
     "--return-tokens-as-token-ids": BOOLEAN,
     "--enable-prompt-tokens-details": BOOLEAN,
     "--enable-expert-parallel": BOOLEAN,
-    "--disable-frontend-multiprocessing": BOOLEAN,
     "--disable-fastapi-docs": BOOLEAN,
     "--seed": _int(-MAX_INT, 2 ** 32 - 1),
     "--max-log-len": _int(0, 1_000_000),
@@ -127,8 +136,6 @@ ALLOWED = {
     "--max-parallel-loading-workers": _int(1, 64),
     "--data-parallel-size": _int(1, 64),
     "--long-prefill-token-threshold": _int(0, 10_000_000),
-    "--max-num-partial-prefills": _int(1, 64),
-    "--max-long-partial-prefills": _int(1, 64),
     "--cpu-offload-gb": _number(0, 4096),
     "--kv-cache-dtype": _choice("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
     "--scheduling-policy": _choice("fcfs", "priority"),
@@ -149,9 +156,16 @@ ALLOWED = {
 }
 
 
-def flag_problems(tokens, *, model_path=None):
-    """Problems (in words) with extra_args tokens that are already split and free of owned flags."""
-    problems = []
+# A value may start with "-" only as a negative number: anything else is what vLLM's parser reads as an option.
+NEGATIVE_NUMBER = re.compile(r"-[0-9]+(\.[0-9]+)?")
+
+
+def flag_tokens(tokens, *, model_path=None, engine_flags=None):
+    """(arguments, problems): extra_args tokens (already split and free of owned flags) as vLLM will get them,
+    each flag with its value in one `--flag=value` token so that no value can be read as an option, and the problems
+    in words. `engine_flags`: the option strings the host's vLLM knows (its engine check), when known: an allowed
+    flag that vLLM does not know is refused (argparse would take `--unknown= x` as a positional)."""
+    arguments, problems = [], []
     index = 0
     while index < len(tokens):
         token = tokens[index]
@@ -166,18 +180,29 @@ def flag_problems(tokens, *, model_path=None):
             problems.append(f"extra_args may not set {flag}: it is not among the engine flags Tokenwise allows "
                             f"({', '.join(sorted(ALLOWED))})")
             continue
+        if engine_flags is not None and name not in engine_flags:
+            problems.append(f"extra_args: {name} is not a flag of this host's vLLM: remove it")
+            continue
         check = None if negative else ALLOWED[name]
         if check is BOOLEAN:
             if has_value:
                 problems.append(f"extra_args: {flag} takes no value")
+            else:
+                arguments.append(name)
             continue
         if not has_value:
-            if index >= len(tokens) or (tokens[index].startswith("--")):
+            if index >= len(tokens) or tokens[index].startswith("--"):
                 problems.append(f"extra_args: {flag} needs a value")
                 continue
             value = tokens[index]
             index += 1
+        if value.startswith("-") and not NEGATIVE_NUMBER.fullmatch(value):
+            problems.append(f"extra_args: the value of {flag} may not start with \"-\" (vLLM would read it as an "
+                            "option)")
+            continue
         problem = _chat_template(value, model_path) if name == "--chat-template" else check(value)
         if problem:
             problems.append(f"extra_args: {flag} {problem}")
-    return problems
+        else:
+            arguments.append(f"{name}={value}")
+    return arguments, problems

@@ -93,7 +93,8 @@ def profile_check(profile, host=None):
     verdict = rules.check_profile(profile_values(profile), model=profile.model, host=host_facts(host),
                                   cpu_kv_cache_bytes=settings.CPU_KVCACHE_GIB * memory.GIB)
     try:  # a profile saved before one of its extra flags was refused cannot launch until it is edited
-        configfile.validate_extra_args(profile.extra_args or "", model_path=profile.model.path)
+        configfile.validate_extra_args(profile.extra_args or "", model_path=profile.model.path,
+                                       engine_flags=engine_flags(host))
     except configfile.ConfigFileError as error:
         for problem in error.problems:
             verdict.error("extra_args", f"{problem}: edit the profile")
@@ -117,10 +118,16 @@ def deployment_warnings(deployment):
 # engine-core process (the "uni" executor, which the CPU platform allows only without V1 multiprocessing) spares a
 # third process importing vLLM. 37 s to 21-26 s for the demo model, decoding as fast.
 CPU_ENGINE_ENV = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-CPU_ONE_WORKER_ARGS = ["--distributed-executor-backend", "uni"]
+CPU_ONE_WORKER_ARGS = ["--distributed-executor-backend=uni"]
 
 
-def launch_argv(profile, *, port, sleep_mode=False, cpu_host=False):
+def engine_flags(host):
+    """The option strings the host's vLLM knows, by its latest engine check, or None where no check listed them."""
+    flags = ((host_facts(host) or {}).get("engine") or {}).get("engine_flags")
+    return set(flags) if isinstance(flags, list) else None
+
+
+def launch_argv(profile, *, port, sleep_mode=False, cpu_host=False, host=None):
     """The command the panel starts the profile's engine with: every path behind the engine's key; with vLLM's
     sleep mode when `sleep_mode` (serving/sleep.py); on a CPU host, one worker in the engine's own process when
     the profile needs one (before extra_args, which may say otherwise: the last flag wins)."""
@@ -128,7 +135,8 @@ def launch_argv(profile, *, port, sleep_mode=False, cpu_host=False):
     argv = configfile.launch_argv(profile_values(profile), model_path=profile.model.path, port=port,
                                   engine_python=settings.ENGINE_PYTHON,
                                   checkpoint_quantized=profile.model.is_quantized, host=settings.ENGINE_BIND,
-                                  key_guard=True, host_args=CPU_ONE_WORKER_ARGS if one_worker else ())
+                                  key_guard=True, host_args=CPU_ONE_WORKER_ARGS if one_worker else (),
+                                  engine_flags=engine_flags(host))
     return [*argv, "--enable-sleep-mode"] if sleep_mode else argv
 
 
@@ -274,7 +282,7 @@ def deployment_execute(*, deployment_id, worker):
     while True:
         port = deployment.profile.port or supervisor.free_port()
         argv = launch_argv(deployment.profile, port=port, sleep_mode=hooks.sleep.engine_sleeps,
-                           cpu_host=not host_is_gpu)
+                           cpu_host=not host_is_gpu, host=deployment.host)
         base_url = f"http://{settings.ENGINE_ADVERTISE_HOST}:{port}/v1"
         engine_key = secrets.token_urlsafe(32)  # a new one each start; only the local channel learns it
         env = engine_env(deployment, host_is_gpu) | {"VLLM_API_KEY": engine_key} | sleep_env

@@ -122,7 +122,7 @@ def exposure_problem(argv, env):
     """Why the engine may not start as `argv` with `env`, or "": listening beyond this host (a --host other than
     loopback; without one vLLM listens everywhere) needs a key (VLLM_API_KEY) and the guard that puts every path
     behind it, not only /v1."""
-    host = argv[argv.index("--host") + 1] if "--host" in argv[:-1] else ""
+    host = next((token.split("=", 1)[1] for token in argv if token.startswith("--host=")), "")
     try:
         if host == "localhost" or ipaddress.ip_address(host).is_loopback:
             return ""
@@ -132,7 +132,7 @@ def exposure_problem(argv, env):
     if not (env or {}).get("VLLM_API_KEY"):
         return (f"the engine would listen on {where} without a key (VLLM_API_KEY): anyone on the network could "
                 "use it. Bind it to 127.0.0.1 (TOKENWISE_ENGINE_BIND) or start it with a key")
-    if KEY_GUARD not in argv:
+    if f"--middleware={KEY_GUARD}" not in argv:
         return (f"the engine would listen on {where} with its key guarding only /v1: start it with --middleware "
                 f"{KEY_GUARD}")
     return ""

@@ -290,7 +290,7 @@ def test_the_ladder_serves_the_best_quantized_child_the_host_serves(team_setup, 
                                    "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3}'")
     from panel.serving.configfile import validate_extra_args
 
-    assert validate_extra_args(ngram["extra_args"])[-1].startswith('{"method": "ngram"')
+    assert validate_extra_args(ngram["extra_args"])[-1].startswith('--speculative-config={"method": "ngram"')
     # The quality column: the quantized child's report against the ladder's model.
     for model, perplexity in ((tiny_model, 20.0), (w8a8, 20.3)):
         ModelEvaluation.objects.create(model=model, perplexity=perplexity, tokens_scored=3, json_valid=24,

@@ -35,6 +35,9 @@ def test_it_runs_a_job_through_the_broker_on_a_real_worker(start_worker, team_se
     assert check.result["packages"]["vllm"] == "0.32.0"
     assert check.result["packages"]["awq"] == "0.2.9"
     assert check.result["cuda_devices"] == []
+    # vLLM's own server options, read from its parser: a profile's extra flag must be one of them.
+    assert {"--chat-template", "--seed", "--enforce-eager"} <= set(check.result["engine_flags"])
+    assert "--max-num-partial-prefills" not in check.result["engine_flags"]
     assert check.result["int8_exact"] is (check.result["int8_error"] < 1e-3)
     assert check.progress == 100 and "importing vllm" in check.log_tail
     assert check.worker == "gpu@testhost" and check.pid is None

@@ -26,7 +26,7 @@ def test_it_creates_launches_watches_and_stops_a_deployment(page, live_server, t
     screenshot(page, "profile-form")
     page.click("text=Save profile")
     expect(page.locator("h1")).to_have_text("tiny-latency")
-    expect(page.locator("pre.command")).to_contain_text("--max-num-seqs 16")
+    expect(page.locator("pre.command")).to_contain_text("--max-num-seqs=16")
     screenshot(page, "profile-detail")
     page.click("button:has-text('Launch')")
     expect(page.locator("h1")).to_contain_text("Deployment #")

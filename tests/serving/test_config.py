@@ -266,19 +266,20 @@ def test_it_builds_the_seeds_launch_command():
     argv = launch_argv(seed_profile(), **SEED_ARGS)
     seed = shlex.split(SEED_COMMAND)
     assert argv[:3] == seed[:3] == ["python", "-m", SERVER_MODULE]
-    pairs = dict(zip(argv[3:], argv[4:]))
+    # Every value in its flag's token (a value standing alone could be read by vLLM's parser as an option).
+    pairs = dict(token.split("=", 1) for token in argv[3:] if "=" in token)
     for flag, value in zip(seed[3:], seed[4:] + [""]):
         if flag.startswith("--"):
-            assert flag in argv, flag
+            assert flag in argv or flag in pairs, flag
             if not value.startswith("--") and value:
                 assert pairs[flag] == value or float(pairs[flag]) == float(value), flag
-    assert argv == ["python", "-m", SERVER_MODULE, "--model", "Qwen/Qwen2.5-14B-Instruct",
-                    "--served-model-name", "Qwen/Qwen2.5-14B-Instruct", "--dtype", "float16",
-                    "--quantization", "awq", "--max-model-len", "8192", "--block-size", "16",
-                    "--gpu-memory-utilization", "0.9", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
-                    "--enable-chunked-prefill", "--enable-prefix-caching", "--tensor-parallel-size", "2",
-                    "--pipeline-parallel-size", "1", "--enable-prompt-tokens-details", "--host", "127.0.0.1",
-                    "--port", "8000"]
+    assert argv == ["python", "-m", SERVER_MODULE, "--model=Qwen/Qwen2.5-14B-Instruct",
+                    "--served-model-name=Qwen/Qwen2.5-14B-Instruct", "--dtype=float16",
+                    "--quantization=awq", "--max-model-len=8192", "--block-size=16",
+                    "--gpu-memory-utilization=0.9", "--max-num-seqs=256", "--max-num-batched-tokens=8192",
+                    "--enable-chunked-prefill", "--enable-prefix-caching", "--tensor-parallel-size=2",
+                    "--pipeline-parallel-size=1", "--enable-prompt-tokens-details", "--host=127.0.0.1",
+                    "--port=8000"]
 
 
 def test_it_leaves_quantization_to_a_quantized_checkpoint_and_says_no_when_off():
@@ -289,12 +290,12 @@ def test_it_leaves_quantization_to_a_quantized_checkpoint_and_says_no_when_off()
     assert "--quantization" not in argv and "--swap-space" not in argv
     assert "--no-enable-prefix-caching" in argv and "--no-enable-chunked-prefill" in argv
     assert "--enable-prefix-caching" not in argv and "--enable-chunked-prefill" not in argv
-    assert argv[0] == "/venv/bin/python" and argv[-3:] == ["--port", "9001", "--enforce-eager"]
-    assert argv[argv.index("--served-model-name") + 1] == "qwen2.5-14b-instruct"
-    assert argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert argv[0] == "/venv/bin/python" and argv[-2:] == ["--port=9001", "--enforce-eager"]
+    assert "--served-model-name=qwen2.5-14b-instruct" in argv
+    assert "--host=0.0.0.0" in argv
     assert "--quantization" not in launch_argv(seed_profile(quantization="none"), **SEED_ARGS)
     with_swap = launch_argv(seed_profile(), **SEED_ARGS, swap_space_flag=True)
-    assert with_swap[with_swap.index("--swap-space") + 1] == "4"
+    assert "--swap-space=4" in with_swap
 
 
 @pytest.mark.parametrize("extra, expected", [
@@ -324,14 +325,14 @@ def test_it_refuses_extra_args_the_profile_owns_or_cannot_parse(extra, expected)
 
 def test_tool_calling_is_a_profile_setting_that_starts_vllms_auto_tool_choice_with_its_parser():
     plain = launch_argv(seed_profile(), **SEED_ARGS)
-    assert "--enable-auto-tool-choice" not in plain and "--tool-call-parser" not in plain
+    assert "--enable-auto-tool-choice" not in plain and not any("--tool-call-parser" in token for token in plain)
     argv = launch_argv(seed_profile(tool_call_parser="hermes"), **SEED_ARGS)
-    assert "--enable-auto-tool-choice" in argv and argv[argv.index("--tool-call-parser") + 1] == "hermes"
+    assert "--enable-auto-tool-choice" in argv and "--tool-call-parser=hermes" in argv
 
 
 def test_it_accepts_other_extra_args():
     assert validate_extra_args("--enforce-eager --seed -1 --max-log-len=100 --chat-template '{{ x }}'") == [
-        "--enforce-eager", "--seed", "-1", "--max-log-len=100", "--chat-template", "{{ x }}"]
+        "--enforce-eager", "--seed=-1", "--max-log-len=100", "--chat-template={{ x }}"]
     assert validate_extra_args("") == []
 
 
@@ -349,8 +350,8 @@ def test_it_writes_a_deploy_script_that_bash_runs_as_the_same_argv(tmp_path):
     assert script.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in script
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
     argv = launch_argv(values, **keywords)
-    for flag in [token for token in argv if token.startswith("--")]:
-        assert f"\n  {flag}" in script, flag
+    for flag in [token.split("=", 1)[0] for token in argv if token.startswith("--")]:
+        assert f"\n  {flag}" in script or f"\n  '{flag}" in script, flag
     assert "# swap_space = 4 is not passed" in script
     ran = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=30)
     assert ran.returncode == 0, ran.stderr
@@ -454,4 +455,4 @@ def test_profiles_that_asked_for_tool_calling_in_extra_args_keep_it_as_the_setti
     old.refresh_from_db(), plain.refresh_from_db()
     assert (old.tool_call_parser, old.extra_args) == ("hermes", "--enforce-eager --max-log-len 10")
     assert (plain.tool_call_parser, plain.extra_args) == ("", "--enforce-eager")
-    assert validate_extra_args(old.extra_args) == ["--enforce-eager", "--max-log-len", "10"]
+    assert validate_extra_args(old.extra_args) == ["--enforce-eager", "--max-log-len=10"]

@@ -42,8 +42,8 @@ def test_the_profile_form_defaults_from_the_model_and_answers_every_error_at_onc
     expect(page.locator("h1")).to_have_text("tiny-all-at-once")
     assert ServingProfile.objects.get().max_model_len == 4096
     command = page.locator("pre.command")
-    expect(command).to_contain_text("--port <picked at launch>")
-    expect(command).not_to_contain_text("--port 8000")
+    expect(command).to_contain_text("--port=<picked at launch>")
+    expect(command).not_to_contain_text("--port=8000")
     screenshot(page, "profile-detail")
 
 

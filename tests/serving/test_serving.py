@@ -78,8 +78,8 @@ def test_it_deploys_serves_verifies_and_undeploys_from_the_terminal(start_worker
     assert deploy.returncode == 0, deploy.stdout + deploy.stderr[-3000:]
     deployment = Deployment.objects.get()
     assert deployment.state == S.READY and f"ready: tiny-chat at {deployment.base_url}" in deploy.stdout
-    assert deployment.command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert "--enable-prefix-caching" in deployment.command and "--block-size" in deployment.command
+    assert deployment.command[1:3] == ["-m", "engine.serve"]  # vLLM behind its own parser's check
+    assert "--enable-prefix-caching" in deployment.command and "--block-size=32" in deployment.command
 
     # The seeds' verification: /v1/models, then a chat completion with usage.
     # The engine answers only with its own key (the local channel's); without it, a 401.
