@@ -21,7 +21,8 @@ from panel.serving.engine_flags import ALLOWED
 from panel.serving.services import profile_check
 
 # The attack as a member would type it into the profile's "Extra engine arguments".
-ATTACK = ("--chat-template '-cc.inductor_compile_config={\"cpp.cxx\": [\"/bin/sh\", \"-c\", \"touch /tmp/pwned #{{\"]}' "
+ATTACK = ("--chat-template "
+          "'-cc.inductor_compile_config={\"cpp.cxx\": [\"/bin/sh\", \"-c\", \"touch /tmp/pwned #{{\"]}' "
           "'--max-num-partial-prefills= 2'")
 SEED = dict(model_name="m", served_model_name="m", extra_args="")
 # Allowed flags that vLLM 0.32 does not know (read from its own parser): argparse would take `--flag= x` as a word.
