@@ -1,114 +1,102 @@
-"""Regular expressions a team writes (evaluation checks, JSON Schema patterns, the redaction of traffic samples): which
-are safe to run. Python's re has no timeout, so a pattern is capped in length and refused when it nests repetition or
-repeats a group of alternatives (see _repetition_risk); pattern_problems() says what is wrong in words for the team.
-Pure Python."""
+"""Regular expressions a team writes (evaluation checks, JSON Schema patterns, the redaction of traffic samples, a
+quantization's `re:` keep patterns): every one is compiled and run here, by RE2 (the `google-re2` binding), an engine
+without backtracking. Its time grows with the text's length whatever the pattern, so no pattern can freeze a shared
+process the way `\\w*\\w*\\w*…#` froze Python's re (docs/decisions/0081-user-patterns-without-backtracking.md).
+
+What RE2 cannot run (a backreference such as \\1, a lookahead or lookbehind, an atomic group, verbose mode) is refused
+when the pattern is saved, in words that say so: pattern_problems(). Patterns are capped in length. RE2's \\w, \\d,
+\\s and \\b are ASCII; \\p{L} matches a letter of any language. Pure Python besides the binding."""
+import functools
 import re
 
+import re2
+
 MAX_PATTERN_CHARS = 500
-REGEX_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL}
+# The flag letters of a regex check, each turned on inline ((?i), (?m), (?s)).
+REGEX_FLAGS = {"i": "ignore case", "m": "^ and $ match at each line", "s": ". matches a newline too"}
 
 # Problems of a regular expression; {name} is "the pattern" for a regex check, "the schema's pattern /…/" in a schema.
-NESTED_REPETITION = "{name} nests repetition (like (a+)+), which can take forever on some answers: flatten it"
-REPEATED_ALTERNATIVES = ("{name} repeats a group of alternatives (like (a|aa)+), which can take forever on some "
-                         "answers: flatten it")
-VERBOSE_PATTERN = "{name} turns on verbose mode ((?x)), which checks do not support"
+WITHOUT_BACKTRACKING = "patterns here run without backtracking, so that no text can make them slow"
+BACKREFERENCE = "{name} refers back to a group (like \\1 or (?P=name)), which " + WITHOUT_BACKTRACKING + \
+    ": match the text again instead"
+LOOKAROUND = "{name} looks ahead or behind (like (?=…), (?!…), (?<=…) or (?<!…)), which " + WITHOUT_BACKTRACKING + \
+    ": match the surrounding text instead"
+POSSESSIVE = "{name} uses an atomic group or a possessive repetition (like (?>…) or a++), which is not needed here: " \
+    + WITHOUT_BACKTRACKING + "; write the plain group or repetition"
+VERBOSE_PATTERN = "{name} turns on verbose mode ((?x)), which patterns here do not support"
+END_OF_TEXT = "{name} uses \\Z, which patterns here do not support: write \\z for the end of the text"
+NOT_VALID = "{name} is not a valid regular expression: {reason}"
 
-_OPEN_QUANTIFIER = re.compile(r"\{\d*,\d*\}")  # {n,} {n,m} {,m}: {n} alone repeats a fixed number of times
-_INLINE_FLAGS = re.compile(r"\(\?([aiLmsux]*)(?:-[imsx]*)?[:)]")
+_OPTIONS = re2.Options()
+_OPTIONS.log_errors = False  # a refused pattern is answered in words, not logged by RE2 on stderr
+_OPTIONS.max_mem = 4 << 20  # per pattern: a larger one is refused ("pattern too large"); its DFA cache stays small
+
+# RE2's error about what it cannot run -> the problem in words (its other errors are shown as they are). Only RE2's
+# own message is matched here, never a team's text.
+_REFUSALS = (
+    (re.compile(r"invalid escape sequence: \\[1-9]|invalid perl operator: \(\?P$"), BACKREFERENCE),
+    (re.compile(r"invalid perl operator: \(\?<?[=!]"), LOOKAROUND),
+    (re.compile(r"invalid perl operator: \(\?>|bad repetition operator: [*+?]\+"), POSSESSIVE),
+    (re.compile(r"invalid perl operator: \(\?[a-z-]*x"), VERBOSE_PATTERN),
+    (re.compile(r"invalid escape sequence: \\Z"), END_OF_TEXT),
+)
 
 
-def pattern_problems(pattern, flags=0, name="the pattern"):
-    """What is wrong with a regular expression for a check: too long, does not compile, verbose mode (which would
-    hide repetition from _repetition_risk), or repetition that can backtrack for ever."""
-    if len(pattern) > MAX_PATTERN_CHARS:
-        return [f"{name} is too long: {len(pattern):,} characters, at most {MAX_PATTERN_CHARS:,}"]
+class PatternError(ValueError):
+    """A pattern that cannot be run; the message says why, in words for the team."""
+
+
+def pattern_problems(pattern, flags="", name="the pattern"):
+    """What is wrong with a team's regular expression: too long, does not compile, or uses what RE2 cannot run
+    (each said in words); [] when it is fine. `flags`: letters of REGEX_FLAGS."""
     try:
-        compiled = re.compile(pattern, flags)
-    except re.error as error:
-        return [f"{name} is not a valid regular expression: {error}"]
-    except (OverflowError, RecursionError):
-        return [f"{name} is not a valid regular expression: it is too large or nested too deeply"]
-    risk = _repetition_risk(pattern)
-    if compiled.flags & re.VERBOSE or risk == "verbose":
-        return [VERBOSE_PATTERN.format(name=name)]
-    if risk == "nested":
-        return [NESTED_REPETITION.format(name=name)]
-    if risk == "alternatives":
-        return [REPEATED_ALTERNATIVES.format(name=name)]
+        user_regex(pattern, flags, name=name)
+    except PatternError as error:
+        return [str(error)]
     return []
 
 
-def _repetition_risk(pattern):
-    """None, or why the pattern may backtrack catastrophically: "nested", "alternatives" or "verbose".
-
-    The rule, deliberately simple and conservative: a group (any parenthesis) that contains a repetition (`*`, `+`,
-    `{n,}`, `{n,m}`, at any depth) or an alternation (`|`) and is itself followed by a repetition is refused. So
-    `(a+)+`, `(\\w*)*`, `((ab)+)+` and `(a|aa){2,}` are refused; `\\d{4}-\\d{2}`, `(ab)+`, `(a+)?` and `(ab){3}` are
-    fine. It refuses some safe patterns, such as `[a-z]+(\\.[a-z]+)*` and `(cat|dog)+`: a team can write those
-    differently. Escapes, character classes and (?#comments) are skipped; verbose mode is reported since spaces
-    between a group and its repetition would hide it. The pattern is assumed to compile."""
-    stack = []  # per open group: [contains a repetition, contains an alternation]
-    index, end = 0, len(pattern)
-    while index < end:
-        char = pattern[index]
-        if char == "\\":
-            index += 2
-        elif char == "[":
-            index = _end_of_class(pattern, index)
-        elif pattern.startswith("(?#", index):
-            close = pattern.find(")", index)
-            index = end if close < 0 else close + 1
-        elif char == "(":
-            flags = _INLINE_FLAGS.match(pattern, index)
-            if flags and "x" in flags.group(1):
-                return "verbose"
-            stack.append([False, False])
-            index += 1
-        elif char == ")" and stack:
-            repeated, alternatives = stack.pop()
-            followed = _repetition_at(pattern, index + 1)
-            if followed and repeated:
-                return "nested"
-            if followed and alternatives:
-                return "alternatives"
-            if stack:
-                stack[-1][0] = stack[-1][0] or repeated or followed
-                stack[-1][1] = stack[-1][1] or alternatives
-            index += 1
-        else:
-            if stack and _repetition_at(pattern, index):
-                stack[-1][0] = True
-            if stack and char == "|":
-                stack[-1][1] = True
-            index += 1
-    return None
+def user_regex(pattern, flags="", *, name="the pattern"):
+    """The compiled RE2 regular expression of a team's `pattern` (cached), or PatternError in words."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise PatternError(f"{name} is too long: {len(pattern):,} characters, at most {MAX_PATTERN_CHARS:,}")
+    compiled, problem = _compiled(pattern, flags)
+    if problem:
+        raise PatternError(problem.format(name=name))
+    return compiled
 
 
-def _repetition_at(pattern, index):
-    """Whether an open-ended or ranged repetition (`*`, `+`, `{n,}`, `{n,m}`) starts at `index`."""
-    return index < len(pattern) and (pattern[index] in "*+" or bool(_OPEN_QUANTIFIER.match(pattern, index)))
+@functools.lru_cache(maxsize=512)
+def _compiled(pattern, flags):
+    """(compiled, None) or (None, the problem with {name} left to fill)."""
+    try:
+        return re2.compile(f"(?{flags}){pattern}" if flags else pattern, _OPTIONS), None
+    except re2.error as error:
+        reason = error.args[0].decode("utf-8", "replace") if error.args and isinstance(error.args[0], bytes) \
+            else str(error)
+    except UnicodeEncodeError:
+        reason = "it contains a character that is not valid text"
+    for refusal, problem in _REFUSALS:
+        if refusal.match(reason):
+            return None, problem
+    return None, NOT_VALID.replace("{reason}", reason.replace("{", "{{").replace("}", "}}"))
 
 
-def _end_of_class(pattern, index):
-    """The index just after the character class opening at `index` (a `]` first in the class is a literal)."""
-    index += 1
-    if pattern.startswith("^", index):
-        index += 1
-    if pattern.startswith("]", index):
-        index += 1
-    while index < len(pattern):
-        if pattern[index] == "\\":
-            index += 2
-        elif pattern[index] == "]":
-            return index + 1
-        else:
-            index += 1
-    return index
+def regex_search(pattern, text, flags=""):
+    """Whether a team's `pattern` finds something in `text` (PatternError when the pattern cannot be run)."""
+    return user_regex(pattern, flags).search(_valid_text(text)) is not None
 
 
-def regex_flags(letters):
-    """The re flags of a regex check's "flags" letters (each one of REGEX_FLAGS)."""
-    value = 0
-    for letter in letters:
-        value |= REGEX_FLAGS[letter]
-    return value
+def regex_redact(pattern, text, replacement):
+    """(`text` with every match of a team's `pattern` replaced by the literal `replacement`, how many were)."""
+    return user_regex(pattern).subn(replacement.replace("\\", "\\\\"), _valid_text(text))
+
+
+def _valid_text(text):
+    """RE2 reads UTF-8: a lone surrogate (JSON's "\\ud800" decodes to one) would stop it, so it becomes U+FFFD."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+

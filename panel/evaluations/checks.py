@@ -18,31 +18,29 @@ valid one on an answer, describe() says what a check verifies, for a page. Pure 
 "agrees" and "judge" kinds get the other channel's answer or a judge callable from the caller).
 
 A check reads at most MAX_ANSWER_CHARS of an answer, so that a runaway answer cannot make a check slow. Regular
-expressions (of regex checks and of "pattern" keywords in schemas) are capped in length and refused when they nest
-repetition, since Python's re has no timeout; that validation, and the JSON Schema's, is in patterns.py."""
+expressions (of regex checks and of "pattern" keywords in schemas) are run by RE2, without backtracking, and capped
+in length (panel/core/regexes.py); their validation, and the JSON Schema's, is in patterns.py."""
 import json
 import math
 import re
 from dataclasses import dataclass
 
-import referencing
 import referencing.exceptions
-from jsonschema import validators
 from jsonschema.exceptions import best_match
 
 from panel.core.similarity import similarity
 from panel.evaluations.patterns import (  # noqa: F401  (the constants are re-exported for the checks' callers)
     MAX_PATTERN_CHARS,
     MAX_SCHEMA_CHARS,
-    NESTED_REPETITION,
     REGEX_FLAGS,
-    REPEATED_ALTERNATIVES,
     VERBOSE_PATTERN,
+    PatternError,
     cut,
     kind_of_value,
     pattern_problems,
-    regex_flags,
+    regex_search,
     schema_problems,
+    schema_validator,
     show,
 )
 
@@ -140,7 +138,7 @@ def _regex_problems(spec, kind):
     elif not spec["pattern"]:
         problems.append('"pattern" is empty')
     else:
-        problems += pattern_problems(spec["pattern"], regex_flags(flags))
+        problems += pattern_problems(spec["pattern"], flags)
     return problems
 
 
@@ -253,8 +251,7 @@ def _run_json_schema(spec, text, **_):
     data, error = _parse_json_answer(text)
     if error:
         return CheckResult(False, f"not JSON: {error}")
-    schema = spec["schema"]
-    validator = validators.validator_for(schema)(schema, registry=referencing.Registry())
+    validator = schema_validator(spec["schema"])
     try:
         failure = best_match(validator.iter_errors(data))
     except RecursionError:
@@ -269,7 +266,11 @@ def _run_json_schema(spec, text, **_):
 def _run_regex(spec, text, **_):
     flags = spec.get("flags", "")
     shown = f"/{cut(spec['pattern'], 80)}/{flags}"
-    if re.search(spec["pattern"], text, regex_flags(flags)):
+    try:
+        found = regex_search(spec["pattern"], text, flags)
+    except PatternError as error:  # saved before RE2 refused it
+        return CheckResult(False, f"the pattern cannot be run: {error}")
+    if found:
         return CheckResult(True, f"matched {shown}")
     return CheckResult(False, f"no match for {shown}")
 

@@ -1,11 +1,14 @@
 """What a team's pattern or JSON Schema may be: the checks of regular expressions (of regex checks and of "pattern"
 keywords in schemas) and of the JSON Schemas of json_schema checks, before they are stored.
 
-A regular expression follows panel/core/regexes.py (capped in length, no repetition that can backtrack for ever:
-Python's re has no timeout). A schema is capped in size, must name a JSON Schema version
-jsonschema knows, may refer only to parts of itself, and its regular expressions follow the same rules.
-pattern_problems() and schema_problems() say what is wrong in words for the team; regex_flags() turns the flag
-letters of a regex check into re flags. Pure Python: no database, no network."""
+A regular expression is compiled and run by panel/core/regexes.py (RE2: no backtracking, capped in length). A
+schema is capped in size, must name a JSON Schema version jsonschema knows, may refer only to parts of itself, and
+its regular expressions follow the same rules: schema_validator() gives jsonschema's validator with its "pattern",
+"patternProperties" and "additionalProperties" keywords run by RE2 (jsonschema's own run Python's re), and the
+schema's own check leaves out the "regex" format, which would compile the patterns with Python's re.
+pattern_problems() and schema_problems() say what is wrong in words for the team. Pure Python: no database, no
+network."""
+import functools
 import json
 
 import jsonschema
@@ -13,15 +16,15 @@ import referencing
 import referencing.exceptions
 import referencing.jsonschema
 from jsonschema import validators
+from jsonschema.exceptions import ValidationError
 
 from panel.core.regexes import (  # noqa: F401  (re-exported for the checks)
     MAX_PATTERN_CHARS,
-    NESTED_REPETITION,
     REGEX_FLAGS,
-    REPEATED_ALTERNATIVES,
     VERBOSE_PATTERN,
+    PatternError,
     pattern_problems,
-    regex_flags,
+    regex_search,
 )
 
 MAX_SCHEMA_CHARS = 20_000  # the schema as compact JSON
@@ -52,7 +55,7 @@ def schema_problems(schema):
         return problems
     validator_class = validators.validator_for(schema)
     try:
-        validator_class.check_schema(schema)
+        validator_class.check_schema(schema, format_checker=_schema_format_checker(validator_class))
     except jsonschema.SchemaError as error:
         where = f" (at {error.json_path})" if error.absolute_path else ""
         return [f"the schema is not a valid JSON Schema: {cut(error.message, 200)}{where}"]
@@ -69,6 +72,7 @@ def _schema_walk(schema):
     Returns the problems found, the "$ref"s within the schema, and whether a part below the top has its own "$id"
     (or "id", of old drafts)."""
     problems, local_refs, nested_ids = [], [], False
+    pattern_properties = unevaluated = False
     pending = [(schema, True)]
     while pending:
         node, top = pending.pop()
@@ -86,9 +90,14 @@ def _schema_walk(schema):
         patterns = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
         if isinstance(node.get("patternProperties"), dict):
             patterns += [name for name in node["patternProperties"] if isinstance(name, str)]
+            pattern_properties = True
+        unevaluated = unevaluated or "unevaluatedProperties" in node
         for pattern in patterns:
             problems += pattern_problems(pattern, name=f"the schema's pattern /{cut(pattern, 80)}/")
         pending.extend((value, False) for value in node.values())
+    if pattern_properties and unevaluated:  # jsonschema would match those names with Python's re
+        problems.append('the schema uses "patternProperties" with "unevaluatedProperties", which checks do not '
+                        'support together: name the properties, or use "additionalProperties"')
     return list(dict.fromkeys(problems)), local_refs, nested_ids  # each problem once
 
 
@@ -104,6 +113,79 @@ def _missing_ref_problems(schema, validator_class, refs):
         except referencing.exceptions.Unresolvable:
             problems.append(f'the schema refers to "{cut(ref, 80)}", which it does not contain')
     return problems
+
+
+def schema_validator(schema):
+    """jsonschema's validator for a valid schema (schema_problems(schema) == []), its regular expressions run by RE2
+    and its references only within itself."""
+    return _validator_class(validators.validator_for(schema))(schema, registry=referencing.Registry())
+
+
+@functools.cache
+def _validator_class(validator_class):
+    return validators.extend(validator_class, {"pattern": _pattern, "patternProperties": _pattern_properties,
+                                               "additionalProperties": _additional_properties})
+
+
+@functools.cache
+def _schema_format_checker(validator_class):
+    """The format checker of the schema's own check, less "regex" (Python's re.compile of every pattern, which
+    _schema_walk has already checked with RE2)."""
+    meta = validators.validator_for(validator_class.META_SCHEMA, default=validator_class)
+    checker = jsonschema.FormatChecker(formats=())
+    checker.checkers = {name: check for name, check in meta.FORMAT_CHECKER.checkers.items() if name != "regex"}
+    return checker
+
+
+def _unusable(patterns):
+    """The ValidationError of each pattern that cannot be run (saved before RE2 refused it: no answer matches it)."""
+    for pattern in patterns:
+        for problem in pattern_problems(pattern, name=f"the schema's pattern /{cut(pattern, 80)}/"):
+            yield ValidationError(problem)
+
+
+def _pattern(validator, pattern, instance, schema):
+    if not validator.is_type(instance, "string"):
+        return
+    if pattern_problems(pattern):
+        yield from _unusable([pattern])
+    elif not regex_search(pattern, instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(validator, pattern_properties, instance, schema):
+    if not validator.is_type(instance, "object"):
+        return
+    yield from _unusable(pattern_properties)
+    for pattern, subschema in pattern_properties.items():
+        if pattern_problems(pattern):
+            continue
+        for name, value in instance.items():
+            if regex_search(pattern, name):
+                yield from validator.descend(value, subschema, path=name, schema_path=pattern)
+
+
+def _additional_properties(validator, additional, instance, schema):
+    """jsonschema's additionalProperties, with the names of patternProperties matched by RE2 (a pattern that cannot
+    be run matches no name: patternProperties says why)."""
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    patterns = [pattern for pattern in schema.get("patternProperties", {}) if not pattern_problems(pattern)]
+    extras = [name for name in instance if name not in properties
+              and not any(regex_search(pattern, name) for pattern in patterns)]
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif not additional and extras:
+        names = ", ".join(repr(name) for name in sorted(extras, key=str))
+        if "patternProperties" in schema:
+            verb = "does" if len(extras) == 1 else "do"
+            yield ValidationError(f"{names} {verb} not match any of the regexes: "
+                                  f"{', '.join(repr(pattern) for pattern in sorted(schema['patternProperties']))}")
+        else:
+            verb = "was" if len(extras) == 1 else "were"
+            yield ValidationError(f"Additional properties are not allowed ({names} {verb} unexpected)")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,8 +1,7 @@
-import re
-
 from django import forms
 from django.core.exceptions import ValidationError
 
+from panel.core.regexes import PatternError, user_regex
 from panel.hosts.models import WorkerHost
 from panel.hosts.services import gpu_hosts_online
 from panel.registry.models import CalibrationSource, RegisteredModel
@@ -158,11 +157,11 @@ class QuantizationForm(forms.Form):
         layers = linear_layers(self.model) if self.model is not None else []
         kept = set()
         for pattern in patterns:
-            if pattern.startswith("re:"):
+            if pattern.startswith("re:"):  # run by RE2, without backtracking (panel/core/regexes.py)
                 try:
-                    matcher = re.compile(pattern[3:])
-                except re.error as error:
-                    self.add_error("keep_patterns", f"{pattern!r} is not a valid regular expression: {error}")
+                    matcher = user_regex(pattern[3:], name=repr(pattern))
+                except PatternError as error:
+                    self.add_error("keep_patterns", f"{error}.")
                     return
                 matched = [name for name in layers if matcher.search(name)]
             else:

@@ -8,8 +8,9 @@ collects the answer's text of each answered request on that route and hands the 
   hour's share (a Redis counter per route and day), so a busy morning cannot use up the day and a quiet morning's
   share carries over to the afternoon. Redis unreachable: nothing is kept (a sample is never worth a request).
 - Redacted before anything is stored: the built-in patterns below (e-mail addresses, secrets that look like API keys
-  or bearer tokens, long digit runs such as card or phone numbers), then the team's own regular expressions (safe
-  ones only, panel/core/regexes.py), each match replaced by "[redacted]" in every message and in the answer.
+  or bearer tokens, long digit runs such as card or phone numbers), then the team's own regular expressions (run by
+  RE2, without backtracking, through panel/core/regexes.py), each match replaced by "[redacted]" in every message
+  and in the answer. A team's pattern that no longer compiles (saved before RE2 refused it) keeps nothing.
 - Encrypted with the panel's key (panel/core/crypto.py), conversation and answer together; only the team's pages
   decrypt it. Deleted after the route's retention (`samples_expire`, hourly on beat; a shorter retention applies at
   the next run).
@@ -26,7 +27,7 @@ from django.utils import timezone
 
 from panel.core import crypto
 from panel.core.redis_client import sync_redis
-from panel.core.regexes import pattern_problems
+from panel.core.regexes import PatternError, pattern_problems, regex_redact, user_regex
 from panel.usage.models import TrafficSample
 
 log = logging.getLogger(__name__)
@@ -81,27 +82,27 @@ def redaction_problems(text):
 
 
 def redact(text, patterns):
-    """(`text` with every match of `patterns` replaced, how many were)."""
+    """(`text` with every match of `patterns` (of patterns_for) replaced, how many were)."""
     total = 0
     for pattern in patterns:
-        text, count = pattern.subn(REDACTED, text)
+        if isinstance(pattern, str):  # a team's: RE2
+            text, count = regex_redact(pattern, text, REDACTED)
+        else:
+            text, count = pattern.subn(REDACTED, text)
         total += count
     return text, total
 
 
+# Ours, written for Python's re (the e-mail pattern looks behind, which RE2 cannot), and reviewed for backtracking.
 _BUILT_IN = [re.compile(pattern) for _, pattern in BUILT_IN_REDACTIONS]
-_compiled = {}  # a team's pattern -> compiled (bounded)
 
 
 def patterns_for(plan):
-    own = []
+    """The built-in patterns (compiled) and the team's (as written: panel/core/regexes.py runs them). PatternError
+    when a team's pattern cannot be run."""
     for line in plan.redactions:
-        if line not in _compiled:
-            if len(_compiled) > 5_000:
-                _compiled.clear()
-            _compiled[line] = re.compile(line)  # checked when it was saved (redaction_problems)
-        own.append(_compiled[line])
-    return _BUILT_IN + own
+        user_regex(line)
+    return _BUILT_IN + list(plan.redactions)
 
 
 def _redacted_messages(messages, patterns):
@@ -162,7 +163,12 @@ def sample_keep(*, plan, conversation, answer, channel_id, request_id, endpoint,
     if sum(len(str(message.get("content") or "")) for message in messages) + len(answer or "") > MAX_SAMPLE_CHARS:
         _give_back(plan, now)  # too large to keep: no redaction run over it
         return None
-    patterns = patterns_for(plan)
+    try:
+        patterns = patterns_for(plan)
+    except PatternError as error:  # saved before it was refused: redacting less than the team asked is no option
+        log.warning("traffic sample of route %s not kept: %s", plan.route_id, error)
+        _give_back(plan, now)
+        return None
     messages, in_messages = _redacted_messages(messages, patterns)
     answer, in_answer = redact(answer or "", patterns)
     payload = json.dumps({"messages": messages, "answer": answer, "json_requested": bool(json_requested)},

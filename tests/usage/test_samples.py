@@ -41,8 +41,10 @@ def test_the_built_in_redactions(text, expected):
 
 def test_a_teams_redaction_patterns_are_checked_like_any_pattern():
     assert samples.redaction_problems("CUST-\\d{6}\n\n(?i)project \\w+\n") == []
-    assert samples.redaction_problems("ok\n(a+)+") == [
-        "line 2: the pattern nests repetition (like (a+)+), which can take forever on some answers: flatten it"]
+    # RE2 runs (a+)+ in linear time, so it is fine; it cannot look behind.
+    assert samples.redaction_problems("ok\n(a+)+\n(?<=@)\\w+") == [
+        "line 3: the pattern looks ahead or behind (like (?=…), (?!…), (?<=…) or (?<!…)), which patterns here run "
+        "without backtracking, so that no text can make them slow: match the surrounding text instead"]
     assert samples.redaction_problems("[unclosed")[0].startswith("line 1: the pattern is not a valid regular")
     assert samples.redaction_problems("\n".join(f"p{i}" for i in range(21))) == ["at most 20 patterns, not 21"]
 
@@ -57,6 +59,15 @@ def keep(route, ask="Customer CUST-000042 asks", answer="Hello CUST-000042", **e
     return samples.sample_keep(plan=samples.plan_for(route), conversation=lambda: [{"role": "user", "content": ask}],
                                answer=answer, channel_id=None, request_id="req_1", endpoint="chat", model="chat",
                                **extra)
+
+
+def test_a_teams_pattern_is_run_by_re2_on_any_text_and_one_it_cannot_run_keeps_nothing(route):
+    route.sample_redactions = "CUST-\\d{6}\n(?i)secret \\w+"
+    sample = keep(route, ask="CUST-000042 \ud800 says SECRET sauce", answer="no")  # a lone surrogate, as JSON allows
+    content = samples.sample_content(sample)
+    assert content["messages"][0]["content"] == "[redacted] \ufffd says [redacted]" and sample.redacted == 2
+    route.sample_redactions = "(?<=CUST-)\\d+"  # saved before RE2 refused it: redacting less is no option
+    assert keep(route) is None
 
 
 def test_a_kept_sample_is_redacted_encrypted_and_bounded_by_the_allowance(route, monkeypatch):
