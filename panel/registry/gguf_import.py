@@ -63,7 +63,8 @@ def gguf_source_parse(source):
 
 def gguf_file_check(path, *, team):
     """The GgufFacts of the file at `path` if it may be imported: under the model roots, a file, not over
-    TOKENWISE_GGUF_MAX_BYTES, GGUF, complete, of an architecture transformers loads. Else ValidationError."""
+    TOKENWISE_GGUF_MAX_BYTES, GGUF, complete, of an architecture transformers loads, its tensors' bf16 size within
+    the models folder's free disk. Else ValidationError."""
     path = Path(path)
     folder_check(path, team=team)  # outside the roots: the same words whether or not it exists
     if not path.is_file():
@@ -79,7 +80,21 @@ def gguf_file_check(path, *, team):
     refusal = architecture_refusal(facts)
     if refusal:
         raise ValidationError(f"{path.name} cannot be imported: {refusal}.")
+    free = models_disk_free()
+    if facts.bf16_bytes > free:
+        raise ValidationError(f"{path.name} dequantizes to {facts.bf16_bytes / 1e9:.1f} GB of bf16 weights, and the "
+                              f"disk of the models folder ({settings.MODELS_DIR}) has {free / 1e9:.1f} GB free: free "
+                              "space there, or import a smaller model.")
     return facts
+
+
+def models_disk_free():
+    """Free bytes on the disk an import writes to (the models folder, or its nearest folder that exists). The GPU
+    worker checks its own memory and disk again before converting (engine/gguf_import.py)."""
+    folder = Path(settings.MODELS_DIR)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
 
 
 def default_name(kind, source):
