@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -132,7 +133,7 @@ def pip_download(spec, download_dir, find_links, max_bytes=DEFAULT_MAX_BYTES):
 
 def _stop(process):
     try:
-        os.killpg(process.pid, 9)
+        os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     process.communicate()
