@@ -8,7 +8,7 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 
 from panel.accounts.models import Role
-from panel.accounts.roles import role_for
+from panel.accounts.roles import OTHERS, may_on, role_for
 from panel.accounts.services import current_membership
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
@@ -23,6 +23,18 @@ def role_check(request, membership, role):
         raise PermissionDenied(f"This needs the {Role(role).label.lower()} role in {membership.team}.")
     request.membership = membership
     request.team = membership.team
+
+
+def maker_check(request, action, created_by_id, refusal):
+    """The rule for what a member made (accounts.roles.OTHERS), after the role rule: its maker may do `action`,
+    another needs the role OTHERS names. Else the refusal is audited and PermissionDenied raised with `refusal`."""
+    membership = request.membership
+    if may_on(membership, action, created_by_id):
+        return
+    audit_record(action=AuditAction.REFUSED, request=request, team=membership.team, actor=membership.user,
+                 target=request.path[:300], needed=f"{Role(OTHERS[action]).value} or its creator",
+                 had=membership.role)
+    raise PermissionDenied(refusal)
 
 
 def team_view(action):

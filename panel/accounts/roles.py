@@ -64,6 +64,14 @@ ACTIONS = {
     "benchmarks.run": Role.MEMBER,  # start, import, cancel, remove
 }
 
+# What a member may do only to what they made themself: to what another made (or what has no known maker, such as
+# a profile saved before makers were kept), the role named here. A profile is what its deployments serve on the
+# team's routes, so changing or launching another's is an admin's choice.
+OTHERS = {
+    "profiles.edit": Role.ADMIN,  # change another's profile (its model, extra arguments, template)
+    "deployments.run": Role.ADMIN,  # launch another's profile
+}
+
 
 def role_for(action):
     """The least role that may do `action`; a name not in ACTIONS raises LookupError."""
@@ -76,3 +84,13 @@ def role_for(action):
 def may(membership, action):
     """True when `membership` may do `action` (for the buttons a page shows, and checks inside a view)."""
     return membership.allows(role_for(action))
+
+
+def may_on(membership, action, created_by_id):
+    """True when `membership` may do `action` to something `created_by_id` made: its maker with the action's own
+    role, anyone else (anyone at all, where the maker is unknown) with the role OTHERS names for it."""
+    if not may(membership, action):
+        return False
+    if created_by_id is not None and created_by_id == membership.user_id:
+        return True
+    return membership.allows(OTHERS.get(action, role_for(action)))

@@ -8,6 +8,7 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from ninja import Field, Router, Schema, Status
 
+from panel.accounts.decorators import maker_check
 from panel.accounts.roles import may
 from panel.api.auth import gate
 from panel.api.errors import errors
@@ -200,6 +201,7 @@ def profiles_from_model(request, model_id: int, body: ProfileFromModel = None):
               summary="Change a profile (fields not sent keep their values)")
 def profiles_change(request, profile_id: int, body: ProfileChange):
     profile = get_object_or_404(_profiles(request), pk=profile_id)
+    maker_check(request, "profiles.edit", profile.created_by_id, profile.not_yours("change"))
     form = validated(ServingProfileForm, body, team=request.team, instance=profile)
     return profile_out(form.save(), detail=True)
 
@@ -242,6 +244,7 @@ def deployments_logs(request, deployment_id: int):
              summary="Launch a profile on a GPU worker (the one with the most free memory, or the one named)")
 def deployments_launch(request, profile_id: int, body: DeploymentLaunch):
     profile = get_object_or_404(_profiles(request), pk=profile_id)
+    maker_check(request, "deployments.run", profile.created_by_id, profile.not_yours("launch"))
     data = validated(LaunchForm, body).cleaned_data
     if data["attach_to_route"] and not may(request.membership, "routes.edit"):
         raise ValidationError({"attach_to_route": ["Only an admin may attach a deployment to the team's existing "

@@ -4,6 +4,8 @@ import logging
 
 from django.db import models, transaction
 
+from panel.accounts.models import Membership
+from panel.accounts.roles import may
 from panel.channels.models import (
     Channel,
     ChannelApis,
@@ -83,11 +85,22 @@ def _local_channel_sync(deployment):
                                                            "balance": RouteBalance.PREFIX_AWARE if several
                                                            else RouteBalance.IN_ORDER,
                                                            "created_by": row.created_by})
-    # An existing route is the team's: joined only when an admin said so, or when another replica of this
-    # deployment, or a deployment of the same profile (a relaunch beside a running one), is already on it.
-    joins = (created or row.attach_to_route
-             or route.routechannel_set.filter(models.Q(channel__deployment__in=siblings)
-                                              | models.Q(channel__deployment__profile=row.profile_id)).exists())
+    # An existing route is the team's: joined only by an admin's choice. An admin attached it at launch; the
+    # route is the launcher's own; another replica of this deployment is on it; or an admin (or the operator's
+    # `manage.py deploy`) relaunched a profile already on it. A member's relaunch does not inherit an earlier run's
+    # place on a route another made: its taken-over channel leaves such routes (an admin adds it back).
+    by_admin = _launched_by_admin(row)
+    own = models.Q(route__created_by_id=row.created_by_id) if row.created_by_id else models.Q(pk__in=[])
+    if not by_admin:
+        kept = own
+        if row.attach_to_route or route.routechannel_set.filter(channel__deployment__in=siblings).exists():
+            kept |= models.Q(route=route)
+        RouteChannel.objects.filter(channel=channel).exclude(kept).delete()
+    kin = models.Q(channel__deployment__in=siblings)
+    if by_admin:
+        kin |= models.Q(channel__deployment__profile=row.profile_id)
+    joins = (created or row.attach_to_route or (row.created_by_id and route.created_by_id == row.created_by_id)
+             or route.routechannel_set.filter(kin).exists())
     if joins and not route.routechannel_set.filter(channel=channel).exists():
         _join(route, channel, kin=lambda other: other.deployment_id is not None and (
             other.deployment.profile_id == row.profile_id or other.deployment.replica_of_id == head_id
@@ -99,6 +112,15 @@ def _local_channel_sync(deployment):
         Route.objects.filter(pk=route.pk).update(balance=RouteBalance.PREFIX_AWARE)
     routing_changed(row.team_id)
     return channel
+
+
+def _launched_by_admin(deployment):
+    """True when whoever launched the deployment may put it on the team's routes: an admin of its team, or nobody
+    known (the operator's `manage.py deploy`)."""
+    if deployment.created_by_id is None:
+        return True
+    membership = Membership.objects.filter(team_id=deployment.team_id, user_id=deployment.created_by_id).first()
+    return membership is not None and may(membership, "routes.edit")
 
 
 def _join(route, channel, *, kin):

@@ -65,6 +65,12 @@ class ServingProfile(models.Model):
     def served_name(self):
         return self.served_model_name or self.model.name
 
+    def not_yours(self, doing):
+        """The refusal a member hears who would `doing` ("change", "launch") a profile another made
+        (accounts.roles.OTHERS): what its deployments serve on the team's routes is its maker's or an admin's call."""
+        return (f"Only the member who created the profile {self.name} and the team's admins may {doing} it. "
+                f"To {doing} one like it, import its config.toml as a profile of your own.")
+
 
 DeploymentState = JobState  # a deployment's states are job states: pending, starting, ready, stopping, stopped, failed
 DEPLOYMENT_STATES = (JobState.PENDING, JobState.STARTING, JobState.READY, JobState.STOPPING, JobState.STOPPED,

@@ -7,8 +7,8 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from panel.accounts.decorators import team_view
-from panel.accounts.roles import may
+from panel.accounts.decorators import maker_check, team_view
+from panel.accounts.roles import may, may_on
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
@@ -98,6 +98,7 @@ def profile_create(request):
 @team_view("profiles.edit")
 def profile_edit(request, profile_id):
     profile = get_object_or_404(ServingProfile, pk=profile_id, team=request.team)
+    maker_check(request, "profiles.edit", profile.created_by_id, profile.not_yours("change"))
     form = ServingProfileForm(request.POST or None, team=request.team, instance=profile)
     running = _running_words(profile)
     if request.method == "POST" and form.is_valid():
@@ -166,6 +167,8 @@ def profile_detail(request, profile_id):
         "command": _command_preview(profile),
         "verdict": profile_check(profile),
         "launch_form": LaunchForm(running=_running(profile)),
+        "may_change": may_on(request.membership, "profiles.edit", profile.created_by_id),
+        "may_launch": may_on(request.membership, "deployments.run", profile.created_by_id),
         "launch_refusal": (check_failed_refusal(profile.model, doing="served")
                            if profile.model.state == ModelState.BROKEN else None),  # no Launch button then
         "deployments": _listed(profile.deployments.all())[:20],
@@ -192,6 +195,7 @@ def profile_export(request, profile_id, kind):
 @team_view("deployments.run")
 def deployment_create(request, profile_id):
     profile = get_object_or_404(ServingProfile.objects.select_related("model"), pk=profile_id, team=request.team)
+    maker_check(request, "deployments.run", profile.created_by_id, profile.not_yours("launch"))
     form = LaunchForm(request.POST, running=_running(profile))
     if not form.is_valid():
         messages.error(request, " ".join(m for ms in form.errors.values() for m in ms))

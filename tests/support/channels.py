@@ -24,7 +24,8 @@ def make_deployment(team, user, profile_name, *, served="tiny-served", state="pe
                                               num_layers=1, num_attention_heads=4, num_kv_heads=2, hidden_size=256,
                                               head_dim=64, max_position_embeddings=4096, dtype="bfloat16",
                                               size_bytes=1))
-    profile, _ = ServingProfile.objects.get_or_create(team=team, name=profile_name, defaults={"model": model})
+    profile, _ = ServingProfile.objects.get_or_create(team=team, name=profile_name,
+                                                     defaults={"model": model, "created_by": user})
     return Deployment.objects.create(team=team, profile=profile, created_by=user, state=state,
                                      served_model_name=served, port=port, base_url=f"http://127.0.0.1:{port}/v1",
                                      **fields)

@@ -1,0 +1,99 @@
+"""Attack tests on who may do what: a member and an admin's serving profile and route, the evidence of a canary and
+the autopilot, a removed member's keys, sets made of real traffic, and the API's reference."""
+import pytest
+
+from panel.accounts.models import Role
+from panel.accounts.services import membership_add
+from panel.channels.local_channels import local_channel_sync
+from panel.channels.models import Route, RouteChannel
+from panel.serving.models import ServingProfile
+from tests.support.api_helpers import call, token_for
+from tests.support.channels import make_deployment, set_state
+from tests.support.teams import user_create
+
+
+@pytest.fixture
+def mallory(team_setup):
+    """A member of team A."""
+    user = user_create("mallory", "pw-mallory-123")
+    membership_add(team=team_setup["team_a"], user=user, role=Role.MEMBER)
+    return user
+
+
+def admins_profile_on_its_route(team_setup):
+    """Alice's profile, served once (ended now): its local channel on the route it made, `tiny-served`."""
+    team, alice = team_setup["team_a"], team_setup["alice"]
+    first = make_deployment(team, alice, "admins", state="ready")
+    ServingProfile.objects.filter(pk=first.profile_id).update(created_by=alice)
+    channel = local_channel_sync(first)
+    set_state(first, "stopped")
+    local_channel_sync(first)
+    route = Route.objects.get(team=team, model_name="tiny-served")
+    assert RouteChannel.objects.filter(route=route, channel=channel).exists()
+    return first.profile, route, channel
+
+
+def test_a_member_cannot_change_an_admins_profile_on_the_page(client, team_setup, mallory):
+    profile, _, _ = admins_profile_on_its_route(team_setup)
+    client.force_login(mallory)
+    assert client.get(f"/serving/profiles/{profile.pk}/edit/").status_code == 403
+    response = client.post(f"/serving/profiles/{profile.pk}/edit/",
+                           {"name": profile.name, "model": profile.model_id, "extra_args": "--trust-remote-code"})
+    assert response.status_code == 403
+    profile.refresh_from_db()
+    assert profile.extra_args == ""
+
+
+def test_a_member_cannot_change_an_admins_profile_through_the_api(client, team_setup, mallory):
+    profile, _, _ = admins_profile_on_its_route(team_setup)
+    raw = token_for(mallory, team_setup["team_a"])
+    response = call(client, "patch", f"/profiles/{profile.pk}", raw,
+                    {"served_model_name": "mine", "extra_args": "--trust-remote-code"})
+    assert response.status_code == 403, response.content
+    assert "created" in response.json()["detail"]
+    profile.refresh_from_db()
+    assert (profile.served_model_name, profile.extra_args) == ("", "")
+
+
+def test_a_member_cannot_launch_an_admins_profile(client, team_setup, mallory):
+    profile, _, _ = admins_profile_on_its_route(team_setup)
+    client.force_login(mallory)
+    assert client.post(f"/serving/profiles/{profile.pk}/launch/", {"another": "on"}).status_code == 403
+    raw = token_for(mallory, team_setup["team_a"])
+    assert call(client, "post", f"/profiles/{profile.pk}/deployments", raw, {"another": True}).status_code == 403
+    assert profile.deployments.count() == 1
+
+
+def test_a_members_relaunch_stays_off_an_admins_route(team_setup, mallory):
+    """Even a deployment a member got going some other way (a profile they made that an admin had attached, then
+    changed): its channel, taken over from the admin's run, leaves the admin's route instead of taking its traffic."""
+    profile, route, channel = admins_profile_on_its_route(team_setup)
+    relaunch = make_deployment(team_setup["team_a"], mallory, profile.name, state="ready", port=8124)
+    mine = local_channel_sync(relaunch)
+    assert mine.enabled
+    assert not RouteChannel.objects.filter(route=route, channel=mine).exists()
+    assert not RouteChannel.objects.filter(route=route, channel__enabled=True).exists()
+
+
+def test_an_admins_relaunch_keeps_its_route(team_setup):
+    profile, route, channel = admins_profile_on_its_route(team_setup)
+    relaunch = make_deployment(team_setup["team_a"], team_setup["alice"], profile.name, state="ready", port=8124)
+    assert local_channel_sync(relaunch).pk == channel.pk
+    assert RouteChannel.objects.filter(route=route, channel=channel).exists()
+
+
+def test_a_member_still_changes_and_launches_their_own_profile(client, team_setup, mallory):
+    deployment = make_deployment(team_setup["team_a"], mallory, "mine", served="mine")
+    ServingProfile.objects.filter(pk=deployment.profile_id).update(created_by=mallory)
+    raw = token_for(mallory, team_setup["team_a"])
+    response = call(client, "patch", f"/profiles/{deployment.profile_id}", raw, {"max_model_len": 1024})
+    assert response.status_code == 200, response.content
+    assert ServingProfile.objects.get(pk=deployment.profile_id).max_model_len == 1024
+
+
+def test_a_profile_of_unknown_creator_is_the_admins(client, team_setup, mallory):
+    deployment = make_deployment(team_setup["team_a"], None, "old")
+    raw = token_for(mallory, team_setup["team_a"])
+    path, body = f"/profiles/{deployment.profile_id}", {"max_model_len": 1024}
+    assert call(client, "patch", path, raw, body).status_code == 403
+    assert call(client, "patch", path, token_for(team_setup["alice"], team_setup["team_a"]), body).status_code == 200
