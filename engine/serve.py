@@ -18,6 +18,8 @@ import json
 import re
 import sys
 
+from engine.protocol import say
+
 # Everything between the leading -- and the first ".": vLLM turns underscores into dashes there.
 _NAME = re.compile(r"(?<=--)[^.]*")
 
@@ -97,7 +99,7 @@ def main(argv=None):
     parser = server_parser()
     problems, options = check(argv, parser)
     if check_only:
-        print(json.dumps({"problems": problems, "set": options}), flush=True)
+        say(problems=problems, set=options)
         return 0
     if problems:
         for problem in problems:
