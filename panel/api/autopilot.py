@@ -32,6 +32,8 @@ class CandidateOut(Schema):
 class AutopilotOut(Schema):
     route_id: int
     eval_set_id: int | None
+    eval_version: int | None = Field(..., description="The number of the set's version the autopilot and a "
+                                     "canary's guard judge by, pinned by an admin.")
     min_pass_rate: float
     max_drop: float
     min_shadow_copies: int
@@ -53,6 +55,8 @@ class AutopilotIn(Schema):
                             "may pass.")
     min_shadow_copies: int = Field(20, ge=0, le=100_000)
     start_canary: bool = False
+    pin_newest: bool = Field(False, description="Judge by the set's newest version from now on. Without it the "
+                             "version pinned stays, whatever versions were saved since.")
 
 
 def _text(value):
@@ -64,6 +68,7 @@ def _text(value):
 def autopilot_out(autopilot):
     review = autopilot_review(autopilot)
     return {"route_id": autopilot.route_id, "eval_set_id": autopilot.eval_set_id,
+            "eval_version": autopilot.eval_version.number if autopilot.eval_version else None,
             "min_pass_rate": autopilot.min_pass_rate, "max_drop": autopilot.max_drop,
             "min_shadow_copies": autopilot.min_shadow_copies,
             "start_canary": autopilot.start_canary, "words": review.words,
@@ -102,6 +107,5 @@ def autopilot_set(request, route_id: int, body: AutopilotIn):
             raise Invalid({"eval_set_id": [f"Your team has no evaluation set with id {body.eval_set_id}."]})
     autopilot = autopilot_save(route=route, user=request.user, eval_set=eval_set, min_pass_rate=body.min_pass_rate,
                                min_shadow_copies=body.min_shadow_copies, start_canary=body.start_canary,
-                               max_drop=body.max_drop,
-                               request=request)
+                               max_drop=body.max_drop, pin_newest=body.pin_newest, request=request)
     return autopilot_out(autopilot)

@@ -4,14 +4,15 @@ panel holds, and what to do about it.
 The candidates are the team's enabled channels the route does not use (cloud channels, the local channels of other
 deployments: quantized children, other profiles), and the quantized relatives of the route's local model that no
 deployment serves yet (listed with their quality report, to be launched before they can be judged). A channel is
-judged on the autopilot's evaluation set (its latest finished run on the set's current version: the pass rate and
-the cost per accepted answer, evaluations/runs.py) and on shadow traffic (the route's latest shadow test of that
-channel, channels/shadow.py). It qualifies when both pass rates reach the team's `min_pass_rate` (the shadow copies
-only once there are `min_shadow_copies`), its pass rate on the set is at most `max_drop` below the route's own (good
-enough means about as good as today, whatever the model's size), its model's quality report does not reject it, and
-its cost per accepted answer is below the route's own on the same set. The cheapest that qualifies is proposed: once
-per new proposal a notification (`autopilot.proposal`, webhooks) and an audit row; with `start_canary`, a canary of
-it is started, whose guards then decide promotion or rollback (channels/canary.py)."""
+judged on the autopilot's evaluation set (its latest finished run on the version an admin pinned, started by the
+panel or an admin: the pass rate and the cost per accepted answer, evaluations/runs.py) and on shadow traffic (the
+route's latest shadow test of that channel, channels/shadow.py). It qualifies when both pass rates reach the team's
+`min_pass_rate` (the shadow copies only once there are `min_shadow_copies`), its pass rate on the set is at most
+`max_drop` below the route's own (good enough means about as good as today, whatever the model's size), its model's
+quality report does not reject it, and its cost per accepted answer is below the route's own on the same set. The
+cheapest that qualifies is proposed: once per new proposal a notification (`autopilot.proposal`, webhooks) and an
+audit row; with `start_canary`, a canary of it is started, whose guards then decide promotion or rollback
+(channels/canary.py)."""
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,7 +31,7 @@ from panel.channels.shadow import shadow_summary
 from panel.core.money import money_text
 from panel.evaluations.canary_guard import threshold_words
 from panel.evaluations.models import Autopilot, EvalRun
-from panel.evaluations.runs import candidates_ranked, eval_run_launch
+from panel.evaluations.runs import candidates_ranked, eval_run_launch, evidence_runs
 from panel.jobs.models import JobState
 from panel.notifications.models import EventKind
 from panel.notifications.services import notify
@@ -109,13 +110,16 @@ class Review:
 
 
 def autopilot_for(route):
-    return Autopilot.objects.filter(route=route).select_related("eval_set").first() or Autopilot(route=route)
+    return (Autopilot.objects.filter(route=route).select_related("eval_set", "eval_version").first()
+            or Autopilot(route=route))
 
 
 @transaction.atomic
 def autopilot_save(*, route, user, eval_set, min_pass_rate, min_shadow_copies, start_canary, max_drop=0.05,
-                   request=None):
-    """Set a route's autopilot; ValidationError, saving nothing, for a set of another team or a value out of bounds."""
+                   pin_newest=False, request=None):
+    """Set a route's autopilot (an admin's choice); ValidationError, saving nothing, for a set of another team or a
+    value out of bounds. The version of the set it judges by is pinned: the set's newest when the set is new to the
+    autopilot or with `pin_newest`; otherwise the one pinned before stays, whatever versions were saved since."""
     errors = {}
     if eval_set is not None and eval_set.team_id != route.team_id:
         errors["eval_set"] = ["Pick one of this team's evaluation sets."]
@@ -128,12 +132,19 @@ def autopilot_save(*, route, user, eval_set, min_pass_rate, min_shadow_copies, s
         errors["min_shadow_copies"] = ["A whole number from 0 (the set alone decides) to 100,000."]
     if errors:
         raise ValidationError(errors)
+    before = Autopilot.objects.filter(route=route).first()
+    version = None
+    if eval_set is not None:
+        keep = (not pin_newest and before is not None and before.eval_set_id == eval_set.pk
+                and before.eval_version_id is not None)
+        version = before.eval_version if keep else eval_set.current()
     autopilot, _ = Autopilot.objects.update_or_create(route=route, defaults=dict(
-        eval_set=eval_set, min_pass_rate=float(min_pass_rate), max_drop=float(max_drop),
+        eval_set=eval_set, eval_version=version, min_pass_rate=float(min_pass_rate), max_drop=float(max_drop),
         min_shadow_copies=min_shadow_copies,
         start_canary=bool(start_canary)))
     audit_record(action=AuditAction.AUTOPILOT_CHANGED, request=request, team=route.team, actor=user,
-                 target=route.model_name, eval_set=eval_set.name if eval_set else "", min_pass_rate=min_pass_rate,
+                 target=route.model_name, eval_set=eval_set.name if eval_set else "",
+                 version=version.number if version else None, min_pass_rate=min_pass_rate,
                  max_drop=max_drop,
                  min_shadow_copies=min_shadow_copies, start_canary=bool(start_canary))
     return autopilot
@@ -143,11 +154,12 @@ def autopilot_review(autopilot):
     """The candidates of the autopilot's route with their evidence, and the one to propose (or why none)."""
     route = autopilot.route
     review = Review(autopilot=autopilot)
-    if autopilot.eval_set is None:
+    if autopilot.eval_set is None or autopilot.eval_version is None:
         review.words = "Pick the evaluation set the autopilot judges candidates by."
         return review
-    version = autopilot.eval_set.current()
-    runs = {(run.candidate.get("kind"), run.candidate.get("id")): run for run in candidates_ranked(version)}
+    version = autopilot.eval_version
+    runs = {(run.candidate.get("kind"), run.candidate.get("id")): run
+            for run in candidates_ranked(version, evidence_only=True)}
     review.current = runs.get(("route", route.pk))
     used = set(route.routechannel_set.values_list("channel_id", flat=True))
     for channel in Channel.objects.filter(team=route.team, enabled=True).exclude(pk__in=used).order_by("name"):
@@ -175,7 +187,7 @@ def autopilot_review(autopilot):
 def _judge(candidate, current, autopilot):
     reasons = candidate.reasons
     if candidate.run is None:
-        reasons.append(f"not run on the set's version {autopilot.eval_set.current().number} yet")
+        reasons.append(f"not run on the set's version {autopilot.eval_version.number} yet")
     elif short := threshold_words(autopilot, candidate.pass_rate,
                                   current.result.get("pass_rate") if current is not None else None):
         reasons.append(short)
@@ -199,8 +211,9 @@ def _judge(candidate, current, autopilot):
 
 
 def _finished_runs(version, channel_id):
-    return list(EvalRun.objects.filter(eval_version=version, state=JobState.SUCCEEDED, candidate__kind="channel",
-                                       candidate__id=channel_id).order_by("-finished_at", "-pk")[:2])
+    return list(evidence_runs(version.eval_set.team_id).filter(
+        eval_version=version, state=JobState.SUCCEEDED, candidate__kind="channel", candidate__id=channel_id)
+        .order_by("-finished_at", "-pk")[:2])
 
 
 def _regressions(autopilot, version, route, candidates):
@@ -223,10 +236,10 @@ def _regressions(autopilot, version, route, candidates):
 
 def rechecks_due(autopilot):
     """The local channels to run the set on again: the route's own, and the candidates the set judged before, whose
-    deployment became ready after their latest run of the current version was queued (its engine, profile or model
+    deployment became ready after their latest run of the pinned version was queued (its engine, profile or model
     changed since), with no run of it queued or running."""
     route = autopilot.route
-    version = autopilot.eval_set.current()
+    version = autopilot.eval_version
     on_route = set(route.routechannel_set.values_list("channel_id", flat=True))
     due = []
     for channel in Channel.objects.filter(team=route.team, enabled=True, deployment__isnull=False).select_related(
@@ -234,8 +247,8 @@ def rechecks_due(autopilot):
         deployment = channel.deployment
         if deployment.state != DeploymentState.READY or deployment.ready_at is None:
             continue
-        runs = EvalRun.objects.filter(eval_version__eval_set=autopilot.eval_set, candidate__kind="channel",
-                                      candidate__id=channel.pk)
+        runs = evidence_runs(route.team_id).filter(eval_version__eval_set=autopilot.eval_set,
+                                                   candidate__kind="channel", candidate__id=channel.pk)
         if channel.pk not in on_route and not runs.exists():
             continue  # a candidate the team has not judged on this set: its first run is the team's to start
         if runs.filter(state__in=list(EvalRun.ACTIVE_STATES)).exists():
@@ -252,7 +265,7 @@ def autopilot_recheck(autopilot):
     for channel in rechecks_due(autopilot):
         try:
             queued.append(eval_run_launch(team=autopilot.route.team, user=None, eval_set=autopilot.eval_set,
-                                          candidate=f"channel:{channel.pk}"))
+                                          version=autopilot.eval_version, candidate=f"channel:{channel.pk}"))
         except ValidationError as error:
             log.warning("autopilot of %s: no re-check of %s: %s", autopilot.route.model_name, channel.name,
                         " ".join(error.messages))
@@ -353,7 +366,8 @@ def _flag(autopilot, review):
 def autopilots_review():
     """Review every route's autopilot that has a set (hourly on beat): each acts once per new proposal."""
     reviews = []
-    for autopilot in Autopilot.objects.filter(eval_set__isnull=False).select_related("route__team", "eval_set"):
+    for autopilot in Autopilot.objects.filter(eval_set__isnull=False, eval_version__isnull=False).select_related(
+            "route__team", "eval_set", "eval_version"):
         autopilot_recheck(autopilot)
         reviews.append(autopilot_act(autopilot))
     return reviews

@@ -26,8 +26,11 @@ from panel.evaluations.models import EvalSet
 
 class AutopilotForm(forms.Form):
     eval_set = forms.ModelChoiceField(queryset=EvalSet.objects.none(), required=False, label="Evaluation set",
-                                      help_text="Candidates are judged on its current version; run it on the route "
-                                                "itself too, for the cost a candidate must beat.")
+                                      help_text="Candidates are judged on the version pinned here; run it on the "
+                                                "route itself too, for the cost a candidate must beat.")
+    pin_newest = forms.BooleanField(required=False, label="Judge by the set's newest version",
+                                    help_text="Without it the version pinned stays: a version saved later (by "
+                                              "anyone who may edit sets) changes nothing until an admin pins it.")
     min_pass_rate = forms.FloatField(min_value=0.01, max_value=1, initial=0.9, label="Pass rate needed",
                                      help_text="Of the set's cases, and of the shadow copies (0.9: nine in ten).")
     max_drop = forms.FloatField(min_value=0, max_value=1, initial=0.05, label="Less than the route, at most",
@@ -73,7 +76,7 @@ def route_autopilot_settings(request, route_id):
         try:
             autopilot_save(route=route, user=request.user, eval_set=data["eval_set"],
                            min_pass_rate=data["min_pass_rate"], min_shadow_copies=data["min_shadow_copies"],
-                           max_drop=data["max_drop"],
+                           max_drop=data["max_drop"], pin_newest=data["pin_newest"],
                            start_canary=data["start_canary"], request=request)
         except ValidationError as error:
             errors_into(form, error)

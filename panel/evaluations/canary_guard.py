@@ -1,10 +1,11 @@
 """The autopilot's guard on a canary: the route's evaluation set, run on the candidate, with the autopilot's
 thresholds. When a canary starts on a route whose autopilot has a set (proposed by the autopilot or started by a
-person), a run of the set's current version on the candidate is queued in the same transaction and the canary is
-held (`Route.canary_hold`: no step up by itself) until that run passes; a run that falls short rolls the canary
-back, in words that name the set; a run that fails holds it with the reason (a person may still promote with an
-override, which the audit log keeps). The gateway's own guards (JSON failures, errors, P99) keep running beside it
-(channels/canary.py)."""
+person), a run of the set's version an admin pinned on the autopilot is queued on the candidate in the same
+transaction and the canary is held (`Route.canary_hold`: no step up by itself) until that run passes; a run that
+falls short rolls the canary back, in words that name the set; a run that fails holds it with the reason (a person
+may still promote with an override, which the audit log keeps). Only runs of the pinned version that the guard or
+an admin started decide (runs.evidence_runs): a member's new version, or a member's run, decides nothing. The
+gateway's own guards (JSON failures, errors, P99) keep running beside it (channels/canary.py)."""
 import logging
 
 from django.core.exceptions import ValidationError
@@ -14,7 +15,7 @@ from django.dispatch import receiver
 from panel.channels import canary
 from panel.channels.models import CanaryState, Route
 from panel.evaluations.models import Autopilot, EvalRun
-from panel.evaluations.runs import eval_run_launch
+from panel.evaluations.runs import eval_run_launch, evidence_runs
 from panel.jobs.models import JobState
 
 log = logging.getLogger(__name__)
@@ -22,13 +23,15 @@ log = logging.getLogger(__name__)
 
 @receiver(canary.canary_started, dispatch_uid="evaluations.canary_guard")
 def hold_until_the_set_passes(sender, *, route, channel, actor=None, request=None, **kwargs):
-    autopilot = Autopilot.objects.filter(route=route, eval_set__isnull=False).select_related("eval_set").first()
+    autopilot = (Autopilot.objects.filter(route=route, eval_set__isnull=False, eval_version__isnull=False)
+                 .select_related("eval_set", "eval_version").first())
     if autopilot is None:
         return
     name = autopilot.eval_set.name
     try:
         run = eval_run_launch(team=route.team, user=actor or getattr(request, "user", None),
-                              eval_set=autopilot.eval_set, candidate=f"channel:{channel.pk}")
+                              eval_set=autopilot.eval_set, version=autopilot.eval_version,
+                              candidate=f"channel:{channel.pk}")
     except ValidationError as error:
         hold = f"the evaluation set “{name}” cannot run on {channel.name}: {' '.join(error.messages)}"
     else:
@@ -39,16 +42,18 @@ def hold_until_the_set_passes(sender, *, route, channel, actor=None, request=Non
 
 
 def after_run(run_id):
-    """A run has ended: judge the canaries it guards (their candidate, the autopilot's set and current version, run
-    after the canary started)."""
+    """A run has ended: judge the canaries it guards (their candidate, the autopilot's pinned version, run after the
+    canary started, by the guard or an admin)."""
     run = EvalRun.objects.select_related("eval_version__eval_set").filter(pk=run_id).first()
     if run is None or run.candidate.get("kind") != "channel" or not run.is_final:
+        return
+    if not evidence_runs(run.team_id).filter(pk=run.pk).exists():
         return
     routes = Route.objects.filter(canary_state=CanaryState.RUNNING, canary_channel_id=run.candidate.get("id"),
                                   canary_started_at__lte=run.created_at).exclude(canary_hold="")
     for route in routes.select_related("canary_channel", "team"):
-        autopilot = Autopilot.objects.filter(route=route, eval_set=run.eval_version.eval_set).first()
-        if autopilot is not None and run.eval_version_id == autopilot.eval_set.current().pk:
+        autopilot = Autopilot.objects.filter(route=route, eval_version=run.eval_version_id).first()
+        if autopilot is not None:
             _judge(route, autopilot, run)
 
 
@@ -71,8 +76,9 @@ def _judge(route, autopilot, run):
 def shortfall_words(autopilot, run):
     """Why the run falls short of the autopilot's thresholds ("" when it passes), against the route's own latest
     run on the same version."""
-    own = (EvalRun.objects.filter(eval_version=run.eval_version, state=JobState.SUCCEEDED, candidate__kind="route",
-                                  candidate__id=autopilot.route_id).order_by("-finished_at", "-pk").first())
+    own = (evidence_runs(autopilot.route.team_id)
+           .filter(eval_version=run.eval_version, state=JobState.SUCCEEDED, candidate__kind="route",
+                   candidate__id=autopilot.route_id).order_by("-finished_at", "-pk").first())
     return threshold_words(autopilot, run.result.get("pass_rate") or 0,
                            own.result.get("pass_rate") if own is not None else None)
 

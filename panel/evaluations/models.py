@@ -69,6 +69,10 @@ class Autopilot(models.Model):
 
     route = models.OneToOneField("channels.Route", on_delete=models.CASCADE, related_name="autopilot")
     eval_set = models.ForeignKey(EvalSet, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The version of the set an admin pinned: the evidence the autopilot and a canary's guard go by. A version a
+    # member saves later changes nothing until an admin pins it (autopilot_save).
+    eval_version = models.ForeignKey(EvalSetVersion, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+")
     min_pass_rate = models.FloatField(default=0.9)  # of the set's cases, and of the shadow copies
     max_drop = models.FloatField(default=0.05)  # a candidate passes at most this much less of the set than the route
     min_shadow_copies = models.PositiveIntegerField(default=20)  # 0: the set alone decides

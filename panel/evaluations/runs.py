@@ -15,7 +15,10 @@ from decimal import Decimal
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 
+from panel.accounts.models import Membership
+from panel.accounts.roles import role_for
 from panel.channels.models import Channel, ChannelKind
 from panel.compare.relay import stream_chat
 from panel.compare.services import CompareError, column_resolve, column_spec
@@ -38,15 +41,16 @@ def helper_channels(cases):
                    if check["type"] in ("agrees", "judge") and "channel" in check})
 
 
-def eval_run_launch(*, team, user, eval_set, candidate):
-    """Queue a run of the set's current version on `candidate` ("channel:3" or "route:5") on the long queue;
+def eval_run_launch(*, team, user, eval_set, candidate, version=None):
+    """Queue a run of `version` of the set (its current one when None) on `candidate` ("channel:3" or "route:5") on
+    the long queue;
     ValidationError, saving nothing, for an unknown or disabled candidate or a reference or judge channel the team
     does not have enabled, LongRunsFull while the team has as many long runs as it may."""
     try:
         spec = column_spec(team=team, key=candidate, field="candidate")
     except CompareError as error:
         raise ValidationError({"candidate": [str(error)]}) from None
-    version = eval_set.current()
+    version = version or eval_set.current()
     enabled = set(Channel.objects.filter(team=team, enabled=True).values_list("name", flat=True))
     missing = [name for name in helper_channels(version.cases) if name not in enabled]
     if missing:
@@ -184,11 +188,23 @@ def summary(results):
             "p95_ms": round(times[min(len(times) - 1, int(0.95 * len(times)))], 1) if times else None}
 
 
-def candidates_ranked(version):
-    """The latest finished run of each candidate on `version`, cheapest accepted answer first (a candidate that
-    passed nothing last, by pass rate): the comparison the autopilot decides from."""
+def evidence_runs(team):
+    """The runs that may judge a canary or the autopilot's candidates: those the panel queued itself (a canary's
+    guard, the autopilot's re-checks) and those an admin started. A member's run is theirs to read, never evidence:
+    rerun until one is lucky, it would decide an admin's canary."""
+    role = role_for("autopilot.manage")
+    admins = [membership.user_id for membership in Membership.objects.filter(team=team) if membership.allows(role)]
+    return EvalRun.objects.filter(team=team).filter(Q(created_by__isnull=True) | Q(created_by__in=admins))
+
+
+def candidates_ranked(version, *, evidence_only=False):
+    """The latest finished run of each candidate on `version` (with `evidence_only`, of the evidence_runs: the
+    comparison the autopilot decides from), cheapest accepted answer first (a candidate that passed nothing last,
+    by pass rate)."""
     latest = {}
-    for run in version.runs.filter(state=JobState.SUCCEEDED).order_by("-finished_at", "-pk"):
+    runs = (evidence_runs(version.eval_set.team_id) if evidence_only else EvalRun.objects).filter(
+        eval_version=version, state=JobState.SUCCEEDED)
+    for run in runs.order_by("-finished_at", "-pk"):
         latest.setdefault((run.candidate.get("kind"), run.candidate.get("id")), run)
 
     def order(run):

