@@ -8,7 +8,9 @@ kept for the next request. Not aiohttp's client: on a Zen 4 EPYC, aiohttp's requ
   takes it (INFLATE_STEP at a time: a small compressed body that decodes to gigabytes never sits in memory whole),
   and `read(limit)` stops past a size (`BodyTooLarge`);
 - connections kept per event loop, outbound policy, scheme, host and port, and reused only after a complete
-  response that did not ask to close; a kept connection lost within RESEND_WITHIN_SECONDS of sending, before any
+  response that did not ask to close; a kept connection is closed once idle for KEEP_IDLE_SECONDS (or a second
+  before the server's own Keep-Alive timeout, where it states one), and at most KEEP_PER_ORIGIN are kept (the oldest
+  closed); a kept connection lost within RESEND_WITHIN_SECONDS of sending, before any
   byte of its response, is tried once more on a new one (the server closed it while it was idle: its close crossed
   the request, which it never read); lost later, the server may have read the request and worked on it, and a
   second copy could be charged twice: that is an error for the caller (the route's fallback decides);
@@ -19,6 +21,7 @@ kept for the next request. Not aiohttp's client: on a Zen 4 EPYC, aiohttp's requ
   the caller bounds the wait for the response's headers."""
 import asyncio
 import ipaddress
+import re
 import socket
 import ssl
 import time
@@ -30,7 +33,8 @@ import httptools
 from panel.core import outbound
 
 DNS_CACHE_SECONDS = 60
-KEEP_IDLE_SECONDS = 30  # a kept connection idle longer than this is closed rather than reused
+KEEP_IDLE_SECONDS = 30  # a kept connection idle longer than this is closed
+KEEP_PER_ORIGIN = 32  # idle connections kept per origin (after a burst): past it the oldest is closed
 RESEND_WITHIN_SECONDS = 0.25  # a kept connection's close this soon after sending crossed the request on the wire
 PAUSE_AT_BYTES = 256 * 1024  # a response read ahead of its consumer by this much stops reading from the socket
 INFLATE_STEP = 64 * 1024  # the most decoded bytes of a compressed body one readany() makes
@@ -183,8 +187,9 @@ class Response:
         """Done with it: a whole response on a connection that may stay open keeps the connection for the next
         request; anything else closes it."""
         self._stop_timer()
-        if self.complete and self.keep_alive and not self.connection.closed:
-            self.connection.keep()
+        idle_limit = kept_idle_limit(self.headers)
+        if self.complete and self.keep_alive and not self.connection.closed and idle_limit > 0:
+            self.connection.keep(idle_limit)
         else:
             self.connection.close()
 
@@ -240,10 +245,20 @@ class Response:
             self._timer = None
 
 
+def kept_idle_limit(headers):
+    """How long a connection may wait idle for the next request: KEEP_IDLE_SECONDS, or a second less than the
+    server says it waits (`Keep-Alive: timeout=N`), so the server's close never crosses a request."""
+    stated = re.search(r"timeout\s*=\s*(\d+)", headers.get("keep-alive", ""))
+    if stated is None:
+        return KEEP_IDLE_SECONDS
+    seconds = int(stated.group(1))
+    return min(KEEP_IDLE_SECONDS, max(seconds - 1, seconds / 2))
+
+
 class Connection(asyncio.Protocol):
     def __init__(self, pool_key):
         self.pool_key, self.transport, self.response = pool_key, None, None
-        self.closed, self.idle_since = False, 0.0
+        self.closed, self.idle_since, self.idle_limit, self.idle_timer = False, 0.0, KEEP_IDLE_SECONDS, None
 
     def connection_made(self, transport):
         self.transport = transport
@@ -259,18 +274,36 @@ class Connection(asyncio.Protocol):
         if self.response is not None:
             self.response.lost()
 
-    def keep(self):
+    def keep(self, idle_limit):
+        """Keep it for the next request to its origin, closed if none comes within `idle_limit` seconds."""
         self.response = None
-        self.idle_since = time.monotonic()
-        for loop in [loop for loop in _idle if loop.is_closed()]:  # a finished asyncio.run's connections
-            del _idle[loop]
-        kept = _idle.setdefault(asyncio.get_running_loop(), {}).setdefault(self.pool_key, [])
-        if len(kept) >= 32:  # after a burst: drop those the server has closed since
+        self.idle_since, self.idle_limit = time.monotonic(), idle_limit
+        loop = asyncio.get_running_loop()
+        for other in [other for other in _idle if other.is_closed()]:  # a finished asyncio.run's connections
+            del _idle[other]
+        kept = _idle.setdefault(loop, {}).setdefault(self.pool_key, [])
+        if len(kept) >= KEEP_PER_ORIGIN:  # after a burst: drop those the server has closed since, then the oldest
             kept[:] = [connection for connection in kept if not connection.closed]
+            while len(kept) >= KEEP_PER_ORIGIN:
+                kept.pop(0).close()
         kept.append(self)
+        self.idle_timer = loop.call_later(idle_limit, self.idle_too_long, kept)
+
+    def taken(self):
+        """Out of the kept ones, for a request."""
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+
+    def idle_too_long(self, kept):
+        self.idle_timer = None
+        if self in kept:
+            kept.remove(self)
+        self.close()
 
     def close(self):
         self.closed = True
+        self.taken()
         if self.transport is not None:
             self.transport.close()
 
@@ -324,7 +357,8 @@ def _kept(pool_key):
     now = time.monotonic()
     while kept:
         connection = kept.pop()
-        if not connection.closed and now - connection.idle_since < KEEP_IDLE_SECONDS:
+        connection.taken()
+        if not connection.closed and now - connection.idle_since < connection.idle_limit:
             return connection
         connection.close()
     return None

@@ -34,6 +34,7 @@ class Server:
 
     def __init__(self):
         self.answers, self.connections, self.requests = [], 0, []
+        self.closed_by_client = 0  # connections the client closed between requests
 
     async def start(self):
         self.server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
@@ -60,7 +61,10 @@ class Server:
                     else:
                         writer.write(part)
                         await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except asyncio.IncompleteReadError as error:
+            self.closed_by_client += not error.partial
+            writer.close()
+        except ConnectionError:
             writer.close()
 
 
@@ -330,3 +334,49 @@ def test_an_attempt_that_cannot_be_sent_says_why_and_is_not_retried(settings):
     assert refused[:2] == ("refused", False) and "loopback" in refused[2]
     broken_key = run(lambda server: attempt(server, "k\r\nx-injected: 1", True))
     assert broken_key[:2] == ("misconfigured", False) and "line break" in broken_key[2]
+
+
+def test_a_kept_connection_idle_past_the_bound_is_closed(monkeypatch):
+    monkeypatch.setattr(http_client, "KEEP_IDLE_SECONDS", 0.3)
+
+    async def scenario(server):
+        server.answers = [sized(b"one")]
+        response = await post(server)
+        await response.read()
+        response.release()  # kept
+        await asyncio.sleep(0.8)
+        return server.closed_by_client, dict(http_client._idle.get(asyncio.get_running_loop(), {}))
+
+    closed, kept = run(scenario)
+    assert closed == 1 and not any(kept.values())
+
+
+def test_a_kept_connection_is_closed_before_the_servers_own_keep_alive_timeout():
+    async def scenario(server):
+        server.answers = [OK_HEAD + b"keep-alive: timeout=2, max=100\r\ncontent-length: 3\r\n\r\none"]
+        response = await post(server)
+        await response.read()
+        response.release()
+        await asyncio.sleep(1.3)  # the server would close at 2 s: the client closes first, a second before it
+        return server.closed_by_client
+
+    assert run(scenario) == 1
+    assert http_client.kept_idle_limit({"keep-alive": "timeout=5"}) == 4
+    assert http_client.kept_idle_limit({}) == http_client.KEEP_IDLE_SECONDS
+
+
+def test_at_most_a_few_connections_are_kept_per_origin(monkeypatch):
+    monkeypatch.setattr(http_client, "KEEP_PER_ORIGIN", 3, raising=False)
+
+    async def scenario(server):
+        server.answers = [sized(b"x") for _ in range(8)]
+        responses = await asyncio.gather(*(post(server) for _ in range(8)))  # a burst: eight connections
+        for response in responses:
+            await response.read()
+            response.release()
+        await asyncio.sleep(0.2)
+        kept = http_client._idle[asyncio.get_running_loop()]
+        return server.connections, server.closed_by_client, sum(len(connections) for connections in kept.values())
+
+    connections, closed, kept = run(scenario)
+    assert (connections, kept, closed) == (8, 3, 5)
