@@ -247,6 +247,11 @@ GATEWAY_BACKOFF_BASE_SECONDS = envint("TOKENWISE_GATEWAY_BACKOFF_BASE_MS", 200, 
 # (upstream_too_large). A Responses stream's last event repeats the whole answer: hence 4 MiB for an event.
 GATEWAY_MAX_ANSWER_BYTES = envint("TOKENWISE_GATEWAY_MAX_ANSWER_BYTES", 16 * 1024 * 1024, minimum=64 * 1024)
 GATEWAY_MAX_EVENT_BYTES = envint("TOKENWISE_GATEWAY_MAX_EVENT_BYTES", 4 * 1024 * 1024, minimum=16 * 1024)
+# What a request may have the provider do with the channel's key beyond answering (panel/gateway/provider_tools.py):
+# off, MCP servers, code execution, web fetch and file search are refused (400) and only known betas go on.
+GATEWAY_PROVIDER_TOOLS = envbool("TOKENWISE_GATEWAY_PROVIDER_TOOLS", False)
+# The distinct request tags a team may use a day (panel/usage/tags.py): a new one past it is refused (400).
+TEAM_TAGS_PER_DAY = envint("TOKENWISE_TEAM_TAGS_PER_DAY", 1000, minimum=1)
 BUDGET_CACHE_SECONDS = envint("TOKENWISE_BUDGET_CACHE_SECONDS", 5, minimum=0)  # a budget change applies within this
 BUDGET_RECONCILE_SECONDS = envint("TOKENWISE_BUDGET_RECONCILE_SECONDS", 60, minimum=1)
 # The ledger check (panel/dashboards/ledger.py): each whole hour, engines against usage rows.

@@ -10,7 +10,7 @@ import json
 from django.conf import settings
 
 from panel.core import safejson
-from panel.gateway import deferred_tools, messages_api, translation
+from panel.gateway import deferred_tools, messages_api, provider_tools, translation
 from panel.gateway.upstream import UpstreamError, upstream_body
 
 CHAT, COMPLETIONS, MESSAGES, RESPONSES, EMBEDDINGS = "chat", "completions", "messages", "responses", "embeddings"
@@ -94,7 +94,8 @@ class Passage:
     def __init__(self, client_api, body, betas=""):
         self.client_api = client_api
         self.body = body
-        self.betas = betas  # a Messages client's anthropic-beta header, passed on with its body
+        # a Messages client's anthropic-beta header, passed on with its body: the betas that reach nothing else
+        self.betas, self.betas_dropped = provider_tools.betas_passed(betas)
         self.model = body["model"]
         self.stream = bool(body.get("stream"))
         self._translated = {}  # upstream API -> the translated body (the model id set per channel)
@@ -154,6 +155,8 @@ class Passage:
             if self.client_api == MESSAGES:
                 changes += [f"{name} dropped" for name in translation.dropped_for_chat(self.body)]
                 changes += deferred_tools.held_words(self.body)
+        if api == MESSAGES and self.client_api == MESSAGES and self.betas_dropped:
+            changes.append(f"anthropic-beta {', '.join(self.betas_dropped)} dropped")
         changes += clamp_to_context(payload, target)
         self.adapted[target.id] = changes
         if stream and self.continuous_usage(target, api):

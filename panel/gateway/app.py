@@ -13,7 +13,7 @@ from django.utils import timezone
 from panel.channels import rules
 from panel.channels.routing import model_names, route_for
 from panel.core import outbound, safejson
-from panel.gateway import admission, fingerprint, messages_api, token_count
+from panel.gateway import admission, fingerprint, messages_api, provider_tools, token_count
 from panel.gateway.apis import Passage
 from panel.gateway.balancing import BALANCER
 from panel.gateway.exchange import Exchange
@@ -185,7 +185,14 @@ async def application(scope, receive, send):
             raise ClientError(405, "use POST", code="method_not_allowed")
         exchange.key = await authenticate(scope, endpoint in ANTHROPIC_ENDPOINTS)
         body = parse_request(await read_body(receive, settings.GATEWAY_MAX_BODY_BYTES), endpoint)
+        refusal = provider_tools.body_refusal(body)
+        if refusal:
+            raise ClientError(400, refusal, code="provider_tool_refused")
         tags = take_tags(scope, body)
+        try:
+            await request_tags.tags_admit(exchange.key.team_id, tags)
+        except request_tags.TagError as error:
+            raise ClientError(400, str(error), code="too_many_tags") from None
         exchange.fields["tags"] = exchange.tags = request_tags.tags_stored(tags)
         exchange.fields.update(fingerprint.system_prompt_hashes(body))  # hashes only, never the prompt
         exchange.fields.update(model=body["model"][:200], stream=bool(body.get("stream")),

@@ -137,10 +137,8 @@ def test_refusals_have_anthropic_error_shapes_the_sdk_raises(gateway, setup, ant
         client.messages.create(model="nobody", max_tokens=5, messages=REVIEW)
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         client.messages.create(model="claude", max_tokens=0, messages=REVIEW)
-    with pytest.raises(anthropic.BadRequestError, match="'mcp_servers' has no counterpart in chat completions"):
-        client.messages.create(model="local", max_tokens=50, messages=REVIEW,
-                               extra_body={"mcp_servers": [{"type": "url", "url": "https://mcp.example.com",
-                                                            "name": "tickets"}]})
+    with pytest.raises(anthropic.BadRequestError, match="'service_tier' has no counterpart in chat completions"):
+        client.messages.create(model="local", max_tokens=50, messages=REVIEW, extra_body={"service_tier": "auto"})
     _, narrow = key_issue(team=setup["team"], user=None, name="narrow", allowed_models=["local"])
     with pytest.raises(anthropic.PermissionDeniedError):
         client_for(gateway, narrow).messages.create(model="claude", max_tokens=5, messages=REVIEW)

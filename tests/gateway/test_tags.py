@@ -77,3 +77,27 @@ def test_a_messages_request_keeps_its_user_id_and_loses_its_tags_on_the_way_upst
                       json={"model": "claude", "messages": [{"role": "user", "content": "hi"}],
                             "metadata": {"tags": ["agents"]}}).status_code == 200
     assert "metadata" not in claude.requests[-1].json
+
+
+@pytest.fixture
+def few_tags(transactional_db, request):
+    from tests.support.gateway import gateway_for
+
+    yield from gateway_for(request, TOKENWISE_TEAM_TAGS_PER_DAY="3")
+
+
+def test_a_team_past_its_distinct_tags_of_the_day_is_refused_a_new_one_and_keeps_its_own(few_tags, setup, primary):
+    def tagged(tags):
+        return httpx.post(f"{few_tags.url}/v1/chat/completions", json=CHAT, timeout=30,
+                          headers={"Authorization": f"Bearer {setup['raw']}", "x-tokenwise-tags": tags})
+
+    assert tagged("a,b").status_code == 200 and tagged("c").status_code == 200
+    sent = len(primary.requests)
+    refused = tagged("a,d")
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "too_many_tags"
+    assert "used its 3 distinct tags of the day" in error["message"] and "'d'" in error["message"]
+    assert len(primary.requests) == sent  # nothing went upstream
+    assert tagged("b,a").status_code == 200  # the day's tags are still served
+    assert [row.status_code for row in records(4)] == [200, 200, 400, 200]
