@@ -20,11 +20,13 @@ FAILED_JOBS_SHOWN = 5
 JOB_PAGES = {"registry.quantizationjob": "quantization_job", "registry.evaluationjob": "evaluation_job",
              "registry.ggufimportjob": "gguf_import_job", "serving.deployment": "deployment_detail",
              "benchmarks.benchmarkrun": "benchmark_run", "benchmarks.ladder": "benchmark_ladder",
-             "benchmarks.sweep": "benchmark_sweep", "hosts.enginecheck": "engine_check"}
+             "benchmarks.sweep": "benchmark_sweep", "hosts.enginecheck": "engine_check",
+             "dashboards.statementimport": "statement_import_detail"}
 JOB_NAMES = {"registry.quantizationjob": "Quantization", "registry.evaluationjob": "Quality report",
              "registry.ggufimportjob": "GGUF import", "registry.modelcheckjob": "Model check",
              "serving.deployment": "Deployment", "benchmarks.benchmarkrun": "Benchmark",
-             "benchmarks.ladder": "Config ladder", "benchmarks.sweep": "Sweep", "hosts.enginecheck": "Engine check"}
+             "benchmarks.ladder": "Config ladder", "benchmarks.sweep": "Sweep", "hosts.enginecheck": "Engine check",
+             "dashboards.statementimport": "Statement import"}
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ scraped from each ready deployment's /metrics. The pages read these tables only,
 from django.conf import settings
 from django.db import models
 
+from panel.jobs.models import Job
+
 # Upper bounds (ms) of the fixed histogram buckets for TTFT and end-to-end latency; the last bucket is open.
 # Percentiles come from these buckets, so a rollup row answers them without the raw records.
 BUCKET_BOUNDS_MS = (25, 50, 100, 200, 300, 500, 750, 1000, 1500, 2000, 3000, 5000, 10000, 20000, 60000)
@@ -109,6 +111,22 @@ class ProviderStatement(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-pk"]
+
+
+class StatementImport(Job):
+    """A provider's usage export waiting to be read, or read (a `Job` on the default queue: the web process only
+    checks the file as a whole; the task reads every cell and compares, panel/dashboards/statements.py). `payload`
+    is the file's text until the import ends; `statement` what it saved."""
+
+    channel = models.ForeignKey("channels.Channel", null=True, on_delete=models.SET_NULL, related_name="+")
+    channel_name = models.CharField(max_length=100)
+    file_name = models.CharField(max_length=200)
+    payload = models.TextField(blank=True)
+    statement = models.OneToOneField(ProviderStatement, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+")
+
+    class Meta(Job.Meta):
+        verbose_name = "statement import"
 
 
 class RollupWatermark(models.Model):

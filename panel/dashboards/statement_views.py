@@ -10,8 +10,8 @@ from panel.accounts.roles import may
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.channels.models import Channel
-from panel.dashboards.models import ProviderStatement
-from panel.dashboards.statements import MAX_BYTES, TOLERANCE_PERCENT, StatementError, statement_import
+from panel.dashboards.models import ProviderStatement, StatementImport
+from panel.dashboards.statements import MAX_BYTES, TOLERANCE_PERCENT, StatementError, statement_queue
 
 
 class StatementForm(forms.Form):
@@ -30,7 +30,8 @@ def _page(request, form=None, status=200):
     return render(request, "dashboards/statements.html", {
         "form": form or StatementForm(team=request.team), "tolerance": TOLERANCE_PERCENT,
         "can_import": may(request.membership, "statements.import"),
-        "statements": ProviderStatement.objects.filter(team=request.team)[:20]}, status=status)
+        "statements": ProviderStatement.objects.filter(team=request.team)[:20],
+        "imports": StatementImport.objects.filter(team=request.team, statement__isnull=True)[:5]}, status=status)
 
 
 @team_view("usage.view")
@@ -46,17 +47,27 @@ def statement_upload(request):
         return _page(request, form, status=400)
     upload = form.cleaned_data["file"]
     try:
-        statement = statement_import(team=request.team, channel=form.cleaned_data["channel"],
-                                     payload=upload.read(MAX_BYTES + 1), file_name=upload.name, user=request.user)
+        job = statement_queue(team=request.team, channel=form.cleaned_data["channel"],
+                              payload=upload.read(MAX_BYTES + 1), file_name=upload.name, user=request.user)
     except StatementError as error:
         form.add_error("file", str(error))
         return _page(request, form, status=400)
-    audit_record(action=AuditAction.STATEMENT_IMPORTED, request=request, target=statement.channel_name,
-                 file=statement.file_name, days=len(statement.lines), differing_days=statement.differing_days)
-    messages.success(request, f"Compared {len(statement.lines)} days of {statement.file_name}: "
-                              + (f"{statement.differing_days} differ by more than {TOLERANCE_PERCENT:g}%."
-                                 if statement.differing_days else "every day agrees."))
-    return redirect("statement_detail", statement_id=statement.pk)
+    audit_record(action=AuditAction.STATEMENT_IMPORTED, request=request, target=job.channel_name,
+                 file=job.file_name, import_id=job.pk)
+    return redirect("statement_import_detail", import_id=job.pk)
+
+
+@team_view("usage.view")
+def statement_import_detail(request, import_id):
+    job = get_object_or_404(StatementImport, pk=import_id, team=request.team)
+    if request.headers.get("X-Requested-With") == "fetch":  # the page's live region (static/js/live.js)
+        return render(request, "dashboards/_statement_import.html", {"job": job})
+    if job.statement_id:
+        messages.success(request, f"Compared {len(job.statement.lines)} days of {job.file_name}: "
+                                  + (f"{job.statement.differing_days} differ by more than {TOLERANCE_PERCENT:g}%."
+                                     if job.statement.differing_days else "every day agrees."))
+        return redirect("statement_detail", statement_id=job.statement_id)
+    return render(request, "dashboards/statement_import.html", {"job": job})
 
 
 @team_view("usage.view")

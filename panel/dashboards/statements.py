@@ -10,17 +10,23 @@ tokens, as that export does; OpenAI's input_cached_tokens is part of its input_t
 hold both, so each export is read into the same sum. With a `model` column, only the lines of the channel's model
 (its name, or a dated version of it) are counted: one provider account often pays for more than the gateway.
 
-The whole file is read and checked before anything is written: a bad line is refused with its line number."""
+The web process checks only the file as a whole (its size, UTF-8, the header's columns: statement_queue) and queues
+a StatementImport; a task on the default queue reads every cell and compares (statement_import_run). Numbers are
+matched by a strict pattern before any conversion (no exponent, at most MAX_DIGITS whole digits): `1e1000000`
+would take Decimal half a minute. The whole file is read and checked before anything is written: a bad cell is
+refused with its line and its column."""
 import csv
 import io
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import Count, Q, Sum
 
+from panel.jobs.services import job_claim, job_created, job_enqueue, job_fail, job_succeed
 from panel.usage.models import RequestLog
 
 TOLERANCE_PERCENT = 1.0
@@ -28,6 +34,13 @@ MAX_BYTES = 5 * 1024 * 1024
 MAX_LINES = 200_000
 MAX_DAYS = 400
 MAX_ERRORS = 10
+MAX_DIGITS = 15  # whole digits of a count or an amount
+MAX_DECIMALS = 12  # of an amount
+# Digits, optionally grouped by thousands; an amount may start with $ and have decimals; nothing else (no sign, no
+# exponent). Matched before any conversion, so a cell's cost is bounded by its length.
+_WHOLE_DIGITS = rf"(?:\d{{1,{MAX_DIGITS}}}|\d{{1,3}}(?:,\d{{3}}){{1,4}})"
+_COUNT = re.compile(rf"{_WHOLE_DIGITS}(?:\.0{{1,{MAX_DECIMALS}}})?")
+_AMOUNT = re.compile(rf"\$?{_WHOLE_DIGITS}(?:\.\d{{1,{MAX_DECIMALS}}})?|\$?\.\d{{1,{MAX_DECIMALS}}}")
 
 # What each figure may be called in a provider's export (lower case, spaces as underscores).
 COLUMNS = {
@@ -44,7 +57,11 @@ CACHE_BESIDE_INPUT = ("cache_read_tokens", "cache_read_input_tokens", "cache_cre
 
 
 class StatementError(ValueError):
-    """A file that cannot be read as a usage export; the message lists what is wrong, by line."""
+    """A file that cannot be read as a usage export; the message lists what is wrong, by line and column."""
+
+
+class CellError(ValueError):
+    """A cell that is not what its column holds; the message says what it is not."""
 
 
 @dataclass
@@ -62,6 +79,7 @@ class ParsedExport:
     left_out: int = 0  # lines of other models
     has_requests: bool = False
     has_cost: bool = False
+    header: list = field(default_factory=list)
     errors: list = field(default_factory=list)
 
 
@@ -84,20 +102,22 @@ def _day(text):
 
 
 def _whole(text):
-    text = text.strip().replace(",", "")
+    text = text.strip()
     if text == "":
         return 0
-    value = Decimal(text)
-    if value < 0 or value != value.to_integral_value():
-        raise InvalidOperation
-    return int(value)
+    if not _COUNT.fullmatch(text):
+        raise CellError(f"not a whole number of 0 or more (at most {MAX_DIGITS} digits)")
+    return int(text.split(".")[0].replace(",", ""))
 
 
 def _money(text):
-    value = Decimal(text.strip().replace(",", "").lstrip("$") or "0")
-    if value < 0 or not value.is_finite():
-        raise InvalidOperation
-    return value
+    text = text.strip()
+    if text == "":
+        return Decimal(0)
+    if not _AMOUNT.fullmatch(text):
+        raise CellError(f"not an amount of 0 or more (digits, at most {MAX_DIGITS} before the point and "
+                        f"{MAX_DECIMALS} after it, without an exponent)")
+    return Decimal(text.lstrip("$").replace(",", ""))
 
 
 def _matches(model, model_id):
@@ -105,9 +125,8 @@ def _matches(model, model_id):
     return model == model_id or (model.startswith(model_id + "-") and model[len(model_id) + 1:][:1].isdigit())
 
 
-def export_parse(payload, *, model_id):
-    """A provider's usage export (bytes or text) summed per UTC day, or StatementError naming every bad line (the
-    first MAX_ERRORS)."""
+def export_text(payload):
+    """The export's text (from bytes or text), or StatementError for a file too large or not UTF-8."""
     if isinstance(payload, bytes):
         if len(payload) > MAX_BYTES:
             raise StatementError(f"The file is larger than {MAX_BYTES // (1024 * 1024)} MB; export fewer days.")
@@ -115,7 +134,13 @@ def export_parse(payload, *, model_id):
             payload = payload.decode("utf-8-sig")
         except UnicodeDecodeError:
             raise StatementError("The file is not UTF-8 text: export it as CSV.") from None
-    reader = csv.reader(io.StringIO(payload))
+    if len(payload) > MAX_BYTES:
+        raise StatementError(f"The file is larger than {MAX_BYTES // (1024 * 1024)} MB; export fewer days.")
+    return payload
+
+
+def export_columns(reader):
+    """(header, names, {figure: index}) of the export's first line, or StatementError for a missing column."""
     try:
         header = next(reader)
     except (StopIteration, csv.Error):
@@ -128,8 +153,24 @@ def export_parse(payload, *, model_id):
         raise StatementError(f"No column for {'; '.join(missing)}. Columns found: {', '.join(header[:20])}. "
                              f"A day is one of {', '.join(COLUMNS['time'])}; input tokens one of "
                              f"{', '.join(COLUMNS['input'])}; output tokens one of {', '.join(COLUMNS['output'])}.")
+    return header, names, at
+
+
+def export_check(payload):
+    """The export's text when the file as a whole can be read (size, UTF-8, the columns of its header: cheap, for
+    the web process), or StatementError. Its cells are read by export_parse, in the task."""
+    text = export_text(payload)
+    export_columns(csv.reader(io.StringIO(text[:64 * 1024])))
+    return text
+
+
+def export_parse(payload, *, model_id):
+    """A provider's usage export (bytes or text) summed per UTC day, or StatementError naming every bad cell by line
+    and column (the first MAX_ERRORS)."""
+    reader = csv.reader(io.StringIO(export_text(payload)))
+    header, names, at = export_columns(reader)
     beside = [names.index(name) for name in CACHE_BESIDE_INPUT if name in names]
-    parsed = ParsedExport(days=defaultdict(DayFigures), reading=_reading(header, at, beside),
+    parsed = ParsedExport(days=defaultdict(DayFigures), reading=_reading(header, at, beside), header=header,
                           has_requests=at["requests"] is not None, has_cost=at["cost"] is not None)
     try:
         for number, row in enumerate(reader, start=2):
@@ -164,19 +205,32 @@ def _add_line(parsed, row, number, at, beside, model_id):
     try:
         day = _day(cell(at["time"]))
     except (ValueError, OverflowError, OSError):
-        parsed.errors.append(f"line {number}: {cell(at['time'])[:40]!r} is not a date or a time")
+        parsed.errors.append(f"line {number}, column {_column(parsed, at['time'])}: {cell(at['time'])[:40]!r} is "
+                             f"not a date or a time")
         return
-    try:
-        tokens = sum(_whole(cell(index)) for index in (at["input"], at["output"], *beside))
-        requests = _whole(cell(at["requests"])) if at["requests"] is not None else None
-        cost = _money(cell(at["cost"])) if at["cost"] is not None else None
-    except (InvalidOperation, ValueError):
-        parsed.errors.append(f"line {number}: a token count, request count or cost is not a number of 0 or more")
-        return
+    readings = [(index, _whole) for index in (at["input"], at["output"], *beside)]
+    readings += [(at["requests"], _whole)] if at["requests"] is not None else []
+    readings += [(at["cost"], _money)] if at["cost"] is not None else []
+    values = {}
+    for index, read in readings:
+        try:
+            values[index] = read(cell(index))
+        except CellError as error:
+            parsed.errors.append(f"line {number}, column {_column(parsed, index)}: {cell(index).strip()[:40]!r} is "
+                                 f"{error}")
+            return
+    tokens = sum(values[index] for index in (at["input"], at["output"], *beside))
+    requests = values.get(at["requests"]) if at["requests"] is not None else None
+    cost = values.get(at["cost"]) if at["cost"] is not None else None
     figures = parsed.days[day]
     figures.tokens += tokens
     figures.requests = None if requests is None else (figures.requests or 0) + requests
     figures.cost = None if cost is None else (figures.cost or Decimal(0)) + cost
+
+
+def _column(parsed, index):
+    """A column as the file's header names it (cut), for words about a cell."""
+    return parsed.header[index].strip()[:40] or f"{index + 1}"
 
 
 def _reading(header, at, beside):
@@ -258,31 +312,69 @@ def _words(tokens_difference, cost_difference, estimated):
             "tokens priced differently)")
 
 
-def statement_import(*, team, channel, payload, file_name, user=None):
-    """Read a provider's export for `channel` (a cloud channel of `team`), compare it day by day, and save it as a
-    ProviderStatement with, when any day differs, its `statement.mismatch` notification in the same transaction.
-    StatementError (nothing written) for a file that cannot be read."""
+def statement_queue(*, team, channel, payload, file_name, user=None):
+    """Check a provider's export for `channel` (a cloud channel of `team`) as a whole and queue its import: a
+    StatementImport, read by a task on the default queue (statement_import_run). StatementError (nothing written)
+    for a file that cannot be read at all; a bad cell is the import's failure, named by line and column."""
+    from panel.dashboards.models import StatementImport
+
+    if channel.team_id != team.pk or channel.kind != "remote":
+        raise StatementError("Choose one of your team's cloud channels: a provider bills those.")
+    text = export_check(payload)
+    with transaction.atomic():
+        job = StatementImport.objects.create(team=team, created_by=user, queue="default", channel=channel,
+                                             channel_name=channel.name, file_name=file_name[:200], payload=text)
+        job_created(job, actor=user, reason=f"upload of {job.file_name}")
+        job_enqueue(job, "panel.dashboards.tasks.import_statement")
+    return job
+
+
+def statement_import_run(import_id, worker):
+    """The task's body: read the queued export, compare it day by day, and save it as a ProviderStatement with, when
+    any day differs, its `statement.mismatch` notification, in the transaction that ends the import. A redelivered
+    task finds the import claimed and does nothing (None); a bad file fails the import, nothing saved."""
+    from panel.dashboards.models import StatementImport
+
+    job = StatementImport.objects.select_related("team", "channel").get(pk=import_id)
+    if not job_claim(job, worker=worker):
+        return None
+    try:
+        if job.channel is None:
+            raise StatementError("The channel was deleted before its export was read.")
+        parsed = export_parse(job.payload, model_id=job.channel.model_id)
+        lines = statement_lines(job.channel, parsed.days)
+    except StatementError as error:
+        job_fail(job, kind="bad_file", reason=str(error), event="the file cannot be read")
+        StatementImport.objects.filter(pk=job.pk).update(payload="")
+        return None
+    with transaction.atomic():
+        statement = _statement_save(job, parsed, lines)
+        if not job_succeed(job, result={"statement_id": statement.pk, "days": len(lines),
+                                        "differing_days": statement.differing_days}):
+            transaction.set_rollback(True)  # stopped meanwhile (the reaper): nothing saved
+            return None
+        StatementImport.objects.filter(pk=job.pk).update(statement=statement, payload="")
+    return statement
+
+
+def _statement_save(job, parsed, lines):
     from panel.dashboards.models import ProviderStatement
     from panel.notifications.models import EventKind
     from panel.notifications.services import notify
 
-    if channel.team_id != team.pk or channel.kind != "remote":
-        raise StatementError("Choose one of your team's cloud channels: a provider bills those.")
-    parsed = export_parse(payload, model_id=channel.model_id)
-    lines = statement_lines(channel, parsed.days)
+    team, channel = job.team, job.channel
     differing = [line for line in lines if line.words != "agrees"]
-    with transaction.atomic():
-        statement = ProviderStatement.objects.create(
-            team=team, channel=channel, channel_name=channel.name, file_name=file_name[:200], uploaded_by=user,
-            reading=parsed.reading, left_out=parsed.left_out, first_day=lines[0].day, last_day=lines[-1].day,
-            differing_days=len(differing), lines=[line.__dict__ for line in lines])
-        if differing:
-            days = ", ".join(line.day for line in differing[:5]) + (" and more" if len(differing) > 5 else "")
-            notify(team=team, kind=EventKind.STATEMENT_MISMATCH,
-                   title=f"{channel.name}: the provider's usage export differs from the usage rows on "
-                         f"{len(differing)} of {len(lines)} days ({days}): {differing[0].words}",
-                   channel_id=channel.pk, statement_id=statement.pk,
-                   days=[line.day for line in differing],
-                   differences=[{"day": line.day, "tokens_percent": line.tokens_difference,
-                                 "cost_percent": line.cost_difference} for line in differing])
+    statement = ProviderStatement.objects.create(
+        team=team, channel=channel, channel_name=channel.name, file_name=job.file_name, uploaded_by=job.created_by,
+        reading=parsed.reading, left_out=parsed.left_out, first_day=lines[0].day, last_day=lines[-1].day,
+        differing_days=len(differing), lines=[line.__dict__ for line in lines])
+    if differing:
+        days = ", ".join(line.day for line in differing[:5]) + (" and more" if len(differing) > 5 else "")
+        notify(team=team, kind=EventKind.STATEMENT_MISMATCH,
+               title=f"{channel.name}: the provider's usage export differs from the usage rows on "
+                     f"{len(differing)} of {len(lines)} days ({days}): {differing[0].words}",
+               channel_id=channel.pk, statement_id=statement.pk,
+               days=[line.day for line in differing],
+               differences=[{"day": line.day, "tokens_percent": line.tokens_difference,
+                             "cost_percent": line.cost_difference} for line in differing])
     return statement

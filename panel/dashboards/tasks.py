@@ -1,4 +1,5 @@
-"""Celery tasks of panel.dashboards: thin wrappers over its service functions (on beat, queue default)."""
+"""Celery tasks of panel.dashboards: thin wrappers over its service functions (on beat, queue default; a provider
+statement's import, queued by its upload)."""
 from celery import shared_task
 
 from panel.dashboards.compaction import engine_samples_compact
@@ -6,6 +7,7 @@ from panel.dashboards.ledger import ledgers_check
 from panel.dashboards.local_cost import local_cost_allocate
 from panel.dashboards.rollup import HARD_TIME_LIMIT_SECONDS, SOFT_TIME_LIMIT_SECONDS, usage_rollup_run
 from panel.dashboards.scraper import deployments_scrape, engine_readings
+from panel.dashboards.statements import statement_import_run
 from panel.serving.scaling import deployments_scale
 
 
@@ -31,3 +33,9 @@ def allocate_local_cost():
 @shared_task(soft_time_limit=120, time_limit=150, ignore_result=True)
 def check_ledgers():
     return len(ledgers_check())
+
+
+@shared_task(bind=True, soft_time_limit=120, time_limit=150, ignore_result=True)
+def import_statement(self, import_id):
+    statement = statement_import_run(import_id, self.request.hostname or "unknown")
+    return statement.pk if statement else None

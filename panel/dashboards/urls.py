@@ -16,6 +16,8 @@ urlpatterns = [
     path("dashboards/statements/", statement_views.statement_list, name="statements"),
     path("dashboards/statements/import/", statement_views.statement_upload, name="statement_upload"),
     path("dashboards/statements/<int:statement_id>/", statement_views.statement_detail, name="statement_detail"),
+    path("dashboards/statements/imports/<int:import_id>/", statement_views.statement_import_detail,
+         name="statement_import_detail"),
     path("metrics", views.metrics, name="metrics"),
     path("usage/mine/", my_usage.my_usage, name="my_usage"),
     path("usage/mine/data/", my_usage.my_usage_data, name="my_usage_data"),

@@ -11,8 +11,8 @@ import pytest
 from django.urls import reverse
 
 from panel.audit.models import AuditAction, AuditEvent
-from panel.dashboards.models import ProviderStatement
-from panel.dashboards.statements import StatementError, export_parse, statement_import
+from panel.dashboards.models import ProviderStatement, StatementImport
+from panel.dashboards.statements import StatementError, export_parse, statement_import_run, statement_queue
 from panel.notifications.models import Delivery, EventKind, Notification, Webhook
 from panel.usage.models import RequestLog
 from tests.support.gateway import (  # noqa: F401 (fixtures)
@@ -59,17 +59,30 @@ def test_an_openai_export_keeps_cached_tokens_inside_the_input_and_reads_epoch_h
 @pytest.mark.parametrize("payload, words", [
     ("", "The file is empty"),
     ("date,tokens\n2026-11-24,5\n", "No column for input tokens; output tokens. Columns found: date, tokens"),
-    ("date,input_tokens,output_tokens\n2026-11-24,1,2\nyesterday,1,2\n", "line 3: 'yesterday' is not a date"),
-    ("date,input_tokens,output_tokens\n2026-11-24,-1,2\n", "line 2: a token count, request count or cost"),
-    ("date,input_tokens,output_tokens\n2026-11-24,1.5,2\n", "line 2: a token count"),
-    ("date,input_tokens,output_tokens,cost\n2026-11-24,1,2,NaN\n", "line 2: a token count, request count or cost"),
+    ("date,input_tokens,output_tokens\n2026-11-24,1,2\nyesterday,1,2\n",
+     "line 3, column date: 'yesterday' is not a date"),
+    ("date,input_tokens,output_tokens\n2026-11-24,-1,2\n",
+     "line 2, column input_tokens: '-1' is not a whole number of 0 or more (at most 15 digits)"),
+    ("date,input_tokens,output_tokens\n2026-11-24,1.5,2\n", "line 2, column input_tokens: '1.5' is not a whole"),
+    ("date,input_tokens,output_tokens\n2026-11-24,1,1234567890123456\n", "line 2, column output_tokens: '1234567"),
+    ("date,input_tokens,output_tokens,Cost\n2026-11-24,1,2,NaN\n", "line 2, column Cost: 'NaN' is not an amount"),
+    ("date,input_tokens,output_tokens,cost\n2026-11-24,1,2,1E5\n", "line 2, column cost: '1E5' is not an amount of 0 "
+     "or more (digits, at most 15 before the point and 12 after it, without an exponent)"),
+    ("date,input_tokens,output_tokens,cost\n2026-11-24,1,2,0.1234567890123\n", "line 2, column cost"),
     ("date,input_tokens,output_tokens\n", "a header but no lines"),
     ("date,model,input_tokens,output_tokens\n2026-11-24,other,1,2\n", "No line is for the channel's model 'm'"),
     (b"date,input_tokens\xff\n", "not UTF-8"),
 ])
 def test_a_file_that_cannot_be_read_is_refused_by_line(payload, words):
-    with pytest.raises(StatementError, match=words.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(StatementError, match=words.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         export_parse(payload, model_id="m")
+
+
+def test_amounts_and_counts_may_have_thousands_commas_a_dollar_sign_and_decimals():
+    parsed = export_parse('date,input_tokens,output_tokens,requests,cost\n2026-11-24,"1,000",2.0,3,"$1,234.50"\n'
+                          "2026-11-24,,5,,.25\n", model_id="m")
+    day = parsed.days[date(2026, 11, 24)]
+    assert (day.tokens, day.requests, day.cost) == (1007, 3, Decimal("1234.75"))
 
 
 def test_bypassed_requests_are_named_on_their_day_with_a_notification(gateway, setup, fallback, client):
@@ -102,7 +115,16 @@ def test_bypassed_requests_are_named_on_their_day_with_a_notification(gateway, s
     upload = io.BytesIO(export.encode())
     upload.name = "usage-november.csv"
     response = client.post(reverse("statement_upload"), {"channel": cloud.pk, "file": upload})
-    statement = ProviderStatement.objects.get()
+    job = StatementImport.objects.get()
+    assert response.status_code == 302 and response["Location"] == reverse("statement_import_detail", args=[job.pk])
+    waiting = client.get(response["Location"]).content.decode()
+    assert "waiting for a worker" in waiting and 'data-live-url=' in waiting
+    assert not ProviderStatement.objects.exists()  # the web process only checked the header and queued the import
+    statement = statement_import_run(job.pk, "worker@test")  # the task's body, as the default queue's worker runs it
+    assert statement == ProviderStatement.objects.get() and statement_import_run(job.pk, "worker@again") is None
+    job.refresh_from_db()
+    assert (job.state, job.statement, job.payload) == ("succeeded", statement, "")
+    response = client.get(response["Location"])
     assert response.status_code == 302 and response["Location"] == reverse("statement_detail", args=[statement.pk])
     lines = {line["day"]: line for line in statement.lines}
     line = lines[today.isoformat()]
@@ -134,8 +156,27 @@ def test_cost_that_differs_while_tokens_agree_names_the_prices(team_setup):
     RequestLog.objects.create(team=team, channel=cloud, created_at=at, endpoint="chat", model="m", status_code=200,
                               outcome="ok", prompt_tokens=900, completion_tokens=100, latency_ms=1,
                               cost=Decimal("1.00"))
-    statement = statement_import(team=team, channel=cloud, file_name="x.csv",
-                                 payload="date,input_tokens,output_tokens,cost\n2026-11-20,900,100,0.80\n")
+    job = statement_queue(team=team, channel=cloud, file_name="x.csv",
+                          payload="date,input_tokens,output_tokens,cost\n2026-11-20,900,100,0.80\n")
+    statement = statement_import_run(job.pk, "worker@test")
     [line] = statement.lines
     assert line["tokens_difference"] == 0 and line["cost_difference"] == pytest.approx(25.0)
     assert line["words"].startswith("the tokens agree but the gateway's cost is 25.0% more than the provider's")
+
+
+def test_an_import_whose_worker_died_is_failed_by_the_reaper_and_never_imported_after(team_setup):
+    from django.utils import timezone
+
+    from panel.channels.models import Channel
+    from panel.jobs.services import job_claim, jobs_reap
+
+    cloud = Channel.objects.create(team=team_setup["team_a"], name="cloud", kind="remote", base_url="http://c/v1",
+                                   model_id="m")
+    job = statement_queue(team=team_setup["team_a"], channel=cloud, file_name="x.csv",
+                          payload="date,input_tokens,output_tokens\n2026-11-20,900,100\n")
+    assert job_claim(job, worker="worker@gone")  # the worker took it, then died
+    StatementImport.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(minutes=10))
+    assert [reaped.pk for reaped in jobs_reap(stale_after_seconds=60)] == [job.pk]
+    job.refresh_from_db()
+    assert job.state == "failed" and job.failure_kind == "worker_lost"
+    assert statement_import_run(job.pk, "worker@later") is None and not ProviderStatement.objects.exists()
