@@ -5,10 +5,14 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.validators import validate_email
 from django.db import transaction
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.encoding import force_bytes, force_str
 from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
 
-from panel.accounts.models import Invitation, InvitedAccount, Membership, Role, Team
+from panel.accounts.models import AccessToken, Invitation, InvitedAccount, Membership, Role, Team, TeamKey
+from panel.accounts.roles import may
+from panel.audit.models import AuditAction
+from panel.audit.services import audit_record
 
 SESSION_TEAM_KEY = "tokenwise_team_id"
 
@@ -234,13 +238,27 @@ def member_role_change(*, actor, membership, role):
 
 
 @transaction.atomic
-def member_remove(*, actor, membership):
-    """Remove `membership` from its team (the user's account stays)."""
+def member_remove(*, actor, membership, request=None):
+    """Remove `membership` from its team (the user's account stays), and in the same transaction revoke what would
+    still act for them there: their personal access tokens of the team, and, when they were below admin, the
+    gateway keys they issued themself (an admin's keys are the team's apps' keys: they stay). One audit event for
+    each kind revoked, with the count. Returns the number of keys revoked."""
     membership = Membership.objects.select_for_update().get(pk=membership.pk)
     _check_actor(actor=actor, target_role=membership.role)
     if membership.role == Role.OWNER and _owners(membership.team).count() <= 1:
         raise ValidationError(f"{membership.user} is the last owner of {membership.team} and cannot be removed.")
+    team, user, now = membership.team, membership.user, timezone.now()
     membership.delete()
+    keys = 0
+    if not may(membership, "keys.manage"):  # effective in every gateway process within TOKENWISE_KEY_CACHE_SECONDS
+        keys = TeamKey.objects.filter(team=team, created_by=user, revoked_at__isnull=True).update(revoked_at=now)
+    tokens = AccessToken.objects.filter(team=team, user=user, revoked_at__isnull=True).update(revoked_at=now)
+    for action, count, kind in ((AuditAction.KEY_REVOKED, keys, "keys"), (AuditAction.TOKEN_REVOKED, tokens,
+                                                                            "tokens")):
+        if count:
+            audit_record(action=action, request=request, team=team, actor=actor.user, target=user.get_username(),
+                         reason="member removed", **{kind: count})
+    return keys
 
 
 @transaction.atomic

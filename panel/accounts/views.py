@@ -206,7 +206,7 @@ def member_role_view(request, membership_id):
 def member_remove_view(request, membership_id):
     membership = get_object_or_404(Membership.objects.select_related("user"), pk=membership_id, team=request.team)
     try:
-        member_remove(actor=request.membership, membership=membership)
+        keys = member_remove(actor=request.membership, membership=membership, request=request)
     except PermissionDenied as error:
         _refused(request, membership, error)
     except ValidationError as error:
@@ -214,7 +214,9 @@ def member_remove_view(request, membership_id):
         return _members_page(request, status=400)
     audit_record(action=AuditAction.MEMBER_REMOVED, request=request, target=membership.user.get_username(),
                  role=membership.role)
-    messages.success(request, f"Removed {membership.user} from {request.team}.")
+    messages.success(request, f"Removed {membership.user} from {request.team}."
+                     + (" The gateway key they issued is revoked." if keys == 1 else
+                        f" The {keys} gateway keys they issued are revoked." if keys else ""))
     if membership.user_id == request.user.pk:
         return redirect("home")
     return redirect("members")

@@ -118,7 +118,7 @@ def members_role(request, membership_id: int, body: MemberRole):
 def members_remove(request, membership_id: int):
     membership = _membership(request, membership_id)
     try:
-        member_remove(actor=request.membership, membership=membership)
+        member_remove(actor=request.membership, membership=membership, request=request)
     except PermissionDenied as error:
         _refused(request, membership, error)
     audit_record(action=AuditAction.MEMBER_REMOVED, request=request, target=membership.user.get_username(),

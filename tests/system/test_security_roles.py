@@ -9,6 +9,7 @@ from panel.channels.models import Route, RouteChannel
 from panel.serving.models import ServingProfile
 from tests.support.api_helpers import call, token_for
 from tests.support.channels import make_deployment, set_state
+from tests.support.gateway import fallback, gateway, primary, setup  # noqa: F401 (fixtures)
 from tests.support.teams import user_create
 
 
@@ -97,3 +98,34 @@ def test_a_profile_of_unknown_creator_is_the_admins(client, team_setup, mallory)
     path, body = f"/profiles/{deployment.profile_id}", {"max_model_len": 1024}
     assert call(client, "patch", path, raw, body).status_code == 403
     assert call(client, "patch", path, token_for(team_setup["alice"], team_setup["team_a"]), body).status_code == 200
+
+
+def test_a_removed_members_own_key_stops_answering(gateway, setup, mallory):
+    """A member issues a key for themself; an admin removes the member: the key is revoked with the removal, and the
+    gateway refuses it within TOKENWISE_KEY_CACHE_SECONDS (here at once after it was last read)."""
+    from django.conf import settings
+
+    from panel.accounts.keys import key_issue_as
+    from panel.accounts.models import AccessToken, Membership
+    from panel.accounts.services import member_remove
+    from panel.audit.models import AuditAction, AuditEvent
+    from tests.support.gateway import CHAT, post
+    from tests.support.waiting import wait_until
+
+    team = setup["team"]
+    team.member_keys = True
+    team.save()
+    membership = Membership.objects.get(team=team, user=mallory)
+    key, raw = key_issue_as(membership=membership, user=mallory, name="laptop")
+    token_for(mallory, team)
+    assert post(gateway, raw, CHAT).status_code == 200
+    owner = Membership.objects.get(team=team, user=setup["alice"])
+    member_remove(actor=owner, membership=membership)
+    wait_until(lambda: post(gateway, raw, CHAT).status_code == 401, seconds=settings.KEY_CACHE_SECONDS + 3,
+               message="the removed member's key refused")
+    key.refresh_from_db()
+    setup["key"].refresh_from_db()
+    assert key.revoked_at is not None and setup["key"].revoked_at is None
+    assert not AccessToken.objects.filter(user=mallory, revoked_at__isnull=True).exists()
+    assert AuditEvent.objects.filter(action=AuditAction.KEY_REVOKED, detail__keys=1).exists()
+    assert post(gateway, setup["raw"], CHAT).status_code == 200  # the team's other keys still answer
