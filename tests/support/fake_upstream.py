@@ -81,7 +81,7 @@ _OPTIONS = {
     "json_content": {"value": None},
     "broken_json_content": {"text": '{"answer": "alpha bravo", "done": tru'},
     "redirect": {"location": None, "status": 307},
-    "gzip_bomb": {"size": 200 * 1024 * 1024, "sse": None},
+    "gzip_bomb": {"size": 200 * 1024 * 1024, "sse": None, "status": 200},
     "endless_event": {"after": 1, "size": 64 * 1024 * 1024},
 }
 _STATUS_OPTIONS = {"retry_after": None, "message": None}
@@ -544,10 +544,10 @@ def _bomb(size, sse):
     return b"".join(parts)
 
 
-async def _send_bomb(conn, size, sse, keep_alive):
+async def _send_bomb(conn, size, sse, keep_alive, status=200):
     body = _bomb(size, sse)
     kind = "text/event-stream" if sse else "application/json"
-    await conn.send(_head(200, (("content-type", kind), ("content-encoding", "gzip"), ("content-length", len(body))),
+    await conn.send(_head(status, (("content-type", kind), ("content-encoding", "gzip"), ("content-length", len(body))),
                           keep_alive) + body)
 
 
@@ -732,9 +732,9 @@ class FakeUpstream:
         - json_content: content that is valid JSON text, json.dumps(`value`) (default {"answer": <the words>}).
         - broken_json_content: a well-formed completion whose content is `text`, JSON that does not parse.
         - redirect: `status` (default 307) with `Location: <location>` and an empty body.
-        - gzip_bomb: 200 with `Content-Encoding: gzip` and a small body (about 1/1000 of `size`) that decodes to
-          `size` bytes (default 200 MiB) of one letter: a stream (an SSE line without its end) when the request
-          asked for one or `sse` is True, else a JSON body that never ends.
+        - gzip_bomb: `status` (default 200) with `Content-Encoding: gzip` and a small body (about 1/1000 of `size`)
+          that decodes to `size` bytes (default 200 MiB) of one letter: a stream (an SSE line without its end) when
+          the request asked for one or `sse` is True, else a JSON body that never ends.
         - endless_event: a 200 stream of `after` events (default 1), then one `data:` line that runs for `size`
           bytes (default 64 MiB) without its end, then the connection closes.
         """
@@ -848,7 +848,7 @@ class FakeUpstream:
         if behaviour.name == "gzip_bomb":
             sse = behaviour.options["sse"]
             await _send_bomb(conn, behaviour.options["size"], bool(request.json.get("stream")) if sse is None else sse,
-                             keep_alive)
+                             keep_alive, behaviour.options["status"])
             return keep_alive
         if behaviour.name == "endless_event":
             await _send_endless_event(conn, self._reply(request, behaviour).events, behaviour.options)

@@ -61,6 +61,16 @@ def test_a_gzip_bomb_stream_falls_back_to_the_next_channel(gateway, setup, prima
     assert [step["outcome"] for step in row.attempt_trail] == ["upstream_too_large", "ok"]
 
 
+def test_an_error_answer_that_decodes_to_hundreds_of_mb_is_not_read_whole(gateway, setup, primary, fallback):
+    before = warmed(gateway, setup)
+    primary.behave("gzip_bomb", times=1, size=BOMB, sse=False, status=500)
+    response = post(gateway, setup["raw"], CHAT)
+    assert peak_mb(gateway) - before < GROWTH_MB, (before, peak_mb(gateway))
+    assert response.status_code == 200, response.text  # from the fallback
+    row = records(2)[-1]
+    assert [step["outcome"] for step in row.attempt_trail] == ["upstream_too_large", "ok"]
+
+
 def test_a_stream_event_that_never_ends_is_cut_at_the_cap(gateway, setup, primary, fallback):
     before = warmed(gateway, setup)
     primary.behave("endless_event", times=1, after=1, size=64 * 1024 * 1024)
