@@ -10,7 +10,7 @@ from ninja import Field, Router, Schema
 
 from panel.api.auth import gate
 from panel.api.errors import errors
-from panel.evaluations.models import EvalSet
+from panel.evaluations.models import sets_readable
 from panel.evaluations.services import eval_set_create, eval_set_delete, eval_set_revise, starter_set_add
 from panel.evaluations.sets import MAX_BYTES, cases_jsonl
 
@@ -54,12 +54,12 @@ def set_out(eval_set):
 
 
 def _set(request, set_id):
-    return get_object_or_404(EvalSet, pk=set_id, team=request.team)
+    return get_object_or_404(sets_readable(request.membership), pk=set_id)
 
 
 @router.get("/eval-sets", auth=gate("evaluations.view"), response=errors({200: list[EvalSetOut]}))
 def eval_sets_list(request):
-    return [set_out(eval_set) for eval_set in EvalSet.objects.filter(team=request.team)]
+    return [set_out(eval_set) for eval_set in sets_readable(request.membership)]
 
 
 @router.post("/eval-sets", auth=gate("evaluations.edit"), response=errors({201: EvalSetOut}))

@@ -5,6 +5,8 @@ to every bound a pasted one does; a sample that cannot be a case (too many messa
 message at the end) is skipped and counted."""
 import json
 
+from django.db import transaction
+
 from panel.core import safejson
 from panel.evaluations.checks import MAX_ANSWER_CHARS
 from panel.evaluations.models import EvalSet
@@ -55,15 +57,19 @@ def samples_jsonl(route):
     return "\n".join(lines), skipped
 
 
+@transaction.atomic
 def eval_set_from_samples(*, route, user, name, request=None):
-    """A new set named `name` from the route's samples, or a new version of the team's set of that name.
+    """A new set named `name` from the route's samples, or a new version of the team's set of that name; either way
+    the set is marked as made of samples, readable only by those who may read samples (models.sets_readable).
     Returns (the set, how many cases, {reason: skipped}); ValidationError, saving nothing, as for any upload."""
     text, skipped = samples_jsonl(route)
     existing = EvalSet.objects.filter(team=route.team, name=(name or "").strip()).first()
     note = f"from {route.model_name}'s traffic samples"
     if existing is not None:
         version = eval_set_revise(eval_set=existing, user=user, text=text, note=note, request=request)
+        EvalSet.objects.filter(pk=existing.pk).update(from_samples=True)
         return existing, len(version.cases), skipped
     eval_set = eval_set_create(team=route.team, user=user, name=name, text=text, request=request,
                                description=f"Made {note}: each case's reference is the answer the client got.")
+    EvalSet.objects.filter(pk=eval_set.pk).update(from_samples=True)
     return eval_set, len(eval_set.current().cases), skipped

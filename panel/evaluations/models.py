@@ -3,6 +3,7 @@ numbered versions that never change once written, so a score always names the ex
 from django.conf import settings
 from django.db import models
 
+from panel.accounts.roles import may
 from panel.jobs.models import Job
 
 
@@ -10,6 +11,9 @@ class EvalSet(models.Model):
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True)
+    # Made of a route's traffic samples (evaluations/from_samples.py): its cases are the team's users' real prompts
+    # and answers, so only those who may read samples see it, its versions and its runs (sets_readable).
+    from_samples = models.BooleanField(default=False)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -25,6 +29,13 @@ class EvalSet(models.Model):
     def current(self):
         """The newest version (every set has at least one)."""
         return self.versions.order_by("-number").first()
+
+
+def sets_readable(membership):
+    """The sets of `membership`'s team it may read: all of them for those who may read traffic samples
+    (accounts/roles.py `samples.manage`), else those not made of samples."""
+    sets = EvalSet.objects.filter(team=membership.team_id)
+    return sets if may(membership, "samples.manage") else sets.filter(from_samples=False)
 
 
 class EvalSetVersion(models.Model):

@@ -12,7 +12,7 @@ from panel.accounts.roles import may
 from panel.compare.services import column_choices
 from panel.core.forms import errors_into
 from panel.evaluations.checks import describe
-from panel.evaluations.models import EvalRun, EvalSet
+from panel.evaluations.models import EvalRun, sets_readable
 from panel.evaluations.runs import candidates_ranked, eval_run_launch
 from panel.evaluations.services import eval_set_create, eval_set_delete, eval_set_revise, starter_set_add
 from panel.evaluations.sets import MAX_BYTES, cases_jsonl
@@ -53,7 +53,7 @@ class RevisionForm(forms.Form):
 
 @team_view("evaluations.view")
 def evaluations(request):
-    sets = [(eval_set, eval_set.current()) for eval_set in EvalSet.objects.filter(team=request.team)]
+    sets = [(eval_set, eval_set.current()) for eval_set in sets_readable(request.membership)]
     return render(request, "evaluations/list.html", {"sets": sets,
                                                      "can_edit": may(request.membership, "evaluations.edit")})
 
@@ -84,7 +84,7 @@ def eval_set_starter(request):
 
 
 def _set(request, set_id):
-    return get_object_or_404(EvalSet, pk=set_id, team=request.team)
+    return get_object_or_404(sets_readable(request.membership), pk=set_id)
 
 
 def _detail(request, eval_set, form=None, run_form=None, status=200):
@@ -154,7 +154,8 @@ def eval_run_live(request, run_id):
 
 
 def _run_context(request, run_id):
-    run = get_object_or_404(EvalRun.objects.select_related("eval_version__eval_set"), pk=run_id, team=request.team)
+    run = get_object_or_404(EvalRun.objects.select_related("eval_version__eval_set"), pk=run_id, team=request.team,
+                            eval_version__eval_set__in=sets_readable(request.membership))
     cases = {case["id"]: case for case in run.eval_version.cases}
     lines = [(line, cases.get(line["id"], {})) for line in run.results]
     return {"run": run, "lines": lines, "summary": run.result or {}}

@@ -129,3 +129,36 @@ def test_a_removed_members_own_key_stops_answering(gateway, setup, mallory):
     assert not AccessToken.objects.filter(user=mallory, revoked_at__isnull=True).exists()
     assert AuditEvent.objects.filter(action=AuditAction.KEY_REVOKED, detail__keys=1).exists()
     assert post(gateway, setup["raw"], CHAT).status_code == 200  # the team's other keys still answer
+
+
+def test_a_set_made_of_traffic_samples_is_for_admins_only(client, team_setup, mallory):
+    """Its cases are the team's users' real prompts and answers: a viewer or member finds neither the set, its
+    JSONL, nor its runs, on the pages or through the API; an admin reads it as before."""
+    import json
+
+    from panel.channels.models import Route
+    from panel.core import crypto
+    from panel.evaluations.from_samples import eval_set_from_samples
+    from panel.evaluations.models import EvalRun
+    from panel.usage.models import TrafficSample
+
+    team = team_setup["team_a"]
+    route = Route.objects.create(team=team, model_name="support-bot")
+    payload = {"messages": [{"role": "user", "content": "my card 4111 was charged twice"}], "answer": "Refunded."}
+    TrafficSample.objects.create(team=team, route=route, endpoint="chat", model=route.model_name,
+                                 payload=crypto.encrypt(json.dumps(payload)))
+    eval_set, _, _ = eval_set_from_samples(route=route, user=team_setup["alice"], name="support traffic")
+    run = EvalRun.objects.create(team=team, eval_version=eval_set.current(), candidate={"kind": "route"})
+    for user in (team_setup["vera"], mallory):
+        client.force_login(user)
+        assert "4111" not in client.get("/evaluations/").content.decode()
+        for path in (f"/evaluations/{eval_set.pk}/", f"/evaluations/{eval_set.pk}/versions/1.jsonl",
+                     f"/evaluations/runs/{run.pk}/"):
+            response = client.get(path)
+            assert response.status_code == 404 and "4111" not in response.content.decode(), path
+        raw = token_for(user, team)
+        assert call(client, "get", f"/eval-sets/{eval_set.pk}", raw).status_code == 404
+        assert call(client, "get", f"/eval-sets/{eval_set.pk}/versions/1/jsonl", raw).status_code == 404
+        assert "support traffic" not in call(client, "get", "/eval-sets", raw).content.decode()
+    client.force_login(team_setup["alice"])
+    assert "4111" in client.get(f"/evaluations/{eval_set.pk}/versions/1.jsonl").content.decode()
