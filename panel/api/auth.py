@@ -1,7 +1,11 @@
 """Who is calling: a personal access token (`Authorization: Bearer twp-…`) or the browser's session (with Django's
 CSRF check on unsafe methods), and as which member of which team. The role rule is the pages' own
 (`accounts.decorators.role_check`), and so is the role each action needs (`accounts.roles`)."""
+from functools import wraps
+
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
+from django.http import JsonResponse
 from ninja.security import HttpBearer, SessionAuth
 
 from panel.accounts.decorators import role_check
@@ -72,3 +76,26 @@ class Ungated(SessionAuth):
 
     def authenticate(self, request, key):
         raise PermissionDenied("This operation names no action in the roles table.")
+
+
+def reference_gate(view):
+    """The schema (openapi.json) and the reference page (docs): they map every operation and field of the API, so
+    they are for a signed-in member of a team or a valid personal access token. Anyone else: 401 in the API's shape,
+    or, for the reference page, the sign-in page."""
+
+    @wraps(view)
+    def gated(request, *args, **kwargs):
+        header = request.headers.get("Authorization", "")
+        if header:
+            access, _ = token_membership(header.removeprefix("Bearer ").strip())
+            allowed = access is not None
+        else:
+            allowed = request.user.is_authenticated and current_membership(request) is not None
+        if allowed:
+            return view(request, *args, **kwargs)
+        if not header and not request.path.endswith(".json"):
+            return redirect_to_login(request.get_full_path())
+        return JsonResponse({"detail": "Sign in, or send a personal access token: Authorization: Bearer twp-…",
+                             "errors": {}}, status=401)
+
+    return gated

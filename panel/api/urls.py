@@ -1,6 +1,6 @@
 """The management API, version 1: one router per resource, each a thin layer over its app's services and the
 pages' own forms and role rules. The schema is at openapi.json and the reference at docs (Swagger UI served from
-the django-ninja package: no CDN)."""
+the django-ninja package: no CDN), both for a signed-in member or a personal access token (auth.reference_gate)."""
 from django.http import JsonResponse
 from django.urls import path, re_path
 from ninja import NinjaAPI
@@ -27,7 +27,7 @@ from panel.api import (
     usage,
     webhooks,
 )
-from panel.api.auth import Ungated
+from panel.api.auth import Ungated, reference_gate
 
 
 class ManagementAPI(NinjaAPI):
@@ -40,7 +40,7 @@ api = ManagementAPI(title="Tokenwise management API", version="1", auth=Ungated(
                            "Your account (`Authorization: Bearer twp-…`), or with the panel's session and the "
                            "X-CSRFToken header. Every operation needs the role its page needs; another team's object "
                            "is a 404. Refusals are {\"detail\", \"errors\"} with 400 (nothing saved), 401, 403 or 404.",
-               openapi_url="/openapi.json", docs_url="/docs")
+               openapi_url="/openapi.json", docs_url="/docs", docs_decorator=reference_gate)
 errors.install(api)
 # Each operation names its action in its decorator (`auth=gate(...)`, panel/accounts/roles.py) or its router's.
 ROUTERS = [module.router for module in (team, tokens, keys, channels, routes, shadows, registry, gguf, serving,

@@ -162,3 +162,17 @@ def test_a_set_made_of_traffic_samples_is_for_admins_only(client, team_setup, ma
         assert "support traffic" not in call(client, "get", "/eval-sets", raw).content.decode()
     client.force_login(team_setup["alice"])
     assert "4111" in client.get(f"/evaluations/{eval_set.pk}/versions/1.jsonl").content.decode()
+
+
+def test_the_api_schema_and_reference_are_for_signed_in_members_and_tokens(client, team_setup):
+    anonymous = client.get("/api/v1/openapi.json")
+    assert anonymous.status_code == 401 and "paths" not in anonymous.content.decode()
+    assert "Authorization: Bearer" in anonymous.json()["detail"]
+    page = client.get("/api/v1/docs")
+    assert page.status_code == 302 and page["Location"].startswith("/login/")
+    assert client.get("/api/v1/openapi.json", HTTP_AUTHORIZATION="Bearer twp-not-a-token").status_code == 401
+    raw = token_for(team_setup["vera"], team_setup["team_a"])
+    assert "paths" in call(client, "get", "/openapi.json", raw).json()
+    client.force_login(team_setup["vera"])
+    assert client.get("/api/v1/docs").status_code == 200
+    assert "paths" in client.get("/api/v1/openapi.json").json()
