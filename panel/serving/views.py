@@ -148,7 +148,7 @@ def _command_preview(profile):
     except ConfigFileError as error:  # saved before one of its extra flags was refused
         return "Cannot launch until the profile is edited: " + " ".join(error.problems)
     if profile.port is None:
-        argv[argv.index("--port") + 1] = "<picked at launch>"
+        argv = [("--port=<picked at launch>" if token == "--port=0" else token) for token in argv]
     return " ".join(argv)
 
 
