@@ -13,6 +13,7 @@ ACTIONS = {
     "tokens.create": Role.VIEWER,  # a personal access token acts with at most its member's role
     "tokens.revoke": Role.VIEWER,
     "members.manage": Role.ADMIN,  # invite, change a role, remove (the owner rules are the services')
+    "team.gpu_quota": Role.OWNER,  # an admin could otherwise lift the limit the owner set
     "audit.view": Role.ADMIN,
     # gateway: team keys
     "keys.view": Role.VIEWER,

@@ -21,12 +21,12 @@ JOB_PAGES = {"registry.quantizationjob": "quantization_job", "registry.evaluatio
              "registry.ggufimportjob": "gguf_import_job", "serving.deployment": "deployment_detail",
              "benchmarks.benchmarkrun": "benchmark_run", "benchmarks.ladder": "benchmark_ladder",
              "benchmarks.sweep": "benchmark_sweep", "hosts.enginecheck": "engine_check",
-             "dashboards.statementimport": "statement_import_detail"}
+             "dashboards.statementimport": "statement_import_detail", "evaluations.evalrun": "eval_run_detail"}
 JOB_NAMES = {"registry.quantizationjob": "Quantization", "registry.evaluationjob": "Quality report",
              "registry.ggufimportjob": "GGUF import", "registry.modelcheckjob": "Model check",
              "serving.deployment": "Deployment", "benchmarks.benchmarkrun": "Benchmark",
              "benchmarks.ladder": "Config ladder", "benchmarks.sweep": "Sweep", "hosts.enginecheck": "Engine check",
-             "dashboards.statementimport": "Statement import"}
+             "dashboards.statementimport": "Statement import", "evaluations.evalrun": "Evaluation run"}
 
 
 @dataclass(frozen=True)

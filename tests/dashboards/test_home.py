@@ -152,3 +152,19 @@ def test_the_page_shows_the_month_deployments_and_what_needs_attention(client, t
     assert f"Deployment #{failed.pk} failed" in page and "out of memory" in page
     assert "Advisor: 1 problem" in page and "tensor_parallel_size 3 does not divide the heads" in page
     assert "Nothing is failing" not in page
+
+
+def test_a_failed_evaluation_run_is_listed_with_a_link_to_its_page(client, team_setup):
+    from panel.evaluations.models import EvalRun
+    from panel.evaluations.services import starter_set_add
+
+    team = team_setup["team_a"]
+    eval_set = starter_set_add(team=team, user=team_setup["alice"])
+    run = EvalRun.objects.create(team=team, eval_version=eval_set.current(), state="failed",
+                                 finished_at=timezone.now(), failure_reason="the route answered 502 to every case",
+                                 candidate={"kind": "route", "id": 1, "label": "support-bot"})
+    client.force_login(team_setup["alice"])
+    page = client.get(reverse("home"))
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert f"Evaluation run #{run.pk} failed" in text and reverse("eval_run_detail", args=[run.pk]) in text
