@@ -8,8 +8,10 @@ parses the argv with the parser vLLM's server itself uses and refuses to start w
 no flag of the command names (a smuggled compilation config, say), when a flag is not one this vLLM knows, or when
 a positional word appears. Then it runs vLLM's own `main` on the same argv.
 
-    python -m engine.serve --model=/m --port=8001 ...          start the server (exit 2 and the reasons if refused)
+    python -m engine.serve --model=/m --port=8001 ...          start the server (refused: exit 1, the reasons on
+                                                               stderr and as the protocol's error line)
     python -m engine.serve --check-only --model=/m ...         print {"problems": [...], "set": {...}} and exit
+    python -m engine.serve --help                              vLLM's own options
 
 Runs inside the engine venv; imports nothing from the panel."""
 import contextlib
@@ -97,6 +99,9 @@ def main(argv=None):
     check_only = argv[:1] == ["--check-only"]
     argv = argv[1:] if check_only else argv
     parser = server_parser()
+    if argv in (["--help"], ["-h"]):
+        parser.print_help(sys.stdout)
+        return 0
     problems, options = check(argv, parser)
     if check_only:
         say(problems=problems, set=options)
@@ -104,7 +109,8 @@ def main(argv=None):
     if problems:
         for problem in problems:
             print(f"tokenwise: the engine was not started: {problem}", file=sys.stderr, flush=True)
-        return 2
+        say(error={"kind": "failed", "reason": "bad arguments: " + "; ".join(problems)})
+        return 1
     try:
         from vllm.entrypoints.launchers.api_server.entry import main as serve
     except ImportError:  # vLLM before 0.32

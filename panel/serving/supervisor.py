@@ -197,6 +197,8 @@ def classify_crash(outcome):
 
 # What kills a vLLM server, from its log (the usual vLLM troubleshooting list and what was measured here).
 ENGINE_RULES = [
+    # engine/serve.py: vLLM's own parser read the command otherwise than the panel wrote it
+    ("bad_config", re.compile(r"(?<=the engine was not started: ).{1,300}"), None),
     ("unsupported_quantization", re.compile(r"cpu_gemm_wna16|Unknown quantization method|quantization method .* "
                                             r"is not supported|not supported for quantization|Cannot find the "
                                             r"config file for (awq|gptq)", re.I),

@@ -21,7 +21,7 @@ def test_a_member_adds_the_starter_set_and_saves_a_new_version(page, live_server
     cases = page.locator("#id_cases")
     kept = cases.input_value()
     cases.fill(kept + "not a case\n" + json.dumps({"prompt": "x", "checks": [{"type": "regex",
-                                                                            "pattern": "(a+)+"}]}) + "\n")
+                                                                            "pattern": "(?<=a)b"}]}) + "\n")
     page.fill("#id_note", "two more")
     page.click("text=Save version 2")
     errors = page.locator("#revise .field-error")

@@ -108,7 +108,7 @@ def test_it_exports_config_toml_the_deploy_script_and_yaml(client, team_setup, m
     assert configfile.toml_import(toml.content.decode())["max_model_len"] == 2048
     script = client.get(reverse("profile_export", args=[profile.pk, "sh"])).content.decode()
     assert script.startswith("#!/usr/bin/env bash") and "vllm.entrypoints.openai.api_server" in script
-    assert "--block-size 32" in script
+    assert "--block-size=32" in script
     config = yaml.safe_load(client.get(reverse("profile_export", args=[profile.pk, "yaml"])).content)
     assert config["max-model-len"] == 2048 and config["model"] == model.path
     assert client.get(reverse("profile_export", args=[profile.pk, "exe"])).status_code == 404

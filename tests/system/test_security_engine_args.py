@@ -143,10 +143,21 @@ def test_vllms_own_parser_reads_no_compile_config_from_the_panels_argv_and_the_e
     assert any("--max-num-partial-prefills is not an option of this vLLM" in problem for problem in olds["problems"])
     assert any("-cc.inductor_compile_config" in problem for problem in sneakys["problems"])
     # The checked entry point does not start vLLM on arguments it refuses.
-    assert engine["status"] == 2 and "tokenwise: the engine was not started" in engine["stderr"]
+    assert engine["status"] == 1 and "tokenwise: the engine was not started" in engine["stderr"]
 
 
 @pytest.mark.parametrize("extra", ["--allowed-media-domains example.com", "--allowed-local-media-path /"])
 def test_a_profile_cannot_let_its_engine_fetch_media_urls_or_read_host_files(extra):
     words = problems_of(extra)
     assert "fetch URLs" in words or "read files of the host" in words
+
+
+def test_a_deployment_the_checked_entry_point_refused_says_why_in_words():
+    from panel.serving.supervisor import classify_engine
+
+    tail = ["tokenwise: the engine was not started: vLLM would set compilation_config = {'cpp.cxx': 'sh'}, which no "
+            "flag of the command names"]
+    kind, reason = classify_engine(tail, 1)
+    assert kind == "bad_config"
+    assert reason == ("the engine refused its configuration: vLLM would set compilation_config = {'cpp.cxx': 'sh'}, "
+                      "which no flag of the command names")
