@@ -23,6 +23,7 @@ from django.utils import timezone
 from panel.jobs.services import job_created, job_enqueue, job_transition
 from panel.serving import placement
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ScalePolicy
+from panel.serving.quota import gpu_quota_check
 from panel.serving.services import profile_check
 
 log = logging.getLogger(__name__)
@@ -209,6 +210,12 @@ def replica_add(policy, replicas, *, reason, now):
                                         beside=[replica.host for replica in running])[0]
     except ValidationError as error:
         _note(policy, f"{reason}, but no worker could take one more replica: {' '.join(error.messages)}", now=now)
+        return ""
+    try:  # a replica the scaler adds counts against the team's GPU quota as a launched one does
+        gpu_quota_check(team=head.team, profile=head.profile, hosts=[host])
+    except ValidationError as error:
+        _note(policy, f"{reason}, but one more replica would pass the team's GPU quota: {' '.join(error.messages)}",
+              now=now)
         return ""
     taken = {replica.replica_index for replica in running}
     index = min(number for number in range(len(replicas) + 1) if number not in taken)  # a freed slot first

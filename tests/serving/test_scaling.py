@@ -165,6 +165,23 @@ def test_no_room_writes_nothing_and_says_why(team_setup, profile):  # noqa: F811
     assert policy.changed_at is None
 
 
+def test_the_scaler_adds_no_replica_past_the_teams_gpu_quota(team_setup, profile):  # noqa: F811
+    host("host-a", gpus=1), host("host-b", gpus=1)
+    head = running_replicas(team_setup, profile, 1, max_replicas=3)
+    team = team_setup["team_a"]
+    team.gpu_quota = 1  # the running replica holds it
+    team.save()
+    scrape(head, 70, waiting=3, running=8)
+    assert deployments_scale(readings=engine_readings) == {head.pk: ""}
+    assert not Deployment.objects.filter(replica_of=head).exists()
+    policy = ScalePolicy.objects.get(deployment=head)
+    assert "one more replica would pass the team's GPU quota" in policy.last_decision, policy.last_decision
+    assert "already hold 1 of its quota of 1" in policy.last_decision
+    team.gpu_quota = 2
+    team.save()
+    assert deployments_scale(readings=engine_readings) == {head.pk: "up"}
+
+
 def test_a_quiet_deployment_drains_its_newest_replica_off_the_route_in_one_step(team_setup, profile,  # noqa: F811
                                                                                 django_capture_on_commit_callbacks):
     host("host-a"), host("host-b")
