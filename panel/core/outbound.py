@@ -175,14 +175,20 @@ def pinned(url, *, loopback_ok=False):
         "sni_hostname": host}
 
 
+def body_decoder(content_encoding):
+    """A zlib decoder for an answer's Content-Encoding (gzip or deflate), to be fed a step at a time with a cap on
+    each step's output; None for an answer sent as it is."""
+    encoding = (content_encoding or "").strip().lower()
+    if encoding not in ("gzip", "deflate"):
+        return None
+    return zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+
+
 def read_capped(response, limit):
     """(body, cut) of an httpx response opened with `stream`: at most `limit` bytes of it, decoded (gzip and deflate
     here, a step at a time; `pinned` asks for no other encoding), and whether there was more. What is past the cap
     is neither read nor decoded."""
-    encoding = response.headers.get("content-encoding", "").strip().lower()
-    decoder = None
-    if encoding in ("gzip", "deflate"):
-        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    decoder = body_decoder(response.headers.get("content-encoding"))
     body = bytearray()
     for chunk in response.iter_raw():
         while chunk:

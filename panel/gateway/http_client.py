@@ -101,9 +101,7 @@ class Response:
     def on_headers_complete(self):
         self.status = self.parser.get_status_code()
         self.keep_alive = self.parser.should_keep_alive()  # read here: the parser forgets it once the body is in
-        encoding = self.headers.get("content-encoding", "").strip().lower()
-        if encoding in ("gzip", "deflate"):
-            self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+        self._decoder = outbound.body_decoder(self.headers.get("content-encoding"))
         if not self.head.done():
             self.head.set_result(None)
 
