@@ -1,8 +1,9 @@
 """Local requests carry their GPU cost. Each minute, a deployment costs its host's GPU price per hour × its GPUs × the
 time it was up in that minute (as the Cost tab counts it: `Deployment.hourly_price`, `deployment_up_hours`); that
 cost is split among the requests its local channels served in the minute, by prompt + completion tokens (by request
-count when none has any), written to each row's `gpu_cost` and added to its `cost`. Budgets, the roll-ups and the
-spend per key and team then count it. A minute without requests is charged to no one ([0050]).
+count when none has any), written to each row's `gpu_cost` and added to its `cost`. The roll-ups and the spend per
+key and team then count it, and the budget counters move by the same amounts once the minute commits ([0091]). A
+minute without requests is charged to no one ([0050]).
 
 - A minute is allocated SETTLE_SECONDS after it ended: the usage writer stamps a row when it writes it (a batch every
   FLUSH_SECONDS, a write waits at most SQLite's busy timeout), so by then the minute's rows are in.
@@ -11,7 +12,9 @@ spend per key and team then count it. A minute without requests is charged to no
   and its whole minute is split again among all its rows: the late row gets its share, the others give up theirs,
   and the minute's total stays its GPU cost. Nothing is missed and nothing is charged twice.
 - Allocating a minute sets each row's gpu_cost and moves its cost by the difference, so doing it again changes
-  nothing. The rows, the watermark and the minute's roll-up are written in one transaction.
+  nothing. The rows, the watermark and the minute's roll-up are written in one transaction; once it commits, the
+  money counters of each row's team, key and tags move by the same differences (budgets/adjust.py), so a budget
+  counts the GPU cost when its minute is allocated, and a minute split again moves them by the difference only.
 - Rounding: costs have 8 decimal places. A minute's cost is the difference of the deployment's cumulative GPU cost
   since it became ready, each rounded to 1e-8, so minutes add up to the rounded whole; a minute is split by largest
   remainders, so its rows' shares add up to it exactly."""
@@ -25,6 +28,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Greatest, TruncMinute
 
+from panel.budgets.adjust import CostChange, budget_money_adjust
 from panel.budgets.counters import month_bounds, month_of
 from panel.channels.models import Channel, ChannelKind
 from panel.dashboards.cost import deployment_up_hours
@@ -51,6 +55,7 @@ class Allocation:
     late_minutes: int = 0  # of those, allocated minutes split again because a row arrived late
     unpriced: list = field(default_factory=list)  # hosts of running deployments without a GPU price: not allocated
     skipped: bool = False  # the roll-up's lock was not taken in time: the next run does this run's work
+    budgets_behind: int = 0  # minutes whose change Redis did not take: the budget reconciliation raises the counters
 
 
 def local_cost_allocate(*, now=None):
@@ -114,20 +119,21 @@ def _deployment_allocate(deployment, watermark, hourly, *, horizon, top, result)
             .annotate(minute=TruncMinute("created_at")).values_list("minute", flat=True).distinct()} if end > start \
             else ()
     for minute in sorted(late):
-        result.rows += _minute_allocate(deployment, watermark, channels, minute, hourly)
+        result.rows += _minute_allocate(deployment, watermark, channels, minute, hourly, result)
         result.minutes += 1
         result.late_minutes += 1
     for minute in sorted(busy):
-        result.rows += _minute_allocate(deployment, watermark, channels, minute, hourly)
+        result.rows += _minute_allocate(deployment, watermark, channels, minute, hourly, result)
         result.minutes += 1
     # The idle minutes up to `end` are passed: charged to no one.
     LocalCostWatermark.objects.filter(pk=watermark.pk).update(allocated_until=Greatest("allocated_until", end),
                                                               checked_id=Greatest("checked_id", top))
 
 
-def _minute_allocate(deployment, watermark, channels, minute, hourly):
+def _minute_allocate(deployment, watermark, channels, minute, hourly, result):
     """Split one minute's GPU cost among the rows of that minute, with the watermark and the roll-up of the minute
-    in the same transaction. Returns the number of rows."""
+    in the same transaction, and move the budget counters by the rows' changes once it commits. Returns the number
+    of rows."""
     units = _units_until(deployment, hourly, minute + MINUTE) - _units_until(deployment, hourly, minute)
     with transaction.atomic():
         # The watermark first: its UPDATE takes the write lock (SQLite) or the row's lock (PostgreSQL) before the
@@ -136,15 +142,30 @@ def _minute_allocate(deployment, watermark, channels, minute, hourly):
             allocated_until=Greatest("allocated_until", minute + MINUTE))
         rows = list(RequestLog.objects.filter(channel_id__in=channels, created_at__gte=_moment(minute),
                                               created_at__lt=_moment(minute + MINUTE)).order_by("id")
-                    .only("id", "team_id", "prompt_tokens", "completion_tokens", "cost", "gpu_cost"))
+                    .only("id", "team_id", "key_id", "tags", "created_at", "prompt_tokens", "completion_tokens",
+                          "cost", "gpu_cost"))
         shares = shares_split(units, [row.prompt_tokens + row.completion_tokens for row in rows])
+        changes = []
         for row, share in zip(rows, shares):
             gpu_cost = Decimal(share) / UNIT
-            row.cost, row.gpu_cost = row.cost - (row.gpu_cost or 0) + gpu_cost, gpu_cost
+            change = gpu_cost - (row.gpu_cost or 0)
+            row.cost, row.gpu_cost = row.cost + change, gpu_cost
+            if change:
+                changes.append(CostChange(row.team_id, row.key_id, row.tags, row.created_at, change))
         RequestLog.objects.bulk_update(rows, ["cost", "gpu_cost"], batch_size=500)
         for team_id in sorted({row.team_id for row in rows if row.team_id is not None}):
             usage_rollup_minutes(team_id=team_id, minutes={minute})
+        if changes:
+            transaction.on_commit(lambda: _budgets_move(changes, result))
     return len(rows)
+
+
+def _budgets_move(changes, result):
+    """Move the budget counters by a committed minute's changes. After Redis failed once in a run the rest of the
+    run does not wait on it again (a catch-up may commit hundreds of minutes): the reconciliation raises the
+    counters to the rows' sums instead."""
+    if result.budgets_behind or not budget_money_adjust(changes):
+        result.budgets_behind += 1
 
 
 def shares_split(units, weights):
