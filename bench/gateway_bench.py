@@ -146,11 +146,13 @@ def rps(url, key, seconds, connections=16):
     return {"rps": requests, "non_2xx": int(errors.group(1)) if errors else 0}
 
 
-async def _load(url, key, concurrency, seconds, warmup=2.0):
-    """Streams sent by `concurrency` clients for `warmup` + `seconds`; what the last `seconds` gave."""
+async def _load(url, key, concurrency, seconds, warmup=2.0, max_tokens=None):
+    """Streams sent by `concurrency` clients for `warmup` + `seconds`; what the last `seconds` gave. `max_tokens`
+    (the fake upstream's piece count) replaces BODY's when given."""
     import aiohttp
 
-    body, headers = json.dumps(BODY).encode(), {"Authorization": f"Bearer {key}", "content-type": "application/json"}
+    request = BODY if max_tokens is None else dict(BODY, max_tokens=max_tokens)
+    body, headers = json.dumps(request).encode(), {"Authorization": f"Bearer {key}", "content-type": "application/json"}
     counts = {"ok": 0, "failed": 0}
     loop = asyncio.get_running_loop()
     measure_from = loop.time() + warmup
@@ -174,9 +176,10 @@ async def _load(url, key, concurrency, seconds, warmup=2.0):
             "load_generator_cpu_share": round(cpu / wall, 3)}
 
 
-def load(url, key, concurrency, seconds):
+def load(url, key, concurrency, seconds, max_tokens=None):
     """The load generator as a process of its own, so its CPU is its own and not the gateway's."""
-    output = subprocess.run([sys.executable, __file__, "--load", url, key, str(concurrency), str(seconds)],
+    output = subprocess.run([sys.executable, __file__, "--load", url, key, str(concurrency), str(seconds),
+                             *([str(max_tokens)] if max_tokens else [])],
                             cwd=ROOT, capture_output=True, text=True, check=True, timeout=seconds + 120).stdout
     return json.loads(output.strip().splitlines()[-1])
 
@@ -226,8 +229,9 @@ print(key_issue(team=team, user=None, name="bench")[1])
 
 def main():
     if sys.argv[1:2] == ["--load"]:
-        url, key, concurrency, seconds = sys.argv[2:6]
-        print(json.dumps(asyncio.run(_load(url, key, int(concurrency), float(seconds)))))
+        url, key, concurrency, seconds, *max_tokens = sys.argv[2:7]
+        print(json.dumps(asyncio.run(_load(url, key, int(concurrency), float(seconds),
+                                           max_tokens=int(max_tokens[0]) if max_tokens else None))))
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=300)
@@ -275,6 +279,19 @@ def main():
 
 
 def run_litellm(args, upstream_url):
+    proxy, url, master_key = litellm_start(args.litellm, upstream_url)
+    try:
+        BODY["model"] = "chat"
+        return {"litellm_ttft": ttft(f"{url}/chat/completions", {"Authorization": f"Bearer {master_key}"},
+                                     args.requests),
+                "litellm_rps": rps(f"{url}/chat/completions", master_key, args.seconds)}
+    finally:
+        stop(proxy)
+
+
+def litellm_start(command, upstream_url):
+    """LiteLLM's proxy (`command`: the litellm of a venv with litellm[proxy]) in one worker, serving the route `chat`
+    from `upstream_url` with no retries. Returns (process, base URL ending in /v1, master key)."""
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "litellm.yaml"
     config.write_text(f"""model_list:
@@ -287,17 +304,10 @@ litellm_settings:
   num_retries: 0
 """)
     master_key = "sk-" + secrets.token_hex(24)
-    proxy = start([args.litellm, "--config", str(config), "--port", str(port), "--num_workers", "1"],
+    proxy = start([command, "--config", str(config), "--port", str(port), "--num_workers", "1"],
                   env=dict(os.environ, LITELLM_LOG="ERROR", LITELLM_MASTER_KEY=master_key),
                   ready_url=f"http://127.0.0.1:{port}/health/readiness", seconds=180)
-    try:
-        BODY["model"] = "chat"
-        return {"litellm_ttft": ttft(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                     {"Authorization": f"Bearer {master_key}"}, args.requests),
-                "litellm_rps": rps(f"http://127.0.0.1:{port}/v1/chat/completions", master_key, args.seconds)}
-    finally:
-        stop(proxy)
-
+    return proxy, f"http://127.0.0.1:{port}/v1", master_key
 
 if __name__ == "__main__":
     main()

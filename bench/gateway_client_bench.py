@@ -1,0 +1,386 @@
+"""What the gateway costs as a client sees it, with the web server started as `make run` starts it, side by side with
+calling the upstream directly and with LiteLLM's proxy, in one run (not a test; results in docs/benchmarks.md):
+
+  .venv/bin/python bench/gateway_client_bench.py [--rounds 3] [--requests 100] [--seconds 8] [--cpu-requests 400]
+                                                 [--chunk-delay 0.005] [--litellm /tmp/litellm-venv/bin/litellm]
+                                                 [--server make-run|single] [--celery] [--key-rpm N] [--parts ...]
+
+Every piece runs in a process of its own: the fake upstream (tests/support/fake_upstream.py: content pieces
+--chunk-delay apart, the end at once), a Redis of the bench's own (started by the launcher's `start_redis`, with a
+password, as `make run` does), the web server started as the launcher starts it (`python -m panel.web --host H --port
+P`: uvicorn's supervisor and TOKENWISE_WEB_PROCESSES workers, by default one per core, the Prometheus folder, DEBUG
+off), LiteLLM's proxy (one worker) on the same upstream, and each client.
+
+1. TTFT at concurrency 1, direct / gateway / LiteLLM in blocks of --requests sequential streams (after 5 warm-up
+   ones), the paths' order turning every round: the time to the first event with content (a non-empty delta: the
+   role event that comes with the headers does not count) and to the first event of any kind. The figure is the
+   median of the rounds' p50s; what a path adds is that less the direct call's.
+2. Requests per second at concurrency 16, 20-chunk streams read to their end, by turns (gateway_bench.load: aiohttp
+   in a process of its own).
+3. CPU per request of the server, as a client's operator pays it: utime + stime of every process of it (the uvicorn
+   supervisor and every worker, every thread, from /proc/<pid>/stat through psutil; LiteLLM's whole tree), read
+   before and after --cpu-requests streams at concurrency 8, for 20 and for 200 chunks; a line through both gives
+   the fixed cost and the cost per chunk. Reported as measured (idle time included, the reviewer's way) and less the
+   server's idle rate measured just before; the upstream's own CPU per request beside it.
+
+Options to find why two measures differ: --server single runs the gateway as bench/gateway_overhead.py does (one
+uvicorn process: no supervisor, no Prometheus folder); TOKENWISE_WEB_PROCESSES=N in the environment sets the worker
+count as it does for `make run`; --celery also starts the Celery processes `make run` starts (the default, long and
+GPU workers and beat) beside the web server; --key-rpm gives the key a requests-per-minute limit (its admission then
+waits on Redis before the upstream call); --chunk-delay 0 serves every stream at once.
+The whole run prints the machine's busy CPU over it and the share of it that was not the bench's (others' work)."""
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+from gateway_bench import ROOT, free_port, litellm_start, load, prepare_panel, start, stop
+from gateway_overhead import SERVER, upstream
+
+LITELLM = "/tmp/litellm-venv/bin/litellm"
+PROMPT = [{"role": "user", "content": "tell me about prefix caching in one paragraph"}]
+CELERY_KINDS = ("default", "long", "gpu", "beat")  # panel/launcher.py's CELERY_PROCESSES
+GOALS = {"added_ttft_ms": 1.0, "fixed_ms": 1.5, "ms_per_chunk": 0.02}
+
+
+def request_body(chunks):
+    """A chat stream of `chunks` content pieces (the fake upstream serves as many as max_tokens asks)."""
+    return {"model": "chat", "stream": True, "max_tokens": chunks, "messages": PROMPT}
+
+
+def own_redis(folder):
+    """A Redis with a password on a free port, started as `make run` starts its own. Returns (process, URL)."""
+    sys.path.insert(0, str(ROOT))
+    from panel.launcher import start_redis
+
+    port, password = free_port(), secrets.token_urlsafe(24)
+    process = start_redis(port=port, data_dir=Path(folder) / "redis", password=password)
+    return process, f"redis://:{password}@127.0.0.1:{port}/0"
+
+
+def web_server(env, kind):
+    """The web server as `make run` starts it (`kind` "make-run": panel/web.py with the launcher's options and
+    environment) or as bench/gateway_overhead.py does ("single": one uvicorn process). Returns (process, base URL)."""
+    port = free_port()
+    env = dict(env, PYTHONUNBUFFERED="1", TOKENWISE_METRICS_TOKEN=secrets.token_urlsafe(32))
+    if kind == "make-run":
+        argv = [sys.executable, "-m", "panel.web", "--host", "127.0.0.1", "--port", str(port)]
+    else:
+        argv = [sys.executable, *SERVER, "--port", str(port)]
+    process = start(argv, env=env, ready_url=f"http://127.0.0.1:{port}/login/", seconds=120)
+    return process, f"http://127.0.0.1:{port}/v1"
+
+
+def celery_processes(env):
+    """The Celery processes `make run` starts once the panel answers."""
+    return [start([sys.executable, "-m", "workers.start", kind], env=dict(env, PYTHONUNBUFFERED="1"))
+            for kind in CELERY_KINDS]
+
+
+def key_limit_set(env, rpm):
+    """Give the bench's key a requests-per-minute limit (high enough never to refuse)."""
+    code = f"from panel.accounts.models import TeamKey; TeamKey.objects.update(rpm_limit={rpm})"
+    subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env, check=True)
+
+
+def tree(pid):
+    """The process `pid` and every process under it (a uvicorn supervisor's workers, their helpers)."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def cpu_seconds(processes):
+    """utime + stime of `processes`, every thread (/proc/<pid>/stat); one that ended meanwhile counts nothing."""
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def machine_busy_seconds():
+    """CPU seconds the whole machine spent busy since boot (every core), from /proc/stat."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+# The clients: each a process of its own (`--client SPEC`), printing one JSON line.
+
+def client(spec):
+    if spec["mode"] == "ttft":
+        print(json.dumps(ttft_client(spec)), flush=True)
+    else:
+        asyncio.run(streams_client(spec))
+
+
+def first_times(client, url, token, body):
+    """Seconds to the first event and to the first event with content, of one stream read to its end."""
+    started = time.perf_counter()
+    first_event = first_content = None
+    with client.stream("POST", url, json=body, headers={"Authorization": f"Bearer {token}"}) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            now = time.perf_counter() - started
+            if first_event is None:
+                first_event = now
+            if first_content is None and has_content(line[6:]):
+                first_content = now
+    if response.status_code != 200 or first_content is None:
+        raise SystemExit(f"{url} answered {response.status_code} with no content event")
+    return first_event, first_content
+
+
+def has_content(data):
+    try:
+        choices = json.loads(data).get("choices") or [{}]
+    except ValueError:
+        return False
+    return bool((choices[0].get("delta") or {}).get("content") or choices[0].get("text"))
+
+
+def ttft_client(spec):
+    """Every round, each path's block of sequential streams on its own keep-alive connection, the paths' order
+    turning; per path and round the p50, p95 and mean in ms, to the first content and to the first event."""
+    paths, body = spec["paths"], request_body(spec["chunks"])
+    clients = {path["name"]: httpx.Client(timeout=60) for path in paths}
+    rounds = {path["name"]: [] for path in paths}
+    for index in range(spec["rounds"]):
+        for path in paths[index % len(paths):] + paths[:index % len(paths)]:
+            http = clients[path["name"]]
+            for _ in range(5):  # warm-up: the path was idle while the others ran
+                first_times(http, path["url"], path["token"], body)
+            times = [first_times(http, path["url"], path["token"], body) for _ in range(spec["requests"])]
+            rounds[path["name"]].append({"content": summary([content for _, content in times]),
+                                         "first_event": summary([event for event, _ in times])})
+    for http in clients.values():
+        http.close()
+    return rounds
+
+
+def summary(seconds):
+    ordered = sorted(value * 1000 for value in seconds)
+    return {"p50_ms": statistics.median(ordered), "p95_ms": ordered[int(len(ordered) * 0.95)],
+            "mean_ms": statistics.mean(ordered)}
+
+
+async def streams_client(spec):
+    """`warmup` streams, then "ready" and a wait for a line on stdin (the caller reads the server's CPU meanwhile),
+    then `requests` streams at `concurrency`, each read to its end; prints what they took."""
+    import aiohttp
+
+    body = json.dumps(request_body(spec["chunks"])).encode()
+    headers = {"Authorization": f"Bearer {spec['token']}", "content-type": "application/json"}
+    failures = []
+
+    async def send(session, count):
+        for _ in range(count):
+            async with session.post(spec["url"], data=body, headers=headers) as response:
+                events = 0
+                async for line in response.content:
+                    events += line.startswith(b"data: ")
+            if response.status != 200 or events < spec["chunks"]:
+                failures.append((response.status, events))
+
+    async def at_once(session, count):
+        share, rest = divmod(count, spec["concurrency"])
+        await asyncio.gather(*(send(session, share + (index < rest)) for index in range(spec["concurrency"])))
+
+    connector = aiohttp.TCPConnector(limit=spec["concurrency"])
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+        await at_once(session, spec["warmup"])
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        started = time.perf_counter()
+        await at_once(session, spec["requests"])
+        wall = time.perf_counter() - started
+    print(json.dumps({"wall_s": wall, "failed": len(failures), "failures": failures[:3]}), flush=True)
+
+
+def run_client(spec):
+    output = subprocess.run([sys.executable, __file__, "--client", json.dumps(spec)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=1800)
+    if output.returncode:
+        raise SystemExit(f"the {spec['mode']} client failed: {output.stderr[-2000:]}")
+    return json.loads(output.stdout.strip().splitlines()[-1])
+
+
+# The three measures.
+
+def ttft_rounds(paths, args):
+    """1.: per path, the rounds' figures and the median of their p50s; what each adds over the direct call."""
+    rounds = run_client({"mode": "ttft", "paths": paths, "rounds": args.rounds, "requests": args.requests,
+                         "chunks": 20})
+    result = {}
+    for name, runs in rounds.items():
+        result[name] = {kind: statistics.median(run[kind]["p50_ms"] for run in runs)
+                        for kind in ("content", "first_event")}
+        result[name]["rounds"] = runs
+    for name, row in result.items():
+        for kind in ("content", "first_event"):
+            row[f"added_{kind}_ms"] = row[kind] - result["direct"][kind]
+    return result
+
+
+def rps_rounds(paths, args):
+    """2.: requests per second at concurrency 16 by turns; the median of each path's rounds."""
+    runs = {path["name"]: [] for path in paths}
+    for index in range(args.rounds):
+        for path in paths[index % len(paths):] + paths[:index % len(paths)]:
+            runs[path["name"]].append(load(path["url"], path["token"], 16, args.seconds, max_tokens=20))
+    result = {name: {"rps": statistics.median(run["rps"] for run in values), "runs": values}
+              for name, values in runs.items()}
+    for row in result.values():
+        row["share_of_direct"] = row["rps"] / result["direct"]["rps"]
+    return result
+
+
+def cpu_per_request(path, server, fake, chunks, args):
+    """3. for one path and size: CPU ms per request of the server's process tree (as measured, and less its idle
+    rate) and of the upstream."""
+    spec = {"mode": "streams", "url": path["url"], "token": path["token"], "chunks": chunks, "warmup": 40,
+            "requests": args.cpu_requests, "concurrency": 8}
+    runner = subprocess.Popen([sys.executable, __file__, "--client", json.dumps(spec)], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        if runner.stdout.readline().strip() != "ready":
+            raise SystemExit(f"the streams client for {path['name']} did not start")
+        processes, upstream_processes = tree(server.pid), tree(fake.pid)
+        idle_before = cpu_seconds(processes)
+        time.sleep(2)
+        idle_rate = (cpu_seconds(processes) - idle_before) / 2
+        before, upstream_before = cpu_seconds(processes), cpu_seconds(upstream_processes)
+        started = time.perf_counter()
+        runner.stdin.write("go\n")
+        runner.stdin.flush()
+        done = json.loads(runner.stdout.readline())
+        time.sleep(0.5)  # the usage writer's last batch (it writes every 0.2 s) counts too
+        wall = time.perf_counter() - started
+        spent = cpu_seconds(processes) - before
+        upstream_spent = cpu_seconds(upstream_processes) - upstream_before
+    finally:
+        runner.kill()
+        runner.wait()
+    if done["failed"]:
+        raise SystemExit(f"{done['failed']} streams through {path['name']} failed, e.g. {done['failures']}")
+    count = args.cpu_requests
+    return {"chunks": chunks, "processes": len(processes), "ms_per_request": spent * 1000 / count,
+            "less_idle_ms_per_request": (spent - idle_rate * wall) * 1000 / count,
+            "idle_ms_per_s": idle_rate * 1000, "upstream_ms_per_request": upstream_spent * 1000 / count,
+            "requests_per_s": count / done["wall_s"]}
+
+
+def cpu_rows(paths, servers, fake, args):
+    """3. for every path with a server of its own: both sizes and the line through them, as measured and less idle."""
+    result = {}
+    for path in paths:
+        if path["name"] not in servers:
+            continue
+        small, large = (cpu_per_request(path, servers[path["name"]], fake, chunks, args) for chunks in (20, 200))
+        row = {"rows": [small, large]}
+        for measure, name in (("ms_per_request", "measured"), ("less_idle_ms_per_request", "less_idle")):
+            per_chunk = (large[measure] - small[measure]) / (large["chunks"] - small["chunks"])
+            row[name] = {"fixed_ms": small[measure] - per_chunk * small["chunks"], "ms_per_chunk": per_chunk}
+        result[path["name"]] = row
+    return result
+
+
+def report(results):
+    """The figures in a few lines, beside the JSON."""
+    lines = []
+    for name, row in results.get("ttft", {}).items():
+        lines.append(f"TTFT {name:8s} to content {row['content']:7.2f} ms (adds {row['added_content_ms']:+.2f}), "
+                     f"to the first event {row['first_event']:7.2f} ms (adds {row['added_first_event_ms']:+.2f})")
+    for name, row in results.get("rps", {}).items():
+        lines.append(f"req/s c16 {name:8s} {row['rps']:7.1f} ({row['share_of_direct']:.1%} of direct)")
+    for name, row in results.get("cpu", {}).items():
+        small, large = row["rows"]
+        lines.append(f"CPU {name:8s} {small['ms_per_request']:.2f} ms at 20 chunks, {large['ms_per_request']:.2f} at "
+                     f"200: {row['measured']['fixed_ms']:.2f} ms + {row['measured']['ms_per_chunk']:.4f}/chunk "
+                     f"(less idle {row['less_idle']['fixed_ms']:.2f} + {row['less_idle']['ms_per_chunk']:.4f}); "
+                     f"upstream {small['upstream_ms_per_request']:.2f} / {large['upstream_ms_per_request']:.2f} ms")
+    machine = results["machine"]
+    lines.append(f"machine busy {machine['busy_s']:.0f} CPU s over {machine['wall_s']:.0f} s, "
+                 f"not this bench's: {machine['others_s']:.0f} CPU s")
+    return "\n".join(lines)
+
+
+def main():
+    if sys.argv[1:2] == ["--client"]:
+        client(json.loads(sys.argv[2]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="TTFT and requests/s rounds, the paths by turns")
+    parser.add_argument("--requests", type=int, default=100, help="sequential streams per path and TTFT round")
+    parser.add_argument("--seconds", type=float, default=8, help="seconds counted per requests/s round")
+    parser.add_argument("--cpu-requests", type=int, default=400, help="streams per CPU measure (concurrency 8)")
+    parser.add_argument("--chunk-delay", type=float, default=0.005, help="seconds between the upstream's pieces")
+    parser.add_argument("--litellm", default=LITELLM if Path(LITELLM).exists() else None,
+                        help=f"the litellm command of a venv with litellm[proxy] (default {LITELLM} when there)")
+    parser.add_argument("--server", choices=("make-run", "single"), default="make-run",
+                        help="the gateway as `make run` starts it, or one uvicorn process as gateway_overhead.py")
+    parser.add_argument("--celery", action="store_true", help="also start make run's Celery workers and beat")
+    parser.add_argument("--key-rpm", type=int, help="give the key this requests-per-minute limit")
+    parser.add_argument("--parts", default="ttft,rps,cpu", help="which of ttft, rps, cpu to measure")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    busy_before, wall_before = machine_busy_seconds(), time.perf_counter()
+    folder = Path(tempfile.mkdtemp(prefix="tokenwise-client-bench-"))
+    running = []
+    try:
+        fake, fake_url = upstream(200, args.chunk_delay)
+        running.append(fake)
+        redis_process, redis_url = own_redis(folder)
+        running.append(redis_process)
+        os.environ["REDIS_URL"] = redis_url  # prepare_panel hands it on to the panel's processes
+        env, key = prepare_panel(folder, fake_url)
+        if args.key_rpm:
+            key_limit_set(env, args.key_rpm)
+        gateway, gateway_url = web_server(env, args.server)
+        running.append(gateway)
+        if args.celery:
+            running += celery_processes(env)
+        paths = [{"name": "direct", "url": f"{fake_url}/chat/completions", "token": "unused"},
+                 {"name": "gateway", "url": f"{gateway_url}/chat/completions", "token": key}]
+        servers = {"gateway": gateway}
+        if args.litellm:
+            litellm, litellm_url, master_key = litellm_start(args.litellm, fake_url)
+            running.append(litellm)
+            paths.append({"name": "litellm", "url": f"{litellm_url}/chat/completions", "token": master_key})
+            servers["litellm"] = litellm
+        results = {"settings": {**vars(args), "web_processes": len(tree(gateway.pid)),
+                                "gateway_processes": [" ".join(p.cmdline()[1:6]) for p in tree(gateway.pid)]}}
+        if "ttft" in parts:
+            results["ttft"] = ttft_rounds(paths, args)
+            print(json.dumps({"ttft": results["ttft"]}), flush=True)
+        if "rps" in parts:
+            results["rps"] = rps_rounds(paths, args)
+            print(json.dumps({"rps": results["rps"]}), flush=True)
+        if "cpu" in parts:
+            results["cpu"] = cpu_rows(paths, servers, fake, args)
+        ours = sum(cpu_seconds(tree(process.pid)) for process in running) + sum(os.times()[:4])
+    finally:
+        for process in reversed(running):
+            stop(process)
+    busy = machine_busy_seconds() - busy_before
+    results["machine"] = {"wall_s": time.perf_counter() - wall_before, "busy_s": busy, "bench_s": ours,
+                          "others_s": max(busy - ours, 0.0), "cores": os.cpu_count()}
+    print(json.dumps(results, indent=2), flush=True)
+    print(report(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
