@@ -256,8 +256,18 @@ BUDGET_CACHE_SECONDS = envint("TOKENWISE_BUDGET_CACHE_SECONDS", 5, minimum=0)  #
 BUDGET_RECONCILE_SECONDS = envint("TOKENWISE_BUDGET_RECONCILE_SECONDS", 60, minimum=1)
 # The ledger check (panel/dashboards/ledger.py): each whole hour, engines against usage rows.
 LEDGER_CHECK_EVERY_SECONDS = 3600
-# The completion a request without max_tokens is held for against its budgets (budgets/reservations.py)
+# The completion a chat or Responses request without max_tokens is held for against its budgets, and limited to
+# when a budget applies (budgets/reservations.py; a completions request's default is 16, OpenAI's and vLLM's own).
 BUDGET_RESERVE_COMPLETION_TOKENS = envint("TOKENWISE_BUDGET_RESERVE_COMPLETION_TOKENS", 4096, minimum=1)
+# What a budget holds for a prompt beyond its text's UTF-8 bytes, which no byte-level tokenizer exceeds (decision
+# 0090): the chat template's tokens per request (a default system prompt and the answer's header: SmolLM2 24,
+# Qwen2.5 23, Llama 3.1 26), per message (role markers: 5 in ChatML and Llama 3), once when tools are offered
+# (Anthropic's tool-use instructions: up to 530) and per image, audio or file part (Claude about 1,600 at most,
+# GPT-4o 1,445, GPT-4.1 nano 3,779). A channel that bills more teaches the gateway to hold more on it.
+BUDGET_TEMPLATE_TOKENS = envint("TOKENWISE_BUDGET_TEMPLATE_TOKENS", 64, minimum=0)
+BUDGET_MESSAGE_TOKENS = envint("TOKENWISE_BUDGET_MESSAGE_TOKENS", 8, minimum=0)
+BUDGET_TOOLS_TOKENS = envint("TOKENWISE_BUDGET_TOOLS_TOKENS", 600, minimum=0)
+BUDGET_MEDIA_TOKENS = envint("TOKENWISE_BUDGET_MEDIA_TOKENS", 4096, minimum=0)
 
 # Webhooks (panel/notifications): one attempt waits at most WEBHOOK_TIMEOUT_SECONDS; a failed one is tried again
 # after WEBHOOK_BACKOFF_SECONDS × 3^(attempt - 1), up to WEBHOOK_MAX_ATTEMPTS; beat sends what is due.

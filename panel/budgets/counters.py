@@ -38,6 +38,16 @@ end
 return after
 """
 
+# KEYS: a team's channel excess hash (`excess_key`). ARGV: field, tokens, field, tokens...: each field raised to at
+# least its tokens, so processes that learn at once keep the largest.
+RAISE_EXCESS = """
+for i = 1, #ARGV, 2 do
+  local current = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if tonumber(ARGV[i + 1]) > current then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+end
+return 0
+"""
+
 
 def month_of(moment=None):
     """The calendar month (UTC) of `moment`, as "2026-11"."""
@@ -63,6 +73,13 @@ def held_keys(month, scope, ident):
     """(money key, tokens key) of what requests in flight of a team or key hold against its budget."""
     base = f"tw:budget:{month}:{scope}:{ident}"
     return f"{base}:held-money", f"{base}:held-tokens"
+
+
+def excess_key(team_id):
+    """The hash of what a team's channels billed beyond a prompt's bound (budgets/reservations.py): per channel id,
+    tokens per request ("<id>") and per media part ("<id>:media"). Kept without expiry: a channel's template does
+    not change with the month."""
+    return f"tw:budget:excess:{team_id}"
 
 
 def money_units(amount):

@@ -4,8 +4,8 @@ against its team's, its key's and its tags' budgets.
 Budgets are cached per team for TOKENWISE_BUDGET_CACHE_SECONDS like keys are (panel/gateway/keys.py), and read
 again ahead of expiry while in use (panel/core/refresher.py), so a request costs no database query; the spend is
 read before (for the gateway, in its one admission call to Redis: gateway/admission.py; a team without budgets
-reads none) and counted after, in one script call. A request that
-starts under the budget is let finish, so the last one may overshoot it."""
+reads none) and counted after, in one script call. A request whose maximum (budgets/reservations.py) fits is held
+and let finish; one that used more than it held teaches its route's channels to hold more (`learn`)."""
 import asyncio
 import logging
 import time
@@ -16,11 +16,14 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from panel.budgets import reservations
 from panel.budgets.counters import (
     ADD,
+    RAISE_EXCESS,
     TTL_SECONDS,
     budget_owner,
     counter_keys,
+    excess_key,
     money_from_units,
     money_units,
     month_bounds,
@@ -28,7 +31,6 @@ from panel.budgets.counters import (
     tag_ident,
 )
 from panel.budgets.models import Budget
-from panel.budgets.reservations import Reservation
 from panel.budgets.services import ALERT_AT, budget_crossed
 from panel.core.redis_client import async_redis, registered_script, sync_redis
 from panel.core.refresher import Refresher
@@ -47,6 +49,8 @@ class TeamBudgets:
     team: Limits | None
     keys: dict
     tags: dict = field(default_factory=dict)  # tag -> Limits
+    # channel id -> (tokens per request, per media part) its prompts billed beyond their bound (`learn`)
+    excess: dict = field(default_factory=dict)
 
 
 _cache = {}  # team id -> (expires at, TeamBudgets or None)
@@ -77,9 +81,45 @@ async def _load(team_ids):
     if len(_cache) > 10_000:
         _cache.clear()
     expires = time.monotonic() + settings.BUDGET_CACHE_SECONDS
+    with_budgets = [team_id for team_id, (team, keys, tags) in found.items() if team or keys or tags]
+    excess = await _excess_load(with_budgets)
     for team_id, (team, keys, tags) in found.items():
-        _cache[team_id] = (expires, TeamBudgets(team, keys, tags) if team or keys or tags else None)
+        _cache[team_id] = (expires, TeamBudgets(team, keys, tags, excess.get(team_id, {}))
+                           if team_id in excess else None)
     return {team_id: _cache[team_id][1] for team_id in team_ids}
+
+
+async def _excess_load(team_ids):
+    """{team id: {channel id: (tokens per request, per media part)}} of the teams with budgets, in one pipeline; a
+    team's channels taught nothing when Redis cannot be read."""
+    if not team_ids:
+        return {}
+    try:
+        pipe = async_redis().pipeline(transaction=False)
+        for team_id in team_ids:
+            pipe.hgetall(excess_key(team_id))
+        hashes = await pipe.execute()
+    except (RedisError, OSError) as error:
+        log.warning("channel excess unreadable (%s); holds go by the allowances alone", type(error).__name__)
+        hashes = [{}] * len(team_ids)
+    return {team_id: _excess_parse(found) for team_id, found in zip(team_ids, hashes)}
+
+
+def _excess_parse(found):
+    excess = {}
+    for name, value in found.items():
+        channel, _, part = (name.decode() if isinstance(name, bytes) else name).partition(":")
+        per_request, per_media = excess.get(int(channel), (0, 0))
+        excess[int(channel)] = (per_request, int(value)) if part == "media" else (int(value), per_media)
+    return excess
+
+
+async def excess_for(team_id, channels):
+    """The most any of `channels` taught (tokens per request, per media part) of a team with budgets, from the
+    budgets' cache."""
+    budgets = await budgets_for(team_id)
+    taught = [budgets.excess.get(channel.id, (0, 0)) for channel in channels] if budgets else []
+    return max((request for request, _ in taught), default=0), max((media for _, media in taught), default=0)
 
 
 async def _refresh():
@@ -177,9 +217,10 @@ async def count(key, cost, tokens, *, team_id=None, reservation=None, tags=()):
         return
     month = month_of()
     units = money_units(cost)
-    scopes = ([("team", team_id)] + ([("key", key.id)] if key is not None else [])
+    keyed = key is not None and key.id is not None  # the panel's own requests come with their team, without a key
+    scopes = ([("team", team_id)] + ([("key", key.id)] if keyed else [])
               + [("tag", tag_ident(team_id, tag)) for tag in tags])
-    held = reservation or Reservation((), 0, 0)
+    held = reservation or reservations.Reservation((), 0, 0)
     try:
         counters = [name for scope, ident in scopes for name in counter_keys(month, scope, ident)]
         results = await add_script()(keys=[*counters, *held.keys],
@@ -187,10 +228,11 @@ async def count(key, cost, tokens, *, team_id=None, reservation=None, tags=()):
     except (RedisError, OSError) as error:
         log.warning("budget counters not updated (%s); the reconciliation will catch up", type(error).__name__)
         return
+    await learn(team_id, held, tokens)
     budgets = await budgets_for(team_id)
     if budgets is None:
         return
-    limits_of = {("team", team_id): budgets.team, **({("key", key.id): budgets.keys.get(key.id)} if key else {}),
+    limits_of = {("team", team_id): budgets.team, **({("key", key.id): budgets.keys.get(key.id)} if keyed else {}),
                  **{("tag", tag_ident(team_id, tag)): budgets.tags.get(tag) for tag in tags}}
     for index, (scope, ident) in enumerate(scopes):
         limits = limits_of.get((scope, ident))
@@ -208,6 +250,33 @@ async def count(key, cost, tokens, *, team_id=None, reservation=None, tags=()):
 
 
 _pending = set()  # notices being raised: kept referenced until done
+
+
+async def learn(team_id, reservation, tokens):
+    """A request that used more `tokens` than its `reservation` held: its route's channels billed a prompt beyond
+    its bound. Logged, and kept for the channels (in Redis for every process, in this process' cache at once), so
+    that later holds on them cover it. Costs nothing when the hold covered the request."""
+    taught = reservations.excess_seen(reservation, tokens)
+    if taught is None:
+        return
+    per_request, per_media = taught
+    names = ", ".join(name for _, name in reservation.channels) or "-"
+    log.warning("a request of team %s used %s tokens, more than the %s its budgets held: its prompt billed more than "
+                "its bound on channel %s (a chat template larger than TOKENWISE_BUDGET_TEMPLATE_TOKENS or media "
+                "parts larger than TOKENWISE_BUDGET_MEDIA_TOKENS), or the channel ignored max_tokens; its holds now "
+                "add %s tokens per request and %s per media part", team_id, tokens, reservation.tokens, names,
+                per_request, per_media)
+    fields = [value for channel_id, _ in reservation.channels
+              for value in (str(channel_id), per_request, f"{channel_id}:media", per_media)]
+    try:
+        await registered_script(RAISE_EXCESS)(keys=[excess_key(team_id)], args=fields)
+    except (RedisError, OSError) as error:
+        log.warning("channel excess not kept (%s); this process' holds cover it", type(error).__name__)
+    hit = _cache.get(team_id)
+    if hit and hit[1] is not None:
+        for channel_id, _ in reservation.channels:
+            known = hit[1].excess.get(channel_id, (0, 0))
+            hit[1].excess[channel_id] = (max(known[0], per_request), max(known[1], per_media))
 
 
 def crossed(limits, *, before, after):

@@ -181,25 +181,50 @@ class Admission:
     # client (`Exchange.look_up_session`; the usage row waits for it: `session_fields`), so that neither the
     # lookup's round trip nor its CPU is in the first token's way.
     session_lookup: Callable[[], Awaitable[dict]] | None = None
-    lowered: tuple | None = None  # (asked, given): max_tokens fitted to what a budget had left (the key's option)
+    lowered: tuple | None = None  # (asked, given): max_tokens fitted to what a budget had left
+    # The request set no max_tokens and a budget holds it: the limit the gateway set in its body, so that the answer
+    # cannot outgrow the hold (the default, or what the budget had left: then `lowered` says from what).
+    limit_set: int | None = None
+
+    def adapted(self):
+        """What admission changed in the request's body, in the words of the x-tokenwise-adapted header."""
+        if self.limit_set is not None:
+            why = "what the budget has left" if self.lowered else "what a request without one is held for"
+            return [f"max_tokens set to {self.limit_set:,} (the request set none; {why})"]
+        if self.lowered is not None:
+            return ["max_tokens lowered from {:,} to {:,} (what the budget has left)".format(*self.lowered)]
+        return []
 
 
-async def admit(key, *, body, headers, session=True, channels=(), counted=False, tags=()):
+async def admit(key, *, body, headers, session=True, channels=(), counted=False, tags=(), hold=None):
     """Check `key`'s per-minute limits and budgets, count the request in its window and, when it may go, hold its
     maximum (at the highest price among `channels`, its route's) against its budgets and give it its session
-    (`session=False`: a request that is no turn of one, such as a token count): one Redis call. A key that fits
-    max_tokens to its budgets gets a second call, with `body`'s limit lowered in place to what the budget has left.
-    The budgets are the team's, the key's and those of the request's `tags`."""
+    (`session=False`: a request that is no turn of one, such as a token count or the panel's own request; `hold`,
+    when given, says whether it holds: a count does not): one Redis call. The budgets are the team's, the key's
+    (`key` may be the panel's stand-in for its team, whose id is None: no key budget) and those of `tags`.
+
+    A request without max_tokens that a budget holds gets the limit it is held for set in `body`; when that does not
+    fit, or when the key fits max_tokens to its budgets, a second call holds it with `body`'s limit lowered in place
+    to what the budget has left."""
+    return await _admit(key, body=body, headers=headers, session=session and key.id is not None,
+                        hold=session if hold is None else hold, channels=channels, counted=counted, tags=tags,
+                        limit_given=reservations.limit_set(body))
+
+
+async def _admit(key, *, body, headers, session, hold, channels, counted, tags, limit_given):
     limited = bool(key.rpm_limit or key.tpm_limit)
     scopes, month = await budgets.scopes_for(key, tags)
     if not limited and not scopes:  # the prompt's hashes too are worked out after the first byte
         return Admission(session_lookup=functools.partial(_session_later, key, body, headers) if session else None)
     asked = sessions.session_ask(body=body, headers=headers) if session else None
     minute, retry_after = rate_limits.window()
-    held = reservations.scope_held_keys(scopes, month) if session else []
-    prompt_estimate = input_token_estimate(body) if held or key.tpm_limit else 0
-    request_max = reservations.maximum(prompt_estimate, body, channels) if held else None
-    tpm_hold = prompt_estimate + reservations.completion_limit(body) if key.tpm_limit and session else 0
+    held = reservations.scope_held_keys(scopes, month) if hold else []
+    # A budget holds the prompt's bound (what it may be billed at most); the per-minute window its estimate, as
+    # rules use: a rate is no money, a window overshot for a minute corrects itself, and the bound (a token per
+    # byte) would refuse as too large prompts that fit the limit.
+    prompt = reservations.prompt_bound(body, await budgets.excess_for(key.team_id, channels)) if held else None
+    request_max = reservations.maximum(prompt.tokens, body, channels, limit_given=limit_given) if held else None
+    tpm_hold = input_token_estimate(body) + reservations.completion_limit(body) if key.tpm_limit and session else 0
     keys = [*(rate_limits.window_keys(key.id, minute) if limited else ()),
             *budgets.scope_counter_keys(scopes, month), *held,
             *(sessions.prefix_keys(key.id, asked.hashes) if asked else ())]
@@ -226,20 +251,30 @@ async def admit(key, *, body, headers, session=True, channels=(), counted=False,
     if verdict == 3:
         return Admission(budget_spent=budgets.verdict(scopes, answer[1], month))
     if verdict == 4:
-        fit = reservations.fitting_completion(scopes, answer[2] - 1, answer[1], (answer[3], answer[4]),
-                                              request_max, channels) if key.fit_to_budget else None
-        if fit is not None:
-            asked_for = reservations.completion_limit(body)
-            reservations.set_completion_limit(body, fit)
-            again = await admit(key, body=body, headers=headers, session=session, channels=channels, counted=True,
-                                tags=tags)
-            return dataclasses.replace(again, lowered=(asked_for, (again.lowered or (0, fit))[1]))
-        return Admission(budget_spent=reservations.shortfall_words(scopes, answer[2] - 1, answer[1],
-                                                                   (answer[3], answer[4]), request_max))
+        return await _fit(key, body=body, headers=headers, session=session, hold=hold, channels=channels, tags=tags,
+                          limit_given=limit_given, scopes=scopes, answer=answer, request_max=request_max)
+    if request_max is not None and not limit_given:  # the answer may not outgrow what is held for it
+        reservations.set_completion_limit(body, request_max.completion_tokens)
     held = reservations.reservation(held, request_max, window_key=keys[1] if tpm_hold else None,
-                                    window_tokens=tpm_hold)
+                                    window_tokens=tpm_hold, prompt=prompt, channels=channels)
+    limit_set = None if request_max is None or limit_given else request_max.completion_tokens
     if asked is None:
-        return Admission(reservation=held)
+        return Admission(reservation=held, limit_set=limit_set)
     session_id, turn, previous = answer[2].decode(), answer[3], answer[4]
     return Admission(session=sessions.session_fields(asked, session_id=session_id, turn=turn, previous=previous),
-                     reservation=held)
+                     reservation=held, limit_set=limit_set)
+
+
+async def _fit(key, *, body, headers, session, hold, channels, tags, limit_given, scopes, answer, request_max):
+    """A request whose maximum does not fit a budget (the one at answer[2]): refused in words, or, when it set no
+    max_tokens or its key fits max_tokens to its budgets, held again with its limit lowered to what is left (not
+    counted in its minute twice)."""
+    index, counters, held = answer[2] - 1, answer[1], (answer[3], answer[4])
+    fits = key.fit_to_budget or not limit_given
+    fit = reservations.fitting_completion(scopes, index, counters, held, request_max, channels) if fits else None
+    if fit is None:
+        return Admission(budget_spent=reservations.shortfall_words(scopes, index, counters, held, request_max))
+    reservations.set_completion_limit(body, fit)
+    again = await _admit(key, body=body, headers=headers, session=session, hold=hold, channels=channels,
+                         counted=True, tags=tags, limit_given=limit_given)
+    return dataclasses.replace(again, lowered=(request_max.completion_tokens, (again.lowered or (0, fit))[1]))

@@ -16,11 +16,10 @@ from panel.accounts.services import membership_add
 from panel.audit.models import AuditAction, AuditEvent
 from panel.budgets.counters import held_keys, money_from_units, month_of
 from panel.budgets.models import Budget, BudgetNotice
-from panel.budgets.reservations import maximum
+from panel.budgets.reservations import maximum, prompt_bound
 from panel.budgets.services import budget_set, budget_usage, budgets_reconcile
 from panel.budgets.tasks import reconcile_budgets
 from panel.channels.models import Channel, Route, RouteChannel
-from panel.channels.rules import input_token_estimate
 from panel.usage.models import RequestLog
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.gateway import gateway_for
@@ -30,6 +29,10 @@ CHAT = {"model": "chat", "messages": [{"role": "user", "content": "one two three
 # 4 prompt words + 20 completion words at 5000 per million tokens each: 0.12 per request.
 PRICE = Decimal("5000")
 COST = Decimal("0.12")
+# Its answer is most of what it holds, so two of them reach 80% of a budget that has room for the second's most:
+# 4 + 400 words, 2.02 per request.
+LONG = dict(CHAT, max_tokens=400)
+LONG_COST = Decimal("2.02")
 
 
 @pytest.fixture
@@ -53,8 +56,8 @@ def gateway(transactional_db, request):
     yield from gateway_for(request, TOKENWISE_BUDGET_CACHE_SECONDS="0")
 
 
-def ask(gateway, raw):
-    return httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT, timeout=30,
+def ask(gateway, raw, body=CHAT):
+    return httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30,
                       headers={"Authorization": f"Bearer {raw}"})
 
 
@@ -62,47 +65,48 @@ def logged(count):
     return wait_until(lambda: RequestLog.objects.count() >= count, seconds=10, message=f"{count} usage records")
 
 
-def most_a_request_may_cost():
-    """What the gateway holds for one CHAT request: its prompt's estimate plus max_tokens at the route's price."""
-    held = maximum(input_token_estimate(CHAT), CHAT, [Channel.objects.get(name="cloud")])
+def most_a_request_may_cost(body):
+    """What the gateway holds for one request: its prompt's bound plus max_tokens at the route's price."""
+    held = maximum(prompt_bound(body).tokens, body, [Channel.objects.get(name="cloud")])
     return money_from_units(held.money_units)
 
 
 def test_it_refuses_a_spent_team_budget_alerts_once_and_survives_a_redis_flush(gateway, priced, client):
     team, fake = priced["team"], priced["fake"]
-    assert ask(gateway, priced["raw_app"]).status_code == 200  # before any budget
+    fake.behave("ok", chunks=400)
+    assert ask(gateway, priced["raw_app"], LONG).status_code == 200  # before any budget
     logged(1)
-    assert RequestLog.objects.get().cost == COST
-    most = most_a_request_may_cost()
-    assert most > COST  # the estimate and max_tokens bound the real cost from above
-    limit = (COST + most).quantize(Decimal("0.01"), rounding=ROUND_CEILING)  # a budget has cents
+    assert RequestLog.objects.get().cost == LONG_COST
+    most = most_a_request_may_cost(LONG)
+    assert most > LONG_COST  # the prompt's bound and max_tokens bound the real cost from above
+    limit = (LONG_COST + most).quantize(Decimal("0.01"), rounding=ROUND_CEILING)  # a budget has cents
     budget_set(team=team, money_per_month=limit, user=priced["alice"])
-    assert ask(gateway, priced["raw_app"]).status_code == 200  # 0.12 spent before it, and room for its most
+    assert ask(gateway, priced["raw_app"], LONG).status_code == 200  # 2.02 spent before it, and room for its most
     logged(2)
-    # 0.24 spent: the request that crossed 80% raised the notice itself, not the reconciliation a minute later
+    # 4.04 spent: the request that crossed 80% raised the notice itself, not the reconciliation a minute later
     notice = wait_until(lambda: BudgetNotice.objects.filter(level=BudgetNotice.Level.ALERT).first(), seconds=5,
                         message="the 80% notice")
     assert budgets_reconcile() == []
     client.force_login(priced["vera"])  # a viewer sees the banner and the page
     banner = client.get(reverse("home")).content.decode()
-    assert f"{int(2 * COST / limit * 100)}% of the monthly money budget spent" in banner
+    assert f"{int(2 * LONG_COST / limit * 100)}% of the monthly money budget spent" in banner
     upstream_seen = len(fake.requests)
-    refused = ask(gateway, priced["raw_batch"])  # 0.24 spent: what is left cannot cover this request's most
+    refused = ask(gateway, priced["raw_batch"], LONG)  # 4.04 spent: what is left cannot cover this request's most
     assert refused.status_code == 402
     error = refused.json()["error"]
     assert (error["code"], error["type"]) == ("budget_exceeded", "insufficient_quota")
     assert f"costing up to {most:.6f} USD at the route's highest price" in error["message"]
-    assert (f"this team's monthly budget of {limit} USD has {limit - 2 * COST:.6f} USD left (0.240000 spent, "
+    assert (f"this team's monthly budget of {limit} USD has {limit - 2 * LONG_COST:.6f} USD left (4.040000 spent, "
             f"0.000000 held by requests in flight): lower max_tokens or raise the budget") in error["message"]
     assert len(fake.requests) == upstream_seen  # nothing went upstream
     logged(3)
     row = RequestLog.objects.order_by("-created_at").first()
     assert (row.status_code, row.error_kind, row.cost) == (402, "budget_exceeded", 0)
 
-    budget_set(team=team, money_per_month=Decimal("0.24"), user=priced["alice"])  # lowered to what is spent
-    spent = ask(gateway, priced["raw_app"])
+    budget_set(team=team, money_per_month=2 * LONG_COST, user=priced["alice"])  # lowered to what is spent
+    spent = ask(gateway, priced["raw_app"], LONG)
     assert spent.status_code == 402
-    assert "this team's monthly budget of 0.24 USD is spent (0.24 USD this month)" in spent.json()["error"]["message"]
+    assert "this team's monthly budget of 4.04 USD is spent (4.04 USD this month)" in spent.json()["error"]["message"]
     assert "renews on" in spent.json()["error"]["message"]
     [exhausted] = budgets_reconcile()
     assert exhausted.level == BudgetNotice.Level.EXHAUSTED and exhausted.pk > notice.pk
@@ -112,37 +116,38 @@ def test_it_refuses_a_spent_team_budget_alerts_once_and_survives_a_redis_flush(g
     assert "the monthly budget is spent" in client.get(reverse("budgets")).content.decode()
 
     # A Redis flush forgets the counters; the reconciliation (the beat task's body) brings them back.
-    budget_set(team=team, money_per_month=COST * 3, user=priced["alice"])  # 0.36
+    budget_set(team=team, money_per_month=LONG_COST * 3, user=priced["alice"])  # 6.06
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
-    assert ask(gateway, priced["raw_app"]).status_code == 200  # the window until the next reconciliation
+    assert ask(gateway, priced["raw_app"], LONG).status_code == 200  # the window until the next reconciliation
     logged(5)
     assert reconcile_budgets() == 0  # no new notice
-    again = ask(gateway, priced["raw_app"])
-    assert again.status_code == 402 and "0.36 USD is spent (0.36 USD this month)" in again.json()["error"]["message"]
+    again = ask(gateway, priced["raw_app"], LONG)
+    assert again.status_code == 402 and "6.06 USD is spent (6.06 USD this month)" in again.json()["error"]["message"]
     assert settings.CELERY_BEAT_SCHEDULE["reconcile-budgets"]["task"] == reconcile_budgets.name
 
 
 def test_it_refuses_a_request_a_key_budget_cannot_cover_and_leaves_the_other_keys_alone(gateway, priced):
-    most = input_token_estimate(CHAT) + CHAT["max_tokens"]  # the tokens held for one request
-    budget_set(team=priced["team"], key=priced["batch"], tokens_per_month=24 + most, user=priced["alice"])
-    assert ask(gateway, priced["raw_batch"]).status_code == 200  # 24 tokens
-    assert ask(gateway, priced["raw_batch"]).status_code == 200  # 24 + its most fit exactly
-    refused = ask(gateway, priced["raw_batch"])
+    priced["fake"].behave("ok", chunks=400)
+    most = prompt_bound(LONG).tokens + LONG["max_tokens"]  # the tokens held for one request
+    budget_set(team=priced["team"], key=priced["batch"], tokens_per_month=404 + most, user=priced["alice"])
+    assert ask(gateway, priced["raw_batch"], LONG).status_code == 200  # 404 tokens
+    assert ask(gateway, priced["raw_batch"], LONG).status_code == 200  # 404 + its most fit exactly
+    refused = ask(gateway, priced["raw_batch"], LONG)
     assert refused.status_code == 402
     said = refused.json()["error"]["message"]
-    assert (f"this key's monthly budget of {24 + most} tokens has {most - 24} left (48 spent, 0 held by requests in "
-            f"flight): lower max_tokens or raise the budget") in said
+    assert (f"this key's monthly budget of {404 + most:,} tokens has {most - 404} left (808 spent, 0 held by "
+            f"requests in flight): lower max_tokens or raise the budget") in said
     assert ask(gateway, priced["raw_app"]).status_code == 200  # the team and its other keys go on
     logged(4)
     uses = {use.name: use for use in budget_usage(team=priced["team"])}
-    assert uses[f"Key {priced['batch']}"].tokens == 48 and uses[f"Key {priced['batch']}"].level == "alert"
-    assert uses[f"Whole team ({priced['team'].name})"].tokens == 72
+    assert uses[f"Key {priced['batch']}"].tokens == 808 and uses[f"Key {priced['batch']}"].level == "alert"
+    assert uses[f"Whole team ({priced['team'].name})"].tokens == 832
 
 
 def test_a_key_that_fits_max_tokens_to_its_budget_is_served_shorter_then_refused_when_nothing_is_left(gateway, priced):
     # Three requests a minute: a fitted request counted twice in its minute would make the third a 429.
     fitting, raw = key_issue(team=priced["team"], user=priced["alice"], name="fits", fit_to_budget=True, rpm_limit=3)
-    prompt = input_token_estimate(CHAT)
+    prompt = prompt_bound(CHAT).tokens
     budget_set(team=priced["team"], key=fitting, tokens_per_month=24 + prompt + 6, user=priced["alice"])
     assert ask(gateway, raw).status_code == 200  # 24 tokens: 4 in the prompt, 20 in the answer
     fitted = ask(gateway, raw)  # its most (the prompt and 20) does not fit; the prompt and 6 do
@@ -156,13 +161,11 @@ def test_a_key_that_fits_max_tokens_to_its_budget_is_served_shorter_then_refused
 
 
 def test_fitting_a_money_budget_finds_the_longest_answer_it_pays_for():
-    from types import SimpleNamespace
-
     from panel.budgets.counters import UNIT
     from panel.budgets.enforcement import Limits
     from panel.budgets.reservations import fitting_completion
 
-    channel = SimpleNamespace(cost=lambda prompt, completion: (prompt + completion) * PRICE / 1_000_000)
+    channel = Channel(price_input_per_million=PRICE, price_output_per_million=PRICE)
     asked = maximum(4, {"max_tokens": 20}, [channel])  # 0.12
     scopes = [("key", 1, Limits(money=Decimal("1.00"), tokens=None))]
     spent = int(Decimal("0.95") * UNIT)  # 0.05 left: 10 tokens at 0.005, 4 of them the prompt's
@@ -282,7 +285,7 @@ def in_process(priced, monkeypatch, *, stream, count):
         try:
             await app.application(scope, receive, send)
         finally:
-            await upstream.sessions_close()
+            await upstream.connections_close()
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright may hold this thread's event loop
         pool.submit(asyncio.run, scenario()).result()
@@ -342,7 +345,7 @@ def test_concurrent_streams_end_at_or_under_the_budget(gateway, priced, streams)
     import concurrent.futures
 
     priced["fake"].behave("slow_drip", delay=0.02)
-    most = input_token_estimate(CHAT) + CHAT["max_tokens"]
+    most = prompt_bound(CHAT).tokens + CHAT["max_tokens"]
     budget_set(team=priced["team"], key=priced["app"], tokens_per_month=5 * most, user=priced["alice"])
 
     def stream():
@@ -367,7 +370,7 @@ def test_the_budgets_page_shows_what_requests_in_flight_hold(gateway, priced, cl
     import threading
 
     priced["fake"].behave("slow_drip", delay=0.2)
-    most = input_token_estimate(CHAT) + CHAT["max_tokens"]
+    most = prompt_bound(CHAT).tokens + CHAT["max_tokens"]
     budget_set(team=priced["team"], key=priced["app"], tokens_per_month=10 * most, user=priced["alice"])
     streaming = threading.Thread(target=lambda: httpx.post(
         f"{gateway.url}/v1/chat/completions", json=dict(CHAT, stream=True), timeout=60,

@@ -10,17 +10,17 @@ from django.urls import reverse
 
 from panel.audit.models import AuditAction, AuditEvent
 from panel.budgets.models import Budget, BudgetNotice
+from panel.budgets.reservations import prompt_bound
 from panel.budgets.services import budget_set, budget_usage, budgets_reconcile
-from panel.channels.rules import input_token_estimate
 from panel.usage.models import RequestLog
-from tests.budgets.test_budgets import CHAT, admin_client, gateway, priced  # noqa: F401 (fixtures)
+from tests.budgets.test_budgets import CHAT, LONG, admin_client, gateway, priced  # noqa: F401 (fixtures)
 from tests.support.api_helpers import call, owner_token  # noqa: F401 (fixtures)
 from tests.support.waiting import wait_until
 
 
-def ask(gateway, raw, tags=None):
+def ask(gateway, raw, tags=None, body=CHAT):
     headers = {"Authorization": f"Bearer {raw}", **({"x-tokenwise-tags": tags} if tags else {})}
-    return httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT, timeout=30, headers=headers)
+    return httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=30, headers=headers)
 
 
 def logged(count):
@@ -33,28 +33,29 @@ def tag_use(team, tag):
 
 def test_a_tag_budget_refuses_its_tag_and_leaves_other_requests_alone(gateway, priced):
     team, raw = priced["team"], priced["raw_app"]
-    most = input_token_estimate(CHAT) + CHAT["max_tokens"]
-    budget_set(team=team, tag="search", tokens_per_month=24 + most, user=priced["alice"])
-    assert ask(gateway, raw, "search").status_code == 200  # 24 tokens
-    assert ask(gateway, raw, "Search, beta").status_code == 200  # 48: its most fitted exactly
+    priced["fake"].behave("ok", chunks=400)
+    most = prompt_bound(LONG).tokens + LONG["max_tokens"]
+    budget_set(team=team, tag="search", tokens_per_month=404 + most, user=priced["alice"])
+    assert ask(gateway, raw, "search", LONG).status_code == 200  # 404 tokens
+    assert ask(gateway, raw, "Search, beta", LONG).status_code == 200  # 808: its most fitted exactly
     logged(2)
     assert wait_until(lambda: BudgetNotice.objects.filter(budget__tag="search").first(), seconds=5,
                       message="the tag budget's 80% notice").level == BudgetNotice.Level.ALERT
-    refused = ask(gateway, priced["raw_batch"], "beta,search")  # another key: the tag's budget is the team's
+    refused = ask(gateway, priced["raw_batch"], "beta,search", LONG)  # another key: the tag's budget is the team's
     assert refused.status_code == 402
     said = refused.json()["error"]["message"]
-    assert (f'the "search" tag\'s monthly budget of {24 + most} tokens has {most - 24} left (48 spent, 0 held by '
-            f"requests in flight): lower max_tokens or raise the budget") in said
+    assert (f'the "search" tag\'s monthly budget of {404 + most:,} tokens has {most - 404} left (808 spent, 0 held '
+            f"by requests in flight): lower max_tokens or raise the budget") in said
     assert ask(gateway, raw, "beta").status_code == 200  # another tag
     assert ask(gateway, raw).status_code == 200  # no tag
     logged(5)
-    assert tag_use(team, "search").tokens == 48 and tag_use(team, "search").level == "alert"
+    assert tag_use(team, "search").tokens == 808 and tag_use(team, "search").level == "alert"
 
     # A Redis flush forgets the tag's counter; the reconciliation brings it back from the usage records.
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
     budgets_reconcile()
     again = ask(gateway, raw, "search")
-    assert again.status_code == 402 and "48 spent" in again.json()["error"]["message"]
+    assert again.status_code == 402 and "808 spent" in again.json()["error"]["message"]
 
 
 def test_a_budget_set_after_the_spend_counts_the_tags_spend_this_month(gateway, priced):
