@@ -1,9 +1,11 @@
 """What the gateway costs as a client sees it, with the web server started as `make run` starts it, side by side with
 calling the upstream directly and with LiteLLM's proxy, in one run (not a test; results in docs/benchmarks.md):
 
-  .venv/bin/python bench/gateway_client_bench.py [--rounds 3] [--requests 100] [--seconds 8] [--cpu-requests 400]
-                                                 [--chunk-delay 0.005] [--litellm /tmp/litellm-venv/bin/litellm]
-                                                 [--server make-run|single] [--celery] [--key-rpm N] [--parts ...]
+  .venv/bin/python bench/gateway_client_bench.py [--rounds 3] [--requests 100] [--rps-rounds 2] [--seconds 8]
+                                                 [--cpu-requests 400] [--cpu-concurrency 8] [--chunk-delay 0.005]
+                                                 [--litellm /tmp/litellm-venv/bin/litellm] [--parts ttft,rps,cpu]
+                                                 [--gateways make-run,one-worker,single] [--celery]
+                                                 [--key-rpm N] [--profile FILE]
 
 Every piece runs in a process of its own: the fake upstream (tests/support/fake_upstream.py: content pieces
 --chunk-delay apart, the end at once), a Redis of the bench's own (started by the launcher's `start_redis`, with a
@@ -15,25 +17,31 @@ off), LiteLLM's proxy (one worker) on the same upstream, and each client.
    ones), the paths' order turning every round: the time to the first event with content (a non-empty delta: the
    role event that comes with the headers does not count) and to the first event of any kind. The figure is the
    median of the rounds' p50s; what a path adds is that less the direct call's.
-2. Requests per second at concurrency 16, 20-chunk streams read to their end, by turns (gateway_bench.load: aiohttp
-   in a process of its own).
+2. Requests per second at concurrency 16, 20-chunk streams read to their end, by turns for --rps-rounds rounds
+   (gateway_bench.load: aiohttp in a process of its own).
 3. CPU per request of the server, as a client's operator pays it: utime + stime of every process of it (the uvicorn
    supervisor and every worker, every thread, from /proc/<pid>/stat through psutil; LiteLLM's whole tree), read
-   before and after --cpu-requests streams at concurrency 8, for 20 and for 200 chunks; a line through both gives
+   before and after --cpu-requests streams at --cpu-concurrency, for 20 and for 200 chunks; a line through both gives
    the fixed cost and the cost per chunk. Reported as measured (idle time included, the reviewer's way) and less the
    server's idle rate measured just before; the upstream's own CPU per request beside it.
 
-Options to find why two measures differ: --server single runs the gateway as bench/gateway_overhead.py does (one
-uvicorn process: no supervisor, no Prometheus folder); TOKENWISE_WEB_PROCESSES=N in the environment sets the worker
-count as it does for `make run`; --celery also starts the Celery processes `make run` starts (the default, long and
-GPU workers and beat) beside the web server; --key-rpm gives the key a requests-per-minute limit (its admission then
-waits on Redis before the upstream call); --chunk-delay 0 serves every stream at once.
+Options to find why two measures differ: --gateways make-run,one-worker,single measures, beside the gateway as
+`make run` starts it, the same with one worker (TOKENWISE_WEB_PROCESSES=1) and one uvicorn process as
+bench/gateway_overhead.py starts it (no supervisor, no Prometheus folder), each a path of its own in the same turns;
+--celery also starts the Celery processes `make run` starts (the default, long and GPU workers and beat) beside the
+web server; --key-rpm gives the key a requests-per-minute limit (its admission then waits on Redis before the
+upstream call); --chunk-delay 0 serves every stream at once; --cpu-concurrency 16 as the older benches. The CPU
+measure also says which threads spent it (the supervisor, the workers' event loops, their other threads), user and
+system apart. --profile FILE adds a pass of 20-chunk streams through one gateway process whose event loop runs under
+cProfile on its CPU clock (bench/gateway_cpu_bench.py's --serve-profiled) and writes the report to FILE.
 The whole run prints the machine's busy CPU over it and the share of it that was not the bench's (others' work)."""
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -67,15 +75,22 @@ def own_redis(folder):
     return process, f"redis://:{password}@127.0.0.1:{port}/0"
 
 
+GATEWAYS = {"make-run": "gateway", "one-worker": "gateway_one_worker", "single": "gateway_single"}
+
+
 def web_server(env, kind):
     """The web server as `make run` starts it (`kind` "make-run": panel/web.py with the launcher's options and
-    environment) or as bench/gateway_overhead.py does ("single": one uvicorn process). Returns (process, base URL)."""
+    environment; "one-worker": the same with TOKENWISE_WEB_PROCESSES=1) or as bench/gateway_overhead.py does
+    ("single": one uvicorn process, no supervisor, no Prometheus folder). Returns (process, base URL)."""
     port = free_port()
     env = dict(env, PYTHONUNBUFFERED="1", TOKENWISE_METRICS_TOKEN=secrets.token_urlsafe(32))
-    if kind == "make-run":
-        argv = [sys.executable, "-m", "panel.web", "--host", "127.0.0.1", "--port", str(port)]
-    else:
+    if kind == "single":
         argv = [sys.executable, *SERVER, "--port", str(port)]
+    else:
+        argv = [sys.executable, "-m", "panel.web", "--host", "127.0.0.1", "--port", str(port)]
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(Path(env["TOKENWISE_DATA_DIR"]) / f"prometheus-{kind}")  # its own
+        if kind == "one-worker":
+            env["TOKENWISE_WEB_PROCESSES"] = "1"
     process = start(argv, env=env, ready_url=f"http://127.0.0.1:{port}/login/", seconds=120)
     return process, f"http://127.0.0.1:{port}/v1"
 
@@ -98,6 +113,36 @@ def tree(pid):
     return [root, *root.children(recursive=True)]
 
 
+def thread_seconds(processes):
+    """CPU seconds (user, system) of each process's main thread (a worker's event loop) and of its other threads
+    together (the usage writer's, mostly), by pid."""
+    found = {}
+    for process in processes:
+        try:
+            threads = process.threads()
+        except psutil.NoSuchProcess:
+            continue
+        main = [(t.user_time, t.system_time) for t in threads if t.id == process.pid]
+        others = [(t.user_time, t.system_time) for t in threads if t.id != process.pid]
+        found[process.pid] = {"main": [sum(column) for column in zip(*main)] or [0.0, 0.0],
+                              "others": [sum(column) for column in zip(*others)] or [0.0, 0.0]}
+    return found
+
+
+def thread_spent(before, after, supervisor, count):
+    """What each kind of thread spent between two thread_seconds readings, in ms per request, user and system:
+    the supervisor (None for a server of one process), the workers' event loops, the workers' other threads."""
+    spent = {"supervisor": [0.0, 0.0], "worker_event_loops": [0.0, 0.0], "worker_other_threads": [0.0, 0.0]}
+    for pid, now in after.items():
+        was = before.get(pid, {"main": [0.0, 0.0], "others": [0.0, 0.0]})
+        for part in ("main", "others"):
+            name = ("supervisor" if pid == supervisor else
+                    "worker_event_loops" if part == "main" else "worker_other_threads")
+            for index in (0, 1):
+                spent[name][index] += (now[part][index] - was[part][index]) * 1000 / count
+    return {name: {"user_ms": user, "system_ms": system} for name, (user, system) in spent.items()}
+
+
 def cpu_seconds(processes):
     """utime + stime of `processes`, every thread (/proc/<pid>/stat); one that ended meanwhile counts nothing."""
     total = 0.0
@@ -110,11 +155,13 @@ def cpu_seconds(processes):
     return total
 
 
-def machine_busy_seconds():
-    """CPU seconds the whole machine spent busy since boot (every core), from /proc/stat."""
+def machine_seconds():
+    """CPU seconds the whole machine spent busy since boot (every core) and those the hypervisor took (steal), from
+    /proc/stat."""
     fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, steal / tick
 
 
 # The clients: each a process of its own (`--client SPEC`), printing one JSON line.
@@ -164,14 +211,14 @@ def ttft_client(spec):
             for _ in range(5):  # warm-up: the path was idle while the others ran
                 first_times(http, path["url"], path["token"], body)
             times = [first_times(http, path["url"], path["token"], body) for _ in range(spec["requests"])]
-            rounds[path["name"]].append({"content": summary([content for _, content in times]),
-                                         "first_event": summary([event for event, _ in times])})
+            rounds[path["name"]].append({"content": percentiles([content for _, content in times]),
+                                         "first_event": percentiles([event for event, _ in times])})
     for http in clients.values():
         http.close()
     return rounds
 
 
-def summary(seconds):
+def percentiles(seconds):
     ordered = sorted(value * 1000 for value in seconds)
     return {"p50_ms": statistics.median(ordered), "p95_ms": ordered[int(len(ordered) * 0.95)],
             "mean_ms": statistics.mean(ordered)}
@@ -238,7 +285,7 @@ def ttft_rounds(paths, args):
 def rps_rounds(paths, args):
     """2.: requests per second at concurrency 16 by turns; the median of each path's rounds."""
     runs = {path["name"]: [] for path in paths}
-    for index in range(args.rounds):
+    for index in range(args.rps_rounds):
         for path in paths[index % len(paths):] + paths[:index % len(paths)]:
             runs[path["name"]].append(load(path["url"], path["token"], 16, args.seconds, max_tokens=20))
     result = {name: {"rps": statistics.median(run["rps"] for run in values), "runs": values}
@@ -248,39 +295,83 @@ def rps_rounds(paths, args):
     return result
 
 
-def cpu_per_request(path, server, fake, chunks, args):
-    """3. for one path and size: CPU ms per request of the server's process tree (as measured, and less its idle
-    rate) and of the upstream."""
+@contextlib.contextmanager
+def streams_ready(path, chunks, args):
+    """A streams client for `path`, warmed up and waiting; the caller reads what it needs, then calls the yielded
+    function, which sends the streams and returns what they took."""
     spec = {"mode": "streams", "url": path["url"], "token": path["token"], "chunks": chunks, "warmup": 40,
-            "requests": args.cpu_requests, "concurrency": 8}
+            "requests": args.cpu_requests, "concurrency": args.cpu_concurrency}
     runner = subprocess.Popen([sys.executable, __file__, "--client", json.dumps(spec)], cwd=ROOT, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def go():
+        runner.stdin.write("go\n")
+        runner.stdin.flush()
+        done = json.loads(runner.stdout.readline())
+        if done["failed"]:
+            raise SystemExit(f"{done['failed']} streams through {path['name']} failed, e.g. {done['failures']}")
+        return done
+
     try:
         if runner.stdout.readline().strip() != "ready":
             raise SystemExit(f"the streams client for {path['name']} did not start")
+        yield go
+    finally:
+        runner.kill()
+        runner.wait()
+
+
+def cpu_per_request(path, server, fake, chunks, args):
+    """3. for one path and size: CPU ms per request of the server's process tree (as measured, and less its idle
+    rate) and of the upstream."""
+    with streams_ready(path, chunks, args) as go:
         processes, upstream_processes = tree(server.pid), tree(fake.pid)
         idle_before = cpu_seconds(processes)
         time.sleep(2)
         idle_rate = (cpu_seconds(processes) - idle_before) / 2
         before, upstream_before = cpu_seconds(processes), cpu_seconds(upstream_processes)
+        threads_before = thread_seconds(processes)
         started = time.perf_counter()
-        runner.stdin.write("go\n")
-        runner.stdin.flush()
-        done = json.loads(runner.stdout.readline())
+        done = go()
         time.sleep(0.5)  # the usage writer's last batch (it writes every 0.2 s) counts too
         wall = time.perf_counter() - started
         spent = cpu_seconds(processes) - before
         upstream_spent = cpu_seconds(upstream_processes) - upstream_before
-    finally:
-        runner.kill()
-        runner.wait()
-    if done["failed"]:
-        raise SystemExit(f"{done['failed']} streams through {path['name']} failed, e.g. {done['failures']}")
+        threads_after = thread_seconds(processes)
     count = args.cpu_requests
     return {"chunks": chunks, "processes": len(processes), "ms_per_request": spent * 1000 / count,
             "less_idle_ms_per_request": (spent - idle_rate * wall) * 1000 / count,
             "idle_ms_per_s": idle_rate * 1000, "upstream_ms_per_request": upstream_spent * 1000 / count,
-            "requests_per_s": count / done["wall_s"]}
+            "requests_per_s": count / done["wall_s"],
+            "by_thread": thread_spent(threads_before, threads_after, server.pid if len(processes) > 1 else None,
+                                      count)}
+
+
+def profile(env, key, args):
+    """A gateway worker's event loop under cProfile, timed by that thread's CPU clock (bench/gateway_cpu_bench.py's
+    --serve-profiled: one uvicorn process, here with a Prometheus folder as a worker of `make run` has), through a
+    pass of 20-chunk streams after a warm-up; the report goes to --profile. Returns the thread's CPU meanwhile,
+    measured by /proc, to scale the profile's figures (cProfile's own overhead inflates them) by."""
+    port, report = free_port(), Path(args.profile).resolve()
+    folder = Path(env["TOKENWISE_DATA_DIR"]) / "prometheus-profiled"
+    folder.mkdir(exist_ok=True)
+    server = start([sys.executable, str(Path(__file__).with_name("gateway_cpu_bench.py")), "--serve-profiled",
+                    str(port), str(report), "cprofile"],
+                   env=dict(env, PROMETHEUS_MULTIPROC_DIR=str(folder), PYTHONPATH=str(ROOT)),
+                   ready_url=f"http://127.0.0.1:{port}/login/", seconds=120)
+    try:
+        path = {"name": "profiled gateway", "url": f"http://127.0.0.1:{port}/v1/chat/completions", "token": key}
+        with streams_ready(path, 20, args) as go:
+            process = psutil.Process(server.pid)
+            server.send_signal(signal.SIGUSR1)  # the profiler starts now, after the warm-up
+            time.sleep(0.5)
+            before = thread_seconds([process])[process.pid]
+            go()
+            after = thread_seconds([process])[process.pid]
+    finally:
+        stop(server)
+    loop_ms = sum(after["main"]) - sum(before["main"])
+    return {"event_loop_cpu_ms_per_request": loop_ms * 1000 / args.cpu_requests, "report": str(report)}
 
 
 def cpu_rows(paths, servers, fake, args):
@@ -312,9 +403,17 @@ def report(results):
                      f"200: {row['measured']['fixed_ms']:.2f} ms + {row['measured']['ms_per_chunk']:.4f}/chunk "
                      f"(less idle {row['less_idle']['fixed_ms']:.2f} + {row['less_idle']['ms_per_chunk']:.4f}); "
                      f"upstream {small['upstream_ms_per_request']:.2f} / {large['upstream_ms_per_request']:.2f} ms")
+        for size in row["rows"]:
+            lines.append(f"    {size['chunks']} chunks by thread, user + system ms per request: " + ", ".join(
+                f"{part} {spent['user_ms']:.2f} + {spent['system_ms']:.2f}"
+                for part, spent in size.get("by_thread", {}).items()))
+    if "profile" in results:
+        lines.append(f"profile: the event loop's CPU {results['profile']['event_loop_cpu_ms_per_request']:.2f} ms per "
+                     f"request under cProfile; report in {results['profile']['report']}")
     machine = results["machine"]
-    lines.append(f"machine busy {machine['busy_s']:.0f} CPU s over {machine['wall_s']:.0f} s, "
-                 f"not this bench's: {machine['others_s']:.0f} CPU s")
+    lines.append(f"machine busy {machine['busy_s']:.0f} CPU s over {machine['wall_s']:.0f} s on "
+                 f"{machine['cores']} cores, not this bench's: {machine['others_s']:.0f} CPU s; "
+                 f"stolen by the hypervisor: {machine['steal_s']:.0f} s")
     return "\n".join(lines)
 
 
@@ -323,21 +422,25 @@ def main():
         client(json.loads(sys.argv[2]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="TTFT and requests/s rounds, the paths by turns")
+    parser.add_argument("--rounds", type=int, default=3, help="TTFT rounds, the paths by turns")
     parser.add_argument("--requests", type=int, default=100, help="sequential streams per path and TTFT round")
     parser.add_argument("--seconds", type=float, default=8, help="seconds counted per requests/s round")
-    parser.add_argument("--cpu-requests", type=int, default=400, help="streams per CPU measure (concurrency 8)")
+    parser.add_argument("--rps-rounds", type=int, default=2, help="requests/s rounds, the paths by turns")
+    parser.add_argument("--cpu-requests", type=int, default=400, help="streams per CPU measure")
+    parser.add_argument("--cpu-concurrency", type=int, default=8, help="concurrency of the CPU measure")
     parser.add_argument("--chunk-delay", type=float, default=0.005, help="seconds between the upstream's pieces")
     parser.add_argument("--litellm", default=LITELLM if Path(LITELLM).exists() else None,
                         help=f"the litellm command of a venv with litellm[proxy] (default {LITELLM} when there)")
-    parser.add_argument("--server", choices=("make-run", "single"), default="make-run",
-                        help="the gateway as `make run` starts it, or one uvicorn process as gateway_overhead.py")
+    parser.add_argument("--gateways", default="make-run",
+                        help="comma-separated: make-run (as `make run` starts it), one-worker (the same, one worker), "
+                             "single (one uvicorn process, as gateway_overhead.py): each a path of its own")
     parser.add_argument("--celery", action="store_true", help="also start make run's Celery workers and beat")
     parser.add_argument("--key-rpm", type=int, help="give the key this requests-per-minute limit")
     parser.add_argument("--parts", default="ttft,rps,cpu", help="which of ttft, rps, cpu to measure")
+    parser.add_argument("--profile", help="after the measures, profile a gateway worker's event loop into this file")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    busy_before, wall_before = machine_busy_seconds(), time.perf_counter()
+    (busy_before, steal_before), wall_before = machine_seconds(), time.perf_counter()
     folder = Path(tempfile.mkdtemp(prefix="tokenwise-client-bench-"))
     running = []
     try:
@@ -349,20 +452,23 @@ def main():
         env, key = prepare_panel(folder, fake_url)
         if args.key_rpm:
             key_limit_set(env, args.key_rpm)
-        gateway, gateway_url = web_server(env, args.server)
-        running.append(gateway)
+        paths = [{"name": "direct", "url": f"{fake_url}/chat/completions", "token": "unused"}]
+        servers = {}
+        for kind in args.gateways.split(","):
+            server, url = web_server(env, kind)
+            running.append(server)
+            servers[GATEWAYS[kind]] = server
+            paths.append({"name": GATEWAYS[kind], "url": f"{url}/chat/completions", "token": key})
         if args.celery:
             running += celery_processes(env)
-        paths = [{"name": "direct", "url": f"{fake_url}/chat/completions", "token": "unused"},
-                 {"name": "gateway", "url": f"{gateway_url}/chat/completions", "token": key}]
-        servers = {"gateway": gateway}
         if args.litellm:
             litellm, litellm_url, master_key = litellm_start(args.litellm, fake_url)
             running.append(litellm)
             paths.append({"name": "litellm", "url": f"{litellm_url}/chat/completions", "token": master_key})
             servers["litellm"] = litellm
-        results = {"settings": {**vars(args), "web_processes": len(tree(gateway.pid)),
-                                "gateway_processes": [" ".join(p.cmdline()[1:6]) for p in tree(gateway.pid)]}}
+        results = {"settings": {**vars(args), "processes": {
+            name: [" ".join(process.cmdline()[1:6]) for process in tree(server.pid)]
+            for name, server in servers.items()}}}
         if "ttft" in parts:
             results["ttft"] = ttft_rounds(paths, args)
             print(json.dumps({"ttft": results["ttft"]}), flush=True)
@@ -371,13 +477,16 @@ def main():
             print(json.dumps({"rps": results["rps"]}), flush=True)
         if "cpu" in parts:
             results["cpu"] = cpu_rows(paths, servers, fake, args)
+        if args.profile:
+            results["profile"] = profile(env, key, args)
         ours = sum(cpu_seconds(tree(process.pid)) for process in running) + sum(os.times()[:4])
     finally:
         for process in reversed(running):
             stop(process)
-    busy = machine_busy_seconds() - busy_before
-    results["machine"] = {"wall_s": time.perf_counter() - wall_before, "busy_s": busy, "bench_s": ours,
-                          "others_s": max(busy - ours, 0.0), "cores": os.cpu_count()}
+    busy, steal = machine_seconds()
+    results["machine"] = {"wall_s": time.perf_counter() - wall_before, "busy_s": busy - busy_before, "bench_s": ours,
+                          "others_s": max(busy - busy_before - ours, 0.0), "steal_s": steal - steal_before,
+                          "cores": os.cpu_count(), "load_average": os.getloadavg()}
     print(json.dumps(results, indent=2), flush=True)
     print(report(results), flush=True)
 
