@@ -99,7 +99,7 @@ class RouteTargets:
     entries: tuple
     canary: Target | None = None  # the candidate channel while a canary is active
     canary_percent: int = 0
-    deadline: float = 45.0  # seconds for every attempt, retry and fallback until the answer starts
+    deadline: float | None = 45.0  # seconds for every attempt, retry and fallback until the answer starts (None: none)
     rules: tuple = ()  # CachedRule, in the order they are tried
     balance: str = ""  # over the leading local channels (a deployment's replicas): gateway/balancing.py
     affinity_header: str = ""
@@ -199,6 +199,25 @@ def _load(team_id, model_name):
                         rules=rules, balance=route.balance, affinity_header=route.affinity_header,
                         while_waking=route.while_waking, sampling=samples.plan_for(route), shadow=_shadow(route),
                         spill_wait_ms=route.spill_wait_ms)
+
+
+def route_read(team_id, model_name):
+    """The team's enabled route for `model_name` as the gateway caches it, read now (None when there is none): for
+    the panel's own requests to a route (Compare, an evaluation run), which go through the gateway's pipeline."""
+    return _load(team_id, model_name)
+
+
+def channel_route(channel, *, retries=None):
+    """A route of one channel, for the panel's own requests to a channel by name (a Compare column, an evaluation's
+    candidate or helper, a shadow test's candidate): no fallback, no rules, no canary; the channel's own timeout is
+    its deadline. `retries`: the attempts after the first (None: the channel's own setting)."""
+    target = channel if isinstance(channel, Target) else target_for(channel)
+    if retries is not None:
+        target = replace(target, max_retries=retries)
+    return RouteTargets(route_id=None, model_name=target.model_id, strategy=RouteStrategy.PRIORITY,
+                        fallback_on_error=False, entries=(Entry(channel=target.channel, position=0, weight=1,
+                                                                target=target),),
+                        deadline=None)
 
 
 def _shadow(route):

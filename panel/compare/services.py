@@ -3,7 +3,6 @@ per-column history, and the word diff of two answers. The streaming itself is in
 import difflib
 import math
 import re
-from dataclasses import replace
 
 from django.conf import settings
 from django.db import transaction
@@ -11,23 +10,18 @@ from django.db.models import Q
 from django.utils import timezone
 
 from panel.channels.models import Channel, ChannelKind, Route
-from panel.channels.routing import target_for
 from panel.compare.models import Conversation, Message, MessageRole
-from panel.compare.relay import Column
+from panel.gateway.panel_requests import CandidateError, candidate_resolve, candidate_spec
 
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
 MAX_MESSAGE_CHARS = 32_000
 MAX_SYSTEM_CHARS = 64_000
 MAX_JSON_REPEATS = 50
-KEY = re.compile(r"^(channel|route):(\d{1,10})$")
 
 
-class CompareError(Exception):
-    """Input the page must refuse, with the sentence it shows. `status` 400 (bad input) or 404 (not yours)."""
-
-    def __init__(self, message, *, status=400, field=""):
-        super().__init__(message)
-        self.status, self.field = status, field
+class CompareError(CandidateError):
+    """Input the page must refuse, with the sentence it shows. `status` 400 (bad input) or 404 (not yours). A column
+    that is no candidate raises the CandidateError it is a kind of."""
 
 
 def column_choices(*, team):
@@ -66,43 +60,7 @@ def columns_parse(*, team, keys):
         raise CompareError(f"pick {MIN_COLUMNS} to {MAX_COLUMNS} columns (you picked {len(keys)})", field="columns")
     if len(set(keys)) != len(keys):
         raise CompareError("the same channel or route is picked twice", field="columns")
-    return [column_spec(team=team, key=key) for key in keys]
-
-
-def column_spec(*, team, key, field="columns"):
-    """"channel:3" -> {"kind", "id", "label"} for an enabled channel or route of the team (else CompareError)."""
-    match = KEY.match(key) if isinstance(key, str) else None
-    if not match:
-        raise CompareError(f"{key!r} is not a column: use channel:<id> or route:<id>", field=field)
-    kind, pk = match.group(1), int(match.group(2))
-    model = Channel if kind == "channel" else Route
-    row = model.objects.filter(team=team, pk=pk).first()
-    if row is None:
-        raise CompareError(f"{kind} #{pk} does not exist in team {team.name}", status=404, field=field)
-    if not row.enabled:
-        raise CompareError(f"{kind} {row} is disabled: enable it on the Channels page, or pick another",
-                           field=field)
-    label = f"{row.name} · {row.model_id}" if kind == "channel" else f"route {row.model_name}"
-    return {"kind": kind, "id": pk, "label": label}
-
-
-def column_resolve(*, team, spec, index):
-    """A column spec -> the relay's Column, read now (a deleted or disabled channel is a CompareError).
-
-    A channel column is tried once, without retries: Compare measures that channel, and a retry would hide its
-    TTFT. A route column behaves as the gateway does for that route (order, retries, fallback)."""
-    if spec["kind"] == "channel":
-        channel = Channel.objects.filter(team=team, pk=spec["id"]).first()
-        if channel is None or not channel.enabled:
-            raise CompareError(f"{spec['label']} is gone or disabled", status=404)
-        return Column(index=index, kind="channel", id=channel.pk, label=spec["label"], model_name=channel.model_id,
-                      targets=(replace(target_for(channel), max_retries=0),), fallback=False, route_id=None)
-    route = Route.objects.filter(team=team, pk=spec["id"]).first()
-    if route is None or not route.enabled:
-        raise CompareError(f"{spec['label']} is gone or disabled", status=404)
-    targets = tuple(target_for(channel) for channel in route.ordered_channels())
-    return Column(index=index, kind="route", id=route.pk, label=spec["label"], model_name=route.model_name,
-                  targets=targets, fallback=route.fallback_on_error, route_id=route.pk)
+    return [candidate_spec(team=team, key=key) for key in keys]
 
 
 def _number(data, name, default, *, low, high, whole=False):
@@ -189,7 +147,7 @@ def conversation_send(*, team, user, conversation_id=None, column_keys=None, sys
 def conversation_column(*, team, conversation, column):
     if not isinstance(column, int) or not 0 <= column < len(conversation.columns):
         raise CompareError(f"this conversation has no column {column}", status=404)
-    return column_resolve(team=team, spec=conversation.columns[column], index=column)
+    return candidate_resolve(team=team, spec=conversation.columns[column], index=column)
 
 
 def conversation_history(*, conversation, column):

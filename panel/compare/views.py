@@ -16,6 +16,7 @@ from panel.compare import checks, services
 from panel.compare.relay import stream_chat
 from panel.compare.services import CompareError
 from panel.core import safejson
+from panel.gateway.panel_requests import CandidateError, candidate_resolve, candidate_spec
 
 
 def _error(error):
@@ -78,7 +79,7 @@ def compare_conversation(request, conversation_id):
     try:
         conversation = services.conversation_get(team=request.team, user=request.user,
                                                  conversation_id=conversation_id)
-    except CompareError as error:
+    except CandidateError as error:
         raise Http404(str(error)) from None
     return _compare_page(request, conversation)
 
@@ -93,7 +94,7 @@ def compare_send(request):
             team=request.team, user=request.user, conversation_id=data.get("conversation") or None,
             column_keys=data.get("columns"), system_prompt=services.system_prompt_clean(data),
             message=services.message_clean(data), **services.sampling_clean(data))
-    except CompareError as error:
+    except CandidateError as error:
         return _error(error)
     return JsonResponse({"conversation": conversation.pk, "title": conversation.title,
                          "url": f"/compare/{conversation.pk}/",
@@ -111,7 +112,7 @@ def compare_stream(request, conversation_id, column):
                                                  conversation_id=conversation_id, own=True)
         resolved = services.conversation_column(team=request.team, conversation=conversation, column=column)
         payload = services.conversation_payload(conversation=conversation, column=column)
-    except CompareError as error:
+    except CandidateError as error:
         return _error(error)
     return _stream(_reply_events(conversation.pk, resolved, payload, request.team.pk))
 
@@ -146,8 +147,8 @@ async def _reply_record(conversation_id, column, done, pieces):
 
 
 def _check_column(request, data):
-    spec = services.column_spec(team=request.team, key=data.get("column"), field="column")
-    return services.column_resolve(team=request.team, spec=spec, index=0)
+    spec = candidate_spec(team=request.team, key=data.get("column"), field="column")
+    return candidate_resolve(team=request.team, spec=spec, index=0)
 
 
 @team_view("compare.send")
@@ -159,7 +160,7 @@ def compare_json_check(request):
         events = checks.json_check_events(
             column, system_prompt=services.system_prompt_clean(data), message=services.message_clean(data),
             sampling=services.sampling_clean(data), repeats=services.repeats_clean(data), team_id=request.team.pk)
-    except CompareError as error:
+    except CandidateError as error:
         return _error(error)
     return _stream(events)
 
@@ -172,7 +173,7 @@ def compare_cache_check(request):
         column = _check_column(request, data)
         events = checks.prefix_cache_check_events(column, system_prompt=services.system_prompt_clean(data),
                                                   team_id=request.team.pk)
-    except CompareError as error:
+    except CandidateError as error:
         return _error(error)
     return _stream(events)
 
@@ -185,7 +186,7 @@ def compare_share(request, conversation_id):
                                                  conversation_id=conversation_id)
         services.conversation_share(conversation=conversation, user=request.user,
                                     shared=_body(request).get("shared") is True)
-    except CompareError as error:
+    except CandidateError as error:
         return _error(error)
     return JsonResponse({"conversation": conversation.pk, "shared": conversation.shared})
 
@@ -203,6 +204,6 @@ def compare_diff(request, conversation_id):
         except ValueError:
             raise CompareError("a, b and turn must be whole numbers") from None
         result = services.conversation_diff(conversation=conversation, first=first, second=second, turn=turn)
-    except CompareError as error:
+    except CandidateError as error:
         return _error(error)
     return JsonResponse(result)

@@ -20,11 +20,11 @@ from django.db.models import Q
 from panel.accounts.models import Membership
 from panel.accounts.roles import role_for
 from panel.channels.models import Channel, ChannelKind
-from panel.compare.relay import stream_chat
-from panel.compare.services import CompareError, column_resolve, column_spec
 from panel.evaluations.checks import MAX_ANSWER_CHARS, run_check
 from panel.evaluations.models import EvalRun
-from panel.gateway.upstream import sessions_close
+from panel.gateway import panel_requests
+from panel.gateway.panel_requests import CandidateError, candidate_resolve, candidate_spec, channel_candidate
+from panel.gateway.upstream import connections_close
 from panel.jobs.models import JobState
 from panel.jobs.queues import LONG_QUEUE, long_run_admit
 from panel.jobs.services import job_claim, job_created, job_enqueue, job_fail, job_heartbeat, job_succeed
@@ -47,8 +47,8 @@ def eval_run_launch(*, team, user, eval_set, candidate, version=None):
     ValidationError, saving nothing, for an unknown or disabled candidate or a reference or judge channel the team
     does not have enabled, LongRunsFull while the team has as many long runs as it may."""
     try:
-        spec = column_spec(team=team, key=candidate, field="candidate")
-    except CompareError as error:
+        spec = candidate_spec(team=team, key=candidate, field="candidate")
+    except CandidateError as error:
         raise ValidationError({"candidate": [str(error)]}) from None
     version = version or eval_set.current()
     enabled = set(Channel.objects.filter(team=team, enabled=True).values_list("name", flat=True))
@@ -70,9 +70,10 @@ def eval_run_execute(*, run_id, worker):
     if not job_claim(run, worker=worker):
         return False
     try:
-        column = column_resolve(team=run.team, spec=run.candidate, index=0)
-        helpers = {name: _channel_column(run.team, name) for name in helper_channels(run.eval_version.cases)}
-    except (CompareError, ValidationError) as error:
+        column = candidate_resolve(team=run.team, spec=run.candidate)
+        helpers = {name: channel_candidate(run.team, name, retries=0)
+                   for name in helper_channels(run.eval_version.cases)}
+    except CandidateError as error:
         job_fail(run, kind="candidate_gone", reason=str(error))
         return True
     results = asyncio.run(_cases(run, column, helpers))
@@ -95,24 +96,16 @@ async def _cases(run, column, helpers):
             results.append(await _case(case, column, helpers, team_id=run.team_id, prices=prices))
             await sync_to_async(EvalRun.objects.filter(pk=run.pk).update)(results=results)
     finally:
-        await sessions_close()
+        await connections_close()
     return results
 
 
-def _channel_column(team, name):
-    channel = Channel.objects.filter(team=team, name=name, enabled=True).first()
-    if channel is None:
-        raise ValidationError(f"channel {name} is gone or disabled")
-    return column_resolve(team=team, spec={"kind": "channel", "id": channel.pk, "label": name}, index=0)
-
-
-async def _ask(column, messages, max_tokens, team_id):
+async def _ask(candidate, messages, max_tokens, team_id):
+    """The candidate's answer to one conversation, as a panel_requests.Outcome."""
     payload = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
-    done = None
-    async for event in stream_chat(column, payload, team_id=team_id, endpoint=ENDPOINT):
-        if event["type"] == "done":
-            done = event
-    return done
+    async for kind, value in panel_requests.ask(candidate, payload, team_id=team_id, endpoint=ENDPOINT):
+        if kind == "done":
+            return value
 
 
 def local_hourly_prices(team_id):
@@ -136,22 +129,23 @@ def answer_cost(metrics, prices):
 async def _case(case, column, helpers, *, team_id, prices):
     """One case: the candidate's answer, the helpers' answers its checks need, each check's verdict."""
     done = await _ask(column, case["messages"], case["max_tokens"], team_id)
-    cost, gpu_cost = answer_cost(done["metrics"], prices)
-    line = {"id": case["id"], "answer": (done["text"] or "")[:SHOWN_ANSWER_CHARS],
-            "ms": done["metrics"].get("latency_ms"), "cost": format(cost, "f"),
+    metrics = done.metrics()
+    cost, gpu_cost = answer_cost(metrics, prices)
+    line = {"id": case["id"], "answer": done.text[:SHOWN_ANSWER_CHARS],
+            "ms": metrics.get("latency_ms"), "cost": format(cost, "f"),
             "gpu_cost": format(gpu_cost, "f") if gpu_cost is not None else None,
-            "error": "" if done["ok"] else (done["diagnosis"] or done["error_kind"] or "no answer")}
-    if not done["ok"]:
+            "error": "" if done.ok else (done.diagnosis() or done.error_kind or "no answer")}
+    if not done.ok:
         line.update(passed=False, checks=[{"passed": False, "words": f"no answer: {line['error']}"}
                                           for _ in case["checks"]])
         return line
-    answer = done["text"] or ""
+    answer = done.text
     references, verdicts = {}, {}
     for check in case["checks"]:
         helper = helpers.get(check.get("channel", ""))
         if check["type"] == "agrees" and "channel" in check and check["channel"] not in references:
             reply = await _ask(helper, case["messages"], case["max_tokens"], team_id)
-            references[check["channel"]] = reply["text"] if reply["ok"] else None
+            references[check["channel"]] = reply.text if reply.ok else None
         elif check["type"] == "judge":
             verdicts[(check["channel"], check["criteria"])] = await _judge(helper, check["criteria"], answer,
                                                                            team_id)
@@ -169,9 +163,9 @@ async def _judge(column, criteria, answer, team_id):
     messages = [{"role": "system", "content": JUDGE_SYSTEM},
                 {"role": "user", "content": f"Criteria: {criteria}\n\nAnswer:\n{answer[:MAX_ANSWER_CHARS]}"}]
     reply = await _ask(column, messages, 64, team_id)
-    if not reply["ok"]:
-        return False, f"the judge channel gave no verdict ({reply['diagnosis'] or reply['error_kind']})"
-    text = (reply["text"] or "").strip()
+    if not reply.ok:
+        return False, f"the judge channel gave no verdict ({reply.diagnosis() or reply.error_kind})"
+    text = reply.text.strip()
     verdict = text.split(None, 1)[0].strip(".:").upper() if text else ""
     return verdict == "PASS", f"the judge said: {text[:200]}" if text else "the judge said nothing"
 

@@ -10,30 +10,18 @@ import time
 from django.conf import settings
 from django.utils import timezone
 
-from panel.channels import rules
 from panel.channels.routing import model_names, route_for
 from panel.core import outbound, safejson
-from panel.gateway import admission, fingerprint, messages_api, provider_tools, token_count
-from panel.gateway.apis import Passage
-from panel.gateway.balancing import BALANCER
+from panel.gateway import fingerprint, messages_api, pipeline, provider_tools
 from panel.gateway.exchange import Exchange
 from panel.gateway.keys import key_lookup
-from panel.gateway.responses import error_body, json_requested, plain_response, send_json, stream_response
-from panel.gateway.sampling import SAMPLED_ENDPOINTS
+from panel.gateway.pipeline import ANTHROPIC_ENDPOINTS, Refusal
+from panel.gateway.responses import error_body, json_requested, send_json
 from panel.gateway.shadow import mirror_maybe
-from panel.gateway.spill import SPILL
-from panel.gateway.translation import NotTranslatable
 from panel.usage import tags as request_tags
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/messages": "messages",
              "/v1/messages/count_tokens": "count_tokens", "/v1/responses": "responses", "/v1/embeddings": "embeddings"}
-ANTHROPIC_ENDPOINTS = ("messages", "count_tokens")  # Anthropic's error shape, and the key in x-api-key
-
-
-class ClientError(Exception):
-    def __init__(self, status, message, *, code, kind="invalid_request_error", headers=()):
-        super().__init__(message)
-        self.status, self.code, self.kind, self.headers = status, code, kind, list(headers)
 
 
 async def read_body(receive, limit):
@@ -41,11 +29,11 @@ async def read_body(receive, limit):
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise ClientError(499, "client closed the connection", code="client_closed")
+            raise Refusal(499, "client closed the connection", code="client_closed")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise ClientError(413, f"request body larger than {limit} bytes", code="request_too_large")
+            raise Refusal(413, f"request body larger than {limit} bytes", code="request_too_large")
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
@@ -68,24 +56,24 @@ def bearer(scope, anthropic=False):
             if text.lower().startswith("bearer "):
                 return text[7:].strip()
             if text.lower().startswith("bearer"):
-                raise ClientError(401, "malformed Authorization header: put a space after 'Bearer'",
-                                  code="invalid_api_key", kind="authentication_error")
-            raise ClientError(401, "Authorization must be 'Bearer <team key>'", code="invalid_api_key",
-                              kind="authentication_error")
-    raise ClientError(401, "missing API key: send 'x-api-key: <team key>' or 'Authorization: Bearer <team key>'"
-                      if anthropic else "missing API key: send 'Authorization: Bearer <team key>'",
-                      code="missing_api_key", kind="authentication_error")
+                raise Refusal(401, "malformed Authorization header: put a space after 'Bearer'",
+                              code="invalid_api_key", kind="authentication_error")
+            raise Refusal(401, "Authorization must be 'Bearer <team key>'", code="invalid_api_key",
+                          kind="authentication_error")
+    raise Refusal(401, "missing API key: send 'x-api-key: <team key>' or 'Authorization: Bearer <team key>'"
+                  if anthropic else "missing API key: send 'Authorization: Bearer <team key>'",
+                  code="missing_api_key", kind="authentication_error")
 
 
 async def authenticate(scope, anthropic=False):
     raw = bearer(scope, anthropic)
     key = await key_lookup(raw) if raw else None
     if key is None:
-        raise ClientError(401, "invalid API key", code="invalid_api_key", kind="authentication_error")
+        raise Refusal(401, "invalid API key", code="invalid_api_key", kind="authentication_error")
     if key.revoked:
-        raise ClientError(401, "this key was revoked", code="invalid_api_key", kind="authentication_error")
+        raise Refusal(401, "this key was revoked", code="invalid_api_key", kind="authentication_error")
     if key.expires_at is not None and key.expires_at <= timezone.now():
-        raise ClientError(401, "this key has expired", code="invalid_api_key", kind="authentication_error")
+        raise Refusal(401, "this key has expired", code="invalid_api_key", kind="authentication_error")
     return key
 
 
@@ -93,39 +81,39 @@ def parse_request(raw, endpoint):
     try:
         body = safejson.loads(raw)
     except safejson.NestedTooDeep:
-        raise ClientError(400, "the body is nested too deeply", code="invalid_json") from None
+        raise Refusal(400, "the body is nested too deeply", code="invalid_json") from None
     except ValueError:  # UnicodeDecodeError included
-        raise ClientError(400, "the body is not valid JSON", code="invalid_json") from None
+        raise Refusal(400, "the body is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise ClientError(400, "the body must be a JSON object", code="invalid_json")
+        raise Refusal(400, "the body must be a JSON object", code="invalid_json")
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
-        raise ClientError(400, "'model' is required (a string)", code="missing_model")
+        raise Refusal(400, "'model' is required (a string)", code="missing_model")
     if endpoint in ANTHROPIC_ENDPOINTS:
         try:
             return messages_api.parse_messages_request(body, count_only=endpoint == "count_tokens")
         except messages_api.MessagesRequestError as error:
-            raise ClientError(400, str(error), code="invalid_request") from None
+            raise Refusal(400, str(error), code="invalid_request") from None
     if endpoint == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise ClientError(400, "'messages' must be a non-empty list of message objects", code="invalid_messages")
+            raise Refusal(400, "'messages' must be a non-empty list of message objects", code="invalid_messages")
     elif endpoint in ("responses", "embeddings"):
         if not isinstance(body.get("input"), (str, list)) or not body["input"]:
-            raise ClientError(400, "'input' is required (a string or a list)", code="invalid_input")
+            raise Refusal(400, "'input' is required (a string or a list)", code="invalid_input")
         if body.get("background"):
-            raise ClientError(400, "'background' responses are not served through the gateway: the work would "
-                                   "outlive the request, where it can be neither stopped nor charged; send the "
-                                   "request without it (streamed, if it is long)", code="background_not_supported")
+            raise Refusal(400, "'background' responses are not served through the gateway: the work would "
+                               "outlive the request, where it can be neither stopped nor charged; send the "
+                               "request without it (streamed, if it is long)", code="background_not_supported")
     elif not isinstance(body.get("prompt"), (str, list)):
-        raise ClientError(400, "'prompt' is required (a string or a list)", code="invalid_prompt")
+        raise Refusal(400, "'prompt' is required (a string or a list)", code="invalid_prompt")
     if "stream" in body and not isinstance(body["stream"], bool):
-        raise ClientError(400, "'stream' must be true or false", code="invalid_stream")
+        raise Refusal(400, "'stream' must be true or false", code="invalid_stream")
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
                                    or not 1 <= max_tokens <= settings.GATEWAY_MAX_TOKENS):
-        raise ClientError(400, f"'max_tokens' must be a whole number from 1 to {settings.GATEWAY_MAX_TOKENS}",
-                          code="invalid_max_tokens")
+        raise Refusal(400, f"'max_tokens' must be a whole number from 1 to {settings.GATEWAY_MAX_TOKENS}",
+                      code="invalid_max_tokens")
     return body
 
 
@@ -141,14 +129,14 @@ def take_tags(scope, body):
         if isinstance(listed, str):
             listed = request_tags.split_list(listed)
         if not isinstance(listed, list):
-            raise ClientError(400, "metadata.tags must be a list of strings or one comma-separated string",
-                              code="invalid_tags")
+            raise Refusal(400, "metadata.tags must be a list of strings or one comma-separated string",
+                          code="invalid_tags")
         given += listed
     try:
         return request_tags.tags_clean(given)
     except request_tags.TagError as error:
-        raise ClientError(400, f"{error} (in the {request_tags.HEADER} header or metadata.tags)",
-                          code="invalid_tags") from None
+        raise Refusal(400, f"{error} (in the {request_tags.HEADER} header or metadata.tags)",
+                      code="invalid_tags") from None
 
 
 HOP = outbound.HOP_HEADER.lower().encode()
@@ -165,15 +153,14 @@ async def application(scope, receive, send):
                                               code="not_found"))
         return
     exchange = Exchange(endpoint or path, started)
-    lease = None  # the replica this request counts in flight on, when its route balances replicas
     try:
         if any(name == HOP for name, _ in scope["headers"]):
-            raise ClientError(508, "this request comes from a Tokenwise channel pointed at this panel; refused so "
-                                   "that it cannot loop", code="loop_detected")
+            raise Refusal(508, "this request comes from a Tokenwise channel pointed at this panel; refused so "
+                               "that it cannot loop", code="loop_detected")
         if path == "/v1/models":
             exchange.recorded = False  # a listing, not a request for an answer: no usage record
             if scope["method"] != "GET":
-                raise ClientError(405, "use GET", code="method_not_allowed")
+                raise Refusal(405, "use GET", code="method_not_allowed")
             exchange.key = await authenticate(scope)
             names = [name for name in await model_names(exchange.key.team_id)
                      if not exchange.key.allowed_models or name in exchange.key.allowed_models]
@@ -182,99 +169,38 @@ async def application(scope, receive, send):
                 exchange.headers)
             return
         if scope["method"] != "POST":
-            raise ClientError(405, "use POST", code="method_not_allowed")
+            raise Refusal(405, "use POST", code="method_not_allowed")
         exchange.key = await authenticate(scope, endpoint in ANTHROPIC_ENDPOINTS)
         body = parse_request(await read_body(receive, settings.GATEWAY_MAX_BODY_BYTES), endpoint)
         refusal = provider_tools.body_refusal(body)
         if refusal:
-            raise ClientError(400, refusal, code="provider_tool_refused")
+            raise Refusal(400, refusal, code="provider_tool_refused")
         tags = take_tags(scope, body)
         try:
             await request_tags.tags_admit(exchange.key.team_id, tags)
         except request_tags.TagError as error:
-            raise ClientError(400, str(error), code="too_many_tags") from None
+            raise Refusal(400, str(error), code="too_many_tags") from None
         exchange.fields["tags"] = exchange.tags = request_tags.tags_stored(tags)
         exchange.fields.update(fingerprint.system_prompt_hashes(body))  # hashes only, never the prompt
         exchange.fields.update(model=body["model"][:200], stream=bool(body.get("stream")),
                                json_requested=json_requested(body))
         exchange.model_served = False  # the client's words until a route serves that name
         if exchange.key.allowed_models and body["model"] not in exchange.key.allowed_models:
-            raise ClientError(403, f"this key may not use model {body['model']!r}", code="model_not_allowed",
-                              kind="permission_error")
+            raise Refusal(403, f"this key may not use model {body['model']!r}", code="model_not_allowed",
+                          kind="permission_error")
         route = await route_for(exchange.key.team_id, body["model"])
         if route is None:
-            raise ClientError(404, f"model {body['model']!r} is not served here: GET /v1/models lists the models "
-                                   "of your team", code="model_not_found")
-        exchange.route_id, exchange.route_name = route.route_id, route.model_name
+            raise Refusal(404, f"model {body['model']!r} is not served here: GET /v1/models lists the models "
+                               "of your team", code="model_not_found")
         exchange.model_served = True
-        counting = endpoint == "count_tokens"
-        if counting:
-            exchange.recorded = False  # a count, not a request for an answer: no usage record, nothing charged
-        elif route.rules:
-            facts = rules.request_facts(api=endpoint, body=body, headers=scope["headers"], key_id=exchange.key.id)
-            route, exchange.fields["route_rule_id"] = rules.route_for_request(route, facts)
-        # A count is admitted like any request (a key at its per-minute limit or with a spent budget cannot call
-        # the provider through it), but it is no turn of a session.
-        admitted = await admission.admit(exchange.key, body=body, headers=scope["headers"], session=not counting,
-                                         channels=[entry.channel for entry in route.entries], tags=tags)
-        exchange.reservation = admitted.reservation
-        if admitted.lowered is not None:  # the key fits max_tokens to its budgets: the body was lowered in place
-            exchange.fitted = ["max_tokens lowered from {:,} to {:,} (what the budget has left)".format(
-                *admitted.lowered)]
-        if admitted.rate_limited is not None:
-            which, retry_after = admitted.rate_limited
-            raise ClientError(429, f"this key's {which} limit is reached; retry in {retry_after} s",
-                              code="rate_limit_exceeded", kind="rate_limit_error",
-                              headers=[(b"retry-after", str(retry_after).encode())])
-        if admitted.too_large is not None:  # waiting would not help: 400, not 429
-            raise ClientError(400, admitted.too_large, code="tokens_per_minute_exceeded")
-        if admitted.budget_spent is not None:  # 402: SDKs do not retry it, unlike 429
-            raise ClientError(402, admitted.budget_spent, code="budget_exceeded", kind="insufficient_quota")
-        if counting:
-            await until_disconnect(exchange, token_count.respond(exchange, route, body, send), receive)
-            return
-        exchange.fields.update(admitted.session)  # a refused request is no turn of a session: it has none
-        exchange.session_lookup = admitted.session_lookup
-        exchange.body = body  # its prompt is charged by estimate if the upstream reports no usage
-        if endpoint in SAMPLED_ENDPOINTS:
-            exchange.sampling, exchange.shadow = route.sampling, route.shadow
-        passage = Passage(endpoint, body, betas=header(scope, b"anthropic-beta")[:1000])
-        targets, lease = await BALANCER.place(route, route.ordered(exchange.fields), body=body,
-                                              headers=scope["headers"], key_id=exchange.key.id,
-                                              request_id=exchange.request_id)
-        targets, lease = await SPILL.place(route, targets, lease=lease, request_id=exchange.request_id,
-                                           fields=exchange.fields, trail=exchange.log["trail"])
-        exchange.spill_watch = bool(route.spill_wait_ms)
-        try:
-            passage.choose(targets)
-        except NotTranslatable as error:
-            raise ClientError(400, str(error), code="not_translatable") from None
-        respond = stream_response if passage.stream else plain_response
-        await until_disconnect(exchange, respond(exchange, route, passage, send), receive)
-    except ClientError as error:
-        exchange.fail(error.status, error.code)
-        if error.status != 499:
-            payload = (messages_api.error_body(error.status, str(error)) if endpoint in ANTHROPIC_ENDPOINTS
-                       else error_body(str(error), kind=error.kind, code=error.code))
-            await send_json(send, error.status, payload, headers=[*error.headers, *exchange.headers])
+        call = pipeline.Call(endpoint, body, route, exchange.key, headers=scope["headers"], tags=tags,
+                             betas=header(scope, b"anthropic-beta")[:1000])
+        await until_disconnect(exchange, pipeline.serve(call, exchange, send), receive)
+    except Refusal as error:
+        await pipeline.refuse(send, exchange, error, endpoint)
     finally:
-        await exchange.finish()
-        await BALANCER.release(lease)
-        if exchange.spill_watch:
-            await spill_observe(exchange)
-        mirror_maybe(exchange)  # in the background: the client has its whole answer
-
-
-async def spill_observe(exchange):
-    """A spilling route's local engine answered: its time per request feeds the next requests' expected wait. A
-    stream's is from its first token to its end (the wait for a batch slot comes before the first token); a whole
-    answer's is its latency, a wait included."""
-    target, fields = exchange.target, exchange.fields
-    if target is None or target.batch_slots is None or fields["outcome"] != "ok" or fields["status_code"] != 200:
-        return
-    latency_ms = (time.perf_counter() - exchange.started) * 1000
-    streamed = fields["stream"] and fields["ttft_ms"] is not None
-    await SPILL.observe(target, latency_ms - fields["ttft_ms"] if streamed else latency_ms)
+        await pipeline.finish(exchange)
+        mirror_maybe(exchange)  # a route's shadow test: in the background, the client has its whole answer
 
 
 async def until_disconnect(exchange, work, receive):

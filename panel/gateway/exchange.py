@@ -64,6 +64,8 @@ class Exchange:
         self.shadow = None  # the route's ShadowPlan when a shadow test runs on it
         self.answer_parts = []  # the answer's text, collected for a sample or a shadow test only
         self.spill_watch = False  # the route spills on overload: an engine's answer times its requests
+        self.error = None  # what ended the request when it failed (`fail`)
+        self.lease = None  # the replica this request counts in flight on (gateway/balancing.py), given back at its end
 
     @property
     def owner_team_id(self):
@@ -89,9 +91,12 @@ class Exchange:
         """The usage fields of an answer in any API (panel/gateway/apis.py turns each into these names)."""
         self.fields.update(usage)
 
-    def fail(self, status, kind, outcome=None):
+    def fail(self, status, kind, outcome=None, error=None):
+        """The request failed: its status, its outcome and error kind on the usage row; `error` (an UpstreamError or
+        the gateway's Refusal) is kept for the panel's own requests, whose pages word it (channels/diagnosis.py)."""
         self.fields.update(status_code=status, outcome=outcome or OUTCOME_FOR_KIND.get(kind, "error"),
                            error_kind=kind[:40])
+        self.error = error
 
     @property
     def keeps_answer(self):

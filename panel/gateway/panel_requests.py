@@ -1,32 +1,109 @@
-"""Requests the panel itself sends through the gateway (the Compare page and its checks), in process rather than
-over HTTP: the same channel order, retries, fallback, budget refusal, stream checks and usage record as a client's
-request. `chat_stream` is the one entry point for such callers.
+"""The panel's own front door to the gateway: the requests that Compare, evaluation runs and shadow tests send, in
+process, through the same pipeline as a client's (panel/gateway/pipeline.py: the route's rules, the budgets' holds,
+the canary split, the balance and spill, each channel's API, the deadline, one usage record). They differ from a
+client's only in who sends them (the team, without a key: `PanelKey`) and in where the answer goes: a reader that
+turns the pipeline's chat stream back into text pieces.
 
-It records exactly one RequestLog row per request, including when the caller goes away: a cancelled generator
-closes the upstream connection and the row says `client_closed`."""
+A candidate is what such a request is sent to: one channel (asked once, without retries, when Compare measures it)
+or a route (as the gateway serves that model name). `ask` is the one way to send a request; it records exactly one
+usage row, including when its caller goes away (the row says `client_closed`)."""
 import asyncio
+import json
+import re
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 
-from panel.budgets import enforcement as budgets
-from panel.gateway.attempts import first_success
-from panel.gateway.exchange import Exchange, cost_of
-from panel.gateway.responses import STATUS_FOR_KIND, is_json, json_requested
-from panel.gateway.upstream import TRANSPORT_ERRORS, UpstreamError, open_stream, parse_event, upstream_body
-from panel.gateway.waking import Waker
+from panel.channels.diagnosis import describe_upstream_error
+from panel.channels.models import Channel, Route
+from panel.channels.routing import channel_route, route_read
+from panel.gateway import pipeline
+from panel.gateway.exchange import Exchange
+from panel.gateway.responses import json_requested
 
-CHAT_PATH = "/chat/completions"
+KEY = re.compile(r"^(channel|route):(\d{1,10})$")
+
+
+class CandidateError(Exception):
+    """A candidate the caller must refuse, with the sentence it shows: `status` 400 (bad input) or 404 (not the
+    team's), `field` the form field it belongs to."""
+
+    def __init__(self, message, *, status=400, field=""):
+        super().__init__(message)
+        self.status, self.field = status, field
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A resolved candidate: what it is called, and the route its requests take (a channel's is a route of it)."""
+
+    index: int
+    kind: str  # channel | route
+    id: int
+    label: str
+    route: object  # channels/routing.RouteTargets
+
+    @property
+    def model_name(self):
+        return self.route.model_name
+
+    @property
+    def targets(self):
+        """The channels the route may call (its rules' and canary's aside)."""
+        return tuple(entry.target for entry in self.route.entries)
+
+
+def candidate_spec(*, team, key, field="columns"):
+    """"channel:3" -> {"kind", "id", "label"} for an enabled channel or route of the team (else CandidateError)."""
+    match = KEY.match(key) if isinstance(key, str) else None
+    if not match:
+        raise CandidateError(f"{key!r} is not a column: use channel:<id> or route:<id>", field=field)
+    kind, pk = match.group(1), int(match.group(2))
+    model = Channel if kind == "channel" else Route
+    row = model.objects.filter(team=team, pk=pk).first()
+    if row is None:
+        raise CandidateError(f"{kind} #{pk} does not exist in team {team.name}", status=404, field=field)
+    if not row.enabled:
+        raise CandidateError(f"{kind} {row} is disabled: enable it on the Channels page, or pick another",
+                             field=field)
+    label = f"{row.name} · {row.model_id}" if kind == "channel" else f"route {row.model_name}"
+    return {"kind": kind, "id": pk, "label": label}
+
+
+def candidate_resolve(*, team, spec, index=0, retries=0):
+    """A candidate spec -> Candidate, read now (a deleted or disabled channel or route is a CandidateError).
+
+    A channel is tried `retries` times after the first (0: Compare measures that channel, and a retry would hide
+    its TTFT; None: the channel's own setting). A route behaves as the gateway does for that model name."""
+    if spec["kind"] == "channel":
+        channel = Channel.objects.filter(team=team, pk=spec["id"]).first()
+        if channel is None or not channel.enabled:
+            raise CandidateError(f"{spec['label']} is gone or disabled", status=404)
+        return Candidate(index=index, kind="channel", id=channel.pk, label=spec["label"],
+                         route=channel_route(channel, retries=retries))
+    row = Route.objects.filter(team=team, pk=spec["id"]).first()
+    route = route_read(team.pk, row.model_name) if row is not None and row.enabled else None
+    if route is None:
+        raise CandidateError(f"{spec['label']} is gone or disabled", status=404)
+    return Candidate(index=index, kind="route", id=row.pk, label=spec["label"], route=route)
+
+
+def channel_candidate(team, name, *, retries=None):
+    """The team's enabled channel `name` as a candidate (an evaluation's reference or judge); CandidateError when
+    it is gone or disabled."""
+    channel = Channel.objects.filter(team=team, name=name, enabled=True).first()
+    if channel is None:
+        raise CandidateError(f"channel {name} is gone or disabled", status=404)
+    return candidate_resolve(team=team, spec={"kind": "channel", "id": channel.pk, "label": name}, retries=retries)
 
 
 @dataclass
 class Outcome:
-    """How a panel request ended: `error` is the UpstreamError that ended it (None when it succeeded), `exchange`
-    holds the usage record's figures (fields, log, target), `cost` what it cost."""
+    """How a panel request ended: `exchange` holds its usage record's figures (fields, trail, the channel that
+    answered, `error` when it failed)."""
 
     text: str
-    error: object
     exchange: Exchange
-    cost: object
     started: float
     ended: float
     first_token_at: float | None
@@ -35,93 +112,139 @@ class Outcome:
 
     @property
     def ok(self):
-        return self.error is None
+        fields = self.exchange.fields
+        return fields["outcome"] == "ok" and fields["status_code"] == 200
+
+    @property
+    def error(self):
+        """What ended it (an UpstreamError, or the gateway's Refusal), None when it succeeded."""
+        return None if self.ok else self.exchange.error
+
+    @property
+    def error_kind(self):
+        return "" if self.ok else self.exchange.fields["error_kind"]
+
+    @property
+    def cost(self):
+        return self.exchange.fields.get("cost") or Decimal(0)
+
+    def metrics(self):
+        """The figures a page shows for the answer."""
+        exchange, fields = self.exchange, self.exchange.fields
+        completion = fields["completion_tokens"] or len(self.pieces)
+        ttft_at = self.first_token_at or self.first_event_at
+        decode_seconds = (self.ended - ttft_at) if ttft_at else 0
+        # Decode speed: tokens after the first over the time after it (TTFT is shown on its own).
+        rate = (completion - 1) / decode_seconds if completion > 1 and decode_seconds > 0 else None
+        return {"ttft_ms": round((ttft_at - self.started) * 1000, 1) if ttft_at else None,
+                "tokens_per_second": round(rate, 1) if rate is not None else None,
+                "prompt_tokens": fields["prompt_tokens"], "completion_tokens": completion,
+                "cached_tokens": fields["cached_tokens"], "latency_ms": round((self.ended - self.started) * 1000, 1),
+                "cost": format(self.cost.normalize(), "f") if self.cost else "0",
+                "channel": exchange.target.name if exchange.target else "", "attempts": exchange.log["attempts"],
+                "fell_back": exchange.log["fell_back"], **_local_cost(exchange.target)}
+
+    def diagnosis(self):
+        """What went wrong, in the troubleshooting words of channels/diagnosis.py, never a stack trace ("" when
+        nothing did)."""
+        error = self.error
+        if self.ok:
+            return ""
+        if error is None:
+            return f"the request ended early ({self.error_kind})"
+        if isinstance(error, pipeline.Refusal):
+            return f"Refused: {error}."
+        target = self.exchange.channel
+        if error.status:
+            body = error.body or json.dumps({"error": {"message": str(error)}})
+            return describe_upstream_error(status=error.status, body=body,
+                                           model_id=target.model_id if target else "")
+        if error.kind in ("connection", "stalled", "deadline"):
+            return describe_upstream_error(exception=error, url=target.base_url if target else "",
+                                           timeout=target.timeout if target else None)
+        if error.kind == "cut":
+            return f"{error}: the server closed the stream early (a crash, a restart, or a proxy timeout)."
+        if error.kind in ("malformed", "error_event"):
+            return f"{error}: the server is not answering like an OpenAI-compatible API."
+        return str(error)
 
 
-async def chat_stream(*, targets, payload, model_name, team_id, route_id, fallback, endpoint, failed_target=None):
-    """Stream the chat `payload` (without `model`) to the first of `targets` that answers, and yield
-    ("delta", text) for every piece of the answer, then ("done", Outcome). `failed_target`: the target a failure
-    is recorded against when every target failed (a single channel asked for by name)."""
+def _local_cost(target):
+    """A deployment's engine has no price per token: its GPU's price per hour is shared out by the minute among
+    the requests it served (the usage row gets its share then), so a page says that instead of a cost of 0."""
+    if target is None or not target.engine_words:
+        return {}
+    hourly = target.gpu_hourly
+    return {"cost": None, "local_gpu": True,
+            "gpu_hourly": format(Decimal(str(hourly)).normalize(), "f") if hourly is not None else None}
+
+
+class _Reader:
+    """The pipeline's `send` for the panel: the chat stream it relays, read back into text pieces (a queue the
+    caller reads, None at the end). An error answer's body is not read: the exchange holds the error."""
+
+    def __init__(self):
+        self.pieces = asyncio.Queue()
+        self.status = None
+        self.pending = b""
+        self.first_event_at = None
+
+    async def send(self, message):
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            return
+        if self.status != 200:
+            return
+        self.pending += message.get("body", b"")
+        while b"\n\n" in self.pending:
+            event, self.pending = self.pending.split(b"\n\n", 1)
+            self._event(event)
+
+    def _event(self, raw):
+        if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
+            return
+        event = json.loads(raw[6:])
+        for choice in event.get("choices") or ():
+            self.first_event_at = self.first_event_at or time.perf_counter()
+            piece = (choice.get("delta") or {}).get("content") or ""
+            if piece:
+                self.pieces.put_nowait(piece)
+
+
+async def ask(candidate, payload, *, team_id, endpoint):
+    """Stream the chat `payload` (without `model`) to `candidate` through the gateway's pipeline for `team_id`,
+    and yield ("delta", text) for every piece of the answer, then ("done", Outcome). `endpoint` is what its usage
+    row says sent it (compare, evaluation, shadow)."""
     started = time.perf_counter()
     exchange = Exchange(endpoint, started)
     exchange.team_id = team_id
-    exchange.route_id = route_id
-    exchange.fields.update(model=model_name[:200], stream=True, json_requested=json_requested(payload))
-    body = {**payload, "model": model_name, "stream": True}
-    opened, failure, pieces = None, None, []
-    first_token_at = first_event_at = None
+    body = {**payload, "model": candidate.model_name, "stream": True}
+    exchange.fields.update(model=candidate.model_name[:200], stream=True, json_requested=json_requested(body))
+    call = pipeline.Call("chat", body, candidate.route, pipeline.PanelKey(team_id), client=False)
+    reader = _Reader()
+    work = asyncio.ensure_future(_serve(call, exchange, reader))
+    pieces, first_token_at = [], None
     try:
-        try:
-            spent = await budgets.team_refusal(team_id)
-            if spent is not None:  # the panel's own traffic counts against the team's budget too
-                raise UpstreamError("budget_exceeded", spent, status=402, retryable=False, client_fault=True)
-            target, opened = await first_success(
-                list(targets), lambda target, limits: open_stream(
-                    target, CHAT_PATH, upstream_body(body, target, stream=True), limits),
-                fallback_on_error=fallback, log=exchange.log, stream=True,
-                waker=Waker.for_channels(f"a {endpoint} request"))
-            exchange.target = target
-            async for event in stream_events(opened):
-                exchange.usage_from(event)
-                for choice in event.get("choices") or []:
-                    first_event_at = first_event_at or time.perf_counter()
-                    piece = (choice.get("delta") or {}).get("content") or ""
-                    if piece:
-                        if first_token_at is None:
-                            first_token_at = time.perf_counter()
-                            exchange.fields["ttft_ms"] = (first_token_at - started) * 1000
-                        pieces.append(piece)
-                        yield "delta", piece
-        except UpstreamError as error:
-            failure = error
-            status = error.status if error.client_fault and error.status else STATUS_FOR_KIND.get(error.kind, 502)
-            exchange.fail(status, error.kind)
-            if failed_target is not None:
-                exchange.target = failed_target
+        while (piece := await reader.pieces.get()) is not None:
+            first_token_at = first_token_at or time.perf_counter()
+            pieces.append(piece)
+            yield "delta", piece
+        await work
     except (asyncio.CancelledError, GeneratorExit):
         exchange.client_left()  # the caller went away: stop paying for it
         raise
     finally:
-        if opened is not None:
-            opened.response.close()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
         ended = time.perf_counter()
-        if not exchange.fields["completion_tokens"]:
-            exchange.fields["completion_tokens"] = len(pieces)
-        text = "".join(pieces)
-        if exchange.fields["json_requested"] and failure is None:
-            exchange.fields["json_valid"] = is_json(text)
-        await exchange.finish()
-    cost = cost_of(exchange.target, exchange.fields["prompt_tokens"], exchange.fields["completion_tokens"],
-                   exchange.fields["cached_tokens"])
-    yield "done", Outcome(text=text, error=failure, exchange=exchange, cost=cost, started=started, ended=ended,
-                          first_token_at=first_token_at, first_event_at=first_event_at, pieces=pieces)
+        await pipeline.finish(exchange)
+    yield "done", Outcome(text="".join(pieces), exchange=exchange, started=started, ended=ended,
+                          first_token_at=first_token_at, first_event_at=reader.first_event_at, pieces=pieces)
 
 
-async def stream_events(opened):
-    """The parsed events of an opened stream, up to [DONE]. UpstreamError for a cut, an error event, bad JSON."""
-    async def lines():
-        for line in opened.first:
-            yield line
-        async for line in opened.lines:
-            yield line
-
+async def _serve(call, exchange, reader):
     try:
-        async for line in lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
-            event = parse_event(data)
-            if event is None:
-                raise UpstreamError("malformed", "the channel's stream has an event that is not JSON")
-            if "error" in event:
-                error = event["error"]
-                raise UpstreamError("error_event", str(error.get("message", "error event in the stream")
-                                                       if isinstance(error, dict) else error))
-            yield event
-    except TimeoutError:
-        raise UpstreamError("stalled", "the stream ran past the channel's total time") from None
-    except TRANSPORT_ERRORS as error:
-        raise UpstreamError("cut", f"the channel's stream broke ({type(error).__name__})") from None
-    raise UpstreamError("cut", "the channel's stream ended without [DONE]")
+        await pipeline.serve(call, exchange, reader.send)
+    finally:
+        reader.pieces.put_nowait(None)

@@ -32,7 +32,7 @@ def json_requested(body):
 def upstream_failure(exchange, error, passage=None):
     """The client-facing error after every channel failed, in the client's API."""
     status = error.status if error.client_fault and error.status else STATUS_FOR_KIND.get(error.kind, 502)
-    exchange.fail(status, error.kind)
+    exchange.fail(status, error.kind, error=error)
     words = describe_upstream_error(status=error.status, body=error.body) if error.status else str(error)
     message = f"{error} ({words})" if words and words != str(error) else str(error)
     if passage is not None:
@@ -155,7 +155,7 @@ async def relay_events(exchange, opened, adapter, send):
             raise UpstreamError("cut", "the channel's stream ended before its last event")
     except Exception as error:  # any failure after the first byte ends the stream with an error event
         error = stream_failure(error)
-        exchange.fail(502, error.kind)
+        exchange.fail(502, error.kind, error=error)
         await send({"type": "http.response.body", "body": adapter.failure(error), "more_body": True})
     await exchange.settle()
     await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -223,7 +223,7 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send, s
             raise UpstreamError("cut", "the channel's stream ended without [DONE]")
     except Exception as error:  # any failure after the first byte ends the stream with an error event
         error = stream_failure(error)
-        exchange.fail(502, error.kind)
+        exchange.fail(502, error.kind, error=error)
         event = {"error": {"message": str(error), "type": "upstream_error", "code": error.kind}}
         await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
                     "more_body": True})

@@ -1,9 +1,9 @@
 """Shadow traffic: after a client's request on a route with a running shadow test has been answered, a share of
 them is sent again to the test's candidate in the background (never to the client, which has its whole answer by
-then), through the panel's entry point (`panel_requests.chat_stream`: the candidate's retries and timeouts, one usage
-row with endpoint `shadow`, counted against the team's budget). The candidate's answer is judged against the one
-the client got and recorded by `channels.shadow.shadow_record`, which stops the test when its budget is spent or the
-candidate keeps failing. At most MAX_IN_FLIGHT copies run at once per gateway process; a request past that is
+then), through the gateway's pipeline by the panel's front door (`panel_requests.ask`: the candidate's retries and
+timeouts, the team's budget holds, one usage row with endpoint `shadow`). The candidate's answer is judged against
+the one the client got and recorded by `channels.shadow.shadow_record`, which stops the test when its budget is spent
+or the candidate keeps failing. At most MAX_IN_FLIGHT copies run at once per gateway process; a request past that is
 simply not mirrored. The candidate is asked in chat completions, with the conversation as text messages."""
 import asyncio
 import logging
@@ -13,9 +13,10 @@ from decimal import Decimal
 
 from asgiref.sync import sync_to_async
 
+from panel.channels.routing import channel_route
 from panel.channels.shadow import shadow_record
 from panel.core.similarity import similarity
-from panel.gateway.panel_requests import chat_stream
+from panel.gateway.panel_requests import Candidate, ask
 from panel.gateway.responses import is_json
 from panel.gateway.sampling import SAMPLED_ENDPOINTS, conversation_of
 
@@ -43,7 +44,7 @@ def mirror_maybe(exchange, rng=random):
     if fields["json_requested"]:
         payload["response_format"] = body["response_format"]
     task = asyncio.create_task(_mirror(
-        plan, team_id=exchange.owner_team_id, payload=payload, model_name=fields["model"],
+        plan, team_id=exchange.owner_team_id, payload=payload,
         client_answer="".join(exchange.answer_parts), json_requested=fields["json_requested"],
         client_latency_ms=(time.perf_counter() - exchange.started) * 1000,
         client_cost=fields.get("cost") or Decimal(0)))
@@ -52,14 +53,14 @@ def mirror_maybe(exchange, rng=random):
     return task
 
 
-async def _mirror(plan, *, team_id, payload, model_name, client_answer, json_requested, client_latency_ms,
+async def _mirror(plan, *, team_id, payload, client_answer, json_requested, client_latency_ms,
                   client_cost):
     outcome = None
     try:
         async with asyncio.timeout(DEADLINE_SECONDS):
-            async for kind, value in chat_stream(targets=[plan.target], payload=payload, model_name=model_name,
-                                                 team_id=team_id, route_id=None, fallback=False, endpoint="shadow",
-                                                 failed_target=plan.target):
+            candidate = Candidate(index=0, kind="channel", id=plan.target.id, label=plan.target.name,
+                                  route=channel_route(plan.target))
+            async for kind, value in ask(candidate, payload, team_id=team_id, endpoint="shadow"):
                 if kind == "done":
                     outcome = value
     except TimeoutError:

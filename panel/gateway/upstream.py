@@ -19,7 +19,7 @@ RETRY_AFTER_CAP_SECONDS = 5.0
 TRANSPORT_ERRORS = (OSError,)  # ConnectionError and TimeoutError included
 
 
-async def sessions_close():
+async def connections_close():
     """Close this event loop's kept upstream connections: for a caller that runs requests in a loop of its own and
     is done with it."""
     await http_client.close_kept()

@@ -47,6 +47,9 @@ class Waker:
 
     @classmethod
     def for_route(cls, team_id, route):
+        if route.route_id is None:  # the panel's own request to one channel (routing.channel_route)
+            return cls.for_channels(f"a request to channel {route.entries[0].target.name}")
+
         async def refresh(channel_id):
             current = await route_for(team_id, route.model_name)
             return current.target(channel_id) if current is not None else None

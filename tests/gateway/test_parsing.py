@@ -1,11 +1,12 @@
-"""Hostile and malformed bodies thrown at the gateway's request parsing: a ClientError with a status, never
+"""Hostile and malformed bodies thrown at the gateway's request parsing: a Refusal with a status, never
 another exception."""
 import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from panel.gateway.app import ClientError, bearer, parse_request
+from panel.gateway.app import bearer, parse_request
+from panel.gateway.pipeline import Refusal
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
                     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children,
@@ -18,7 +19,7 @@ FIELDS = st.fixed_dictionaries({}, optional={
 def outcome(raw, endpoint):
     try:
         body = parse_request(raw, endpoint)
-    except ClientError as error:
+    except Refusal as error:
         assert 400 <= error.status < 500 and str(error)
         return None
     assert isinstance(body, dict) and isinstance(body["model"], str)
@@ -46,7 +47,7 @@ def test_it_never_crashes_on_hostile_json(fields, endpoint):
 def test_it_never_crashes_on_arbitrary_authorization_headers(value):
     try:
         bearer({"headers": [(b"authorization", value)]})
-    except ClientError as error:
+    except Refusal as error:
         assert error.status == 401
 
 
@@ -56,7 +57,7 @@ def test_it_never_crashes_on_arbitrary_authorization_headers(value):
 def test_it_refuses_hostile_nesting_with_a_400(depth, opener):
     try:
         parse_request((opener * depth).encode(), "chat")
-    except ClientError as error:
+    except Refusal as error:
         assert (error.status, str(error)) == (400, "the body is nested too deeply")
     else:
         raise AssertionError("a body nested past the parser's stack was accepted")

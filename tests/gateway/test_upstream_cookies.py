@@ -37,7 +37,7 @@ def test_a_cookie_an_upstream_sets_is_not_sent_back():
                 await response.read()
                 response.release()
         finally:
-            await upstream.sessions_close()
+            await upstream.connections_close()
             await runner.cleanup()
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # its own event loop, whatever this thread runs
