@@ -208,8 +208,9 @@ def add_script():
 
 async def count(key, cost, tokens, *, team_id=None, reservation=None, tags=()):
     """Add a finished request's cost and tokens to the month's counters of its team, key and each of its `tags`
-    (`key` None: a request made inside the panel, counted against `team_id`), and release what it held
-    (`reservation`, from admission). Counted whether or not a budget exists yet, so a budget set later counts this
+    (`key` None, or the panel's stand-in for its team whose id is None: a request made inside the panel, counted
+    against its team), and release what it held (`reservation`, from admission); one that used more than it held
+    teaches its channels (`learn`). Counted whether or not a budget exists yet, so a budget set later counts this
     month's spend at once. A request that takes a budget past 80% or 100% raises that notice (once a month, through
     panel/notifications) in the background."""
     team_id = key.team_id if key is not None else team_id

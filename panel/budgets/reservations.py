@@ -16,6 +16,7 @@ counters. A hold lives in two counters per budget (budgets/counters.held_keys) t
 request held anything: a gateway killed mid-request frees its holds by then."""
 import json
 import math
+import unicodedata
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
@@ -135,7 +136,7 @@ class _Tally:
     def text(self, value):
         """A string, a list of content parts or one part (a message is one too: its role is not printed as text)."""
         if isinstance(value, str):
-            self.bytes += len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
+            self.bytes += len(value) if value.isascii() else _text_bytes(value)
         elif isinstance(value, list):
             for item in value:
                 self.text(item)
@@ -171,6 +172,16 @@ class _Tally:
         elif isinstance(prompt, list):
             for item in prompt:
                 self.prompt(item)
+
+
+def _text_bytes(text):
+    """The UTF-8 bytes of a text that is not ASCII, or of its NFC or NFKC form when longer: tokenizers that normalize
+    (Qwen's NFC) see that form, and a few characters decompose into longer ones (Hebrew presentation forms, U+FDFA)."""
+    found = len(text.encode("utf-8", "surrogatepass"))
+    for form in ("NFC", "NFKC"):
+        if not unicodedata.is_normalized(form, text):
+            found = max(found, len(unicodedata.normalize(form, text).encode("utf-8", "surrogatepass")))
+    return found
 
 
 def excess_seen(reservation, tokens):

@@ -3,6 +3,8 @@ token per byte of its text, the template's allowances, media parts), its answers
 without max_tokens fitted to what the budget has left, or refused in words when not one token fits; a channel that
 bills more than the bound teaches the gateway to hold more on it; the panel's stand-in key holds against its team's
 budget only."""
+import json
+import subprocess
 import threading
 from decimal import Decimal
 from types import SimpleNamespace
@@ -29,6 +31,7 @@ from panel.channels.rules import input_token_estimate
 from panel.gateway import admission
 from panel.usage.models import RequestLog
 from tests.budgets.test_concurrent_budgets import templated  # noqa: F401 (fixture)
+from tests.support.environment import ROOT
 from tests.support.fake_provider import template_tokens
 from tests.support.gateway import gateway_for
 from tests.support.waiting import run_coroutine, wait_until
@@ -87,6 +90,39 @@ def test_the_bound_covers_a_templates_bill_in_every_api(api):
     assert prompt_bound(body) == PromptBound(len(text.encode()) + 4 * settings.BUDGET_MESSAGE_TOKENS
                                              + settings.BUDGET_TEMPLATE_TOKENS)
     assert prompt_bound(body).tokens > template_tokens(SAME_TURNS["chat"]) > input_token_estimate(body)
+
+
+# In the engine's venv: the demo model's tokenizer (engine/build_demo_model.py: byte-level BPE shaped like Qwen2's,
+# NFC first, 4,096 tokens trained on Python sources, a ChatML template with a default system prompt) counts the
+# prompt tokens of each conversation read from stdin.
+DEMO_TOKENIZER = """
+import json, sys
+from engine import build_demo_model as demo
+from transformers import PreTrainedTokenizerFast
+texts, _ = demo.read_corpus(demo.corpus_paths())
+tokenizer = PreTrainedTokenizerFast(tokenizer_object=demo.train_tokenizer(texts, demo.MODEL_SHAPE["vocab_size"]),
+                                    eos_token=demo.IM_END, chat_template=demo.CHAT_TEMPLATE)
+print(json.dumps([len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+                  for messages in json.load(sys.stdin)]))
+"""
+
+
+def test_the_bound_covers_a_real_tokenizer_and_template_even_on_text_it_tokenizes_badly():
+    texts = ["one two three four", "Où est la gare ? 東京駅はどこですか。", "def f(x):\n    return x ** 2\n" * 20,
+             "".join(chr(0x100 + index * 37 % 0x2F00) for index in range(300)),  # about a token a byte
+             "".join(chr(0x1F300 + index * 7 % 0x400) for index in range(200)),
+             "".join(chr(32 + index * 13 % 95) for index in range(500)),
+             "\ufb2c" * 100,  # 3 bytes each, 6 once NFC decomposes them: more tokens than the text's bytes
+             " " * 300, ""]
+    conversations = [[{"role": "user", "content": text}] for text in texts] + [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": texts[1]},
+         {"role": "assistant", "content": texts[2]}, {"role": "user", "content": texts[0]}]]
+    counted = subprocess.run([settings.ENGINE_PYTHON, "-c", DEMO_TOKENIZER], input=json.dumps(conversations),
+                             capture_output=True, text=True, cwd=ROOT, timeout=120, check=True)
+    real = json.loads(counted.stdout.splitlines()[-1])
+    bounds = [prompt_bound({"messages": messages}).tokens for messages in conversations]
+    assert all(tokens <= bound for tokens, bound in zip(real, bounds)), list(zip(real, bounds))
+    assert real[6] > len(texts[6].encode()) + settings.BUDGET_TEMPLATE_TOKENS  # the case NFC is counted for
 
 
 def test_the_bound_counts_media_parts_tools_and_structured_values():
