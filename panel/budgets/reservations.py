@@ -32,6 +32,11 @@ LIMIT_NAMES = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 MEDIA_TYPES = frozenset({"image_url", "input_image", "input_audio", "file", "input_file", "image", "document"})
 # A part's fields a template does not print as text: its kind, and the role the per-message allowance covers.
 NOT_PRINTED = frozenset({"role", "type", "cache_control", "status"})
+# An `input` body's fields that only a Responses request has, and those only an embeddings request has.
+RESPONSES_FIELDS = frozenset({"instructions", "tools", "tool_choice", "reasoning", "text", "store", "stream",
+                              "previous_response_id", "conversation", "max_output_tokens", "temperature", "top_p",
+                              "truncation", "include", "parallel_tool_calls", "max_tool_calls"})
+EMBEDDINGS_FIELDS = frozenset({"encoding_format", "dimensions"})
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,8 @@ def reservation(held_keys, request_max, *, window_key=None, window_tokens=0, pro
 @dataclass(frozen=True)
 class Maximum:
     """A request's largest possible charge, and the figures it was worked out from (for a refusal's words):
-    `completion_tokens` per answer (its max_tokens, or the gateway's default when `limit_set` is False)."""
+    `completion_tokens` per answer (its max_tokens, or the gateway's default when `limit_set` is False), and the
+    request's API as its body tells it (`body_api`)."""
 
     money_units: int
     tokens: int
@@ -82,6 +88,7 @@ class Maximum:
     answers: int = 1
     tool_calls: int = 0
     limit_set: bool = True
+    api: str | None = "chat"
 
 
 # ------------------------------------------------------------------------------------------------- the prompt
@@ -199,6 +206,22 @@ def excess_seen(reservation, tokens):
 
 # ------------------------------------------------------------------------------------------------- the answer
 
+def body_api(body):
+    """The API of a request body, as far as the body tells (admission is not told the path): "chat" (OpenAI's, and
+    Anthropic's Messages), "completions", "responses" or "embeddings"; None for a bare `input` string, which either
+    could send."""
+    if "messages" in body:
+        return "chat"
+    given = body.get("input")
+    if given is None:
+        return "completions" if "prompt" in body else None
+    if isinstance(given, list) and any(isinstance(item, dict) for item in given):
+        return "responses"  # its items; an embeddings input is text or token ids
+    if isinstance(given, list) or EMBEDDINGS_FIELDS.intersection(body):
+        return "embeddings"
+    return "responses" if RESPONSES_FIELDS.intersection(body) else None
+
+
 def limit_set(body):
     """Whether the request sets its completion limit (in any API's field)."""
     return any(_whole(body.get(name)) for name in LIMIT_NAMES)
@@ -206,13 +229,19 @@ def limit_set(body):
 
 def completion_limit(body):
     """The completion tokens one answer of a request may produce: its own limit in any API, else the gateway's
-    default (a completions request's own default, 16, for one)."""
+    default (a completions request's own default, 16; none for embeddings)."""
     for name in LIMIT_NAMES:
         if _whole(body.get(name)):
             return body[name]
-    if "prompt" in body and "messages" not in body and "input" not in body:
-        return COMPLETIONS_DEFAULT_TOKENS
-    return settings.BUDGET_RESERVE_COMPLETION_TOKENS
+    api = body_api(body)
+    if api == "embeddings":
+        return 0
+    return COMPLETIONS_DEFAULT_TOKENS if api == "completions" else settings.BUDGET_RESERVE_COMPLETION_TOKENS
+
+
+def limit_settable(body):
+    """Whether the gateway may set the request's completion limit: an API that has one, known from the body."""
+    return body_api(body) in ("chat", "completions", "responses")
 
 
 def answers(body):
@@ -257,7 +286,7 @@ def maximum(prompt_tokens, body, channels, *, limit_given=None):
     calls = tool_call_limit(body) if body.get("tools") else 0
     units = highest_cost_units(channels, prompt_tokens, completion * count, calls)
     return Maximum(units, prompt_tokens + completion * count, prompt_tokens, completion, count, calls,
-                   limit_set(body) if limit_given is None else limit_given)
+                   limit_set(body) if limit_given is None else limit_given, body_api(body))
 
 
 def highest_cost_units(channels, prompt, completion, tool_calls=0):
@@ -301,24 +330,38 @@ def scope_held_keys(scopes, month):
 
 def asked_words(request_max):
     """What a request may use, in a refusal's words."""
+    prompt = (f"{request_max.prompt_tokens:,} in its prompt at most, counting a token per byte of its text plus the "
+              f"chat template")
+    if not request_max.completion_tokens:
+        return f"this request may use up to {request_max.tokens:,} tokens ({prompt})"
     answer = (f"max_tokens {request_max.completion_tokens:,}" if request_max.limit_set
               else f"{request_max.completion_tokens:,} for its answer, as it sets no max_tokens")
     if request_max.answers > 1:
         answer += f" for each of {request_max.answers} answers"
-    return (f"this request may use up to {request_max.tokens:,} tokens ({request_max.prompt_tokens:,} in its prompt "
-            f"at most, counting a token per byte of its text plus the chat template, and {answer})")
+    return f"this request may use up to {request_max.tokens:,} tokens ({prompt}, and {answer})"
+
+
+def remedy_words(request_max):
+    """What the client can do about a refusal: lower its limit, or, when it set none, what the gateway could not."""
+    if not request_max.completion_tokens:
+        return "shorten the input or raise the budget"
+    if request_max.limit_set:
+        return "lower max_tokens or raise the budget"
+    if request_max.api is None:  # an input the gateway cannot tell from an embeddings request: no limit set for it
+        return "set max_output_tokens or raise the budget"
+    return ("not even one token of answer fits beside its prompt: shorten the prompt, wait for requests in flight to "
+            "end or raise the budget")
 
 
 def shortfall_words(scopes, index, counters, held, request_max):
     """The refusal's words when the budget at `index` (0-based) of `scopes` cannot cover `request_max` beside its
     spend (`counters`: money and tokens per scope) and what requests in flight hold (`held`: money, tokens). A
-    request without max_tokens comes here only when not even one token of answer fits."""
+    request without max_tokens comes here only when not even one token of answer fits, or when the gateway cannot
+    set one for it."""
     currency = getattr(settings, "TOKENWISE_CURRENCY", "USD")
     scope, ident, limits = scopes[index]
     whose = budget_owner(scope, ident)
-    remedy = ("lower max_tokens or raise the budget" if request_max.limit_set
-              else "not even one token of answer fits beside its prompt: shorten the prompt, wait for requests in "
-                   "flight to end or raise the budget")
+    remedy = remedy_words(request_max)
     spent_money, spent_tokens = money_from_units(counters[2 * index]), int(counters[2 * index + 1] or 0)
     held_money, held_tokens = money_from_units(held[0]), int(held[1])
     if limits.tokens is not None and spent_tokens + held_tokens + request_max.tokens > limits.tokens:

@@ -253,11 +253,12 @@ async def _admit(key, *, body, headers, session, hold, channels, counted, tags, 
     if verdict == 4:
         return await _fit(key, body=body, headers=headers, session=session, hold=hold, channels=channels, tags=tags,
                           limit_given=limit_given, scopes=scopes, answer=answer, request_max=request_max)
-    if request_max is not None and not limit_given:  # the answer may not outgrow what is held for it
-        reservations.set_completion_limit(body, request_max.completion_tokens)
+    limit_set = None
+    if request_max is not None and not limit_given and reservations.limit_settable(body):
+        limit_set = request_max.completion_tokens  # the answer may not outgrow what is held for it
+        reservations.set_completion_limit(body, limit_set)
     held = reservations.reservation(held, request_max, window_key=keys[1] if tpm_hold else None,
                                     window_tokens=tpm_hold, prompt=prompt, channels=channels)
-    limit_set = None if request_max is None or limit_given else request_max.completion_tokens
     if asked is None:
         return Admission(reservation=held, limit_set=limit_set)
     session_id, turn, previous = answer[2].decode(), answer[3], answer[4]
@@ -270,7 +271,7 @@ async def _fit(key, *, body, headers, session, hold, channels, tags, limit_given
     max_tokens or its key fits max_tokens to its budgets, held again with its limit lowered to what is left (not
     counted in its minute twice)."""
     index, counters, held = answer[2] - 1, answer[1], (answer[3], answer[4])
-    fits = key.fit_to_budget or not limit_given
+    fits = (key.fit_to_budget or not limit_given) and reservations.limit_settable(body)
     fit = reservations.fitting_completion(scopes, index, counters, held, request_max, channels) if fits else None
     if fit is None:
         return Admission(budget_spent=reservations.shortfall_words(scopes, index, counters, held, request_max))

@@ -20,10 +20,13 @@ from panel.budgets.reservations import (
     PromptBound,
     Reservation,
     answers,
+    body_api,
     completion_limit,
     excess_seen,
+    limit_settable,
     maximum,
     prompt_bound,
+    shortfall_words,
 )
 from panel.budgets.services import budget_set, budget_usage
 from panel.channels.models import Channel
@@ -150,6 +153,24 @@ def test_a_completions_prompt_counts_token_ids_and_each_prompt_is_an_answer():
     assert answers({"prompt": [1, 2, 3], "best_of": 3, "n": 1}) == 3  # token ids of one prompt; best_of billed
     assert completion_limit({"prompt": "Once"}) == 16  # OpenAI's and vLLM's default for completions
     assert completion_limit({"messages": []}) == completion_limit({"input": "x"}) == 4096
+
+
+def test_the_body_tells_its_api_and_an_embeddings_request_holds_no_answer():
+    assert [body_api(body) for body in (
+        {"messages": []}, {"prompt": "Once"}, {"input": [{"role": "user", "content": "hi"}]},
+        {"input": "hi", "instructions": "Be brief."}, {"input": ["a", "b"]}, {"input": "hi", "dimensions": 256},
+        {"input": "hi"})] == ["chat", "completions", "responses", "responses", "embeddings", "embeddings", None]
+    embedding = {"model": "embed", "input": ["a", "b"]}
+    assert completion_limit(embedding) == 0 and not limit_settable(embedding)
+    assert shortfall_words([("team", 1, enforcement.Limits(None, 10))], 0, ["0", "0"], (0, 0),
+                           maximum(80, embedding, [])).endswith(
+        "this request may use up to 80 tokens (80 in its prompt at most, counting a token per byte of its text plus "
+        "the chat template); this team's monthly budget of 10 tokens has 10 left (0 spent, 0 held by requests in "
+        "flight): shorten the input or raise the budget")
+    bare_input = maximum(80, {"model": "gpt", "input": "hi"}, [])  # Responses or embeddings: held, not limited
+    assert bare_input.completion_tokens == 4096 and not limit_settable({"input": "hi"})
+    assert shortfall_words([("team", 1, enforcement.Limits(None, 10))], 0, ["0", "0"], (0, 0), bare_input).endswith(
+        "set max_output_tokens or raise the budget")
 
 
 def test_the_money_held_is_the_highest_price_a_cache_write_included():
