@@ -184,13 +184,13 @@ class Admission:
     lowered: tuple | None = None  # (asked, given): max_tokens fitted to what a budget had left
     # The request set no max_tokens and a budget holds it: the limit the gateway set in its body, so that the answer
     # cannot outgrow the hold (the default, or what the budget had left: then `lowered` says from what).
-    limit_set: int | None = None
+    limit_added: int | None = None
 
     def adapted(self):
         """What admission changed in the request's body, in the words of the x-tokenwise-adapted header."""
-        if self.limit_set is not None:
+        if self.limit_added is not None:
             why = "what the budget has left" if self.lowered else "what a request without one is held for"
-            return [f"max_tokens set to {self.limit_set:,} (the request set none; {why})"]
+            return [f"max_tokens set to {self.limit_added:,} (the request set none; {why})"]
         if self.lowered is not None:
             return ["max_tokens lowered from {:,} to {:,} (what the budget has left)".format(*self.lowered)]
         return []
@@ -253,17 +253,17 @@ async def _admit(key, *, body, headers, session, hold, channels, counted, tags, 
     if verdict == 4:
         return await _fit(key, body=body, headers=headers, session=session, hold=hold, channels=channels, tags=tags,
                           limit_given=limit_given, scopes=scopes, answer=answer, request_max=request_max)
-    limit_set = None
+    limit_added = None
     if request_max is not None and not limit_given and reservations.limit_settable(body):
-        limit_set = request_max.completion_tokens  # the answer may not outgrow what is held for it
-        reservations.set_completion_limit(body, limit_set)
+        limit_added = request_max.completion_tokens  # the answer may not outgrow what is held for it
+        reservations.set_completion_limit(body, limit_added)
     held = reservations.reservation(held, request_max, window_key=keys[1] if tpm_hold else None,
                                     window_tokens=tpm_hold, prompt=prompt, channels=channels)
     if asked is None:
-        return Admission(reservation=held, limit_set=limit_set)
+        return Admission(reservation=held, limit_added=limit_added)
     session_id, turn, previous = answer[2].decode(), answer[3], answer[4]
     return Admission(session=sessions.session_fields(asked, session_id=session_id, turn=turn, previous=previous),
-                     reservation=held, limit_set=limit_set)
+                     reservation=held, limit_added=limit_added)
 
 
 async def _fit(key, *, body, headers, session, hold, channels, tags, limit_given, scopes, answer, request_max):

@@ -191,9 +191,9 @@ def test_what_a_request_used_past_its_hold_is_taught_per_request_or_per_media_pa
 
 
 def test_the_header_words_a_limit_the_gateway_set():
-    assert admission.Admission(limit_set=4096).adapted() == [
+    assert admission.Admission(limit_added=4096).adapted() == [
         "max_tokens set to 4,096 (the request set none; what a request without one is held for)"]
-    assert admission.Admission(limit_set=30, lowered=(4096, 30)).adapted() == [
+    assert admission.Admission(limit_added=30, lowered=(4096, 30)).adapted() == [
         "max_tokens set to 30 (the request set none; what the budget has left)"]
     assert admission.Admission(lowered=(20, 6)).adapted() == [
         "max_tokens lowered from 20 to 6 (what the budget has left)"]
