@@ -26,8 +26,11 @@ HELP = {
     "base_url": "The API root, ending in /v1: http://127.0.0.1:8000/v1, https://taotoken.net/api/v1. The client "
                 "appends /chat/completions and /models.",
     "model_id": "The model name sent upstream, as GET /models lists it.",
-    "apis": "The APIs the server speaks (a local vLLM speaks both). A request in the other one is translated "
-            "(Anthropic Messages to OpenAI chat completions, or back); what cannot be is refused with a 400 naming it.",
+    "apis": "The APIs the server speaks (a local vLLM speaks all three). A request in one it does not speak is "
+            "translated (Anthropic Messages to OpenAI chat completions, or back; the Responses API, which Codex "
+            "speaks, to chat completions), and what changed is named in the x-tokenwise-adapted header; what cannot "
+            "be is refused with a 400 naming it. Choose \"chat completions only\" for a provider that answers 404 "
+            "to /v1/responses.",
     "credential_kind": "Where the key comes from. A local vLLM checks none (EMPTY).",
     "credential_env": "For \"Environment variable\": the variable the panel reads the key from, e.g. TAOTOKEN_API_KEY "
                       "(sent only to the addresses the operator binds it to).",

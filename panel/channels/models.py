@@ -25,11 +25,19 @@ class ChannelKind(models.TextChoices):
 
 class ChannelApis(models.TextChoices):
     """The APIs a channel's upstream speaks. A request in an API the channel does not speak is translated
-    (panel/gateway/translation.py)."""
+    (panel/gateway/translation.py, responses_translation.py). "chat" is the OpenAI API as most providers and vLLM
+    serve it, the Responses API included; "chat_only" is for a provider without /responses, where a Responses
+    request (Codex) is translated to chat completions (docs/decisions/0093-responses-translation.md)."""
 
-    CHAT = "chat", "OpenAI chat"
+    CHAT = "chat", "OpenAI (chat completions and Responses)"
+    CHAT_ONLY = "chat_only", "OpenAI chat completions only (Responses translated)"
     MESSAGES = "messages", "Anthropic Messages"
-    BOTH = "both", "Both"
+    BOTH = "both", "OpenAI and Anthropic Messages (a local vLLM)"
+
+
+# What each choice of Channel.apis speaks without translation: "chat", "responses", "messages".
+SPOKEN = {ChannelApis.CHAT: ("chat", "responses"), ChannelApis.CHAT_ONLY: ("chat",),
+          ChannelApis.MESSAGES: ("messages",), ChannelApis.BOTH: ("chat", "responses", "messages")}
 
 
 class CredentialKind(models.TextChoices):
@@ -198,8 +206,8 @@ class Channel(models.Model):
         return EMPTY_KEY
 
     def speaks(self, api):
-        """Whether the upstream speaks `api` ("chat" or "messages") itself, without translation."""
-        return self.apis == ChannelApis.BOTH or self.apis == api
+        """Whether the upstream speaks `api` ("chat", "responses" or "messages") itself, without translation."""
+        return api in SPOKEN.get(self.apis, ())
 
     def cost(self, prompt_tokens, completion_tokens, cached_tokens=0, cache_write_tokens=0, tool_calls=0):
         """The price of one request in the panel's currency. Cached tokens (reads) and cache writes are part of the

@@ -2,21 +2,22 @@
 each channel, the one it is sent in (Channel.apis says what the channel speaks).
 
 Where the channel speaks the client's API the body passes through with the channel's model id; between OpenAI chat
-completions and Anthropic Messages it is translated (panel/gateway/translation.py), and the answer, whole or as a
-stream, is translated back. Completions, responses and embeddings pass through to channels that speak the OpenAI API
-only. A channel the request cannot reach is skipped; when none is left the client gets a 400 naming the reason."""
+completions and Anthropic Messages it is translated (panel/gateway/translation.py), from the Responses API to chat
+completions for a channel without it (panel/gateway/responses_translation.py), and the answer, whole or as a stream,
+is translated back. Completions and embeddings pass through to channels that speak the OpenAI API only. A channel
+the request cannot reach is skipped; when none is left the client gets a 400 naming the reason."""
 import json
 
 from django.conf import settings
 
 from panel.core import safejson
-from panel.gateway import deferred_tools, messages_api, provider_tools, translation
+from panel.gateway import deferred_tools, messages_api, provider_tools, responses_translation, translation
 from panel.gateway.upstream import UpstreamError, upstream_body
 
 CHAT, COMPLETIONS, MESSAGES, RESPONSES, EMBEDDINGS = "chat", "completions", "messages", "responses", "embeddings"
 PATHS = {CHAT: "/chat/completions", COMPLETIONS: "/completions", MESSAGES: "/messages", RESPONSES: "/responses",
          EMBEDDINGS: "/embeddings"}
-OPENAI_ONLY = (COMPLETIONS, RESPONSES, EMBEDDINGS)  # passed through, never translated
+OPENAI_ONLY = (COMPLETIONS, EMBEDDINGS)  # passed through, never translated
 # max_tokens for a chat request without one, sent to a channel that speaks only Messages (where it is required).
 DEFAULT_MAX_TOKENS = 4096
 
@@ -27,6 +28,10 @@ def openai_error_body(message, *, kind, code):
 
 def speaks(target, api):
     return target.channel.speaks(CHAT if api in OPENAI_ONLY else api)
+
+
+NOT_FOUND_HINT = (" If this channel's provider does not serve /v1/responses, set the channel's APIs to \"OpenAI chat "
+                  "completions only\": the gateway then translates Responses requests to chat completions.")
 
 
 # ------------------------------------------------------------------------------------------------- usage
@@ -99,6 +104,7 @@ class Passage:
         self.model = body["model"]
         self.stream = bool(body.get("stream"))
         self._translated = {}  # upstream API -> the translated body (the model id set per channel)
+        self._responses_changes = []  # what translating a Responses request to chat changed, in words
         self.targets = []  # the route's channels this request can go to, in order (`choose`)
         self.adapted = {}  # target id -> what was changed for it, in words (the x-tokenwise-adapted header)
 
@@ -106,7 +112,9 @@ class Passage:
         """The API to call `target` in; NotTranslatable when the request cannot go to it."""
         if speaks(target, self.client_api):
             return self.client_api
-        if self.client_api in OPENAI_ONLY:
+        if self.client_api in (*OPENAI_ONLY, RESPONSES):
+            if self.client_api == RESPONSES and speaks(target, CHAT):
+                return CHAT
             raise translation.NotTranslatable(
                 f"/v1/{self.client_api} is passed only to channels that speak the OpenAI API; this route's channel "
                 f"{target.name} speaks only the Anthropic Messages API")
@@ -114,7 +122,10 @@ class Passage:
 
     def _body_in(self, api):
         if api not in self._translated:
-            if self.client_api == MESSAGES:
+            if self.client_api == RESPONSES:  # what it changed is kept beside it, for the adapted header
+                self._translated[api], self._responses_changes = responses_translation.responses_request_to_chat(
+                    self.body)
+            elif self.client_api == MESSAGES:
                 self._translated[api] = translation.messages_request_to_chat(self.body, model_id="")
             else:
                 self._translated[api] = translation.chat_request_to_messages(
@@ -152,6 +163,8 @@ class Passage:
             payload = dict(self.body, model=target.model_id)
         else:
             payload = dict(self._body_in(api), model=target.model_id)
+            if self.client_api == RESPONSES:
+                changes += self._responses_changes
             if self.client_api == MESSAGES:
                 changes += [f"{name} dropped" for name in translation.dropped_for_chat(self.body)]
                 changes += deferred_tools.held_words(self.body)
@@ -196,7 +209,9 @@ class Passage:
         usage = (messages_usage(data.get("usage")) if api == MESSAGES else responses_usage(data) if api == RESPONSES
                  else openai_usage(data.get("usage")))
         try:
-            if api == CHAT and self.client_api == MESSAGES:
+            if api == CHAT and self.client_api == RESPONSES:
+                data = responses_translation.chat_response_to_responses(data, self.body, model=self.model)
+            elif api == CHAT and self.client_api == MESSAGES:
                 data = translation.chat_response_to_messages(data, model=self.model)
             elif api == MESSAGES and self.client_api == CHAT:
                 data = translation.messages_response_to_chat(data, model=self.model)
@@ -215,6 +230,8 @@ class Passage:
             return None
         if api == MESSAGES and self.client_api == MESSAGES:
             return MessagesPassthrough(exchange, self.model)
+        if api == CHAT and self.client_api == RESPONSES:
+            return ChatToResponses(exchange, self.model, self.body)
         if api == CHAT:
             return ChatToMessages(exchange, self.model)
         if api == MESSAGES:
@@ -226,6 +243,9 @@ class Passage:
         """An error body in the client's API."""
         if self.client_api == MESSAGES:
             return messages_api.error_body(status, message)
+        if self.client_api == RESPONSES and code == "upstream_not_found" and any(
+                speaks(target, RESPONSES) for target in self.targets):
+            message += NOT_FOUND_HINT
         return openai_error_body(message, kind=kind, code=code)
 
 
@@ -409,6 +429,52 @@ class MessagesToChat(StreamAdapter):
         return out
 
 
+class ChatToResponses(StreamAdapter):
+    """A chat completions stream to a Responses client (Codex), translated into the Responses API's named events."""
+
+    def __init__(self, exchange, model, body):
+        super().__init__(exchange, model)
+        self.converter = responses_translation.ChatStreamToResponses(body, model=model)
+        self.started = False
+
+    def feed(self, line):
+        if not line.startswith("data:"):
+            return []
+        events = []
+        if not self.started:
+            self.started = True
+            events += self.converter.start()
+        try:
+            if _is_done(line):
+                self.finished = True
+                events += self.converter.finish()
+            elif (chunk := _event_of(line)) is not None:
+                if "error" in chunk:
+                    _raise_error_event(chunk)
+                if chunk.get("usage"):
+                    self.exchange.take_usage(openai_usage(chunk["usage"]))
+                events += self.converter.feed(chunk)
+        except translation.MalformedAnswer as error:
+            raise UpstreamError("malformed", str(error)) from None
+        for event in events:
+            if event["type"] == "response.output_text.delta":
+                self.content_arrived(event["delta"])
+            elif event["type"] == "response.output_item.added" and event["item"]["type"] != "message":
+                self.content_arrived()  # a tool call is the answer's first content too
+        return [_named_event(event) for event in events]
+
+    def failure(self, error):
+        return _responses_failure(error)
+
+
+def _named_event(event):
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+
+
+def _responses_failure(error):
+    return _named_event({"type": "error", "code": error.kind, "message": str(error), "param": None})
+
+
 class ResponsesPassthrough(StreamAdapter):
     """A /v1/responses stream passed through: its named events as they come, the usage read from the last one."""
 
@@ -432,5 +498,4 @@ class ResponsesPassthrough(StreamAdapter):
         return [f"event: {kind}\ndata: {json.dumps(event)}\n\n".encode()]
 
     def failure(self, error):
-        event = {"type": "error", "code": error.kind, "message": str(error), "param": None}
-        return f"event: error\ndata: {json.dumps(event)}\n\n".encode()
+        return _responses_failure(error)

@@ -1,7 +1,8 @@
 """Agent sessions: which session a request belongs to, its turn in it, and how much of its prompt repeats the
 previous turn's, so the Agents dashboard can show how an agent's context grows and what caching saved.
 
-A request belongs to a session by, in this order: its `x-session-id` header; an Anthropic body's
+A request belongs to a session by, in this order: its `x-session-id` header, or the `session-id` header Codex sends
+(its conversation's id, the same on every turn); an Anthropic body's
 `metadata.user_id` (stored as its keyed hash, never as sent); else prefix chaining, where a request whose prompt
 extends an earlier prompt of the same key (the earlier prompt's blocks are its first blocks) joins that prompt's
 session, and any other starts a new one.
@@ -21,6 +22,7 @@ from panel.gateway import fingerprint
 SESSION_SECONDS = 2 * 3600  # an agent idle this long starts a new session
 SESSION_ID_CHARS = 64
 SESSION_HEADER = "x-session-id"
+CODEX_SESSION_HEADER = "session-id"  # OpenAI's Codex CLI (0.171) names its conversation in it
 
 
 def _header(headers, wanted):
@@ -48,7 +50,7 @@ def user_session_id(user_id):
 
 def declared_session(body, headers):
     """The session id the client names (the header as sent, else metadata.user_id's keyed hash), or ""."""
-    named = _header(headers, SESSION_HEADER)
+    named = _header(headers, SESSION_HEADER) or _header(headers, CODEX_SESSION_HEADER)
     if named:
         return _clean_id(named)
     metadata = body.get("metadata")
