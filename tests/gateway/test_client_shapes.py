@@ -1,18 +1,21 @@
 """Conformance with what real clients send: every captured request shape (tests/support/fixtures/clients/, written by
 tests/support/client_shapes.py; the README names the clients and versions) sent through the gateway, streamed and
 not, to a channel that speaks the client's API (passed through: the upstream gets the body as sent, the model
-renamed) and to one that needs it translated (Messages <-> chat completions). The Responses API is passed through to
-OpenAI channels only: a Messages-only channel is skipped, and refused in words when it is the route's only one.
+renamed) and to one that needs it translated (Messages <-> chat completions; Responses -> chat completions for a
+channel set to chat completions only, whose provider answers 404 to /v1/responses). A Messages-only channel is
+skipped for a Responses request, and refused in words when it is the route's only one.
 
 Each answer must be well formed for the client's API (a body, or a stream whose events open and close as the API
 says), and each request leaves one usage row whose figures are the ones the client's answer reports."""
 import json
+from decimal import Decimal
 
 import httpx
 import pytest
 
 from panel.channels.models import Channel
 from panel.gateway import deferred_tools
+from panel.gateway.responses_translation import responses_request_to_chat
 from panel.gateway.translation import dropped_for_chat
 from panel.serving.models import Deployment, ServingProfile
 from tests.support import client_shapes
@@ -102,13 +105,31 @@ def chat_answer(answer, stream):
 
 def responses_answer(answer, stream):
     """The usage a Responses answer reports, after checking it is one: a response, or named events from
-    response.created to response.completed whose names are their types."""
+    response.created to response.completed whose names are their types, each output item added, filled and done in
+    order (a function call's arguments whole JSON), the last event's output the items done."""
     if not stream:
         assert answer["object"] == "response" and answer["status"] == "completed"
         assert isinstance(answer["output"], list)
+        for item in answer["output"]:
+            if item["type"] == "function_call":
+                assert isinstance(json.loads(item["arguments"]), dict) and item["call_id"]
         return answer["usage"]
     assert all(name == data["type"] for name, data in answer), answer
     assert answer[0][0] == "response.created" and answer[-1][0] == "response.completed"
+    open_item, done = None, []
+    for name, event in answer[1:-1]:
+        if name == "response.output_item.added":
+            assert open_item is None and event["output_index"] == len(done)
+            open_item = event["item"]
+        elif name == "response.output_item.done":
+            assert open_item is not None and event["output_index"] == len(done)
+            assert event["item"]["id"] == open_item["id"] and event["item"]["type"] == open_item["type"]
+            if event["item"]["type"] == "function_call":
+                assert isinstance(json.loads(event["item"]["arguments"]), dict)
+            open_item = done.append(event["item"])
+        elif "item_id" in event:
+            assert open_item is not None and event["item_id"] == open_item["id"]
+    assert open_item is None and answer[-1][1]["response"]["output"] == done
     return answer[-1][1]["response"]["usage"]
 
 
@@ -202,6 +223,51 @@ def test_a_chat_clients_captured_request_passes_through_as_sent_and_is_translate
     rows = records(2)
     check_row(rows[0], passed, "chat", "chat", stream, setup["chat"])
     check_row(rows[1], translated, "chat", "chat", stream, setup["cloud"])
+
+
+@pytest.fixture
+def chat_only(setup):
+    """A provider that speaks chat completions without the Responses API (its /v1/responses answers 404), on route
+    "chat-only" through a channel set to chat completions only."""
+    with FakeMessagesUpstream(models=("plain-fake",), api_key="sk-plain-2222", apis="chat", responses=False,
+                              chunks=6, cached_tokens=2) as fake:
+        plain = channel(setup["team"], "plain", fake, "plain-fake", key="sk-plain-2222", apis="chat_only",
+                        price_input_per_million=Decimal("1.25"), price_output_per_million=Decimal("10"),
+                        price_cached_per_million=Decimal("0.125"))
+        route_to(setup["team"], "chat-only", plain)
+        yield fake, plain
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("captured", RESPONSES)
+def test_a_responses_clients_captured_request_is_translated_for_a_channel_without_the_responses_api(
+        gateway, setup, chat_only, captured, stream):
+    fake, plain = chat_only
+    shape = client_shapes.load(captured)
+    body = dict(shape["body"], stream=stream)
+    chat, changes = responses_request_to_chat(body)
+
+    status, headers, answer = ask(gateway, setup["raw"], shape, "chat-only", stream)
+    assert status == 200, answer
+    [sent] = fake.requests
+    assert sent.path == "/v1/chat/completions" and sent.json["model"] == "plain-fake"
+    assert sent.json["messages"] == chat["messages"] and sent.json.get("tools") == chat.get("tools")
+    assert not {"input", "instructions", "include", "reasoning", "store", "client_metadata"} & set(sent.json)
+    called = [call["id"] for message in sent.json["messages"] for call in message.get("tool_calls") or []]
+    assert [message["tool_call_id"] for message in sent.json["messages"] if message["role"] == "tool"] == called
+    assert headers.get("x-tokenwise-adapted") == ("; ".join(changes) or None)
+    if captured.startswith("codex"):  # its web_search tool, reasoning and include named, never silently dropped
+        assert "web_search tool dropped" in headers["x-tokenwise-adapted"]
+    usage = responses_answer(answer, stream)
+    output = answer["output"] if not stream else answer[-1][1]["response"]["output"]
+    # The provider calls the first tool when no tool's output is in the conversation yet, else answers in text.
+    expected = "function_call" if not called and body.get("tools") else "message"
+    assert [item["type"] for item in output] == [expected]
+
+    [row] = records(1)
+    check_row(row, usage, "responses", "responses", stream, plain)
+    # the provider's cached tokens reach the row, billed at the cached price
+    assert row.cached_tokens == 2 and row.cost == plain.cost(row.prompt_tokens, row.completion_tokens, 2) > 0
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -15,7 +15,8 @@ requests) with these paths added:
   call (the first function with `TOOL_INPUT`, or `tool_call`'s); and POST /v1/embeddings (three numbers per input,
   usage with prompt_tokens only), the OpenAI API's other two.
 
-`apis` ("chat", "messages" or "both") says which of the two APIs it serves; the other answers 404.
+`apis` ("chat", "messages" or "both") says which of the two APIs it serves; the other answers 404. `responses=False`
+makes it a chat provider without the Responses API (most of them): /v1/responses answers 404 as well.
 """
 import json
 
@@ -75,9 +76,10 @@ def _wants_tool(body, api, chosen=None):
 
 
 class FakeMessagesUpstream(FakeUpstream):
-    def __init__(self, *args, apis="both", cache_write_tokens=0, tool_call=None, **kwargs):
+    def __init__(self, *args, apis="both", cache_write_tokens=0, tool_call=None, responses=True, **kwargs):
         super().__init__(*args, **kwargs)
         self.apis = apis
+        self.responses = responses
         self.tool_call = tool_call
         self.cache_write_tokens = cache_write_tokens
 
@@ -90,7 +92,7 @@ class FakeMessagesUpstream(FakeUpstream):
         if (chat_path and self.apis == "messages") or (request.path in MESSAGES_PATHS and self.apis == "chat"):
             return _error_reply(404, f"Invalid URL ({request.method} {request.path})")
         if request.path in OPENAI_PATHS:
-            if self.apis == "messages":
+            if self.apis == "messages" or (request.path == RESPONSES_PATH and not self.responses):
                 return _error_reply(404, f"Invalid URL ({request.method} {request.path})")
             if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
                 return _error_reply(401, "Incorrect API key provided.", code="invalid_api_key")
