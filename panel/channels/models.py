@@ -29,7 +29,7 @@ class ChannelApis(models.TextChoices):
     serve it, the Responses API included; "chat_only" is for a provider without /responses, where a Responses
     request (Codex) is translated to chat completions (docs/decisions/0093-responses-translation.md)."""
 
-    CHAT = "chat", "OpenAI (chat completions and Responses)"
+    CHAT = "chat", "OpenAI chat completions and Responses"
     CHAT_ONLY = "chat_only", "OpenAI chat completions only (Responses translated)"
     MESSAGES = "messages", "Anthropic Messages"
     BOTH = "both", "OpenAI and Anthropic Messages (a local vLLM)"

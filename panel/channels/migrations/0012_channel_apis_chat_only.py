@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
             model_name='channel',
             name='apis',
             field=models.CharField(choices=[
-                ('chat', 'OpenAI (chat completions and Responses)'),
+                ('chat', 'OpenAI chat completions and Responses'),
                 ('chat_only', 'OpenAI chat completions only (Responses translated)'),
                 ('messages', 'Anthropic Messages'),
                 ('both', 'OpenAI and Anthropic Messages (a local vLLM)')], default='chat', max_length=10),
