@@ -9,15 +9,17 @@ serve /v1/responses (docs/decisions/0093-responses-translation.md).
   string argument, `input`; `tool_choice`, `parallel_tool_calls`, `max_output_tokens` (as max_tokens),
   `temperature`, `top_p`, `user` and `text.format` (as response_format) carry over.
 - What has no counterpart is dropped and named when the answer does not depend on it: reasoning items of earlier
-  turns and `reasoning` itself (a chat answer has no reasoning items), the web_search tool (Codex always offers it;
-  the model answers without searching, as any chat model does), `include`, `store` (the gateway keeps no
-  responses; false is what it does anyway), `prompt_cache_key`, `client_metadata`, `metadata`, `truncation`...
+  turns and `reasoning` itself (chat completions take no reasoning settings), the web_search tool (Codex always
+  offers it; the model answers without searching, as any chat model does), `include`, `store` (the gateway keeps
+  no responses; false is what it does anyway), `prompt_cache_key`, `client_metadata`, `metadata`, `truncation`...
   What would change the answer and cannot be done is refused (`NotTranslatable`, a 400 when no channel is left):
   `previous_response_id` and `conversation` (the gateway stores no responses), the other built-in tools, files,
   item references, a stored prompt. A field this module does not know is carried to chat as it is, never dropped.
 - The answer: `chat_response_to_responses` turns a chat completion into a response object, `ChatStreamToResponses`
   a chat stream into the Responses events (response.created, each output item added, its deltas, done, then
-  response.completed or response.incomplete with the usage)."""
+  response.completed or response.incomplete with the usage). The reasoning a chat answer carries (vLLM's reasoning
+  parsers, DeepSeek: `reasoning_content`) comes back as a reasoning item with its text; the client sends it back on
+  its next turn, where it is dropped and named as any reasoning item."""
 import json
 import time
 import uuid
@@ -84,7 +86,7 @@ def _dropped_fields(body):
     """In words, the fields left out of the chat request because nothing in chat completions does what they ask."""
     words = [f"{name} dropped" for name in DROPPED_FIELDS if body.get(name) not in (None, "", {}, [])]
     if body.get("reasoning") not in (None, {}):
-        words.append("reasoning dropped (a chat answer has no reasoning items)")
+        words.append("reasoning dropped (chat completions take no reasoning settings)")
     if body.get("include"):
         words.append(f"include {', '.join(map(str, body['include']))} dropped (a chat answer has none)")
     if body.get("store") is True:
@@ -116,7 +118,7 @@ def _input_to_messages(items, changes):
             _assistant_turn(messages)["tool_calls"].append(_call_to_chat(item, position))
         elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
-                             "content": _output_text(item.get("output"), position)})
+                             "content": _output_text(item.get("output"), position, changes)})
         elif kind == "reasoning":
             reasoning += 1  # the model's own earlier reasoning, often encrypted: a chat model takes none
         elif kind in ("web_search_call",):
@@ -172,14 +174,21 @@ def _part_to_chat(part, position):
     _refuse(f"a {kind!r} content part (input item {position}; text and images can be)")
 
 
-def _output_text(output, position):
-    """A tool's output as a tool message's text (text parts joined)."""
+def _output_text(output, position, changes):
+    """A tool's output as a tool message's text (its text parts joined); a chat tool message takes nothing else, so
+    an image or a file in it is dropped and named."""
     if isinstance(output, str):
         return output
-    if isinstance(output, list):
-        return "".join(_part_to_chat(part, position)["text"] for part in output
-                       if isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text"))
-    return json.dumps(output)
+    if not isinstance(output, list):
+        return json.dumps(output)
+    texts = [part for part in output if isinstance(part, dict) and part.get("type") in ("input_text", "output_text",
+                                                                                        "text")]
+    others = [part.get("type") if isinstance(part, dict) else type(part).__name__ for part in output
+              if not any(part is text for text in texts)]
+    if others:
+        changes.append(f"{', '.join(map(str, others))} in the output of input item {position} dropped (a chat "
+                       "tool message holds text only)")
+    return "".join(part.get("text") or "" for part in texts)
 
 
 def _call_to_chat(item, position):
@@ -300,6 +309,19 @@ def response_object(body, *, model, response_id, created_at, status="completed",
             "usage": usage}
 
 
+def _reasoning_of(message):
+    """The reasoning text of a chat message or delta (vLLM's reasoning parsers and DeepSeek name it
+    reasoning_content, newer vLLM reasoning), or ""."""
+    text = message.get("reasoning_content") or message.get("reasoning")
+    return text if isinstance(text, str) else ""
+
+
+def _reasoning_item(text, item_id=None, status="completed"):
+    """The model's reasoning as the Responses API shows it: a reasoning item with its text, no summary."""
+    return {"type": "reasoning", "id": item_id or new_id("rs"), "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
+
+
 def _message_item(text, item_id=None, status="completed"):
     return {"type": "message", "id": item_id or new_id("msg"), "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []}
@@ -363,6 +385,8 @@ def chat_response_to_responses(data, body, *, model):
     choice = (data.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     output = []
+    if _reasoning_of(message):
+        output.append(_reasoning_item(_reasoning_of(message)))
     if message.get("content"):
         output.append(_message_item(message["content"]))
     custom, namespaces = custom_tool_names(body), tool_namespaces(body)
@@ -422,6 +446,8 @@ class ChatStreamToResponses:
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
+            if _reasoning_of(delta):
+                events += self._reasoning(_reasoning_of(delta))
             if delta.get("content"):
                 events += self._text(delta["content"])
             for call in delta.get("tool_calls") or []:
@@ -432,6 +458,16 @@ class ChatStreamToResponses:
 
     def _where(self):
         return {"item_id": self.open["item"]["id"], "output_index": len(self.output)}
+
+    def _reasoning(self, text):
+        events = []
+        if self.open is None or "reasoning" not in self.open:
+            events += self._close()
+            item = _reasoning_item("", status="in_progress")
+            self.open = {"item": item, "reasoning": []}
+            events.append(self._event("response.output_item.added", output_index=len(self.output), item=item))
+        self.open["reasoning"].append(text)
+        return events + [self._event("response.reasoning_text.delta", **self._where(), content_index=0, delta=text)]
 
     def _text(self, text):
         events = []
@@ -488,7 +524,11 @@ class ChatStreamToResponses:
         if self.open["item"] is None:
             raise MalformedAnswer("the channel streamed a tool call without a name")
         item, where, events = self.open["item"], self._where(), []
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            text = "".join(self.open["reasoning"])
+            item = _reasoning_item(text, item["id"])
+            events.append(self._event("response.reasoning_text.done", **where, content_index=0, text=text))
+        elif item["type"] == "message":
             text = "".join(self.open["text"])
             part = {"type": "output_text", "text": text, "annotations": []}
             item = _message_item(text, item["id"])

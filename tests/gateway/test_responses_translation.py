@@ -107,7 +107,7 @@ def test_codexs_request_is_translated_with_every_field_it_drops_named():
     body = client_shapes.load("codex_0_171_0")["body"]
     chat, changes = responses_request_to_chat(body)
     assert changes == ["web_search tool dropped (the channel cannot search the web)", "prompt_cache_key dropped",
-                       "client_metadata dropped", "reasoning dropped (a chat answer has no reasoning items)",
+                       "client_metadata dropped", "reasoning dropped (chat completions take no reasoning settings)",
                        "include reasoning.encrypted_content dropped (a chat answer has none)"]
     assert [message["role"] for message in chat["messages"]] == ["system", "system", "user", "user"]
     names = [tool["function"]["name"] for tool in chat["tools"]]
@@ -116,6 +116,15 @@ def test_codexs_request_is_translated_with_every_field_it_drops_named():
     # every field of Codex's body is read, carried or named: none is silently lost
     named = {"prompt_cache_key", "client_metadata", "reasoning", "include"}
     assert set(body) - named - {"model", "input", "tools", "store"} <= set(chat)
+
+
+def test_an_image_in_a_tools_output_is_dropped_and_named():
+    chat, changes = responses_request_to_chat({"model": "m", "input": [
+        {"type": "function_call", "call_id": "call_1", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": [
+            {"type": "input_text", "text": "the screenshot"}, {"type": "input_image", "image_url": "data:,"}]}]})
+    assert chat["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "the screenshot"}
+    assert changes == ["input_image in the output of input item 1 dropped (a chat tool message holds text only)"]
 
 
 def test_a_field_the_translation_does_not_know_is_carried_and_what_only_openai_keeps_is_named():
@@ -222,6 +231,29 @@ def test_a_chat_stream_becomes_the_responses_event_sequence():
     assert completed["output"] == [event["item"] for event in done] and completed["status"] == "completed"
     assert completed["usage"]["input_tokens_details"] == {"cached_tokens": 32}
     assert completed["usage"]["total_tokens"] == 62
+
+
+def test_the_reasoning_a_chat_answer_carries_comes_back_as_a_reasoning_item_whole_and_streamed():
+    whole = chat_response_to_responses({"choices": [{"finish_reason": "stop", "message": {
+        "reasoning_content": "The user greets me.", "content": "Hello!"}}]}, {"input": "hi"}, model="m")
+    assert [item["type"] for item in whole["output"]] == ["reasoning", "message"]
+    assert whole["output"][0]["content"] == [{"type": "reasoning_text", "text": "The user greets me."}]
+    converter = ChatStreamToResponses({"input": "hi"}, model="m")
+    events = converter.start()
+    for delta in ({"reasoning_content": "The user "}, {"reasoning_content": "greets me."}, {"content": "Hello!"}):
+        events += converter.feed(chunk(delta))
+    events += converter.finish()
+    assert [event["type"] for event in events[2:7]] == [
+        "response.output_item.added", "response.reasoning_text.delta", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.output_item.done"]
+    streamed = events[-1]["response"]["output"]
+    assert events[5]["text"] == "The user greets me." and [item["type"] for item in streamed] == ["reasoning",
+                                                                                                   "message"]
+    assert streamed[0]["content"] == whole["output"][0]["content"] and streamed[1]["content"][0]["text"] == "Hello!"
+    # The client sends it back on its next turn: dropped there, and named.
+    _, changes = responses_request_to_chat({"model": "m", "input": [{"role": "user", "content": "hi"},
+                                                                    whole["output"][0], whole["output"][1]]})
+    assert changes == ["1 reasoning item of earlier turns dropped"]
 
 
 def test_a_stream_cut_by_the_answer_limit_ends_incomplete_and_a_broken_one_is_malformed():
