@@ -4,8 +4,8 @@ calling the upstream directly and with LiteLLM's proxy, in one run (not a test; 
   .venv/bin/python bench/gateway_client_bench.py [--rounds 3] [--requests 100] [--rps-rounds 2] [--seconds 8]
                                                  [--cpu-requests 400] [--cpu-concurrency 8] [--chunk-delay 0.005]
                                                  [--litellm /tmp/litellm-venv/bin/litellm] [--parts ttft,rps,cpu]
-                                                 [--gateways make-run,one-worker,single] [--celery]
-                                                 [--key-rpm N] [--profile FILE]
+                                                 [--gateways make-run,one-worker,single,bare-proxy] [--celery]
+                                                 [--key-rpm N] [--key-budget TOKENS] [--profile FILE]
 
 Every piece runs in a process of its own: the fake upstream (tests/support/fake_upstream.py: content pieces
 --chunk-delay apart, the end at once), a Redis of the bench's own (started by the launcher's `start_redis`, with a
@@ -25,15 +25,17 @@ off), LiteLLM's proxy (one worker) on the same upstream, and each client.
    the fixed cost and the cost per chunk. Reported as measured (idle time included, the reviewer's way) and less the
    server's idle rate measured just before; the upstream's own CPU per request beside it.
 
-Options to find why two measures differ: --gateways make-run,one-worker,single measures, beside the gateway as
-`make run` starts it, the same with one worker (TOKENWISE_WEB_PROCESSES=1) and one uvicorn process as
-bench/gateway_overhead.py starts it (no supervisor, no Prometheus folder), each a path of its own in the same turns;
---celery also starts the Celery processes `make run` starts (the default, long and GPU workers and beat) beside the
-web server; --key-rpm gives the key a requests-per-minute limit (its admission then waits on Redis before the
-upstream call); --chunk-delay 0 serves every stream at once; --cpu-concurrency 16 as the older benches. The CPU
-measure also says which threads spent it (the supervisor, the workers' event loops, their other threads), user and
-system apart. --profile FILE adds a pass of 20-chunk streams through one gateway process whose event loop runs under
-cProfile on its CPU clock (bench/gateway_cpu_bench.py's --serve-profiled) and writes the report to FILE.
+Options to find why two measures differ: --gateways make-run,one-worker,single,bare-proxy measures, beside the
+gateway as `make run` starts it, the same with one worker (TOKENWISE_WEB_PROCESSES=1), one uvicorn process as
+bench/gateway_overhead.py starts it (no supervisor, no Prometheus folder) and bench/bare_proxy.py (uvicorn in, the
+gateway's HTTP client out, nothing else: the floor of a Python proxy on this stack), each a path of its own in the
+same turns; --celery also starts the Celery processes `make run` starts (the default, long and GPU workers and beat)
+beside the web server; --key-rpm and --key-budget give the key a requests-per-minute limit and a monthly token budget
+(its admission then waits on Redis before the upstream call, its budget is counted after); --chunk-delay 0 serves
+every stream at once; --cpu-concurrency 16 as the older benches. The CPU measure also says which threads spent it
+(the supervisor, the workers' event loops, their other threads), user and system apart. --profile FILE adds a pass of
+20-chunk streams through one gateway process whose event loop runs under cProfile on its CPU clock
+(bench/gateway_cpu_bench.py's --serve-profiled) and writes the report to FILE.
 The whole run prints the machine's busy CPU over it and the share of it that was not the bench's (others' work)."""
 import argparse
 import asyncio
@@ -52,7 +54,7 @@ from pathlib import Path
 import httpx
 import psutil
 from gateway_bench import ROOT, free_port, litellm_start, load, prepare_panel, start, stop
-from gateway_overhead import SERVER, upstream
+from gateway_overhead import SERVER, bare_proxy_to, upstream
 
 LITELLM = "/tmp/litellm-venv/bin/litellm"
 PROMPT = [{"role": "user", "content": "tell me about prefix caching in one paragraph"}]
@@ -75,7 +77,8 @@ def own_redis(folder):
     return process, f"redis://:{password}@127.0.0.1:{port}/0"
 
 
-GATEWAYS = {"make-run": "gateway", "one-worker": "gateway_one_worker", "single": "gateway_single"}
+GATEWAYS = {"make-run": "gateway", "one-worker": "gateway_one_worker", "single": "gateway_single",
+            "bare-proxy": "bare_proxy"}
 
 
 def web_server(env, kind):
@@ -101,9 +104,18 @@ def celery_processes(env):
             for kind in CELERY_KINDS]
 
 
-def key_limit_set(env, rpm):
-    """Give the bench's key a requests-per-minute limit (high enough never to refuse)."""
-    code = f"from panel.accounts.models import TeamKey; TeamKey.objects.update(rpm_limit={rpm})"
+def key_limits_set(env, *, rpm=None, tokens_per_month=None):
+    """Give the bench's key a requests-per-minute limit and a monthly token budget of its own (each high enough never
+    to refuse): its admission then asks Redis before the upstream call, and its budget is counted after."""
+    code = f"""
+from panel.accounts.models import TeamKey
+from panel.budgets.services import budget_set
+key = TeamKey.objects.get()
+if {rpm!r}:
+    TeamKey.objects.filter(pk=key.pk).update(rpm_limit={rpm!r})
+if {tokens_per_month!r}:
+    budget_set(team=key.team, key=key, tokens_per_month={tokens_per_month!r})
+"""
     subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env, check=True)
 
 
@@ -433,9 +445,11 @@ def main():
                         help=f"the litellm command of a venv with litellm[proxy] (default {LITELLM} when there)")
     parser.add_argument("--gateways", default="make-run",
                         help="comma-separated: make-run (as `make run` starts it), one-worker (the same, one worker), "
-                             "single (one uvicorn process, as gateway_overhead.py): each a path of its own")
+                             "single (one uvicorn process, as gateway_overhead.py), bare-proxy (bench/bare_proxy.py): "
+                             "each a path of its own")
     parser.add_argument("--celery", action="store_true", help="also start make run's Celery workers and beat")
     parser.add_argument("--key-rpm", type=int, help="give the key this requests-per-minute limit")
+    parser.add_argument("--key-budget", type=int, help="give the key a monthly budget of this many tokens")
     parser.add_argument("--parts", default="ttft,rps,cpu", help="which of ttft, rps, cpu to measure")
     parser.add_argument("--profile", help="after the measures, profile a gateway worker's event loop into this file")
     args = parser.parse_args()
@@ -450,12 +464,12 @@ def main():
         running.append(redis_process)
         os.environ["REDIS_URL"] = redis_url  # prepare_panel hands it on to the panel's processes
         env, key = prepare_panel(folder, fake_url)
-        if args.key_rpm:
-            key_limit_set(env, args.key_rpm)
+        if args.key_rpm or args.key_budget:
+            key_limits_set(env, rpm=args.key_rpm, tokens_per_month=args.key_budget)
         paths = [{"name": "direct", "url": f"{fake_url}/chat/completions", "token": "unused"}]
         servers = {}
         for kind in args.gateways.split(","):
-            server, url = web_server(env, kind)
+            server, url = bare_proxy_to(fake_url) if kind == "bare-proxy" else web_server(env, kind)
             running.append(server)
             servers[GATEWAYS[kind]] = server
             paths.append({"name": GATEWAYS[kind], "url": f"{url}/chat/completions", "token": key})
