@@ -33,8 +33,9 @@ class ChannelOut(Schema):
     deployment_id: int | None
     base_url: str
     model_id: str
-    apis: str = Field(description="What the upstream speaks: chat (OpenAI chat completions), messages (Anthropic "
-                                  "Messages) or both.")
+    apis: str = Field(description="What the upstream speaks: chat (OpenAI chat completions and the Responses API), "
+                                  "chat_only (chat completions only: Responses requests are translated to it), "
+                                  "messages (Anthropic Messages) or both (all three, as a local vLLM).")
     credential_kind: str
     credential_env: str
     credential: str = Field(description="How the key is provided, with a stored key's last four characters only.")

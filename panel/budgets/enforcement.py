@@ -1,5 +1,6 @@
-"""What the gateway asks of budgets: may this key spend (`refusal`), and what a finished request spent (`count`),
-against its team's, its key's and its tags' budgets.
+"""What the gateway asks of budgets: which budgets a request spends from (`scopes_for`, read in admission's one
+Redis call; `verdict` words a spent one), and what a finished request spent (`count`), against its team's, its
+key's and its tags' budgets.
 
 Budgets are cached per team for TOKENWISE_BUDGET_CACHE_SECONDS like keys are (panel/gateway/keys.py), and read
 again ahead of expiry while in use (panel/core/refresher.py), so a request costs no database query; the spend is
@@ -173,19 +174,6 @@ def scope_limits(scopes):
              "" if limits.tokens is None else str(limits.tokens)] for _, _, limits in scopes]
 
 
-async def refusal(key):
-    """None if `key` may send a request, else the words of the refusal (which budget, how much, when it renews)."""
-    scopes, month = await scopes_for(key)
-    if not scopes:
-        return None
-    try:
-        values = await async_redis().mget(scope_counter_keys(scopes, month))
-    except (RedisError, OSError) as error:  # fail open: the reconciliation still records the spend
-        log.warning("budget counters unreadable (%s); letting the request through", type(error).__name__)
-        return None
-    return verdict(scopes, values, month)
-
-
 def verdict(scopes, values, month):
     """The refusal's words for the first of `scopes` ((scope, ident, Limits)) whose counters (`values`: money and
     tokens per scope, as MGET gives them) reached its limit, else None."""
@@ -291,19 +279,6 @@ def crossed(limits, *, before, after):
     return levels
 
 
-async def team_refusal(team_id):
-    """None if the team may spend (panel traffic such as Compare, which has no key), else the refusal's words."""
-    return await refusal(PanelTraffic(team_id))
-
-
-@dataclass(frozen=True)
-class PanelTraffic:
-    """A request made inside the panel: it counts against its team's budget only."""
-
-    team_id: int
-    id: None = None
-
-
 # ---------------------------------------------------------------------------------------- without an event loop
 # For panel traffic sent outside the gateway's event loop (the benchmark runner: its load runs in an event loop of
 # its own, and the async Redis client above belongs to the loop that first used it), through a plain Redis client.
@@ -315,7 +290,8 @@ def team_limits_sync(team_id):
 
 
 def team_refusal_sync(team_id):
-    """As `team_refusal`, from plain (non-async) code. Fails open when Redis is unreachable, as the gateway does."""
+    """None if the team may spend, else the refusal's words: for the panel's traffic sent from plain (non-async)
+    code. Fails open when Redis is unreachable, as the gateway does."""
     limits = team_limits_sync(team_id)
     if limits is None:
         return None

@@ -127,9 +127,7 @@ async def admit(call, route, exchange, counting=False):
                                      session=call.client and not counting, hold=not counting,
                                      channels=[entry.channel for entry in route.entries], tags=call.tags)
     exchange.reservation = admitted.reservation
-    if admitted.lowered is not None:  # the body's max_tokens was lowered in place to what the budget has left
-        exchange.fitted = ["max_tokens lowered from {:,} to {:,} (what the budget has left)".format(
-            *admitted.lowered)]
+    exchange.fitted = admitted.adapted()  # max_tokens set or lowered in the body to what a budget holds
     if admitted.rate_limited is not None:
         which, retry_after = admitted.rate_limited
         raise Refusal(429, f"this key's {which} limit is reached; retry in {retry_after} s",

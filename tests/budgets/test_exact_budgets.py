@@ -208,7 +208,8 @@ def test_a_request_without_max_tokens_is_fitted_to_what_the_budget_has_left(gate
     assert post(gateway, raw, CHAT).status_code == 200
     fitted = post(gateway, raw, BARE)  # the default 4,096 does not fit; the prompt's bound and 30 do
     assert fitted.status_code == 200, fitted.text
-    assert "to 30 (what the budget has left)" in fitted.headers["x-tokenwise-adapted"]
+    adapted = fitted.headers["x-tokenwise-adapted"]
+    assert "max_tokens set to 30 (the request set none; what the budget has left)" in adapted
     assert provider.seen[-1][3]["max_tokens"] == 30 and fitted.json()["usage"]["completion_tokens"] == 30
     logged(2)
     explicit = post(gateway, raw, CHAT)  # 120 spent, 55 left: its own max_tokens is not lowered

@@ -8,6 +8,7 @@ from decimal import Decimal
 import httpx
 import pytest
 
+from panel.budgets.reservations import prompt_bound
 from panel.budgets.services import budget_set
 from panel.channels.rules import input_token_estimate
 from tests.support.gateway import CHAT, fallback, gateway, post, primary, records, setup  # noqa: F401 (fixtures)
@@ -51,7 +52,7 @@ def test_a_client_that_hangs_up_mid_stream_pays_its_prompt_and_what_reached_it(g
 
 
 def test_a_hang_up_counts_against_the_key_budget(gateway, setup, primary):
-    most = input_token_estimate(CHAT) + CHAT["max_tokens"]  # what a request holds while it runs
+    most = prompt_bound(CHAT).tokens + CHAT["max_tokens"]  # what a request holds while it runs
     # Room for one request and a prompt: a hang-up charged nothing would leave room for the next one
     budget_set(team=setup["team"], key=setup["key"], tokens_per_month=most + input_token_estimate(CHAT))
     primary.behave("slow_drip", delay=0.3, chunks=20)

@@ -160,10 +160,10 @@ def test_refusals_have_anthropic_error_shapes_the_sdk_raises(gateway, setup, ant
 
 
 def test_a_budget_spent_by_messages_refuses_the_next_chat_request(gateway, setup):
+    from panel.budgets.reservations import prompt_bound
     from panel.budgets.services import budget_set
-    from panel.channels.rules import input_token_estimate
 
-    most = input_token_estimate({"messages": REVIEW}) + 50  # room for this request's most, and no more
+    most = prompt_bound({"messages": REVIEW}).tokens + 50  # room for this request's most, and no more
     budget_set(team=setup["team"], key=setup["key"], tokens_per_month=most, user=setup["alice"])
     client_for(gateway, setup["raw"]).messages.create(model="claude", max_tokens=50, messages=REVIEW)
     refused = httpx.post(f"{gateway.url}/v1/chat/completions", headers={"Authorization": f"Bearer {setup['raw']}"},

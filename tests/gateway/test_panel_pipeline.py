@@ -2,7 +2,6 @@
 a channel that speaks only Anthropic's Messages API is asked in Messages and its answer comes back as text; a route
 column follows the route's rules and its canary split as a client's request does; its deadline cuts a channel that
 never starts answering; and the team's budget holds the request's most while it runs."""
-import asyncio
 from decimal import Decimal
 
 import pytest
@@ -18,7 +17,7 @@ from panel.usage.models import RequestLog
 from tests.support.fake_messages_upstream import MESSAGES_PATH, FakeMessagesUpstream
 from tests.support.fake_upstream import FakeUpstream, content_text
 from tests.support.gateway import channel
-from tests.support.waiting import wait_until
+from tests.support.waiting import run_coroutine, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,7 +34,7 @@ def ask_column(column, team, payload):
         finally:
             await connections_close()
 
-    return asyncio.run(run())
+    return run_coroutine(run())
 
 
 def rows(count):
@@ -62,7 +61,7 @@ def test_a_messages_only_channel_is_asked_in_messages_from_compare_and_evaluatio
             finally:
                 await connections_close()
 
-        answer = asyncio.run(evaluate())
+        answer = run_coroutine(evaluate())
         assert answer.ok and answer.text == content_text(4)
         assert [request.path for request in fake.requests] == [MESSAGES_PATH, MESSAGES_PATH]
     compare_row, evaluation_row = rows(2)

@@ -18,6 +18,7 @@ SHARED_ENGINE_FILES = (
     "tests/dashboards/test_agents_vllm.py",
     "tests/dashboards/test_engine.py",
     "tests/gateway/test_messages_vllm.py",
+    "tests/system/test_codex_vllm.py",
 )
 
 # The union of what those tests asked of their own engines: Compare's long prefix-cache prompt (4,096 tokens), the
