@@ -5,7 +5,7 @@ calling the upstream directly and with LiteLLM's proxy, in one run (not a test; 
                                                  [--cpu-requests 400] [--cpu-concurrency 8] [--chunk-delay 0.005]
                                                  [--litellm /tmp/litellm-venv/bin/litellm] [--parts ttft,rps,cpu]
                                                  [--gateways make-run,one-worker,single,bare-proxy] [--celery]
-                                                 [--key-rpm N] [--key-budget TOKENS] [--profile FILE]
+                                                 [--limited-key] [--profile FILE]
 
 Every piece runs in a process of its own: the fake upstream (tests/support/fake_upstream.py: content pieces
 --chunk-delay apart, the end at once), a Redis of the bench's own (started by the launcher's `start_redis`, with a
@@ -30,8 +30,9 @@ gateway as `make run` starts it, the same with one worker (TOKENWISE_WEB_PROCESS
 bench/gateway_overhead.py starts it (no supervisor, no Prometheus folder) and bench/bare_proxy.py (uvicorn in, the
 gateway's HTTP client out, nothing else: the floor of a Python proxy on this stack), each a path of its own in the
 same turns; --celery also starts the Celery processes `make run` starts (the default, long and GPU workers and beat)
-beside the web server; --key-rpm and --key-budget give the key a requests-per-minute limit and a monthly token budget
-(its admission then waits on Redis before the upstream call, its budget is counted after); --chunk-delay 0 serves
+beside the web server; --limited-key adds a path through the first gateway with a second key that has a
+requests-per-minute limit and a monthly token budget (its admission waits on Redis before the upstream call, its
+budget is counted after; the bench's own key has neither, as a new key made on the keys page); --chunk-delay 0 serves
 every stream at once; --cpu-concurrency 16 as the older benches. The CPU measure also says which threads spent it
 (the supervisor, the workers' event loops, their other threads), user and system apart. --profile FILE adds a pass of
 20-chunk streams through one gateway process whose event loop runs under cProfile on its CPU clock
@@ -104,19 +105,23 @@ def celery_processes(env):
             for kind in CELERY_KINDS]
 
 
-def key_limits_set(env, *, rpm=None, tokens_per_month=None):
-    """Give the bench's key a requests-per-minute limit and a monthly token budget of its own (each high enough never
-    to refuse): its admission then asks Redis before the upstream call, and its budget is counted after."""
-    code = f"""
-from panel.accounts.models import TeamKey
+LIMITED_KEY = """
+from panel.accounts.keys import key_issue
+from panel.accounts.models import Team
 from panel.budgets.services import budget_set
-key = TeamKey.objects.get()
-if {rpm!r}:
-    TeamKey.objects.filter(pk=key.pk).update(rpm_limit={rpm!r})
-if {tokens_per_month!r}:
-    budget_set(team=key.team, key=key, tokens_per_month={tokens_per_month!r})
+team = Team.objects.get(name="bench")
+key, raw = key_issue(team=team, user=None, name="limited", rpm_limit=1_000_000)
+budget_set(team=team, key=key, tokens_per_month=10**12)
+print(raw)
 """
-    subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env, check=True)
+
+
+def limited_key(env):
+    """A second key of the bench's team with a requests-per-minute limit and a monthly token budget (each too high
+    to refuse): its admission asks Redis before the upstream call, and its budget is counted after."""
+    output = subprocess.run([sys.executable, "manage.py", "shell", "-c", LIMITED_KEY], cwd=ROOT, env=env,
+                            check=True, capture_output=True, text=True).stdout
+    return output.strip().splitlines()[-1]
 
 
 def tree(pid):
@@ -448,8 +453,8 @@ def main():
                              "single (one uvicorn process, as gateway_overhead.py), bare-proxy (bench/bare_proxy.py): "
                              "each a path of its own")
     parser.add_argument("--celery", action="store_true", help="also start make run's Celery workers and beat")
-    parser.add_argument("--key-rpm", type=int, help="give the key this requests-per-minute limit")
-    parser.add_argument("--key-budget", type=int, help="give the key a monthly budget of this many tokens")
+    parser.add_argument("--limited-key", action="store_true",
+                        help="also call the first gateway with a key that has a limit and a budget")
     parser.add_argument("--parts", default="ttft,rps,cpu", help="which of ttft, rps, cpu to measure")
     parser.add_argument("--profile", help="after the measures, profile a gateway worker's event loop into this file")
     args = parser.parse_args()
@@ -464,8 +469,6 @@ def main():
         running.append(redis_process)
         os.environ["REDIS_URL"] = redis_url  # prepare_panel hands it on to the panel's processes
         env, key = prepare_panel(folder, fake_url)
-        if args.key_rpm or args.key_budget:
-            key_limits_set(env, rpm=args.key_rpm, tokens_per_month=args.key_budget)
         paths = [{"name": "direct", "url": f"{fake_url}/chat/completions", "token": "unused"}]
         servers = {}
         for kind in args.gateways.split(","):
@@ -473,6 +476,9 @@ def main():
             running.append(server)
             servers[GATEWAYS[kind]] = server
             paths.append({"name": GATEWAYS[kind], "url": f"{url}/chat/completions", "token": key})
+        if args.limited_key:  # the first gateway again, with the other key
+            servers["limited_key"] = servers[paths[1]["name"]]
+            paths.append({"name": "limited_key", "url": paths[1]["url"], "token": limited_key(env)})
         if args.celery:
             running += celery_processes(env)
         if args.litellm:
