@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 TAOTOKEN = {"name": "taotoken", "kind": ChannelKind.REMOTE, "base_url": "https://taotoken.net/api/v1",
             "credential_kind": CredentialKind.ENV, "credential_env": "TAOTOKEN_API_KEY",
-            "model_id": "qwen2.5-7b-instruct", "apis": ChannelApis.CHAT}
+            "model_id": "qwen2.5-7b-instruct", "apis": ChannelApis.CHAT_ONLY}
 PRESETS = {"taotoken": {"label": "TaoToken", "description": "TaoToken's unified key and API: base URL "
                         "https://taotoken.net/api/v1, key read from TAOTOKEN_API_KEY.", "values": TAOTOKEN}}
 

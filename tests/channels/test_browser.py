@@ -26,7 +26,7 @@ def test_it_adds_tests_and_imports_channels(page, live_server, team_setup, monke
         expect(page.locator("#id_base_url")).to_have_value("https://taotoken.net/api/v1")
         expect(page.locator("#id_credential_env")).to_have_value("TAOTOKEN_API_KEY")
         expect(page.locator("#id_credential_kind")).to_have_value("env")
-        expect(page.locator("#id_apis")).to_have_value("chat")  # TaoToken's unified API: OpenAI chat
+        expect(page.locator("#id_apis")).to_have_value("chat_only")  # TaoToken: chat, Responses translated
         screenshot(page, "channel-form-taotoken")
         # Point the preset at the local fake provider instead of the real TaoToken.
         page.fill("#id_base_url", provider.url + "/v1")

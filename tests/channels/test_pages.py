@@ -85,6 +85,7 @@ def test_the_taotoken_preset_fills_the_form(client, objects):
     page = client.get(reverse("channel_create") + "?preset=taotoken").content.decode()
     assert 'value="https://taotoken.net/api/v1"' in page and 'value="TAOTOKEN_API_KEY"' in page
     assert '<option value="env" selected>' in page
+    assert '<option value="chat_only" selected>' in page  # Codex's Responses requests translated to chat
 
 
 @pytest.mark.parametrize("changes, words", [
