@@ -70,6 +70,21 @@ def envlist(name, default):
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def envpairs(name):
+    """`name1=value1,name2=value2` (OpenTelemetry's OTEL_EXPORTER_OTLP_HEADERS form, values URL-encoded) as a dict;
+    unset or empty: {}."""
+    value = _read(name)
+    pairs = {}
+    for item in (value or "").split(","):
+        if not item.strip():
+            continue
+        key, equals, text = item.partition("=")
+        if not equals or not key.strip():
+            raise EnvError(f"{name}: {item.strip()!r} is not name=value (write name1=value1,name2=value2)")
+        pairs[key.strip()] = unquote(text.strip())
+    return pairs
+
+
 class CredentialBinding(NamedTuple):
     """Where the operator lets a channel send one environment variable's key: origins written
     "scheme://host:port" (the port always there), and the slugs of the teams that may use it (empty: every team)."""

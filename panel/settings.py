@@ -2,8 +2,9 @@
 import os
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from panel.env import EnvError, database_from_url, envbindings, envbool, envint, envlist, envstr, names_read
+from panel.env import EnvError, database_from_url, envbindings, envbool, envint, envlist, envpairs, envstr, names_read
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -292,6 +293,16 @@ DASHBOARDS_ROLLUP_EVERY_SECONDS = envint("TOKENWISE_ROLLUP_EVERY_SECONDS", 10, m
 LOCAL_COST_EVERY_SECONDS = envint("TOKENWISE_LOCAL_COST_EVERY_SECONDS", 60, minimum=1)
 METRICS_TOKEN = envstr("TOKENWISE_METRICS_TOKEN", "")
 METRICS_PUBLIC = envbool("TOKENWISE_METRICS_PUBLIC", False)  # /metrics without a token: the operator's choice
+
+# --- OpenTelemetry (panel/gateway/tracing.py): a span per gateway request and per upstream attempt, and the panel's own
+# metrics, sent over OTLP/HTTP to this base URL (its /v1/traces and /v1/metrics). Empty: off, nothing is started.
+OTEL_ENDPOINT = envstr("TOKENWISE_OTEL_ENDPOINT", "").strip().rstrip("/")
+if OTEL_ENDPOINT and urlsplit(OTEL_ENDPOINT).scheme not in ("http", "https"):
+    raise EnvError(f"TOKENWISE_OTEL_ENDPOINT={OTEL_ENDPOINT!r} is not an http:// or https:// URL (the collector's "
+                   "OTLP/HTTP base, e.g. http://127.0.0.1:4318)")
+OTEL_HEADERS = envpairs("TOKENWISE_OTEL_HEADERS")  # e.g. an API key the collector wants: name=value,name2=value2
+OTEL_SERVICE_NAME = envstr("TOKENWISE_OTEL_SERVICE_NAME", "tokenwise").strip() or "tokenwise"
+OTEL_EXPORT_INTERVAL_SECONDS = envint("TOKENWISE_OTEL_EXPORT_INTERVAL_MS", 5000, minimum=100, maximum=3_600_000) / 1000
 
 # --- Workers and jobs
 HOST_NAME = envstr("TOKENWISE_HOST_NAME", socket.gethostname())

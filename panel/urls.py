@@ -16,6 +16,7 @@ urlpatterns = [
     path("members/", accounts.member_list, name="members"),
     path("members/invite/", accounts.member_invite_view, name="member_invite"),
     path("members/gpu-quota/", accounts.team_gpu_quota_view, name="team_gpu_quota"),
+    path("members/trace-prompts/", accounts.team_trace_prompts_view, name="team_trace_prompts"),
     path("invitations/<int:invitation_id>/accept/", accounts.invitation_accept_view, name="invitation_accept"),
     path("members/<int:membership_id>/role/", accounts.member_role_view, name="member_role"),
     path("members/<int:membership_id>/remove/", accounts.member_remove_view, name="member_remove"),

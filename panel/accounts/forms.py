@@ -31,6 +31,13 @@ class GpuQuotaForm(forms.Form):
                   "GPU hosts). Empty: no limit; 0: CPU hosts only.")
 
 
+class TracePromptsForm(forms.Form):
+    trace_prompts = forms.BooleanField(
+        label="Prompts and answers in traces", required=False,
+        help_text="When the panel sends OpenTelemetry traces, each gateway request's span carries its prompt and "
+                  "answer text (gen_ai.input.messages, gen_ai.output.messages). Off: figures and names only.")
+
+
 class TokenForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="What uses it, e.g. the deploy script.")
     role = forms.ChoiceField(label="Acts as", choices=Role.choices,

@@ -27,6 +27,9 @@ class Team(models.Model):
     # The most GPUs the team's deployments may hold at once (None: no limit), set by an owner on the Members page and
     # checked at every launch (panel/serving/quota.py). A CPU host's deployments hold none.
     gpu_quota = models.PositiveIntegerField(null=True, blank=True)
+    # The prompt and answer text of the team's gateway requests in their OpenTelemetry spans (panel/gateway/tracing.py),
+    # set by an owner on the Members page; off: spans carry figures and names, never the text.
+    trace_prompts = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name"]

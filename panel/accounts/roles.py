@@ -14,6 +14,7 @@ ACTIONS = {
     "tokens.revoke": Role.VIEWER,
     "members.manage": Role.ADMIN,  # invite, change a role, remove (the owner rules are the services')
     "team.gpu_quota": Role.OWNER,  # an admin could otherwise lift the limit the owner set
+    "team.trace_prompts": Role.OWNER,  # the team's prompts leave the panel in its traces
     "audit.view": Role.ADMIN,
     # gateway: team keys
     "keys.view": Role.VIEWER,

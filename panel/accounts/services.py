@@ -261,6 +261,15 @@ def member_remove(*, actor, membership, request=None):
     return keys
 
 
+def team_trace_prompts_set(*, actor, on):
+    """Let the team's prompts and answers into its gateway requests' OpenTelemetry spans, or keep them out. Only an
+    owner may: the text leaves the panel for whoever reads the traces."""
+    if actor.role != Role.OWNER:
+        raise PermissionDenied("Only an owner of the team decides whether its prompts go into traces.")
+    Team.objects.filter(pk=actor.team_id).update(trace_prompts=on)
+    actor.team.trace_prompts = on
+
+
 @transaction.atomic
 def team_gpu_quota_set(*, actor, quota):
     """Set the most GPUs `actor`'s team's deployments may hold at once (None: no limit). Only an owner may: an admin

@@ -11,7 +11,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
-from panel.accounts.forms import GpuQuotaForm, InviteForm, RoleForm, role_choices
+from panel.accounts.forms import GpuQuotaForm, InviteForm, RoleForm, TracePromptsForm, role_choices
 from panel.accounts.models import Invitation, Membership, Role
 from panel.accounts.services import (
     INVITE_LINK_DAYS,
@@ -27,6 +27,7 @@ from panel.accounts.services import (
     member_setup_user,
     team_gpu_quota_set,
     team_switch,
+    team_trace_prompts_set,
 )
 from panel.accounts.throttle import signin_blocked
 from panel.audit.models import AuditAction
@@ -99,6 +100,8 @@ def _members_page(request, *, form=None, quota_form=None, status=200, setup_link
     return render(request, "accounts/members.html", {
         "memberships": memberships, "form": form or InviteForm(actor_role=role), "role_choices": role_choices(role),
         "quota_form": quota_form or GpuQuotaForm(initial={"gpu_quota": request.team.gpu_quota}),
+        "trace_form": TracePromptsForm(initial={"trace_prompts": request.team.trace_prompts}),
+        "traces_sent": bool(settings.OTEL_ENDPOINT),
         "setup_link": request.build_absolute_uri(setup_link) if setup_link else None,
         "link_days": INVITE_LINK_DAYS}, status=status)
 
@@ -157,6 +160,20 @@ def team_gpu_quota_view(request):
     audit_record(action=AuditAction.SETTING_CHANGED, request=request, target="the team's GPU quota",
                  gpu_quota="no limit" if quota is None else str(quota))
     messages.success(request, "GPU quota: " + ("no limit." if quota is None else f"at most {quota} GPUs at once."))
+    return redirect("members")
+
+
+@require_POST
+@team_view("team.trace_prompts")
+def team_trace_prompts_view(request):
+    form = TracePromptsForm(request.POST)
+    form.is_valid()  # a checkbox: absent is off
+    on = form.cleaned_data["trace_prompts"]
+    team_trace_prompts_set(actor=request.membership, on=on)
+    audit_record(action=AuditAction.SETTING_CHANGED, request=request, target="prompts and answers in traces",
+                 trace_prompts="on" if on else "off")
+    messages.success(request, "Traces carry the team's prompts and answers." if on
+                     else "Traces carry no prompt or answer text.")
     return redirect("members")
 
 

@@ -37,6 +37,14 @@ def step(target, outcome, began, status=None):
             "ms": round((time.perf_counter() - began) * 1000), "status": status}
 
 
+def add_step(log, target, outcome, began, status=None):
+    """One step on the trail, and its times (perf_counter, kept out of the usage row) for the request's trace: one
+    span per step (panel/gateway/tracing.py)."""
+    entry = step(target, outcome, began, status)
+    log["trail"].append(entry)
+    log.setdefault("times", []).append((entry, target, began, time.perf_counter()))
+
+
 async def first_success(targets, attempt_call, *, fallback_on_error, log, deadline=None, stream=False, waker=None):
     """Try each target (retries with backoff on retryable errors) until `attempt_call(target, limits)` succeeds,
     within `deadline` seconds for all of it. Returns (target, value); raises the last UpstreamError (kind
@@ -45,7 +53,7 @@ async def first_success(targets, attempt_call, *, fallback_on_error, log, deadli
     A sleeping local engine is woken by `waker` (gateway/waking.py), which says whether to wait for it."""
     targets = list(targets)
     first_choice = targets[0].id if targets else None
-    trail = log.setdefault("trail", [])
+    log.setdefault("trail", [])
     ends = time.monotonic() + deadline if deadline else None
     last = UpstreamError("no_channel", "the route has no enabled channel", retryable=False)
     ordered = await COOLDOWN.order(targets)
@@ -58,15 +66,15 @@ async def first_success(targets, attempt_call, *, fallback_on_error, log, deadli
                 target, until=ends, has_next=fallback_on_error and index + 1 < len(ordered))
             log["current"] = target
             if awake is None:
-                trail.append(step(target, "waking", began))
+                add_step(log, target, "waking", began)
                 last = UpstreamError("waking", f"the local engine of {target.name} is waking from sleep and was "
                                                "not ready in time", retryable=False)
                 continue
-            trail.append(step(target, "woke", began))
+            add_step(log, target, "woke", began)
             target = awake
         if target.credential_error:
             last = UpstreamError("misconfigured", target.credential_error, retryable=False)
-            trail.append(step(target, "misconfigured", time.perf_counter()))
+            add_step(log, target, "misconfigured", time.perf_counter())
             log["current"] = target
             continue
         for attempt in range(target.max_retries + 1):
@@ -81,7 +89,7 @@ async def first_success(targets, attempt_call, *, fallback_on_error, log, deadli
                 value = await attempt_call(target, limits_for(target, remaining, stream=stream))
             except UpstreamError as error:
                 last = error
-                trail.append(step(target, error.kind, began, error.status))
+                add_step(log, target, error.kind, began, error.status)
                 if error.kind == "rate_limited":
                     log["rate_limited"] = log.get("rate_limited", 0) + 1
                 if error.client_fault:
@@ -94,7 +102,7 @@ async def first_success(targets, attempt_call, *, fallback_on_error, log, deadli
                     break  # no time left for a retry here: the next channel, if any, gets what is left
                 await asyncio.sleep(delay)
                 continue
-            trail.append(step(target, "ok", began, 200))
+            add_step(log, target, "ok", began, 200)
             await COOLDOWN.succeeded(target.id)
             log["fell_back"] = target.id != first_choice
             return target, value

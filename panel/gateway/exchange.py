@@ -63,6 +63,7 @@ class Exchange:
         self.sampling = None  # the route's SamplePlan when it keeps samples
         self.shadow = None  # the route's ShadowPlan when a shadow test runs on it
         self.answer_parts = []  # the answer's text, collected for a sample or a shadow test only
+        self.trace_text = False  # the team lets its prompts and answers into its trace (gateway/tracing.py)
         self.spill_watch = False  # the route spills on overload: an engine's answer times its requests
         self.error = None  # what ended the request when it failed (`fail`)
         self.lease = None  # the replica this request counts in flight on (gateway/balancing.py), given back at its end
@@ -100,7 +101,7 @@ class Exchange:
 
     @property
     def keeps_answer(self):
-        return self.sampling is not None or self.shadow is not None
+        return self.sampling is not None or self.shadow is not None or self.trace_text
 
     def content_arrived(self, text=""):
         """One content piece of a stream is on its way to the client (its text is kept for a sample or a shadow

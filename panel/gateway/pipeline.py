@@ -16,8 +16,10 @@ and in where the answer goes (`send`: the client's HTTP response, or the panel's
 import time
 from dataclasses import dataclass, field
 
+from django.conf import settings
+
 from panel.channels import rules
-from panel.gateway import admission, messages_api, token_count
+from panel.gateway import admission, messages_api, token_count, tracing
 from panel.gateway.apis import Passage
 from panel.gateway.balancing import BALANCER
 from panel.gateway.responses import error_body, plain_response, send_json, stream_response
@@ -99,6 +101,8 @@ async def _steps(call, exchange, send):
         await token_count.respond(exchange, route, body, send)
         return
     exchange.body = body  # its prompt is charged by estimate if the upstream reports no usage
+    if settings.OTEL_ENDPOINT and call.endpoint in SAMPLED_ENDPOINTS:  # the team's text in its trace, if it lets it
+        exchange.trace_text = await tracing.team_shares_text(call.key.team_id)
     if call.client and call.endpoint in SAMPLED_ENDPOINTS:
         exchange.sampling, exchange.shadow = route.sampling, route.shadow
     targets = await place(call, route, exchange)
@@ -155,14 +159,16 @@ async def place(call, route, exchange):
 
 
 async def finish(exchange):
-    """After the request ended, however it ended: its usage row, the replica it held given back, and a spilling
-    route's wait measured."""
+    """After the request ended, however it ended: its usage row, the replica it held given back, a spilling
+    route's wait measured, and its spans when OpenTelemetry is on."""
     try:
         await exchange.finish()
     finally:
         await BALANCER.release(exchange.lease)
         if exchange.spill_watch:
             await _spill_observe(exchange)
+        if settings.OTEL_ENDPOINT:
+            tracing.request_ended(exchange)  # queued for the exporter's thread (tracing.py)
 
 
 async def _spill_observe(exchange):
