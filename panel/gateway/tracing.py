@@ -8,6 +8,7 @@ owner turned on "prompts in traces" (Team.trace_prompts), and never otherwise.
 The spans are handed to the SDK's batch processor, which exports them on its own thread: the request never waits
 on the collector. With TOKENWISE_OTEL_ENDPOINT empty, none of this runs (pipeline.py checks the setting)."""
 import json
+import logging
 import time
 from typing import NamedTuple
 from urllib.parse import urlsplit
@@ -27,11 +28,9 @@ USAGE = {"prompt_tokens": "gen_ai.usage.input_tokens", "completion_tokens": "gen
          "cache_write_tokens": "gen_ai.usage.cache_creation.input_tokens",
          "reasoning_tokens": "gen_ai.usage.reasoning.output_tokens"}
 
+log = logging.getLogger(__name__)
+
 _shares_text = {}  # team id -> (until, Team.trace_prompts), kept as long as the gateway keeps a key
-
-
-def enabled():
-    return bool(settings.OTEL_ENDPOINT)
 
 
 async def team_shares_text(team_id):
@@ -39,7 +38,11 @@ async def team_shares_text(team_id):
     cached = _shares_text.get(team_id)
     if cached is not None and cached[0] > time.monotonic():
         return cached[1]
-    shares = bool(await Team.objects.filter(pk=team_id).values_list("trace_prompts", flat=True).afirst())
+    try:
+        shares = bool(await Team.objects.filter(pk=team_id).values_list("trace_prompts", flat=True).afirst())
+    except Exception as error:  # the trace goes without text; the request goes on
+        log.warning("prompts in traces: team %s not read (%s); its trace has no text", team_id, type(error).__name__)
+        return False
     _shares_text[team_id] = (time.monotonic() + settings.KEY_CACHE_SECONDS, shares)
     return shares
 
@@ -61,8 +64,11 @@ def request_ended(exchange):
         return
     from panel.gateway import otlp  # the SDK and its exporters are loaded only when OpenTelemetry is on
 
-    request, attempts = spans_of(exchange)
-    otlp.exporters().emit(request, attempts)
+    try:
+        request, attempts = spans_of(exchange)
+        otlp.exporters().emit(request, attempts)
+    except Exception:  # a trace that cannot be made is lost, never the request's end (its usage row is written)
+        log.exception("request %s: its spans were not made", exchange.request_id)
 
 
 def spans_of(exchange, now_perf=None, now_ns=None):
