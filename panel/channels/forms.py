@@ -21,7 +21,9 @@ from panel.channels.services import CHANNEL_FIELDS
 
 HELP = {
     "name": "Letters, digits, '-', '_' or '.'; how routes and the usage records name it.",
-    "kind": "Local: a vLLM server of this team (tried first by local_first routes). Remote: a cloud provider.",
+    "kind": "Local: a vLLM server of this team (tried first by local_first routes). Remote: a cloud provider. vLLM "
+            "pool: vLLM engines the panel did not start (an llm-d gateway, a production-stack router, a KServe "
+            "service, a plain vLLM), called like a remote provider, their /metrics read like a deployment's.",
     "deployment": "For a local channel: the deployment it serves (kept in step automatically).",
     "base_url": "The API root, ending in /v1: http://127.0.0.1:8000/v1, https://taotoken.net/api/v1. The client "
                 "appends /chat/completions and /models.",
@@ -54,6 +56,14 @@ HELP = {
                                      "search, OpenAI's file search), per 1,000 calls: counted from what the answer "
                                      "reports.",
     "enabled": "Disabled channels are skipped by every route.",
+    "scrape_urls": "For a vLLM pool: the /metrics URL of each of its engines, one a line (read every few seconds "
+                   "for the dashboards and the ledger).",
+    "scrape_token": "For a vLLM pool: the bearer token its /metrics want, if any. It is encrypted at rest and never "
+                    "shown again; leave this empty to keep the stored one.",
+    "gpu_count": "For a vLLM pool: the GPUs its engines run on.",
+    "price_per_gpu_hour": "For a vLLM pool: what one of its GPUs costs an hour; × the GPUs, its GPU-time cost.",
+    "batch_slots": "For a vLLM pool: the requests its engines run at once (the sum of their --max-num-seqs), for "
+                   "the spill rule's expected wait. Empty: the spill rule passes the pool by.",
 }
 LABELS = {"model_id": "Model id", "base_url": "Base URL", "credential_kind": "Credential",
           "credential_env": "Environment variable", "timeout_seconds": "Total timeout (s)",
@@ -63,7 +73,9 @@ LABELS = {"model_id": "Model id", "base_url": "Base URL", "credential_kind": "Cr
           "price_input_per_million": "Input / 1M tokens", "price_output_per_million": "Output / 1M tokens",
           "price_cached_per_million": "Cached input / 1M tokens",
           "price_cache_write_per_million": "Cache write / 1M tokens",
-          "price_tool_calls_per_thousand": "Tool calls / 1K", "apis": "APIs"}
+          "price_tool_calls_per_thousand": "Tool calls / 1K", "apis": "APIs", "scrape_urls": "Scrape URLs",
+          "scrape_token": "Scrape token", "gpu_count": "GPUs", "price_per_gpu_hour": "Price per GPU-hour",
+          "batch_slots": "Batch slots"}
 # Left empty, or left out by a client older than the field: the channel's current value, else the default.
 WITH_DEFAULTS = ("connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds",
                  "price_tool_calls_per_thousand")
@@ -75,18 +87,22 @@ SECTIONS = [
                               "timeout_seconds", "max_retries", "retry_backoff", "priority", "weight"]),
     ("Prices", ["price_input_per_million", "price_output_per_million", "price_cached_per_million",
                 "price_cache_write_per_million", "price_tool_calls_per_thousand"]),
+    ("vLLM pool", ["scrape_urls", "scrape_token", "gpu_count", "price_per_gpu_hour", "batch_slots"]),
 ]
 
 
 class ChannelForm(forms.ModelForm):
     api_key = forms.CharField(required=False, strip=True, label="API key",
                               widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}))
+    scrape_token = forms.CharField(required=False, strip=True, max_length=600,
+                                   widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}))
 
     class Meta:
         model = Channel
         fields = list(CHANNEL_FIELDS)
         widgets = {"base_url": forms.TextInput(attrs={"spellcheck": "false"}),
-                   "model_id": forms.TextInput(attrs={"spellcheck": "false"})}
+                   "model_id": forms.TextInput(attrs={"spellcheck": "false"}),
+                   "scrape_urls": forms.Textarea(attrs={"rows": 3, "spellcheck": "false"})}
 
     def __init__(self, *args, team, **kwargs):
         super().__init__(*args, **kwargs)
@@ -98,6 +114,7 @@ class ChannelForm(forms.ModelForm):
         for name in WITH_DEFAULTS:  # left empty (or left out by an older client): the current value
             self.fields[name].required = False
         self.fields["apis"].required = False  # left out by an older client: the current value (new: chat)
+        self.fields["gpu_count"].required = False  # left out: the current value (new: 0)
         for name, field in self.fields.items():
             field.help_text = HELP.get(name, field.help_text)
             field.label = LABELS.get(name, field.label)
@@ -112,6 +129,9 @@ class ChannelForm(forms.ModelForm):
                          "timeout_seconds", "retry_backoff"):
                 value = getattr(self.instance, name)
                 self.initial[name] = int(value) if float(value).is_integer() else value
+        if self.instance.pk and self.instance.scrape_token_ciphertext:
+            self.fields["scrape_token"].help_text = (f"A token is stored (••••{self.instance.scrape_token_last4}). "
+                                                     "Leave this empty to keep it; type a new one to replace it.")
         if self.instance.pk and self.instance.credential_kind == CredentialKind.STORED:
             self.fields["api_key"].help_text = (f"A key is stored ({self.instance.credential_display}). Leave this "
                                                 "empty to keep it; type a new one to replace it.")
@@ -143,7 +163,7 @@ class ChannelForm(forms.ModelForm):
                     self.add_error(name, "Enter the provider's price per million tokens (from its price page): the "
                                          "Cost tab and budgets use it. Enter 0 if it is free.")
                 else:
-                    cleaned[name] = Decimal(0)  # a local channel's cost is its GPU hours
+                    cleaned[name] = Decimal(0)  # a local channel's (or a pool's) cost is its GPU hours
         return cleaned
 
     def sections(self):
@@ -154,10 +174,11 @@ class ChannelForm(forms.ModelForm):
         if not fields["apis"]:
             current = Channel.objects.filter(pk=self.instance.pk).values_list("apis", flat=True).first()
             fields["apis"] = current or (ChannelApis.BOTH if fields["kind"] == ChannelKind.LOCAL else ChannelApis.CHAT)
-        for name in WITH_DEFAULTS:
+        for name in WITH_DEFAULTS + ("gpu_count",):
             if fields[name] is None:
                 current = Channel.objects.filter(pk=self.instance.pk).values_list(name, flat=True).first()
                 fields[name] = current if current is not None else Channel._meta.get_field(name).default
+        fields["scrape_token"] = self.cleaned_data.get("scrape_token") or ""
         return fields
 
 

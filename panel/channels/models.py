@@ -21,6 +21,9 @@ EMPTY_KEY = "EMPTY"  # the usual placeholder for a local vLLM, which checks no k
 class ChannelKind(models.TextChoices):
     LOCAL = "local", "Local vLLM"
     REMOTE = "remote", "Remote provider"
+    # Engines the panel did not start (an llm-d gateway, a production-stack router, a KServe service, a plain vLLM):
+    # called like a remote channel, their /metrics scraped like a deployment's (channels/pools.py).
+    POOL = "pool", "vLLM pool"
 
 
 class ChannelApis(models.TextChoices):
@@ -120,6 +123,15 @@ class Channel(models.Model):
     price_cache_write_per_million = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     # Tool calls the provider runs itself and bills per call (web searches, file searches), per thousand calls.
     price_tool_calls_per_thousand = _price()
+    # A vLLM pool's engines (kind "pool"; panel/channels/pools.py): their /metrics, one URL a line, read with the
+    # bearer token (encrypted like a stored key); the GPUs they run on and the price of one GPU-hour, for the GPU-time
+    # cost; the requests they run at once (the sum of their max_num_seqs), for the spill rule.
+    scrape_urls = models.TextField(blank=True)
+    scrape_token_ciphertext = models.TextField(blank=True)
+    scrape_token_last4 = models.CharField(max_length=4, blank=True)
+    gpu_count = models.PositiveIntegerField(default=0)
+    price_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    batch_slots = models.PositiveIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
     misconfigured = models.TextField(blank=True)  # why the gateway must not call it; blank = ok
     last_test = models.JSONField(default=dict, blank=True)
@@ -139,6 +151,20 @@ class Channel(models.Model):
     @property
     def is_local(self):
         return self.kind == ChannelKind.LOCAL
+
+    @property
+    def is_pool(self):
+        return self.kind == ChannelKind.POOL
+
+    def scrape_url_list(self):
+        """A pool's scrape URLs, in the order given."""
+        return [line.strip() for line in (self.scrape_urls or "").splitlines() if line.strip()]
+
+    def gpu_hourly_price(self):
+        """A pool's GPU cost per hour (its GPUs × the price of one GPU-hour); None without both."""
+        if not self.is_pool or self.price_per_gpu_hour is None or not self.gpu_count:
+            return None
+        return float(self.price_per_gpu_hour) * self.gpu_count
 
     @property
     def is_engine_channel(self):

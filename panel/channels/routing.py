@@ -19,6 +19,7 @@ from django.core.cache import cache
 from django.db import transaction
 
 from panel.channels.models import ChannelKind, Route, RouteStrategy, ShadowState, listed_routes, order_channels
+from panel.channels.pools import pool_facts
 from panel.core import outbound
 from panel.core.redis_client import async_redis
 from panel.core.refresher import Refresher
@@ -158,7 +159,8 @@ def target_for(channel):
                   connect_timeout=float(channel.connect_timeout_seconds),
                   first_byte_timeout=float(channel.first_byte_timeout_seconds),
                   idle_timeout=float(channel.idle_timeout_seconds), loopback_ok=loopback_ok,
-                  sleeping=_sleeping(channel), **(_engine_facts(channel.deployment) if loopback_ok else {}))
+                  sleeping=_sleeping(channel), **(_engine_facts(channel.deployment) if loopback_ok else
+                                                  pool_facts(channel) if channel.kind == ChannelKind.POOL else {}))
 
 
 def _sleeping(channel):

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from panel.channels import diagnosis, rules
+from panel.channels import diagnosis, pools, rules
 from panel.channels.credential_env import env_binding_refusal, env_name_refusal
 from panel.channels.models import (
     EMPTY_KEY,
@@ -187,8 +187,9 @@ def is_engine_channel(channel):
     return channel.is_engine_channel
 
 
-def channel_check(channel, *, api_key=""):
-    """Every rule for a channel about to be saved: ({field: [errors]}, [warnings]). Cleans base_url in place."""
+def channel_check(channel, *, api_key="", scrape_token=""):
+    """Every rule for a channel about to be saved: ({field: [errors]}, [warnings]). Cleans base_url (and a pool's
+    scrape URLs) in place."""
     errors, warnings = {}, []
 
     def add(field, messages):
@@ -200,7 +201,7 @@ def channel_check(channel, *, api_key=""):
     if not errors.get("name") and taken.exists():
         add("name", [f"This team already has a channel named {channel.name!r}."])
     if channel.kind not in ChannelKind.values:
-        add("kind", ["Choose local or remote."])
+        add("kind", ["Choose local, remote or vLLM pool."])
     cleaned, url_errors, url_warnings = base_url_check(channel.base_url)
     add("base_url", url_errors)
     warnings += url_warnings
@@ -243,7 +244,10 @@ def channel_check(channel, *, api_key=""):
             and channel.price_input_per_million and not channel.price_cached_per_million):
         warnings.append("Cached prompt tokens are billed at the cached price, which is 0: set it to the input price "
                         "if this provider gives no discount for cached tokens.")
-    return errors, warnings
+    pool_errors, pool_warnings = pools.pool_check(channel, scrape_token=scrape_token)
+    for field, messages in pool_errors.items():
+        add(field, messages)
+    return errors, warnings + pool_warnings
 
 
 # ------------------------------------------------------------------------------------------------- channels
@@ -252,11 +256,14 @@ CHANNEL_FIELDS = ("name", "kind", "deployment", "base_url", "model_id", "apis", 
                   "connect_timeout_seconds", "first_byte_timeout_seconds", "idle_timeout_seconds",
                   "timeout_seconds", "max_retries", "retry_backoff", "priority", "weight", "price_input_per_million",
                   "price_output_per_million", "price_cached_per_million", "price_cache_write_per_million",
-                  "price_tool_calls_per_thousand", "enabled")
+                  "price_tool_calls_per_thousand", "enabled", *pools.POOL_ONLY)
 
 
-def _channel_save(channel, *, api_key):
-    errors, warnings = channel_check(channel, api_key=api_key)
+def _channel_save(channel, *, api_key, scrape_token="", before_urls=""):
+    errors, warnings = channel_check(channel, api_key=api_key, scrape_token=scrape_token)
+    if errors:
+        raise ValidationError(errors)
+    errors = pools.pool_token_store(channel, scrape_token, before_urls=before_urls)
     if errors:
         raise ValidationError(errors)
     if channel.credential_kind == CredentialKind.STORED:
@@ -280,14 +287,14 @@ def _channel_save(channel, *, api_key):
 
 
 @transaction.atomic
-def channel_create(*, team, user=None, api_key="", **fields):
+def channel_create(*, team, user=None, api_key="", scrape_token="", **fields):
     """Create a channel after every check (ValidationError {field: [messages]} otherwise; nothing saved).
-    A stored key is encrypted here; the returned channel carries `.warnings`."""
+    A stored key (and a pool's scrape token) is encrypted here; the returned channel carries `.warnings`."""
     unknown = set(fields) - set(CHANNEL_FIELDS)
     if unknown:
         raise TypeError(f"unknown channel fields: {sorted(unknown)}")
     channel = Channel(team=team, created_by=user, **fields)
-    return _channel_save(channel, api_key=api_key)
+    return _channel_save(channel, api_key=api_key, scrape_token=scrape_token)
 
 
 def _origin(url):
@@ -299,7 +306,7 @@ def _origin(url):
 
 
 @transaction.atomic
-def channel_update(*, channel, api_key="", **fields):
+def channel_update(*, channel, api_key="", scrape_token="", **fields):
     """Change a channel. An empty `api_key` keeps the stored key; a new one replaces it, and is required when the
     base URL moves to another origin (scheme, host, port), so a stored key never follows the URL to a new server.
     The returned channel carries `.changes`: {field: (before, after)} for base_url and credential_kind."""
@@ -307,9 +314,10 @@ def channel_update(*, channel, api_key="", **fields):
     if unknown:
         raise TypeError(f"unknown channel fields: {sorted(unknown)}")
     # As stored, not as given: a ModelForm has already written the new values onto the instance.
-    saved = Channel.objects.filter(pk=channel.pk).values("base_url", "credential_kind", "credential_ciphertext").first()
+    saved = Channel.objects.filter(pk=channel.pk).values("base_url", "credential_kind", "credential_ciphertext",
+                                                         "scrape_urls").first()
     saved = saved or {"base_url": channel.base_url, "credential_kind": channel.credential_kind,
-                      "credential_ciphertext": channel.credential_ciphertext}
+                      "credential_ciphertext": channel.credential_ciphertext, "scrape_urls": channel.scrape_urls}
     before = {"base_url": saved["base_url"], "credential_kind": saved["credential_kind"]}
     had_stored_key = saved["credential_kind"] == CredentialKind.STORED and bool(saved["credential_ciphertext"])
     for name, value in fields.items():
@@ -318,7 +326,7 @@ def channel_update(*, channel, api_key="", **fields):
             and _origin(channel.base_url) != _origin(before["base_url"])):
         raise ValidationError({"api_key": ["The base URL now points at another server: enter the key again (a stored "
                                            "key is never sent to a new server without someone typing it)."]})
-    channel = _channel_save(channel, api_key=api_key)
+    channel = _channel_save(channel, api_key=api_key, scrape_token=scrape_token, before_urls=saved["scrape_urls"])
     channel.changes = {name: (value, getattr(channel, name)) for name, value in before.items()
                        if value != getattr(channel, name)}
     return channel

@@ -109,10 +109,14 @@ async def _ask(candidate, messages, max_tokens, team_id):
 
 
 def local_hourly_prices(team_id):
-    """The team's local channels' deployments' GPU price per hour, by channel name (None: the host has no price)."""
+    """The GPU price per hour of the team's engines, by channel name: a local channel's deployment's (None: the host
+    has no price), a vLLM pool's GPUs × its price per GPU-hour (None: not set)."""
     channels = (Channel.objects.filter(team_id=team_id, kind=ChannelKind.LOCAL, deployment__isnull=False)
                 .select_related("deployment__host"))
-    return {channel.name: channel.deployment.hourly_price() for channel in channels}
+    prices = {channel.name: channel.deployment.hourly_price() for channel in channels}
+    for pool in Channel.objects.filter(team_id=team_id, kind=ChannelKind.POOL):
+        prices[pool.name] = pool.gpu_hourly_price()
+    return prices
 
 
 def answer_cost(metrics, prices):
