@@ -30,13 +30,14 @@ def _compact(*, cutoff, period):
     # Only whole periods that end before the cutoff, so a period is merged once, with every row it will ever have.
     cutoff_seconds = int(cutoff.timestamp() // period * period)
     cutoff = cutoff.fromtimestamp(cutoff_seconds, tz=cutoff.tzinfo)
-    candidates = EngineSample.objects.filter(period__lt=period, at__lt=cutoff).order_by("deployment_id", "at", "pk")
+    candidates = EngineSample.objects.filter(period__lt=period, at__lt=cutoff).order_by("deployment_id", "channel_id",
+                                                                                       "at", "pk")
     groups = defaultdict(list)
-    for sample in candidates.iterator(chunk_size=5000):
-        groups[(sample.deployment_id, int(sample.at.timestamp() // period * period))].append(sample)
+    for sample in candidates.iterator(chunk_size=5000):  # a deployment's, or a vLLM pool's (its channel)
+        groups[(sample.deployment_id, sample.channel_id, int(sample.at.timestamp() // period * period))].append(sample)
     removed = 0
     merged = []
-    for (deployment_id, start), samples in groups.items():
+    for (_, _, start), samples in groups.items():
         merged.append(_merge(samples, start=start, period=period))
         removed += len(samples)
     with transaction.atomic():
@@ -51,7 +52,8 @@ def _merge(samples, *, start, period):
     from datetime import timezone as tz
 
     first = samples[0]
-    row = EngineSample(deployment_id=first.deployment_id, team_id=first.team_id, period=period,
+    row = EngineSample(deployment_id=first.deployment_id, channel_id=first.channel_id, team_id=first.team_id,
+                       period=period,
                        at=datetime.fromtimestamp(start, tz=tz.utc), ok=any(s.ok for s in samples),
                        gaps=sum(s.gaps for s in samples), restarted=any(s.restarted for s in samples),
                        warning=next((s.warning for s in reversed(samples) if s.warning), ""), ttft={}, itl={})

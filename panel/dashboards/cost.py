@@ -6,11 +6,14 @@
 - Cloud: what the gateway recorded for each request from the channel's prices.
 - Baseline: the same tokens all sent to the cloud: local tokens priced at the prices of the team's cloud channel
   (the remote channel that carried the most tokens in the range, else the first enabled one).
+- A vLLM pool (engines the panel did not start) is local too: its GPUs × its price per GPU-hour for every hour of
+  the range since the channel was made.
 - Monthly projection: the range's savings scaled to 30 days."""
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from panel.channels.models import Channel
+from panel.channels.models import Channel, ChannelKind
 from panel.dashboards.selectors import DashboardQuery, usage_grouped
 from panel.serving.models import Deployment
 
@@ -154,6 +157,11 @@ def cost_summary(query: DashboardQuery):
         name = channel.name if channel else "(deleted channel)"
         cache = {"cached": row["cached_tokens"], "cache_writes": row["cache_write_tokens"],
                  "reasoning": row["reasoning_tokens"], "tool_calls": row["server_tool_calls"]}
+        if channel is not None and channel.kind == ChannelKind.POOL:
+            share = tokens / unfiltered[("pool", channel.pk)] if unfiltered.get(("pool", channel.pk)) else 1.0
+            summary.lines.append(_pool_line(query, channel, summary, requests=row["requests"], tokens=tokens,
+                                            share=share, row=row, **cache))
+            continue
         if not row["local"]:
             summary.lines.append(CostLine(name=name, kind="remote", requests=row["requests"], tokens=tokens,
                                           cost=float(row["cost"]), **cache))
@@ -177,6 +185,11 @@ def cost_summary(query: DashboardQuery):
     if query.key_id is None:  # a key has no share of a GPU it sent nothing to
         summary.lines += _idle_lines(query, served={row["deployment_id"] for row in rows if row["local"]},
                                      channels=channels, summary=summary)
+        served = {row["channel_id"] for row in rows}
+        idle = [pool for pool in channels.values() if pool.kind == ChannelKind.POOL and pool.pk not in served
+                and query.channel_id in (None, pool.pk) and query.deployment_id is None]
+        summary.lines += [_pool_line(query, pool, summary, requests=0, tokens=0, share=1.0, row=None, idle=True)
+                          for pool in idle if pool.created_at.timestamp() < query.end]
     summary.lines.sort(key=lambda line: (line.kind, -line.tokens))
     return summary
 
@@ -208,6 +221,22 @@ def _idle_lines(query, *, served, channels, summary):
                               cost=None if hourly is None else hours * hourly, deployment_id=deployment.pk,
                               baseline=0.0 if summary.baseline_channel is not None else None))
     return lines
+
+
+def _pool_line(query, pool, summary, *, requests, tokens, share, row, idle=False, **cache):
+    """A vLLM pool's line: its GPUs × its price per GPU-hour over the hours of the range since it was made, this
+    query's share of it (by tokens, with a key filter)."""
+    hours = max(min(query.end, time.time()) - max(query.start, pool.created_at.timestamp()), 0) / 3600
+    hourly = pool.gpu_hourly_price()
+    if hourly is None and hours:
+        summary.missing_prices.append(f"the vLLM pool {pool.name} (its channel's price per GPU-hour)")
+    line = CostLine(name=f"{pool.name} (idle)" if idle else pool.name, kind="local", requests=requests,
+                    tokens=tokens, gpu_hours=hours, hourly=hourly,
+                    cost=None if hourly is None else hours * hourly * share, **cache)
+    if summary.baseline_channel is not None:
+        line.baseline = 0.0 if row is None else float(summary.baseline_channel.cost(
+            row["prompt_tokens"], row["completion_tokens"], row["cached_tokens"], row["cache_write_tokens"]))
+    return line
 
 
 def _lifetime(deployment, since, until):
@@ -249,7 +278,10 @@ def _deployment_tokens(query):
     """Every key's tokens per deployment in the range (the denominator of a key's share of the GPU cost)."""
     whole = DashboardQuery(team=query.team, range=query.range, channel_id=query.channel_id,
                            deployment_id=query.deployment_id, now=query.end, first=query.first)
-    return {row["deployment_id"]: row["prompt_tokens"] + row["completion_tokens"]
-            for row in usage_grouped(whole, by=("deployment_id",), columns=("prompt_tokens", "completion_tokens"))
-            if row["deployment_id"] is not None}
+    tokens = {}
+    for row in usage_grouped(whole, by=("deployment_id", "channel_id"), columns=("prompt_tokens", "completion_tokens")):
+        # by deployment, and by channel for a vLLM pool's rows (which have no deployment)
+        key = row["deployment_id"] if row["deployment_id"] is not None else ("pool", row["channel_id"])
+        tokens[key] = tokens.get(key, 0) + row["prompt_tokens"] + row["completion_tokens"]
+    return tokens
 

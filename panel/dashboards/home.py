@@ -129,15 +129,15 @@ def failed_jobs(team, now):
 
 
 def ledger_differences(team, now):
-    """Deployments whose engine counted more than a percent more or fewer tokens than the usage rows in the last 24
-    hours (panel/dashboards/ledger.py): money the gateway did not charge, or charged by estimate."""
+    """Deployments (and vLLM pools) whose engine counted more than a percent more or fewer tokens than the usage rows
+    in the last 24 hours (panel/dashboards/ledger.py): money the gateway did not charge, or charged by estimate."""
     query = DashboardQuery(team=team, range="24h", now=now)
     found = []
     for line in deployment_ledger(query):
         if line.difference_percent is not None and not line.agrees:
-            found.append(Attention(f"Deployment #{line.deployment_id}: ledger differs by "
-                                   f"{line.difference_percent:+.1f}%", line.words,
-                                   reverse("dashboards_cost") + f"?range=24h&deployment={line.deployment_id}"))
+            subject, scope = line.subject
+            found.append(Attention(f"{subject}: ledger differs by {line.difference_percent:+.1f}%", line.words,
+                                   reverse("dashboards_cost") + f"?range=24h&{scope}"))
     return found
 
 

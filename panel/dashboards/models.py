@@ -148,11 +148,15 @@ class LocalCostWatermark(models.Model):
 
 
 class EngineSample(models.Model):
-    """One scrape of a deployment's /metrics: what changed since the previous good scrape (deltas of counters and
+    """One scrape of a deployment's /metrics, or of a vLLM pool's (its engines' /metrics summed; the channel is the
+    source then, channels/pools.py): what changed since the previous good scrape (deltas of counters and
     histograms), the gauges as read, and the cumulative values the next scrape subtracts. A failed scrape is a gap:
     ok=False with the warning in words."""
 
-    deployment = models.ForeignKey("serving.Deployment", on_delete=models.CASCADE, related_name="engine_samples")
+    deployment = models.ForeignKey("serving.Deployment", null=True, blank=True, on_delete=models.CASCADE,
+                                   related_name="engine_samples")
+    channel = models.ForeignKey("channels.Channel", null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="+")  # a vLLM pool's samples
     team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="+")
     at = models.DateTimeField(db_index=True)
     ok = models.BooleanField(default=True)  # False: a gap (the scrape failed); a compacted row: any scrape worked
@@ -176,3 +180,5 @@ class EngineSample(models.Model):
         ordering = ["at"]
         indexes = [models.Index(fields=["team", "at"], name="engine_sample_team_at"),
                    models.Index(fields=["period", "at"], name="engine_sample_period_at")]
+        constraints = [models.CheckConstraint(
+            condition=models.Q(deployment__isnull=True) ^ models.Q(channel__isnull=True), name="engine_sample_source")]

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from django.urls import reverse
 
 from panel.accounts.models import TeamKey
-from panel.channels.models import Channel
+from panel.channels.models import Channel, ChannelKind
 from panel.core.money import money, money_text
 from panel.dashboards import figures as fig
 from panel.dashboards.agents import agents as agents_page
@@ -27,6 +27,7 @@ from panel.dashboards.selectors import (
     latency_by_step,
     percentile_from_buckets,
     scrape_gaps,
+    source,
     usage_by_step,
     usage_by_tag,
     usage_grouped,
@@ -63,9 +64,12 @@ def dashboard_page(*, tab, query):
 def _names(query):
     channels = dict(Channel.objects.filter(team=query.team).values_list("pk", "name"))
     keys = {key.pk: str(key) for key in TeamKey.objects.filter(team=query.team)}
-    deployments = {d.pk: f"{d.served_model_name or d.profile.name} #{d.pk}"
-                   for d in Deployment.objects.filter(team=query.team).select_related("profile")}
-    return channels, keys, deployments
+    # The engines' figures are by source: a deployment, or a vLLM pool (selectors.source).
+    engines = {("deployment", d.pk): f"{d.served_model_name or d.profile.name} #{d.pk}"
+               for d in Deployment.objects.filter(team=query.team).select_related("profile")}
+    engines.update({("pool", pk): f"pool {name}" for pk, name in Channel.objects.filter(
+        team=query.team, kind=ChannelKind.POOL).values_list("pk", "name")})
+    return channels, keys, engines
 
 
 def _window(query):
@@ -173,6 +177,15 @@ def latency(query):
             traces.append(fig.line(f"p{int(q * 100)} · {label}", exs, eys, q_index, connect=True))
     page.figures["itl"] = fig.figure("Inter-token latency (ms, engine)", traces, y_title="ms", x_range=_window(query),
                                      empty="No engine samples in this range: the scraper reads ready deployments")
+    queue = {}
+    for row in engine:
+        if row["waiting"] is not None:
+            xs, ys = queue.setdefault(deployments.get(row["source"], "?"), ([], []))
+            xs.append(row["t"])
+            ys.append(round(row["waiting"], 2))
+    page.figures["queue"] = fig.figure("Requests waiting in the engine's queue (engine, mean per step)", [
+        fig.line(label, xs, ys, i, connect=True) for i, (label, (xs, ys)) in enumerate(sorted(queue.items()))],
+        y_title="requests", x_range=_window(query), empty="No engine samples in this range")
     page.figures["latency"] = fig.figure("End-to-end latency (ms, gateway)", [
         fig.line(f"p{int(q * 100)}", xs, [_ms(row["latency"][q]) for row in steps], i)
         for i, q in enumerate(QUANTILES)], y_title="ms", x_range=_window(query))
@@ -185,7 +198,7 @@ def latency(query):
     totals = engine_by_deployment(query, steps=engine)
     page.tables.append(Table("engine_latency", "Engine latency by deployment (ms, from vLLM's histograms)", [
         "deployment", "requests (TTFT samples)", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95",
-        "ITL p99"], [[deployments.get(row["deployment_id"], "?"), int(row["ttft"].get("count", 0))]
+        "ITL p99"], [[deployments.get(row["source"], "?"), int(row["ttft"].get("count", 0))]
                      + [_seconds_ms(engine_percentile(row["ttft"], q)) for q in QUANTILES]
                      + [_seconds_ms(engine_percentile(row["itl"], q)) for q in QUANTILES] for row in totals]))
     total = usage_totals(query, columns=("ttft_count",) + TTFT_COLUMNS + LATENCY_COLUMNS)
@@ -205,7 +218,7 @@ def cache(query):
     series = {}
     kv = {}
     for row in engine:
-        label = deployments.get(row["deployment_id"], "?")
+        label = deployments.get(row["source"], "?")
         if row["hit_rate"] is not None:
             xs, ys = series.setdefault(label, ([], []))
             xs.append(row["t"])
@@ -230,7 +243,7 @@ def cache(query):
     page.tables.append(Table("cache", "Prefix cache by deployment (engine)", [
         "deployment", "prefix queries (tokens)", "prefix hits (tokens)", "hit rate %", "mean KV usage %",
         "last KV usage %", "scrapes", "gaps"],
-        [[deployments.get(row["deployment_id"], "?"), int(row["prefix_queries"]), int(row["prefix_hits"]),
+        [[deployments.get(row["source"], "?"), int(row["prefix_queries"]), int(row["prefix_hits"]),
           _rate(row["prefix_hits"], row["prefix_queries"]), _pct(row["kv"]), _pct(row["last_kv"]), row["samples"],
           row["gaps"]] for row in totals]))
     rows = sorted(usage_grouped(query, by=("channel_id",), columns=("prompt_tokens", "cached_tokens")),
@@ -242,7 +255,8 @@ def cache(query):
 
     page.tables.extend(hit_rate_tables(query, channels, keys))
     page.tables.append(Table("gaps", "Recent scrape gaps", ["at (UTC)", "deployment", "warning"],
-                             [[sample.at.strftime("%Y-%m-%d %H:%M:%S"), deployments.get(sample.deployment_id, "?"),
+                             [[sample.at.strftime("%Y-%m-%d %H:%M:%S"), deployments.get(source(sample.deployment_id,
+                                                                                           sample.channel_id), "?"),
                                sample.warning] for sample in scrape_gaps(query)],
                              note="A gap is a scrape that failed: /metrics down, slow or not Prometheus text."))
     queries = sum(row["prefix_queries"] for row in totals)
@@ -320,7 +334,7 @@ def cost(query):
     _, _, deployments = _names(query)
     page.tables.append(Table("ledger", "Ledger: each engine's own token counts against the usage rows", [
         "deployment", "engine tokens", "recorded tokens", "difference", "status"],
-        [[deployments.get(line.deployment_id, f"#{line.deployment_id}"), int(line.engine_tokens),
+        [[deployments.get(line.source, "?"), int(line.engine_tokens),
           line.recorded_tokens, "" if line.difference_percent is None else f"{line.difference_percent:+.1f}%",
           line.words] for line in deployment_ledger(query)],
         note=f"Prompt and generation tokens over this range: the engine's from vLLM's own counters, the recorded "
@@ -373,7 +387,7 @@ def _engine_series(steps, name, quantile, deployments):
         value = engine_percentile(row[name], quantile) if row[name] else None
         if value is None:
             continue
-        xs, ys = series.setdefault(deployments.get(row["deployment_id"], "?"), ([], []))
+        xs, ys = series.setdefault(deployments.get(row["source"], "?"), ([], []))
         xs.append(row["t"])
         ys.append(_seconds_ms(value))
     return series

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from django.db.models import F, Sum
 
 from panel.accounts.models import TeamKey
-from panel.channels.models import Channel
+from panel.channels.models import Channel, ChannelKind
 from panel.dashboards.models import (
     BUCKET_BOUNDS_MS,
     DAY,
@@ -221,10 +221,16 @@ def latency_by(query, *, by):
 
 
 def engine_samples(query):
+    """The samples in the query's range: of the deployment asked for, of the channel's deployment, of a vLLM pool
+    asked for as its channel, or all of them (a deployment's rows and a pool's: `source` tells them apart)."""
     samples = EngineSample.objects.filter(team=query.team, at__gte=_aware(query.start), at__lt=_aware(query.end))
     deployment_id = query.deployment_id
     if query.channel_id is not None:
-        deployment_id = Channel.objects.filter(pk=query.channel_id).values_list("deployment_id", flat=True).first()
+        channel = Channel.objects.filter(pk=query.channel_id).values("deployment_id", "kind").first() or {}
+        if channel.get("kind") == ChannelKind.POOL:
+            pool = samples.filter(channel_id=query.channel_id) if query.deployment_id is None else samples.none()
+            return pool.order_by("at")
+        deployment_id = channel.get("deployment_id")
         if deployment_id is None or (query.deployment_id not in (None, deployment_id)):
             return EngineSample.objects.none()
     if deployment_id is not None:
@@ -232,21 +238,27 @@ def engine_samples(query):
     return samples.order_by("at")
 
 
+def source(deployment_id, channel_id):
+    """What an engine figure is of, as a key: ("deployment", id) or, for a vLLM pool, ("pool", its channel's id)."""
+    return ("deployment", deployment_id) if deployment_id is not None else ("pool", channel_id)
+
+
 def engine_by_step(query, *, histograms=True):
-    """Per (step, deployment): prefix-cache queries and hits, tokens, mean KV cache usage and queue, gaps (failed
-    scrapes) and, with `histograms`, the merged TTFT and inter-token histograms. Without them the JSON
-    histograms are not read (decoding their JSON is most of the cost)."""
+    """Per (step, source: a deployment or a vLLM pool): prefix-cache queries and hits, tokens, mean KV cache usage
+    and queue, gaps (failed scrapes) and, with `histograms`, the merged TTFT and inter-token histograms. Without them
+    the JSON histograms are not read (decoding their JSON is most of the cost)."""
     steps = {}
-    fields = ("deployment_id", "at", "ok", "gaps", "prefix_queries", "prefix_hits", "prompt_tokens",
+    fields = ("deployment_id", "channel_id", "at", "ok", "gaps", "prefix_queries", "prefix_hits", "prompt_tokens",
               "generation_tokens", "kv_cache_usage", "running", "waiting") + (("ttft", "itl") if histograms else ())
     for row in engine_samples(query).values_list(*fields).iterator(chunk_size=5000):
-        (deployment_id, at, ok, gaps, queries, hits, prompt, generation, kv, running, waiting) = row[:11]
-        ttft, itl = row[11:] if histograms else (None, None)
+        (deployment_id, channel_id, at, ok, gaps, queries, hits, prompt, generation, kv, running, waiting) = row[:12]
+        ttft, itl = row[12:] if histograms else (None, None)
         t = int(at.timestamp() // query.step * query.step)
-        step = steps.get((t, deployment_id))
+        key = (t, source(deployment_id, channel_id))
+        step = steps.get(key)
         if step is None:
-            step = steps[(t, deployment_id)] = {
-                "t": t, "deployment_id": deployment_id, "prefix_queries": 0.0, "prefix_hits": 0.0,
+            step = steps[key] = {
+                "t": t, "source": key[1], "deployment_id": deployment_id, "prefix_queries": 0.0, "prefix_hits": 0.0,
                 "prompt_tokens": 0.0, "generation_tokens": 0.0, "kv": [], "running": [], "waiting": [],
                 "ttft": {}, "itl": {}, "gaps": 0, "samples": 0}
         step["samples"] += 1
@@ -262,7 +274,7 @@ def engine_by_step(query, *, histograms=True):
                 step[name].append(value)
         for name, histogram in (("ttft", ttft), ("itl", itl)):
             merge_histogram(step[name], histogram)
-    result = sorted(steps.values(), key=lambda step: (step["t"], step["deployment_id"]))
+    result = sorted(steps.values(), key=lambda step: (step["t"], step["source"]))
     for step in result:
         for name in ("kv", "running", "waiting"):
             values = step[name]
@@ -303,12 +315,13 @@ def engine_percentile(histogram, quantile):
 
 
 def engine_by_deployment(query, *, steps=None):
-    """Totals per deployment over the range, with merged histograms (from `steps`, engine_by_step's answer, when
-    the caller has it already)."""
+    """Totals per source (a deployment or a vLLM pool) over the range, with merged histograms (from `steps`,
+    engine_by_step's answer, when the caller has it already)."""
     totals = {}
     for step in engine_by_step(query) if steps is None else steps:
-        total = totals.setdefault(step["deployment_id"], {
-            "deployment_id": step["deployment_id"], "prefix_queries": 0.0, "prefix_hits": 0.0, "prompt_tokens": 0.0,
+        total = totals.setdefault(step["source"], {
+            "source": step["source"], "deployment_id": step["deployment_id"], "prefix_queries": 0.0,
+            "prefix_hits": 0.0, "prompt_tokens": 0.0,
             "generation_tokens": 0.0, "ttft": {}, "itl": {}, "gaps": 0, "samples": 0, "kv": [], "last_kv": None})
         for name in ("prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens", "gaps", "samples"):
             total[name] += step[name]

@@ -6,14 +6,14 @@ from panel.dashboards.compaction import engine_samples_compact
 from panel.dashboards.ledger import ledgers_check
 from panel.dashboards.local_cost import local_cost_allocate
 from panel.dashboards.rollup import HARD_TIME_LIMIT_SECONDS, SOFT_TIME_LIMIT_SECONDS, usage_rollup_run
-from panel.dashboards.scraper import deployments_scrape, engine_readings
+from panel.dashboards.scraper import deployments_scrape, engine_readings, pools_scrape
 from panel.dashboards.statements import statement_import_run
 from panel.serving.scaling import deployments_scale
 
 
 @shared_task(soft_time_limit=60, time_limit=90, ignore_result=True)
 def scrape_engines():
-    scraped = len(deployments_scrape())
+    scraped = len(deployments_scrape()) + len(pools_scrape())
     deployments_scale(readings=engine_readings)  # scale on queue decides on what was just scraped
     engine_samples_compact()  # an indexed look-up that finds nothing most of the time
     return scraped
