@@ -9,7 +9,7 @@ ENGINE_PIP_EXTRA ?=
 # compiles the ones a process imports on first use instead (the engine venv builds faster: docs/benchmarks.md).
 TW_PIP_FLAGS ?= -q --no-compile
 
-.PHONY: run test test-setup test-fast lint venv engine browser claude-code codex helm clean-venvs help
+.PHONY: run test test-setup test-fast lint venv engine browser claude-code codex oidc-provider helm clean-venvs help
 .DEFAULT_GOAL := help
 
 help:
@@ -37,7 +37,7 @@ test:
 	@$(MAKE) --no-print-directory lint
 	$(VENV)/bin/python -m pytest $(PARALLEL) $(PYTEST_ARGS)
 
-test-setup: $(VENV)/.installed-test $(ENGINE_VENV)/.installed browser claude-code codex helm
+test-setup: $(VENV)/.installed-test $(ENGINE_VENV)/.installed browser claude-code codex oidc-provider helm
 
 # Neither the engine venv, Chromium nor the coding agents' CLIs: every test but those marked engine, browser or client.
 test-fast: lint helm
@@ -91,6 +91,16 @@ codex: .node/.installed-codex-$(CODEX_VERSION)
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
 	npm install --prefix .node --no-audit --no-fund --loglevel=error @openai/codex@$(CODEX_VERSION)
 	.node/node_modules/.bin/codex --version
+	@touch $@
+
+# node's oidc-provider, pinned, the identity provider the single sign-on tests sign in through (tests/sso/, started
+# by tests/support/oidc_provider.py), beside the coding agents' CLIs under .node/ (one npm install at a time).
+OIDC_PROVIDER_VERSION := 9.13.3
+oidc-provider: .node/.installed-oidc-provider-$(OIDC_PROVIDER_VERSION)
+.node/.installed-oidc-provider-$(OIDC_PROVIDER_VERSION): | browser .node/.installed-codex-$(CODEX_VERSION)
+	@command -v npm >/dev/null || { echo "tokenwise: installing nodejs and npm for the single sign-on tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	npm install --prefix .node --no-audit --no-fund --loglevel=error oidc-provider@$(OIDC_PROVIDER_VERSION)
 	@touch $@
 
 # Helm, pinned, for the chart's tests (tests/deploy/test_helm_chart.py renders deploy/helm/tokenwise): Helm's own

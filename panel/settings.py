@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "panel.core",
     "panel.notifications",
     "panel.api",
+    "panel.sso",
     "ninja",  # its bundled Swagger UI files, served as static files (no CDN)
 ]
 
@@ -146,6 +147,12 @@ SIGNIN_WINDOW_SECONDS = envint("TOKENWISE_SIGNIN_WINDOW_SECONDS", 900, minimum=1
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
+# Single sign-on through an OpenID Connect provider (panel/sso): off unless TOKENWISE_OIDC_CLIENT_ID is set. Sets
+# SSO_ENABLED and SSO_NAME, and when on SSO_ISSUER, SSO_GROUPS_CLAIM, SSO_GROUP_MAP (TOKENWISE_OIDC_GROUPS, checked
+# here), mozilla-django-oidc's OIDC_* settings and the provider's backend ahead of AUTHENTICATION_BACKENDS.
+from panel.sso.config import oidc_settings  # noqa: E402
+
+globals().update(oidc_settings(AUTHENTICATION_BACKENDS))
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

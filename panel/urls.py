@@ -47,6 +47,7 @@ urlpatterns = [
     path("", include("panel.advisor.urls")),
     path("", include("panel.notifications.urls")),
     path("api/v1/", include("panel.api.urls")),
+    path("", include("panel.sso.urls")),
 ]
 
 

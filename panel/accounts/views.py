@@ -49,6 +49,10 @@ class LoginView(auth_views.LoginView):
             return self.render_to_response(self.get_context_data(form=form), status=429)
         return super().post(request, *args, **kwargs)
 
+    def get_context_data(self, **kwargs):
+        # "Sign in with <name>" beside the form when single sign-on is on (panel/sso)
+        return {**super().get_context_data(**kwargs), "sso_name": settings.SSO_NAME}
+
 
 
 @require_POST

@@ -10,6 +10,9 @@ PUBLIC = {
     "account_setup": "an invited person's one-time set-password link (they have no password to sign in with yet)",
     "invitation_accept": "login_required; an invitation is found only among the signed-in account's own (the "
                          "invited account may be in no team yet)",
+    "sso_sign_in": "signing in through the identity provider (404 while single sign-on is off)",
+    "sso_callback": "the identity provider's answer to a sign-in (404 while single sign-on is off)",
+    "sso_refused": "why a sign-in through the identity provider was refused (to someone not signed in)",
 }
 
 

@@ -13,6 +13,7 @@ LAYERS = [
     "core",
     "audit",
     "accounts",
+    "sso",
     "notifications",
     "jobs",
     "hosts",
