@@ -18,6 +18,8 @@ TOKENS = Counter("tokenwise_gateway_tokens", "Tokens through the gateway, by dir
 TTFT = Histogram("tokenwise_gateway_time_to_first_token_seconds", "Time to the first content byte",
                  ("model",), registry=registry,
                  buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60))
+COST = Counter("tokenwise_gateway_cost", "What gateway requests cost, in the panel's currency (the usage rows' cost)",
+               ("model",), registry=registry)
 LATENCY = Histogram("tokenwise_gateway_request_latency_seconds", "Whole request, first byte in to last byte out",
                     ("model",), registry=registry,
                     buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60))
@@ -35,6 +37,7 @@ def gateway_request_observe(*, fields, fell_back, refused=False):
         FALLBACKS.labels(endpoint, model).inc()
     TOKENS.labels(model, "prompt").inc(fields.get("prompt_tokens") or 0)
     TOKENS.labels(model, "completion").inc(fields.get("completion_tokens") or 0)
+    COST.labels(model).inc(float(fields.get("cost") or 0))
     if fields.get("ttft_ms") is not None:
         TTFT.labels(model).observe(fields["ttft_ms"] / 1000)
     LATENCY.labels(model).observe(fields.get("latency_ms", 0) / 1000)
