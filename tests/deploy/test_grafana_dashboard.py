@@ -159,3 +159,20 @@ def test_it_is_a_dashboard_grafana_imports(dashboard):
         if panel["type"] != "row":
             assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
             assert panel["targets"] and panel["gridPos"]["w"] <= 24, panel["title"]
+
+
+def test_it_counts_what_requests_cost_for_the_cost_panels(client, settings, db):
+    from decimal import Decimal
+
+    from panel.gateway import metrics
+
+    for cost in (Decimal("0.0125"), Decimal("0.0250")):
+        metrics.gateway_request_observe(fields={"endpoint": "chat", "model": "m-cost", "outcome": "ok",
+                                                "prompt_tokens": 10, "completion_tokens": 5, "cost": cost,
+                                                "latency_ms": 20}, fell_back=False)
+    metrics.gateway_request_observe(fields={"endpoint": "chat", "model": "m-cost", "outcome": "error",
+                                            "error_kind": "upstream_5xx", "latency_ms": 5}, fell_back=False)
+    settings.METRICS_TOKEN = "grafana-test"
+    text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer grafana-test").content.decode()
+    (value,) = re.findall(r'^tokenwise_gateway_cost_total\{model="m-cost"\} (\S+)$', text, re.M)
+    assert float(value) == pytest.approx(0.0375)
