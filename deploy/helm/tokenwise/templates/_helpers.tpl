@@ -45,7 +45,7 @@ valueFrom:
 {{- if hasKey $.Values.config $name }}
 {{- fail (printf "config.%s: the chart sets %s itself; give it through the chart's own value (see values.yaml)" $name $name) }}
 {{- end }}
-{{- end }}
+{{- end -}}
 - name: DATABASE_URL
   {{- include "tokenwise.secretRef" (dict "what" "postgresql.urlSecret" "ref" .Values.postgresql.urlSecret) | nindent 2 }}
 - name: REDIS_URL
@@ -86,12 +86,12 @@ valueFrom:
 {{- end -}}
 
 {{- define "tokenwise.podCommon" -}}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-securityContext:
-  {{- toYaml .Values.podSecurityContext | nindent 2 }}
 {{- end -}}
 
 {{/* Celery's own health check, as compose runs it: the worker answers a ping through the broker. */}}
