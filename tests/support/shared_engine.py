@@ -17,6 +17,7 @@ SHARED_ENGINE_FILES = (
     "tests/compare/test_vllm.py",
     "tests/dashboards/test_agents_vllm.py",
     "tests/dashboards/test_engine.py",
+    "tests/dashboards/test_pools_engine.py",
     "tests/gateway/test_messages_vllm.py",
     "tests/system/test_codex_vllm.py",
 )
