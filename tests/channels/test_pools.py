@@ -122,3 +122,25 @@ def test_the_gateway_and_evaluation_runs_read_its_gpu_price(team_setup):
     # An answer of 7.2 s on the pool costs 3.5 / h for 7.2 s: 0.007, its GPU time (the pool's token prices are 0).
     cost, gpu = answer_cost({"channel": "gpu-pool", "cost": "0", "latency_ms": 7200}, prices)
     assert str(gpu) == "0.0070000000" and cost == gpu
+
+
+def test_the_api_takes_a_pool_with_the_pages_rules_and_never_returns_its_token(client, team_setup):
+    from tests.support.api_helpers import call, token_for
+
+    raw = token_for(team_setup["alice"], team_setup["team_a"])
+    body = {"name": "gpu-pool", "kind": "pool", "base_url": "http://127.0.0.1:18000/v1", "model_id": "pool-chat",
+            "credential_kind": "none", "timeout_seconds": 120, "max_retries": 1, "retry_backoff": 1.5,
+            "priority": 100, "weight": 1, "scrape_urls": "http://127.0.0.1:18001/metrics", "scrape_token": TOKEN,
+            "gpu_count": 1, "price_per_gpu_hour": "2"}
+    bad = call(client, "post", "/channels", raw, {**body, "scrape_urls": "gopher://127.0.0.1/metrics"})
+    assert bad.status_code == 400 and "starts with http://" in bad.json()["errors"]["scrape_urls"][0]
+    assert not Channel.objects.exists()
+    made = call(client, "post", "/channels", raw, body)
+    assert made.status_code == 201, made.content
+    assert TOKEN not in made.content.decode() and made.json()["kind"] == "pool"
+    pool = Channel.objects.get()
+    assert crypto.decrypt(pool.scrape_token_ciphertext) == TOKEN and pool.gpu_hourly_price() == 2.0
+    changed = call(client, "patch", f"/channels/{pool.pk}", raw, {"gpu_count": 4})
+    assert changed.status_code == 200, changed.content
+    pool.refresh_from_db()
+    assert pool.gpu_count == 4 and crypto.decrypt(pool.scrape_token_ciphertext) == TOKEN
