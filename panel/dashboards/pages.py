@@ -176,7 +176,8 @@ def latency(query):
         for label, (exs, eys) in sorted(_engine_series(engine, "itl", q, deployments).items()):
             traces.append(fig.line(f"p{int(q * 100)} · {label}", exs, eys, q_index, connect=True))
     page.figures["itl"] = fig.figure("Inter-token latency (ms, engine)", traces, y_title="ms", x_range=_window(query),
-                                     empty="No engine samples in this range: the scraper reads ready deployments")
+                                     empty="No engine samples in this range: the scraper reads ready deployments "
+                                           "and vLLM pools")
     queue = {}
     for row in engine:
         if row["waiting"] is not None:
@@ -196,7 +197,8 @@ def latency(query):
                          + [_ms(row["ttft"][q]) for q in QUANTILES] + [_ms(row["latency"][q]) for q in QUANTILES]
                          for row in rows]))
     totals = engine_by_deployment(query, steps=engine)
-    page.tables.append(Table("engine_latency", "Engine latency by deployment (ms, from vLLM's histograms)", [
+    page.tables.append(Table("engine_latency",
+                             "Engine latency by deployment or vLLM pool (ms, from vLLM's histograms)", [
         "deployment", "requests (TTFT samples)", "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95",
         "ITL p99"], [[deployments.get(row["source"], "?"), int(row["ttft"].get("count", 0))]
                      + [_seconds_ms(engine_percentile(row["ttft"], q)) for q in QUANTILES]
@@ -227,11 +229,11 @@ def cache(query):
             xs, ys = kv.setdefault(label, ([], []))
             xs.append(row["t"])
             ys.append(round(100 * row["kv"], 2))
-    page.figures["hit_rate"] = fig.figure("Prefix cache hit rate by deployment (engine)", [
+    page.figures["hit_rate"] = fig.figure("Prefix cache hit rate by deployment or vLLM pool (engine)", [
         fig.line(label, xs, ys, i, connect=True) for i, (label, (xs, ys)) in enumerate(sorted(series.items()))],
         y_title="% of prompt tokens", y_percent=True, x_range=_window(query),
         empty="No prefix-cache lookups in this range (the scraper reads ready deployments every few seconds)")
-    page.figures["kv"] = fig.figure("KV cache usage by deployment (engine)", [
+    page.figures["kv"] = fig.figure("KV cache usage by deployment or vLLM pool (engine)", [
         fig.line(label, xs, ys, i, connect=True) for i, (label, (xs, ys)) in enumerate(sorted(kv.items()))],
         y_title="% of KV cache", y_percent=True, empty="No engine samples in this range", x_range=_window(query))
     steps = usage_by_step(query, columns=("prompt_tokens", "cached_tokens"))
@@ -240,7 +242,7 @@ def cache(query):
                  [_rate(row["cached_tokens"], row["prompt_tokens"]) for row in steps], 1)],
         y_title="% of prompt tokens", y_percent=True, x_range=_window(query))
     totals = engine_by_deployment(query, steps=engine)
-    page.tables.append(Table("cache", "Prefix cache by deployment (engine)", [
+    page.tables.append(Table("cache", "Prefix cache by deployment or vLLM pool (engine)", [
         "deployment", "prefix queries (tokens)", "prefix hits (tokens)", "hit rate %", "mean KV usage %",
         "last KV usage %", "scrapes", "gaps"],
         [[deployments.get(row["source"], "?"), int(row["prefix_queries"]), int(row["prefix_hits"]),
