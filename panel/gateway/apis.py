@@ -315,7 +315,7 @@ class StreamAdapter:
 
     def failure(self, error):
         event = {"error": {"message": str(error), "type": "upstream_error", "code": error.kind}}
-        return b"data: " + json.dumps(event).encode() + b"\n\n"
+        return b"data: " + safejson.dumps(event) + b"\n\n"
 
 
 def _messages_failure(error):
@@ -422,7 +422,7 @@ class MessagesToChat(StreamAdapter):
             delta = (choices[0].get("delta") or {}) if choices else {}
             if delta.get("content") or delta.get("tool_calls"):
                 self.content_arrived(delta.get("content") or "")
-            out.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            out.append(b"data: " + safejson.dumps(chunk) + b"\n\n")
         if kind == "message_stop":
             self.finished = True
             out.append(b"data: [DONE]\n\n")

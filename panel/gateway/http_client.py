@@ -56,6 +56,10 @@ class BodyTooLarge(Exception):
     """A body past the size its reader accepts; the connection is closed and nothing of the body is kept."""
 
 
+class IdleTimeout(Exception):
+    """readany() waited longer than the response's idle limit (`watch_idle`) with no byte of the body coming."""
+
+
 class Disconnected(ConnectionError):
     """The upstream closed the connection, or sent what is not an HTTP response, before the response was whole.
     `received`: whether any byte of the response had come."""
@@ -91,6 +95,7 @@ class Response:
         self._blocks, self._size, self._waiter, self._ended, self._error = [], 0, None, False, None
         self._decoder, self._paused, self._flushed = None, False, False
         self._timer = None if total is None else loop.call_later(total, self._expire)
+        self._loop, self._idle, self._idle_timer, self._last_byte, self._wait_began = loop, None, None, 0.0, 0.0
 
     # ------------------------------------------------------------------ httptools' callbacks
     def on_header(self, name, value):
@@ -121,6 +126,8 @@ class Response:
     # ------------------------------------------------------------------ from the connection
     def fed(self, data):
         self.received = True
+        if self._idle is not None:
+            self._last_byte = self._loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as error:
@@ -146,7 +153,9 @@ class Response:
                     raise self._error
                 if self._ended:
                     return self._last()
-                self._waiter = asyncio.get_running_loop().create_future()
+                self._waiter = self._loop.create_future()
+                if self._idle is not None:
+                    self._wait_began = self._loop.time()
                 try:
                     await self._waiter
                 finally:
@@ -161,6 +170,15 @@ class Response:
                 self.connection.transport.resume_reading()
             if data:
                 return data
+
+    def watch_idle(self, seconds):
+        """From now on readany() raises IdleTimeout once it has waited `seconds` with no byte of the body coming.
+        One timer for the whole body, moved on only when it fires (a stream's chunks come far more often than its
+        idle limit), not a deadline entered and left for each read: at a decode's pace that was a good part of what
+        relaying a chunk cost."""
+        self._idle = seconds
+        self._last_byte = self._loop.time()
+        self._idle_timer = self._loop.call_at(self._last_byte + seconds, self._idle_check)
 
     def at_eof(self):
         return self._ended and not self._blocks and not self._undecoded() and (
@@ -237,10 +255,27 @@ class Response:
         self._fail(TimeoutError())
         self.connection.close()
 
+    def _idle_check(self):
+        self._idle_timer = None
+        if self._ended or self._error is not None:
+            return
+        now = self._loop.time()
+        if self._waiter is None:  # the reader is busy with what it has (or paused us): not the upstream's silence
+            due = now + self._idle
+        else:
+            due = max(self._last_byte, self._wait_began) + self._idle
+            if due <= now:
+                self._fail(IdleTimeout())
+                return
+        self._idle_timer = self._loop.call_at(due, self._idle_check)
+
     def _stop_timer(self):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
 
 
 def kept_idle_limit(headers):

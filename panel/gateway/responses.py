@@ -190,7 +190,7 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send, s
             await settle()  # a client may stop reading at [DONE]
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
             return
-        event = json.loads(data) if data else {}
+        event = safejson.loads(data) if data else {}
         if not isinstance(event, dict):
             raise UpstreamError("malformed", "an event that is not a JSON object")
         if "error" in event:
@@ -207,7 +207,7 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send, s
                 content.append(piece)
                 exchange.content_arrived(piece)
         event["model"] = model_name
-        await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+        await send({"type": "http.response.body", "body": b"data: " + safejson.dumps(event) + b"\n\n",
                     "more_body": True})
 
     try:

@@ -2,7 +2,6 @@
 a non-streamed request is asked for as a stream too), idle (between two chunks) and total. The retry loop, fallback and
 cooldowns are in panel/gateway/attempts.py."""
 import asyncio
-import json
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -119,7 +118,7 @@ async def send_request(target, path, payload, limits, api="chat", extra_headers=
     other non-200, never followed: it would carry x-api-key (the operator's key, maybe) to another origin."""
     try:
         async with asyncio.timeout(limits.first_byte):
-            return await http_client.post(target.base_url.rstrip("/") + path, json.dumps(payload).encode(),
+            return await http_client.post(target.base_url.rstrip("/") + path, safejson.dumps(payload),
                                           headers_for(target, api, extra_headers), loopback_ok=target.loopback_ok,
                                           connect_timeout=target.connect_timeout, total=limits.total)
     except http_client.ConnectTimeout:
@@ -250,23 +249,17 @@ class OpenStream:
 async def stream_lines(response, idle):
     """The stream's lines (without their line ends); UpstreamError("stalled") when nothing comes within `idle`
     seconds, "upstream_too_large" for a line (one event's data) past TOKENWISE_GATEWAY_MAX_EVENT_BYTES. Read by
-    network block, not by line: one deadline per block that must be waited for (an event and its blank line usually
-    arrive together; a block already in needs none), which is most of what relaying a chunk costs the gateway."""
+    network block, not by line, under the response's one idle watchdog (http_client.Response.watch_idle): an event
+    and its blank line usually arrive together, and a block costs a wake-up, a split and the lines' decoding."""
     content = response.content
+    content.watch_idle(idle)
     pending = b""
     limit = settings.GATEWAY_MAX_EVENT_BYTES
     while True:
-        if content.buffered():
+        try:
             block = await content.readany()
-        else:
-            waiting = asyncio.timeout(idle)
-            try:
-                async with waiting:
-                    block = await content.readany()
-            except TimeoutError:
-                if not waiting.expired():
-                    raise  # the exchange's total time (the client's own timer), not a silence between chunks
-                raise stalled(idle, "no next chunk") from None
+        except http_client.IdleTimeout:
+            raise stalled(idle, "no next chunk") from None
         if not block:
             if pending:
                 yield pending.decode("utf-8", "replace").rstrip("\r")
