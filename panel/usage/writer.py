@@ -9,7 +9,7 @@ import queue
 import threading
 import time
 
-from django.db import close_old_connections, connection
+from django.db import IntegrityError, close_old_connections, connection, models
 from django.utils import timezone
 
 from panel.accounts.models import TeamKey
@@ -80,11 +80,37 @@ def _take(limit=None):
     return rows
 
 
+def _without_dangling(rows):
+    """`rows` as their foreign keys' on_delete would have left them had they been written before what they refer to
+    was deleted (a key, route, channel or rule deleted between a request and its batch): a reference to a deleted
+    row set to None (SET_NULL), a row of a deleted team left out (CASCADE)."""
+    for field in RequestLog._meta.concrete_fields:
+        if not field.is_relation:
+            continue
+        ids = {row.get(field.attname) for row in rows} - {None}
+        if not ids:
+            continue
+        gone = ids - set(field.related_model.objects.filter(pk__in=ids).values_list("pk", flat=True))
+        if not gone:
+            continue
+        if field.remote_field.on_delete is models.SET_NULL:
+            for row in rows:
+                if row.get(field.attname) in gone:
+                    row[field.attname] = None
+        else:
+            rows = [row for row in rows if row.get(field.attname) not in gone]
+    return rows
+
+
 def _write(rows):
     if not rows:
         return
     try:
-        RequestLog.objects.bulk_create([RequestLog(**row) for row in rows])
+        try:
+            RequestLog.objects.bulk_create([RequestLog(**row) for row in rows])
+        except IntegrityError:  # a key, route, channel, rule or team deleted since: not a reason to lose the batch
+            rows = _without_dangling(rows)
+            RequestLog.objects.bulk_create([RequestLog(**row) for row in rows])
         _keys_used(rows)
     except Exception:
         log.exception("could not write %d usage records", len(rows))

@@ -117,3 +117,32 @@ def answers(url):
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_batch_whose_rule_channel_or_key_was_deleted_meanwhile_is_written_without_them(transactional_db):
+    """Rows wait up to a flush before they are written: a rule, channel, route or key deleted in between is a
+    reference the database refuses. The batch is written with those references empty, as their deletion would have
+    left rows written before it; a row of a deleted team goes with its team. Nothing else of the batch is lost."""
+    from panel.accounts.keys import key_issue
+    from panel.accounts.models import Team
+    from panel.channels.models import Route, RouteRule
+    from panel.usage import writer
+    from tests.support.channels import remote
+
+    kept_team, gone_team = Team.objects.create(name="kept", slug="kept"), Team.objects.create(name="gone", slug="gone")
+    channel = remote(kept_team, name="cloud")
+    route = Route.objects.create(team=kept_team, model_name="m")
+    rule = RouteRule.objects.create(route=route, name="long", position=0)
+    key, _ = key_issue(team=kept_team, user=None, name="app")
+    row = dict(endpoint="chat", model="m", status_code=200, outcome="ok", latency_ms=1.0)
+    rows = [dict(row, team_id=kept_team.pk, key_id=key.pk, route_id=route.pk, channel_id=channel.pk,
+                 route_rule_id=rule.pk, request_id="deleted-rule"),
+            dict(row, team_id=kept_team.pk, route_id=route.pk, channel_id=channel.pk, request_id="untouched"),
+            dict(row, team_id=gone_team.pk, request_id="deleted-team")]
+    rule.delete()
+    gone_team.delete()
+    writer._write(rows)
+    written = {log.request_id: log for log in RequestLog.objects.all()}
+    assert set(written) == {"deleted-rule", "untouched"}
+    assert written["deleted-rule"].route_rule_id is None and written["deleted-rule"].channel_id == channel.pk
+    assert written["deleted-rule"].key_id == key.pk and written["untouched"].route_id == route.pk
