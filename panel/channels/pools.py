@@ -163,6 +163,8 @@ def scrape_headers(channel):
 
 
 def pool_facts(channel):
-    """What the gateway's Target carries of a pool's engines (channels/routing.py): their words and their GPU price
-    per hour (what the panel's own requests, Compare and evaluation runs, say of their cost)."""
-    return {"engine_words": f"the vLLM pool {channel.name}", "gpu_hourly": channel.gpu_hourly_price()}
+    """What the gateway's Target carries of a pool's engines (channels/routing.py): their words, the requests they
+    run at once (for the spill rule, gateway/spill.py) and their GPU price per hour (what the panel's own requests,
+    Compare and evaluation runs, say of their cost)."""
+    return {"engine_words": f"the vLLM pool {channel.name}", "batch_slots": channel.batch_slots,
+            "gpu_hourly": channel.gpu_hourly_price()}

@@ -9,7 +9,8 @@ balances replicas has counted the request on its replica already, any other rout
 request: a moving average of the engine's recent answers (`tw:reqtime:<channel>`, milliseconds, each new answer
 weighing REQTIME_WEIGHT), written when a request it answered ends.
 
-No spill when the route's first channel is no local engine, no remote channel follows it, the request is in a
+An engine is a local channel's deployment or a vLLM pool's engines (ENGINE_KINDS: a pool's batch slots are set on its
+channel). No spill when the route's first channel is no engine, no cloud channel follows it, the request is in a
 canary's arm (the canary compares its candidate), nothing is measured yet, or Redis is unreachable. A spilled
 request's usage row says `spilled`; its attempt trail starts with the engine's "spilled" step and the wait it
 avoided. If the remote channels fail and the request falls back to the engine, it is not counted there."""
@@ -24,6 +25,7 @@ from panel.gateway.balancing import BALANCER, STALE_SECONDS, Lease, inflight_key
 
 log = logging.getLogger(__name__)
 
+ENGINE_KINDS = (ChannelKind.LOCAL, ChannelKind.POOL)  # the channels whose engines the spill rule measures
 REQTIME_WEIGHT = 0.2  # of the newest answer in the moving average
 REQTIME_TTL_SECONDS = 3600  # an engine unused this long is measured afresh
 
@@ -60,9 +62,9 @@ def expected_wait_ms(in_flight, slots, per_request_ms):
 
 
 def spill_order(targets):
-    """The remote channels first, in their order, then the local ones."""
-    remote = [target for target in targets if target.channel.kind != ChannelKind.LOCAL]
-    return remote + [target for target in targets if target.channel.kind == ChannelKind.LOCAL]
+    """The cloud channels first, in their order, then the engines (local channels and vLLM pools)."""
+    remote = [target for target in targets if target.channel.kind not in ENGINE_KINDS]
+    return remote + [target for target in targets if target.channel.kind in ENGINE_KINDS]
 
 
 class Spill:
@@ -85,7 +87,7 @@ class Spill:
         if not route.spill_wait_ms or not targets or fields.get("canary"):
             return targets, lease
         engine = targets[0]
-        if engine.batch_slots is None or not any(t.channel.kind != ChannelKind.LOCAL for t in targets[1:]):
+        if engine.batch_slots is None or not any(t.channel.kind not in ENGINE_KINDS for t in targets[1:]):
             return targets, lease
         counted = lease is not None and lease.key == inflight_key(engine.id)
         look, _ = self.scripts()
