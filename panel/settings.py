@@ -258,6 +258,10 @@ GATEWAY_MAX_EVENT_BYTES = envint("TOKENWISE_GATEWAY_MAX_EVENT_BYTES", 4 * 1024 *
 # What a request may have the provider do with the channel's key beyond answering (panel/gateway/provider_tools.py):
 # off, MCP servers, code execution, web fetch and file search are refused (400) and only known betas go on.
 GATEWAY_PROVIDER_TOOLS = envbool("TOKENWISE_GATEWAY_PROVIDER_TOOLS", False)
+# Each web process admits most requests of a busy key with limits or budgets from an advance it holds in Redis
+# (gateway/advances.py); off: every such request waits on the admission's Redis call.
+GATEWAY_ADVANCES = envbool("TOKENWISE_GATEWAY_ADVANCES", True)
+GATEWAY_ADVANCE_IDLE_SECONDS = envint("TOKENWISE_GATEWAY_ADVANCE_IDLE_SECONDS", 5, minimum=1)  # then given back
 # The distinct request tags a team may use a day (panel/usage/tags.py): a new one past it is refused (400).
 TEAM_TAGS_PER_DAY = envint("TOKENWISE_TEAM_TAGS_PER_DAY", 1000, minimum=1)
 BUDGET_CACHE_SECONDS = envint("TOKENWISE_BUDGET_CACHE_SECONDS", 5, minimum=0)  # a budget change applies within this

@@ -210,10 +210,12 @@ async def count(key, cost, tokens, *, team_id=None, reservation=None, tags=()):
     scopes = ([("team", team_id)] + ([("key", key.id)] if keyed else [])
               + [("tag", tag_ident(team_id, tag)) for tag in tags])
     held = reservation or reservations.Reservation((), 0, 0)
+    released = (held.money_units, held.tokens) if held.pool is None else held.pool.settle(
+        held.money_units, held.tokens, units, tokens)  # taken from an advance: the rest goes back to it
     try:
         counters = [name for scope, ident in scopes for name in counter_keys(month, scope, ident)]
         results = await add_script()(keys=[*counters, *held.keys],
-                                     args=[units, tokens, TTL_SECONDS, len(counters), held.money_units, held.tokens])
+                                     args=[units, tokens, TTL_SECONDS, len(counters), *released])
     except (RedisError, OSError) as error:
         log.warning("budget counters not updated (%s); the reconciliation will catch up", type(error).__name__)
         return

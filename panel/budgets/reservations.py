@@ -62,17 +62,24 @@ class Reservation:
     window_tokens: int = 0
     prompt: PromptBound | None = None
     channels: tuple = ()
+    # Taken from its process's advance (gateway/advances.py) rather than held by the admission script: what it does
+    # not use goes back there (`pool.settle`, `pool.window_back`), not to Redis. The window's minute it was taken in.
+    pool: object = None
+    window_minute: int = 0
 
 
-def reservation(held_keys, request_max, *, window_key=None, window_tokens=0, prompt=None, channels=()):
+def reservation(held_keys, request_max, *, window_key=None, window_tokens=0, prompt=None, channels=(), pool=None,
+                window_minute=0):
     """What an admitted request holds: its maximum against the budgets' held counters (`request_max` None: no
-    budget) and its tokens in its key's per-minute window; None when it holds nothing."""
-    if request_max is None and not window_tokens:
+    budget) and its tokens in its key's per-minute window; None when it holds nothing (and took nothing of an
+    advance: a `pool` request always has one, so that its end is given back to the advance)."""
+    if request_max is None and not window_tokens and pool is None:
         return None
     money, tokens = (request_max.money_units, request_max.tokens) if request_max else (0, 0)
     return Reservation(tuple(held_keys) if request_max else (), money, tokens, window_key=window_key,
                        window_tokens=window_tokens, prompt=prompt if request_max else None,
-                       channels=tuple((channel.id, channel.name) for channel in channels) if request_max else ())
+                       channels=tuple((channel.id, channel.name) for channel in channels) if request_max else (),
+                       pool=pool, window_minute=window_minute)
 
 
 @dataclass(frozen=True)
@@ -367,9 +374,9 @@ def shortfall_words(scopes, index, counters, held, request_max):
     if limits.tokens is not None and spent_tokens + held_tokens + request_max.tokens > limits.tokens:
         left = max(limits.tokens - spent_tokens - held_tokens, 0)
         return (f"{asked_words(request_max)}; {whose} monthly budget of {limits.tokens:,} tokens has {left:,} left "
-                f"({spent_tokens:,} spent, {held_tokens:,} held by requests in flight): {remedy}")
+                f"({spent_tokens:,} spent, {held_tokens:,} held for requests in flight): {remedy}")
     cost = money_from_units(request_max.money_units)
     left = max(limits.money - spent_money - held_money, Decimal(0))
     return (f"{asked_words(request_max)}, costing up to {cost:.6f} {currency} at the route's highest price; {whose} "
             f"monthly budget of {limits.money} {currency} has {left:.6f} {currency} left ({spent_money:.6f} spent, "
-            f"{held_money:.6f} held by requests in flight): {remedy}")
+            f"{held_money:.6f} held for requests in flight): {remedy}")

@@ -11,7 +11,11 @@ what requests in flight hold, is refused (402); an admitted request holds its ma
 to hash) is left out, and a request with none of them costs no call. A key with neither limits nor budgets does not
 wait for its session at all: the lookup (the prompt's hashes, then Redis) runs once the answer's first byte is on
 its way, and its fields reach the usage row when the request ends. When Redis cannot be reached the request goes,
-without session fields."""
+without session fields.
+
+A busy key's requests mostly skip the script: each web process holds an advance on the key's limits and budgets
+(gateway/advances.py), and a request whose most fits what is left of it is admitted in memory, its session looked
+up after the first byte as a plain key's is."""
 import asyncio
 import dataclasses
 import functools
@@ -20,13 +24,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from redis.exceptions import RedisError
 
 from panel.budgets import enforcement as budgets
 from panel.budgets import reservations
 from panel.channels.rules import input_token_estimate
 from panel.core.redis_client import registered_script
-from panel.gateway import rate_limits, sessions
+from panel.gateway import advances, rate_limits, sessions
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +221,6 @@ async def _admit(key, *, body, headers, session, hold, channels, counted, tags, 
     scopes, month = await budgets.scopes_for(key, tags)
     if not limited and not scopes:  # the prompt's hashes too are worked out after the first byte
         return Admission(session_lookup=functools.partial(_session_later, key, body, headers) if session else None)
-    asked = sessions.session_ask(body=body, headers=headers) if session else None
     minute, retry_after = rate_limits.window()
     held = reservations.scope_held_keys(scopes, month) if hold else []
     # A budget holds the prompt's bound (what it may be billed at most); the per-minute window its estimate, as
@@ -225,9 +229,18 @@ async def _admit(key, *, body, headers, session, hold, channels, counted, tags, 
     prompt = reservations.prompt_bound(body, await budgets.excess_for(key.team_id, channels)) if held else None
     request_max = reservations.maximum(prompt.tokens, body, channels, limit_given=limit_given) if held else None
     tpm_hold = input_token_estimate(body) + reservations.completion_limit(body) if key.tpm_limit and session else 0
-    keys = [*(rate_limits.window_keys(key.id, minute) if limited else ()),
-            *budgets.scope_counter_keys(scopes, month), *held,
-            *(sessions.prefix_keys(key.id, asked.hashes) if asked else ())]
+    window_keys = rate_limits.window_keys(key.id, minute) if limited else ()
+    counter_keys = budgets.scope_counter_keys(scopes, month)
+    advance = _Advanced(key, scopes, month, minute, request_max, tpm_hold, (window_keys, counter_keys, held)) if (
+        hold and not counted and key.id is not None and settings.GATEWAY_ADVANCES) else None
+    if advance is not None and (taken := advance.take()) is not None:
+        limit_added = _limit_added(body, request_max, limit_given)
+        return Admission(reservation=reservations.reservation(
+            held, request_max, window_key=window_keys[1] if tpm_hold else None, window_tokens=tpm_hold, prompt=prompt,
+            channels=channels, pool=taken, window_minute=minute), limit_added=limit_added,
+            session_lookup=functools.partial(_session_later, key, body, headers) if session else None)
+    asked = sessions.session_ask(body=body, headers=headers) if session else None
+    keys = [*window_keys, *counter_keys, *held, *(sessions.prefix_keys(key.id, asked.hashes) if asked else ())]
     request = {"rate_keys": 2 if limited else 0, "rpm": key.rpm_limit or 0, "tpm": key.tpm_limit or 0,
                "tpm_hold": tpm_hold,
                "budgets": budgets.scope_limits(scopes),
@@ -253,10 +266,9 @@ async def _admit(key, *, body, headers, session, hold, channels, counted, tags, 
     if verdict == 4:
         return await _fit(key, body=body, headers=headers, session=session, hold=hold, channels=channels, tags=tags,
                           limit_given=limit_given, scopes=scopes, answer=answer, request_max=request_max)
-    limit_added = None
-    if request_max is not None and not limit_given and reservations.limit_settable(body):
-        limit_added = request_max.completion_tokens  # the answer may not outgrow what is held for it
-        reservations.set_completion_limit(body, limit_added)
+    limit_added = _limit_added(body, request_max, limit_given)
+    if advance is not None:
+        advance.admitted()
     held = reservations.reservation(held, request_max, window_key=keys[1] if tpm_hold else None,
                                     window_tokens=tpm_hold, prompt=prompt, channels=channels)
     if asked is None:
@@ -264,6 +276,39 @@ async def _admit(key, *, body, headers, session, hold, channels, counted, tags, 
     session_id, turn, previous = answer[2].decode(), answer[3], answer[4]
     return Admission(session=sessions.session_fields(asked, session_id=session_id, turn=turn, previous=previous),
                      reservation=held, limit_added=limit_added)
+
+
+def _limit_added(body, request_max, limit_given):
+    """A request without max_tokens that a budget holds gets the limit it is held for (the answer may not outgrow
+    what is held for it): that limit, or None."""
+    if request_max is None or limit_given or not reservations.limit_settable(body):
+        return None
+    reservations.set_completion_limit(body, request_max.completion_tokens)
+    return request_max.completion_tokens
+
+
+class _Advanced:
+    """A request that may be admitted from its process's advance on its key's limits (gateway/advances.py)."""
+
+    def __init__(self, key, scopes, month, minute, request_max, tpm_hold, keys):
+        self.key, self.month, self.minute, self.keys = key, month, minute, keys
+        self.scope_ids = tuple((scope, ident) for scope, ident, _ in scopes)
+        self.terms = (key.rpm_limit or 0, key.tpm_limit or 0,
+                      tuple(tuple(limits) for limits in budgets.scope_limits(scopes)))
+        money, tokens = (request_max.money_units, request_max.tokens) if request_max else (0, 0)
+        self.need = advances.Need(1 if key.rpm_limit else 0, tpm_hold, money, tokens)
+
+    def take(self):
+        """The advance this request's need was taken from, or None (then the admission script decides)."""
+        taken = advances.admit(self.key, scope_ids=self.scope_ids, month=self.month, terms=self.terms,
+                               minute=self.minute, need=self.need)
+        if taken is not None:
+            self.admitted()
+        return taken
+
+    def admitted(self):
+        advances.after_admission(self.key, scope_ids=self.scope_ids, month=self.month, terms=self.terms,
+                                 minute=self.minute, need=self.need, keys=self.keys)
 
 
 async def _fit(key, *, body, headers, session, hold, channels, tags, limit_given, scopes, answer, request_max):

@@ -21,9 +21,13 @@ def window_keys(key_id, minute):
 
 async def count_tokens(key, tokens, reservation=None):
     """Count a finished request's tokens in its key's window: in the window that holds its most (admission), the
-    difference between what it used and what it held; without a hold, in the current window."""
+    difference between what it used and what it held (what it did not use back to its advance, when it took its hold
+from one: gateway/advances.py); without a hold, in the current window."""
     if reservation is not None and reservation.window_key:
         token_key, change = reservation.window_key, tokens - reservation.window_tokens
+        pool = reservation.pool  # taken from an advance: what it did not use goes back there, while of its minute
+        if pool is not None and change <= 0 and pool.window_back(reservation.window_minute, -change):
+            return
     elif key.tpm_limit and tokens > 0:
         token_key, change = window_keys(key.id, window()[0])[1], tokens
     else:

@@ -97,7 +97,7 @@ def test_it_refuses_a_spent_team_budget_alerts_once_and_survives_a_redis_flush(g
     assert (error["code"], error["type"]) == ("budget_exceeded", "insufficient_quota")
     assert f"costing up to {most:.6f} USD at the route's highest price" in error["message"]
     assert (f"this team's monthly budget of {limit} USD has {limit - 2 * LONG_COST:.6f} USD left (4.040000 spent, "
-            f"0.000000 held by requests in flight): lower max_tokens or raise the budget") in error["message"]
+            f"0.000000 held for requests in flight): lower max_tokens or raise the budget") in error["message"]
     assert len(fake.requests) == upstream_seen  # nothing went upstream
     logged(3)
     row = RequestLog.objects.order_by("-created_at").first()
@@ -135,7 +135,7 @@ def test_it_refuses_a_request_a_key_budget_cannot_cover_and_leaves_the_other_key
     refused = ask(gateway, priced["raw_batch"], LONG)
     assert refused.status_code == 402
     said = refused.json()["error"]["message"]
-    assert (f"this key's monthly budget of {404 + most:,} tokens has {most - 404} left (808 spent, 0 held by "
+    assert (f"this key's monthly budget of {404 + most:,} tokens has {most - 404} left (808 spent, 0 held for "
             f"requests in flight): lower max_tokens or raise the budget") in said
     assert ask(gateway, priced["raw_app"]).status_code == 200  # the team and its other keys go on
     logged(4)
@@ -382,6 +382,6 @@ def test_the_budgets_page_shows_what_requests_in_flight_hold(gateway, priced, cl
     assert held == most
     client.force_login(priced["vera"])
     page = client.get(reverse("budgets")).content.decode()
-    assert "Held by requests in flight" in page and f"{most} tokens" in page
+    assert "Held for requests in flight" in page and f"{most} tokens" in page
     streaming.join(60)
     assert {use.name: use for use in budget_usage(team=priced["team"])}[app].held_tokens == 0

@@ -51,9 +51,10 @@ def gateway(transactional_db, request):
 
 @pytest.fixture
 def gateway_without_allowances(transactional_db, request):
-    """A gateway whose bound has no room for the chat template: every templated prompt bills past it."""
+    """A gateway whose bound has no room for the chat template: every templated prompt bills past it. Without
+    advances, so that what is held is the request's own hold."""
     yield from gateway_for(request, TOKENWISE_BUDGET_CACHE_SECONDS="0", TOKENWISE_BUDGET_TEMPLATE_TOKENS="0",
-                           TOKENWISE_BUDGET_MESSAGE_TOKENS="0")
+                           TOKENWISE_BUDGET_MESSAGE_TOKENS="0", TOKENWISE_GATEWAY_ADVANCES="0")
 
 
 def post(gateway, raw, body):
@@ -165,7 +166,7 @@ def test_the_body_tells_its_api_and_an_embeddings_request_holds_no_answer():
     assert shortfall_words([("team", 1, enforcement.Limits(None, 10))], 0, ["0", "0"], (0, 0),
                            maximum(80, embedding, [])).endswith(
         "this request may use up to 80 tokens (80 in its prompt at most, counting a token per byte of its text plus "
-        "the chat template); this team's monthly budget of 10 tokens has 10 left (0 spent, 0 held by requests in "
+        "the chat template); this team's monthly budget of 10 tokens has 10 left (0 spent, 0 held for requests in "
         "flight): shorten the input or raise the budget")
     bare_input = maximum(80, {"model": "gpt", "input": "hi"}, [])  # Responses or embeddings: held, not limited
     assert bare_input.completion_tokens == 4096 and not limit_settable({"input": "hi"})
@@ -216,7 +217,7 @@ def test_a_request_without_max_tokens_is_fitted_to_what_the_budget_has_left(gate
     assert explicit.status_code == 402
     assert (f"this request may use up to {bound + 20} tokens ({bound} in its prompt at most, counting a token per "
             f"byte of its text plus the chat template, and max_tokens 20); this key's monthly budget of "
-            f"{REAL_USE + bound + 30} tokens has 55 left (120 spent, 0 held by requests in flight): lower max_tokens "
+            f"{REAL_USE + bound + 30} tokens has 55 left (120 spent, 0 held for requests in flight): lower max_tokens "
             f"or raise the budget") in explicit.json()["error"]["message"]
     bare = post(gateway, raw, BARE)
     assert bare.status_code == 402

@@ -45,7 +45,7 @@ def test_a_tag_budget_refuses_its_tag_and_leaves_other_requests_alone(gateway, p
     assert refused.status_code == 402
     said = refused.json()["error"]["message"]
     assert (f'the "search" tag\'s monthly budget of {404 + most:,} tokens has {most - 404} left (808 spent, 0 held '
-            f"by requests in flight): lower max_tokens or raise the budget") in said
+            f"for requests in flight): lower max_tokens or raise the budget") in said
     assert ask(gateway, raw, "beta").status_code == 200  # another tag
     assert ask(gateway, raw).status_code == 200  # no tag
     logged(5)
