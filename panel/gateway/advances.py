@@ -217,6 +217,8 @@ def after_admission(key, *, scope_ids, month, terms, minute, need, keys):
     advance = find(key.id, scope_ids, month, terms)
     now = time.monotonic()
     if advance is None:
+        if len(_seen) > 10_000:  # keys seen once long ago: forget them
+            _seen.clear()
         seen, _seen[slot] = _seen.get(slot), now
         if seen is None or now - seen > settings.GATEWAY_ADVANCE_IDLE_SECONDS:
             return
