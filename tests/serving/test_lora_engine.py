@@ -17,6 +17,7 @@ from django.core.exceptions import ValidationError
 from panel.accounts.keys import key_issue
 from panel.channels.models import Channel, Route
 from panel.dashboards.local_cost import local_cost_allocate
+from panel.dashboards.models import MINUTE, UsageRollup
 from panel.hosts.models import WorkerHost
 from panel.registry.adapters import adapter_register
 from panel.registry.demo_adapter import build_demo_adapter
@@ -117,3 +118,8 @@ def test_an_adapter_is_registered_served_beside_its_base_routed_and_billed(start
     base_row.refresh_from_db()
     assert row.gpu_cost > 0 and row.cost == row.gpu_cost, (row.gpu_cost, row.cost)
     assert base_row.gpu_cost > 0
+    # Usage by model (the dashboards' roll-ups) shows the adapter as a model of its own, on the deployment, with its
+    # share of the GPU time.
+    rolled = UsageRollup.objects.filter(model="tiny-answers", period=MINUTE)
+    assert rolled.exists() and {(r.deployment_id, r.local) for r in rolled} == {(deployment.pk, True)}
+    assert sum(r.cost for r in rolled) == pytest.approx(float(row.cost))
