@@ -160,3 +160,46 @@ def test_a_profile_serves_adapters_with_flags_the_panel_owns(team_setup, tiny, t
             launch_argv(profile, port=8123, cpu_host=True)
     with pytest.raises(ValidationError, match="loaded at start by the serving profile"):
         adapter_delete(adapter=one)
+
+
+def test_the_pages_and_the_api_register_adapters_and_set_a_profiles_lora(client, team_setup, tiny, tmp_path):
+    from django.urls import reverse
+
+    from tests.support.api_helpers import call, token_for
+
+    team, alice = team_setup["team_a"], team_setup["alice"]
+    client.force_login(alice)
+    page = reverse("model_detail", args=[tiny.pk])
+    assert "LoRA adapters" in client.get(page).content.decode()
+    # The page refuses in the checker's words and saves nothing; then registers.
+    smol_folder = tmp_path / "smol-adapter"
+    adapter_folder(smol_folder, LLAMA)
+    refused = client.post(reverse("adapter_create", args=[tiny.pk]), {"source": str(smol_folder)})
+    assert refused.status_code == 400 and "hidden size 576, and tiny (qwen2) has 256" in refused.content.decode()
+    assert not LoraAdapter.objects.exists()
+    made = client.post(reverse("adapter_create", args=[tiny.pk]),
+                       {"source": str(adapter_folder(tmp_path / "tone", QWEN)), "served_name": "tiny-tone"})
+    assert made.status_code == 302 and made["Location"].endswith("#adapters")
+    tone = LoraAdapter.objects.get(served_name="tiny-tone")
+    assert "tiny-tone" in client.get(page).content.decode()
+
+    # The API: the same check, a viewer may read and not register, the profile's LoRA settings.
+    owner, viewer = token_for(alice, team), token_for(team_setup["vera"], team)
+    body = {"source": str(adapter_folder(tmp_path / "api", QWEN)), "served_name": "tiny-api"}
+    assert call(client, "post", f"/models/{tiny.pk}/adapters", viewer, body).status_code == 403
+    wrong = call(client, "post", f"/models/{tiny.pk}/adapters", owner, {"source": str(smol_folder)})
+    assert wrong.status_code == 400 and "hidden size 576" in wrong.json()["errors"]["source"][0]
+    created = call(client, "post", f"/models/{tiny.pk}/adapters", owner, body)
+    assert created.status_code == 201 and created.json()["rank"] == 8, created.json()
+    listed = call(client, "get", f"/models/{tiny.pk}/adapters", viewer).json()
+    assert [entry["served_name"] for entry in listed] == ["tiny-api", "tiny-tone"]
+    profile = ServingProfile.objects.create(team=team, model=tiny, name="tiny-cpu", created_by=alice)
+    too_big = call(client, "put", f"/profiles/{profile.pk}/lora", owner,
+                   {"max_loras": 2, "max_lora_rank": 1, "adapter_ids": [tone.pk]})
+    assert too_big.status_code == 400 and "tone has rank 8, above the largest rank 1." in too_big.json()["detail"]
+    done = call(client, "put", f"/profiles/{profile.pk}/lora", owner,
+                {"max_loras": 2, "max_lora_rank": 8, "adapter_ids": [tone.pk]})
+    assert done.json() == {"profile_id": profile.pk, "max_loras": 2, "max_lora_rank": 8, "adapter_ids": [tone.pk]}
+    assert "--lora-modules=tiny-tone=" in client.get(reverse("profile_detail", args=[profile.pk])).content.decode()
+    assert call(client, "delete", f"/adapters/{tone.pk}", owner).status_code == 400  # loaded at start
+    assert call(client, "delete", f"/adapters/{created.json()['id']}", owner).status_code == 204
