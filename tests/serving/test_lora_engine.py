@@ -2,10 +2,10 @@
 model to answer one question with a fixed phrase; panel/registry/demo_adapter.py) is registered on its base, checked
 against it (an adapter of another width is refused in words), served by a deployment of the base started with it
 (--enable-lora, --max-loras, --max-lora-rank, --lora-modules), and reached through the gateway on a route of its own:
-its answer differs from the base's on the base's route, its usage row names the adapter's served name and its
-channel on the deployment, and the GPU time is shared with it by tokens. A second registration of the same files is
-loaded at run time through vLLM's endpoint (behind the engine's key), answers, and is unloaded: its route then has
-no engine to go to and the engine no longer lists it."""
+its answer differs from the base's, on its route and as a Compare column beside the base's; its usage row names the
+adapter's served name and its channel on the deployment, and the GPU time is shared with it by tokens. A second
+registration of the same files is loaded at run time through vLLM's endpoint (behind the engine's key), answers, and
+is unloaded: its route then has no engine to go to and the engine no longer lists it."""
 import time
 from decimal import Decimal
 
@@ -29,6 +29,7 @@ from panel.serving.models import Deployment, DeploymentAdapter, DeploymentState,
 from panel.serving.services import deployment_launch
 from panel.usage.models import RequestLog
 from tests.registry.test_lora_adapters import LLAMA, base_checkpoint
+from tests.support.compare import Panel
 from tests.support.gateway_server import GatewayServer
 from tests.support.waiting import wait_until
 
@@ -108,6 +109,8 @@ def test_an_adapter_is_registered_served_beside_its_base_routed_and_billed(start
         assert {entry["id"] for entry in listed["data"]} == {"tiny-chat", "tiny-answers"}
     finally:
         gateway.stop()
+    compare_base_and_adapter(team_setup["alice"], deployment, channel, training["question"],
+                             expected=(base_answer, adapter_answer))
 
     wait_until(lambda: RequestLog.objects.filter(model="tiny-answers").exists(), message="the adapter's row")
     row = RequestLog.objects.get(model="tiny-answers")
@@ -123,3 +126,25 @@ def test_an_adapter_is_registered_served_beside_its_base_routed_and_billed(start
     rolled = UsageRollup.objects.filter(model="tiny-answers", period=MINUTE)
     assert rolled.exists() and {(r.deployment_id, r.local) for r in rolled} == {(deployment.pk, True)}
     assert sum(r.cost for r in rolled) == pytest.approx(float(row.cost))
+
+
+def compare_base_and_adapter(user, deployment, adapter_channel, question, *, expected):
+    """Compare with an adapter column: the base's channel and the adapter's side by side, one engine behind both,
+    each column answering as its own model does through the gateway."""
+    base_channel = Channel.objects.get(deployment=deployment, model_id="tiny-chat")
+    columns = [f"channel:{base_channel.pk}", f"channel:{adapter_channel.pk}"]
+    panel = Panel(user)
+    try:
+        page = panel.http.get("/compare/")
+        assert all(f'"{key}"' in page.text for key in columns)  # both offered as columns
+        sent = panel.post("/compare/send/", {"columns": columns, "message": question, "max_tokens": 16,
+                                             "temperature": 0})
+        assert sent.status_code == 200, sent.text
+        texts = []
+        for column in sent.json()["columns"]:
+            done = panel.events(column["stream_url"])[-1]
+            assert done["ok"] is True, done
+            texts.append(done["text"])
+    finally:
+        panel.close()
+    assert tuple(texts) == expected, (texts, expected)
