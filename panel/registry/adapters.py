@@ -224,11 +224,15 @@ def adapter_register(*, team, user, base, source, name="", served_name=""):
 
 
 def adapter_delete(*, adapter):
-    """Remove the registration (the files stay). Refused while a serving profile loads it at start."""
+    """Remove the registration (the files stay). Refused while a serving profile loads it at start or an engine
+    serves it."""
     profiles = list(adapter.serving_profiles.values_list("name", flat=True))
     if profiles:
         raise ValidationError(f"{adapter.name} is loaded at start by the serving profile(s) {', '.join(profiles)}: "
                               "take it out of them first.")
+    running = list(adapter.deployments.values_list("deployment_id", flat=True))
+    if running:
+        raise ValidationError(f"{adapter.name} is loaded on deployment #{running[0]}: unload it there first.")
     adapter.delete()
 
 
