@@ -203,3 +203,24 @@ def test_the_pages_and_the_api_register_adapters_and_set_a_profiles_lora(client,
     assert "--lora-modules=tiny-tone=" in client.get(reverse("profile_detail", args=[profile.pk])).content.decode()
     assert call(client, "delete", f"/adapters/{tone.pk}", owner).status_code == 400  # loaded at start
     assert call(client, "delete", f"/adapters/{created.json()['id']}", owner).status_code == 204
+
+
+@pytest.mark.engine  # vLLM's own parser, in ENGINE_PYTHON
+def test_vllm_reads_every_adapter_of_a_profile_although_each_is_its_own_token(team_setup, tiny, tmp_path):
+    """`--lora-modules` is a list option: given twice as --flag=value argparse would keep the last; engine/serve.py
+    joins the tokens, so vLLM starts with every adapter the profile names (and the check sees them all)."""
+    import subprocess
+
+
+    team = team_setup["team_a"]
+    adapters = [adapter_register(team=team, user=None, base=tiny, source=str(adapter_folder(tmp_path / name, QWEN)),
+                                 served_name=f"tiny-{name}") for name in ("one.v1", "two")]
+    profile = ServingProfile.objects.create(team=team, model=tiny, name="tiny-cpu", served_model_name="tiny-chat")
+    profile_lora_set(profile=profile, max_loras=2, max_lora_rank=8, adapters=adapters)
+    argv = launch_argv(profile, port=8123, cpu_host=True)
+    checked = subprocess.run([*argv[:3], "--check-only", *argv[3:]], capture_output=True, text=True, timeout=300)
+    said = json.loads(checked.stdout.strip().splitlines()[-1])
+    assert said["problems"] == [], said
+    assert (said["set"]["enable_lora"], said["set"]["max_loras"], said["set"]["max_lora_rank"]) == (True, 2, 8)
+    modules = said["set"]["lora_modules"]
+    assert f"name='tiny-one.v1', path='{adapters[0].path}'" in modules and "name='tiny-two'" in modules, modules
