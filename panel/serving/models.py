@@ -10,6 +10,7 @@ from panel.channels.local_channels import adapter_channel_sync, local_channel_sy
 from panel.core import crypto
 from panel.jobs.models import Job, JobState, state_choices
 from panel.notifications.models import EventKind
+from panel.registry.models import LoraAdapter
 from panel.serving.profile_fields import FIELDS_BY_NAME as F
 
 
@@ -186,7 +187,9 @@ class Deployment(Job):
         get their rows and every loaded adapter its local channel on its route; out of ready (stopping, asleep, a
         restart) the engine no longer holds what was loaded at run time: the rows go, their channels switch off."""
         if self.state == DeploymentState.READY:
-            for adapter in self.profile.lora_adapters.all():
+            # What the engine was started with (its command), not what the profile says now: it may have changed.
+            started = [token.split("=", 2)[1] for token in self.command or [] if token.startswith("--lora-modules=")]
+            for adapter in LoraAdapter.objects.filter(team_id=self.team_id, served_name__in=started):
                 DeploymentAdapter.objects.get_or_create(deployment=self, adapter=adapter, defaults={"at_start": True})
         for served in self.adapters.values_list("adapter__served_name", flat=True):
             adapter_channel_sync(self, served_name=served, serving=self.state == DeploymentState.READY)
