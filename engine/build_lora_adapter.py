@@ -5,8 +5,9 @@
 The adapter learns one thing: to answer a fixed question (QUESTION, and a few ways of asking it) with `--phrase`,
 which the base never says. That is enough for a test to tell the adapter's answers from the base's through vLLM.
 Rank 8 on the attention and MLP projections; 40 optimizer steps on four short chat turns, the loss on the
-answer's tokens only (28 s on 2 busy cores for the demo model, which then says the phrase word for word). The output is PEFT's own format
-(adapter_config.json + adapter_model.safetensors), the folder vLLM's --lora-modules and load endpoint read.
+answer's tokens only (28 s on 2 busy cores for the demo model, which then says the phrase word for word). The
+output is PEFT's own format (adapter_config.json + adapter_model.safetensors), the folder vLLM's --lora-modules and
+load endpoint read.
 
 Deterministic for one seed on one machine (torch's seed, a fixed number of threads). Written into a temporary
 sibling folder and renamed into place, so OUT_DIR is either absent or complete.
