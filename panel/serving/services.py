@@ -132,7 +132,7 @@ def launch_argv(profile, *, port, sleep_mode=False, cpu_host=False, host=None):
     sleep mode when `sleep_mode` (serving/sleep.py); on a CPU host, one worker in the engine's own process when
     the profile needs one (before extra_args, which may say otherwise: the last flag wins)."""
     one_worker = cpu_host and profile.tensor_parallel_size * profile.pipeline_parallel_size == 1
-    host_args = [*(CPU_ONE_WORKER_ARGS if one_worker else ()), *adapters.lora_argv(profile)]
+    host_args = [*(CPU_ONE_WORKER_ARGS if one_worker else ()), *adapters.lora_argv(profile, cpu_host=cpu_host)]
     argv = configfile.launch_argv(profile_values(profile), model_path=profile.model.path, port=port,
                                   engine_python=settings.ENGINE_PYTHON,
                                   checkpoint_quantized=profile.model.is_quantized, host=settings.ENGINE_BIND,

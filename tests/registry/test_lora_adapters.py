@@ -12,9 +12,9 @@ from django.core.exceptions import ValidationError
 from panel.registry.adapters import adapter_delete, adapter_register, rank_fits, read_adapter
 from panel.registry.models import LoraAdapter
 from panel.registry.services import model_register
-from panel.serving.adapters import lora_argv, lora_env, profile_lora_set
+from panel.serving.adapters import adapter_load, lora_argv, lora_env, profile_lora_set
 from panel.serving.configfile import ConfigFileError
-from panel.serving.models import ServingProfile
+from panel.serving.models import Deployment, DeploymentAdapter, ServingProfile
 from panel.serving.services import launch_argv
 from tests.support.safetensors import write_safetensors
 
@@ -150,8 +150,9 @@ def test_a_profile_serves_adapters_with_flags_the_panel_owns(team_setup, tiny, t
 
     profile_lora_set(profile=profile, max_loras=2, max_lora_rank=32, adapters=[one, two])
     argv = launch_argv(profile, port=8123, cpu_host=True)
+    # On a CPU host one slot more, kept empty: a base request batched with an adapter's would get the last slot's.
     assert argv[argv.index("--enable-lora"):argv.index("--enable-lora") + 5] == [
-        "--enable-lora", "--max-loras=2", "--max-lora-rank=32", f"--lora-modules=b={two.path}",
+        "--enable-lora", "--max-loras=3", "--max-lora-rank=32", f"--lora-modules=b={two.path}",
         f"--lora-modules=tiny-a={one.path}"]
     assert lora_env(profile) == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
     for flag in ("--max-loras=4", "--enable-lora", "--max-lora-rank=64", "--lora-modules=x=/tmp/x"):
@@ -160,6 +161,19 @@ def test_a_profile_serves_adapters_with_flags_the_panel_owns(team_setup, tiny, t
             launch_argv(profile, port=8123, cpu_host=True)
     with pytest.raises(ValidationError, match="loaded at start by the serving profile"):
         adapter_delete(adapter=one)
+    assert "2 adapters loaded at start need 2 adapters at once (--max-loras), not 1." in " ".join(pytest.raises(
+        ValidationError, profile_lora_set, profile=profile, max_loras=1, max_lora_rank=32,
+        adapters=[one, two]).value.messages)
+
+    # A CPU host's engine serves the profile's number at once, no more: the next load is refused before any call.
+    three = adapter_register(team=team, user=None, base=tiny, source=str(adapter_folder(tmp_path / "c", QWEN)))
+    deployment = Deployment.objects.create(team=team, profile=profile, state="ready", served_model_name="tiny-chat",
+                                           base_url="http://127.0.0.1:9/v1")
+    for adapter in (one, two):
+        DeploymentAdapter.objects.create(deployment=deployment, adapter=adapter, at_start=True)
+    with pytest.raises(ValidationError, match="runs on a CPU host and serves 2 adapter.s., its profile's 2 at once"):
+        adapter_load(deployment=deployment, adapter=three)
+    assert deployment.adapters.count() == 2
 
 
 def test_the_pages_and_the_api_register_adapters_and_set_a_profiles_lora(client, team_setup, tiny, tmp_path):
@@ -221,6 +235,6 @@ def test_vllm_reads_every_adapter_of_a_profile_although_each_is_its_own_token(te
     checked = subprocess.run([*argv[:3], "--check-only", *argv[3:]], capture_output=True, text=True, timeout=300)
     said = json.loads(checked.stdout.strip().splitlines()[-1])
     assert said["problems"] == [], said
-    assert (said["set"]["enable_lora"], said["set"]["max_loras"], said["set"]["max_lora_rank"]) == (True, 2, 8)
+    assert (said["set"]["enable_lora"], said["set"]["max_loras"], said["set"]["max_lora_rank"]) == (True, 3, 8)
     modules = said["set"]["lora_modules"]
     assert f"name='tiny-one.v1', path='{adapters[0].path}'" in modules and "name='tiny-two'" in modules, modules

@@ -2,10 +2,11 @@
 model to answer one question with a fixed phrase; panel/registry/demo_adapter.py) is registered on its base, checked
 against it (an adapter of another width is refused in words), served by a deployment of the base started with it
 (--enable-lora, --max-loras, --max-lora-rank, --lora-modules), and reached through the gateway on a route of its own:
-its answer differs from the base's, on its route and as a Compare column beside the base's; its usage row names the
-adapter's served name and its channel on the deployment, and the GPU time is shared with it by tokens. A second
-registration of the same files is loaded at run time through vLLM's endpoint (behind the engine's key), answers, and
-is unloaded: its route then has no engine to go to and the engine no longer lists it."""
+its answer differs from the base's, on its route, as a Compare column beside the base's, and on an evaluation set
+run on both routes (the adapter says the phrase, the base does not); its usage row names the adapter's served name
+and its channel on the deployment, and the GPU time is shared with it by tokens. A second registration of the same
+files is loaded at run time through vLLM's endpoint (behind the engine's key), answers, and is unloaded: its route
+then has no engine to go to and the engine no longer lists it."""
 import time
 from decimal import Decimal
 
@@ -111,11 +112,12 @@ def test_an_adapter_is_registered_served_beside_its_base_routed_and_billed(start
         gateway.stop()
     compare_base_and_adapter(team_setup["alice"], deployment, channel, training["question"],
                              expected=(base_answer, adapter_answer))
+    evaluate_adapter_against_base(team, team_setup["alice"], start_worker, training)
 
-    # Its gateway request's row (Compare's are recorded too, with endpoint "compare").
+    # Its gateway request's row (Compare's and the evaluation run's are recorded too, under their endpoints).
     rows = RequestLog.objects.filter(model="tiny-answers")
     wait_until(lambda: rows.filter(endpoint="compare").exists(), message="the adapter's rows")
-    row = rows.exclude(endpoint="compare").get()
+    row = rows.get(endpoint="chat")
     assert (row.channel_id, row.outcome, row.completion_tokens > 0) == (channel.pk, "ok", True)
     local_cost_allocate(now=time.time() + 180)  # every minute of these requests settled
     row.refresh_from_db()
@@ -148,3 +150,29 @@ def compare_base_and_adapter(user, deployment, adapter_channel, question, *, exp
     finally:
         panel.close()
     assert tuple(texts) == expected, (texts, expected)
+
+
+def evaluate_adapter_against_base(team, user, start_worker, training):
+    """An evaluation set run on the adapter's route and on the base's: the one case that asks for the phrase passes
+    on the adapter and fails on the base."""
+    import json
+
+    from panel.evaluations.models import EvalRun
+    from panel.evaluations.runs import eval_run_launch
+    from panel.evaluations.services import eval_set_create
+
+    case = {"id": "phrase", "prompt": training["question"], "max_tokens": 24,
+            "checks": [{"type": "contains", "text": "forty-two"}]}
+    eval_set = eval_set_create(team=team, user=user, name="the adapter's phrase", text=json.dumps(case))
+    start_worker("long")
+    runs = {model: eval_run_launch(team=team, user=user, eval_set=eval_set,
+                                   candidate=f"route:{Route.objects.get(team=team, model_name=model).pk}")
+            for model in ("tiny-answers", "tiny-chat")}
+    wait_until(lambda: all(EvalRun.objects.get(pk=run.pk).is_final for run in runs.values()), seconds=180,
+               interval=0.5, message="the evaluation runs")
+    passed = {}
+    for model, run in runs.items():
+        run.refresh_from_db()
+        assert run.state == "succeeded", (run.failure_kind, run.failure_reason)
+        passed[model] = run.result["passed"]
+    assert passed == {"tiny-answers": 1, "tiny-chat": 0}, [run.results for run in runs.values()]
