@@ -75,7 +75,7 @@ def check(argv, parser=None):
         named.add(actions[name].dest)
     if problems:
         return problems, {}
-    parsed, why = _parse(parser, argv)
+    parsed, why = _parse(parser, joined(argv, parser))
     if parsed is None:
         return [f"vLLM refuses the arguments: {why}"], {}
     defaults, _ = _parse(parser, [])
@@ -84,6 +84,25 @@ def check(argv, parser=None):
     for dest in sorted(set(changed) - named):
         problems.append(f"vLLM would set {dest} = {str(changed[dest])[:200]}, which no flag of the command names")
     return problems, {dest: _shown(value) for dest, value in changed.items()}
+
+
+def joined(argv, parser):
+    """`argv` with the tokens of a list option (`--lora-modules=a=/x`, `--lora-modules=b=/y`: one token each, as the
+    panel writes every argument) joined into the one option argparse reads as a list (`--lora-modules a=/x b=/y`),
+    where the first of them stood: given twice as `--flag=value`, argparse would keep only the last."""
+    actions = parser._option_string_actions
+    values, out = {}, []
+    for token in argv:
+        name = _flag_name(token)
+        action = actions.get(name)
+        if "=" in token and action is not None and action.nargs in ("+", "*"):
+            if action.dest not in values:
+                values[action.dest] = []
+                out.append((name, values[action.dest]))
+            values[action.dest].append(token.split("=", 1)[1])
+        else:
+            out.append(token)
+    return [part for item in out for part in ((item,) if isinstance(item, str) else (item[0], *item[1]))]
 
 
 def _shown(value):
@@ -115,7 +134,7 @@ def main(argv=None):
         from vllm.entrypoints.launchers.api_server.entry import main as serve
     except ImportError:  # vLLM before 0.32
         from vllm.entrypoints.openai.api_server import main as serve  # type: ignore[no-redef]
-    sys.argv = [sys.argv[0], *argv]
+    sys.argv = [sys.argv[0], *joined(argv, parser)]
     serve()
     return 0
 

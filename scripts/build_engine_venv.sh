@@ -22,4 +22,6 @@ pip install $pip_flags --disable-pip-version-check --no-deps autoawq==0.2.9
 pip install $pip_flags --disable-pip-version-check "$@" accelerate zstandard datasets
 # gguf: transformers' GGUF loader reads and dequantizes GGUF files with it (engine/gguf_import.py).
 pip install $pip_flags --disable-pip-version-check "$@" gguf==0.19.0
-"$venv/bin/python" -c "import vllm, awq, llmcompressor, compressed_tensors, transformers, torch, gguf; from importlib.metadata import version; print('tokenwise: engine venv ok: vllm', vllm.__version__, 'llm-compressor', llmcompressor.__version__, 'compressed-tensors', compressed_tensors.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'gguf', version('gguf'))"
+# peft: trains the tests' tiny LoRA adapter on the CPU (engine/build_lora_adapter.py).
+pip install $pip_flags --disable-pip-version-check "$@" peft==0.21.2
+"$venv/bin/python" -c "import vllm, awq, llmcompressor, compressed_tensors, transformers, torch, gguf, peft; from importlib.metadata import version; print('tokenwise: engine venv ok: vllm', vllm.__version__, 'llm-compressor', llmcompressor.__version__, 'compressed-tensors', compressed_tensors.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'gguf', version('gguf'))"

@@ -6,6 +6,7 @@ from django.urls import path, re_path
 from ninja import NinjaAPI
 
 from panel.api import (
+    adapters,
     advisor,
     audit,
     autopilot,
@@ -43,8 +44,8 @@ api = ManagementAPI(title="Tokenwise management API", version="1", auth=Ungated(
                openapi_url="/openapi.json", docs_url="/docs", docs_decorator=reference_gate)
 errors.install(api)
 # Each operation names its action in its decorator (`auth=gate(...)`, panel/accounts/roles.py) or its router's.
-ROUTERS = [module.router for module in (team, tokens, keys, channels, routes, shadows, registry, gguf, serving,
-                                        benchmarks, ladders, hosts, budgets, usage, audit, webhooks, advisor,
+ROUTERS = [module.router for module in (team, tokens, keys, channels, routes, shadows, registry, gguf, adapters,
+                                        serving, benchmarks, ladders, hosts, budgets, usage, audit, webhooks, advisor,
                                         evaluations, autopilot)]
 for router in ROUTERS:
     api.add_router("", router)

@@ -17,6 +17,7 @@ from panel.channels.models import (
     RouteStrategy,
 )
 from panel.channels.routing import routing_changed
+from panel.registry.models import LoraAdapter
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ def _local_channel_sync(deployment):
     # Its own channel, else the one an ended (or stopping: it never comes back) deployment of the same profile and
     # replica slot left (a relaunch keeps the name and the route). Never a channel found by its name alone: an
     # admin's channel named like a member's profile is not the member's, nor a running deployment's channel.
-    ours = Channel.objects.select_for_update().filter(team=row.team, kind=ChannelKind.LOCAL)
+    ours = Channel.objects.select_for_update().filter(team=row.team, kind=ChannelKind.LOCAL).exclude(
+        model_id__in=LoraAdapter.objects.filter(team=row.team).values("served_name"))  # an adapter's: below
     channel = (ours.filter(deployment=row).first()
                or ours.filter(deployment__profile=row.profile_id, deployment__replica_index=row.replica_index,
                               deployment__state__in=(row.STOPPING, *row.FINAL_STATES)).order_by("pk").first())
@@ -111,6 +113,49 @@ def _local_channel_sync(deployment):
         # prefix-aware (a balance the team chose, round-robin or least in flight, stays).
         Route.objects.filter(pk=route.pk).update(balance=RouteBalance.PREFIX_AWARE)
     routing_changed(row.team_id)
+    return channel
+
+
+def adapter_channel_sync(deployment, *, served_name, serving):
+    """The local channel of one LoRA adapter a deployment serves ([0098]): the same engine, key and APIs as the
+    deployment's own channel, sending `model` = the adapter's served name, on the route of that name (created
+    local-first if missing; a route of the team's that exists already is joined only for an admin's launch, as the
+    deployment's own). `serving` False switches it off. Runs in the caller's transaction."""
+    ours = Channel.objects.select_for_update().filter(team_id=deployment.team_id, kind=ChannelKind.LOCAL,
+                                                      model_id=served_name)
+    channel = ours.filter(deployment=deployment).first()
+    if not serving:
+        if channel is not None and channel.enabled:
+            Channel.objects.filter(pk=channel.pk).update(enabled=False)
+            routing_changed(deployment.team_id)
+        return channel
+    profile = deployment.profile
+    if channel is None:  # the channel an ended deployment of the profile left for this adapter, else a new one
+        channel = ours.filter(deployment__profile=profile.pk, deployment__replica_index=deployment.replica_index,
+                              deployment__state__in=(deployment.STOPPING, *deployment.FINAL_STATES)).first()
+    if channel is None:
+        suffix = f"-r{deployment.replica_index + 1}" if deployment.replica_index else ""
+        name = f"local-{profile.name}-{served_name}"[:100 - len(suffix)] + suffix
+        if Channel.objects.filter(team_id=deployment.team_id, name=name).exists():
+            name = f"{name[:90]}-{deployment.pk}"
+        channel = Channel(team_id=deployment.team_id, name=name, kind=ChannelKind.LOCAL,
+                          credential_kind=CredentialKind.NONE, created_by_id=deployment.created_by_id)
+    channel.deployment, channel.base_url, channel.model_id = deployment, deployment.base_url.rstrip("/"), served_name
+    channel.enabled, channel.misconfigured, channel.apis = True, "", ChannelApis.BOTH
+    if deployment.engine_key_ciphertext:
+        channel.credential_kind, channel.credential_env = CredentialKind.STORED, ""
+        channel.credential_ciphertext, channel.credential_last4 = deployment.engine_key_ciphertext, ""
+        channel.misconfigured = channel.credential_problem()
+    channel.save()
+    route, created = Route.objects.get_or_create(team_id=deployment.team_id, model_name=served_name,
+                                                 defaults={"strategy": RouteStrategy.LOCAL_FIRST,
+                                                           "created_by_id": deployment.created_by_id})
+    joins = created or _launched_by_admin(deployment) or (
+        deployment.created_by_id and route.created_by_id == deployment.created_by_id)
+    if joins and not route.routechannel_set.filter(channel=channel).exists():
+        _join(route, channel, kin=lambda other: other.deployment_id is not None
+              and other.deployment.profile_id == profile.pk)
+    routing_changed(deployment.team_id)
     return channel
 
 

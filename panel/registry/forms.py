@@ -30,6 +30,19 @@ class ModelRegisterForm(forms.Form):
     name = forms.CharField(max_length=200, required=False, help_text="Defaults to the folder name or hub id.")
 
 
+class AdapterRegisterForm(forms.Form):
+    source = forms.CharField(
+        max_length=1000, label="Adapter folder or pip package",
+        help_text="An absolute path to a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) under "
+                  "the model roots, or a pip package installed in the engine venv (NAME or NAME==VERSION) that "
+                  "holds one. It is checked against this model: same architecture and hidden size.",
+        widget=forms.TextInput(attrs={"placeholder": "/data/adapters/support-tone"}))
+    name = forms.CharField(max_length=200, required=False, help_text="Defaults to the folder name.")
+    served_name = forms.CharField(max_length=200, required=False, label="Served name",
+                                  help_text="The `model` clients send for it; its route has this name. Defaults to "
+                                            "the name.")
+
+
 GROUP_SIZES = [(32, "32"), (64, "64"), (128, "128"), (256, "256 (smaller, costs accuracy)"),
                (0, "one per output channel (crudest)")]
 

@@ -233,3 +233,34 @@ class ModelCheckJob(Job):
 
     def __str__(self):
         return f"check of {self.model}"
+
+
+class LoraAdapter(models.Model):
+    """A LoRA adapter (PEFT's adapter_config.json + adapter_model.safetensors) registered on its base model: the
+    facts read from its files and checked against the base's (panel/registry/adapters.py). A deployment of the base
+    serves it under `served_name` (vLLM's --lora-modules, or its load endpoint at run time)."""
+
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="lora_adapters")
+    base = models.ForeignKey(RegisteredModel, on_delete=models.PROTECT, related_name="adapters")
+    name = models.CharField(max_length=200)
+    served_name = models.CharField(max_length=200)  # the `model` a client sends for it
+    path = models.CharField(max_length=1000)
+    source = models.CharField(max_length=300, blank=True)  # what the user typed: the folder or NAME==VERSION
+    rank = models.PositiveIntegerField()
+    alpha = models.FloatField(null=True, blank=True)
+    target_modules = models.JSONField(default=list)
+    hidden_size = models.PositiveIntegerField()
+    size_bytes = models.BigIntegerField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "name"], name="adapter_name_unique_per_team"),
+            models.UniqueConstraint(fields=["team", "served_name"], name="adapter_served_name_unique_per_team"),
+        ]
+
+    def __str__(self):
+        return self.name

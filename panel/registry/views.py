@@ -1,6 +1,7 @@
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from panel.accounts.decorators import team_view
@@ -10,9 +11,10 @@ from panel.audit.services import audit_record
 from panel.jobs.services import job_cancel as cancel_job
 from panel.jobs.services import job_events
 from panel.registry import memory
-from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
+from panel.registry.adapters import adapter_delete, adapter_register, adapters_of
+from panel.registry.forms import AdapterRegisterForm, EvaluationForm, ModelRegisterForm, QuantizationForm
 from panel.registry.model_check import model_check_launch, model_check_refusal
-from panel.registry.models import EvaluationJob, QuantizationJob, RegisteredModel
+from panel.registry.models import EvaluationJob, LoraAdapter, QuantizationJob, RegisteredModel
 from panel.registry.quality import evaluation_from_form, quality_report
 from panel.registry.services import (
     model_register,
@@ -50,8 +52,11 @@ def model_create(request):
     return render(request, "registry/model_list.html", {"models": models, "form": form}, status=400)
 
 
-def _detail_context(request, model, evaluation_form):
+def _detail_context(request, model, evaluation_form, adapter_form=None):
     return {
+        "adapters": adapters_of(model).select_related("base"),
+        "adapter_form": adapter_form or AdapterRegisterForm(),
+        "can_register": may(request.membership, "models.register"),
         "model": model,
         "estimate": memory.estimate(model),
         "children": model.children.filter(team=request.team).order_by("name"),
@@ -74,6 +79,36 @@ def _check_context(request, model):
 def model_detail(request, model_id):
     model = get_object_or_404(RegisteredModel.objects.select_related("parent"), pk=model_id, team=request.team)
     return render(request, "registry/model_detail.html", _detail_context(request, model, EvaluationForm(model=model)))
+
+
+@require_POST
+@team_view("models.register")
+def adapter_create(request, model_id):
+    model = get_object_or_404(RegisteredModel.objects.select_related("parent"), pk=model_id, team=request.team)
+    form = AdapterRegisterForm(request.POST)
+    if form.is_valid():
+        try:
+            adapter = adapter_register(team=request.team, user=request.user, base=model, **form.cleaned_data)
+        except ValidationError as error:
+            form.add_error("source", error)
+        else:
+            messages.success(request, f"Registered the adapter {adapter.name}, served as {adapter.served_name}.")
+            return redirect(f"{reverse('model_detail', args=[model.pk])}#adapters")
+    context = _detail_context(request, model, EvaluationForm(model=model), adapter_form=form)
+    return render(request, "registry/model_detail.html", context, status=400)
+
+
+@require_POST
+@team_view("models.register")
+def adapter_remove(request, model_id, adapter_id):
+    adapter = get_object_or_404(LoraAdapter, pk=adapter_id, base_id=model_id, team=request.team)
+    try:
+        adapter_delete(adapter=adapter)
+    except ValidationError as error:
+        messages.error(request, " ".join(error.messages))
+    else:
+        messages.success(request, f"Removed the adapter {adapter.name} (its files stay where they are).")
+    return redirect(f"{reverse('model_detail', args=[model_id])}#adapters")
 
 
 @require_POST

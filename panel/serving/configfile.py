@@ -52,6 +52,8 @@ OWNED_FLAGS.update({"--model": "model", "--host": "host", "--port": "port", "--c
                     "--no-enable-prefix-caching": "enable_prefix_caching",
                     "--enable-auto-tool-choice": "tool_call_parser", "--tool-call-parser": "tool_call_parser",
                     "--enable-prompt-tokens-details": "the usage records (cached tokens)",
+                    "--enable-lora": "the profile's LoRA settings", "--max-loras": "the profile's LoRA settings",
+                    "--max-lora-rank": "the profile's LoRA settings",
                     "--no-enable-prompt-tokens-details": "the usage records (cached tokens)"})
 SHORT_ALIASES = {"-q": "quantization", "-tp": "tensor_parallel_size", "-pp": "pipeline_parallel_size"}
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")

@@ -3,7 +3,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 
 from panel.hosts.models import WorkerHost
-from panel.registry.models import RegisteredModel
+from panel.registry.adapters import VLLM_MAX_RANKS, adapters_of
+from panel.registry.models import LoraAdapter, RegisteredModel
 from panel.registry.starter_model import default_model
 from panel.serving import configfile, rules
 from panel.serving.models import ServingProfile
@@ -247,3 +248,22 @@ class ScaleForm(forms.Form):
         return {"min_replicas": policy.min_replicas, "max_replicas": policy.max_replicas,
                 "up_waiting": plain(policy.up_waiting), "up_kv_percent": plain(round(policy.up_kv_cache * 100, 1)),
                 "up_after_seconds": policy.up_after_seconds, "down_after_seconds": policy.down_after_seconds}
+
+
+class ProfileLoraForm(forms.Form):
+    """A profile's LoRA settings (serving/adapters.py checks them against the adapters)."""
+
+    max_loras = forms.IntegerField(min_value=0, max_value=64, label="Adapters at once (--max-loras)",
+                                   help_text="How many adapters one batch runs; 0 turns LoRA off.")
+    max_lora_rank = forms.TypedChoiceField(coerce=int, label="Largest adapter rank (--max-lora-rank)",
+                                           choices=[(rank, str(rank)) for rank in VLLM_MAX_RANKS])
+    adapters = forms.ModelMultipleChoiceField(queryset=LoraAdapter.objects.none(), required=False,
+                                              widget=forms.CheckboxSelectMultiple, label="Loaded at start")
+
+    def __init__(self, *args, profile, **kwargs):
+        kwargs.setdefault("initial", {"max_loras": profile.max_loras, "max_lora_rank": profile.max_lora_rank,
+                                      "adapters": list(profile.lora_adapters.all()) if profile.pk else []})
+        super().__init__(*args, **kwargs)
+        self.fields["adapters"].queryset = adapters_of(profile.model)
+        self.fields["adapters"].label_from_instance = lambda adapter: (
+            f"{adapter.name} (served as {adapter.served_name}, rank {adapter.rank})")

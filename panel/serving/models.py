@@ -6,10 +6,11 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from panel.channels.local_channels import local_channel_sync
+from panel.channels.local_channels import adapter_channel_sync, local_channel_sync
 from panel.core import crypto
 from panel.jobs.models import Job, JobState, state_choices
 from panel.notifications.models import EventKind
+from panel.registry.models import LoraAdapter
 from panel.serving.profile_fields import FIELDS_BY_NAME as F
 
 
@@ -53,10 +54,20 @@ class ServingProfile(models.Model):
     extra_args = models.CharField(max_length=1000, blank=True)
     # not an engine flag: the panel stops an idle engine and starts it again on the next request (serving/sleep.py)
     sleep_after_minutes = models.FloatField(null=True, blank=True)
+    # LoRA ([0098]): adapters of the model the engine loads at start (--lora-modules), and how many it runs in one
+    # batch (--max-loras) up to which rank (--max-lora-rank); 0 adapters at once = LoRA off. More can be loaded at
+    # run time (serving/adapters.py) up to the same rank.
+    lora_adapters = models.ManyToManyField("registry.LoraAdapter", blank=True, related_name="serving_profiles")
+    max_loras = models.PositiveSmallIntegerField(default=0)
+    max_lora_rank = models.PositiveSmallIntegerField(default=16)
 
     class Meta:
         ordering = ["name"]
         constraints = [models.UniqueConstraint(fields=["team", "name"], name="profile_name_unique_per_team")]
+
+    @property
+    def serves_lora(self):
+        return self.max_loras > 0
 
     def __str__(self):
         return self.name
@@ -169,6 +180,21 @@ class Deployment(Job):
     def on_transition(self):
         # Whoever sees a ready deployment sees its local channel, and a stopped one is no longer routed.
         local_channel_sync(self)
+        self.adapters_follow()
+
+    def adapters_follow(self):
+        """Its LoRA adapters follow its state, in the transaction of the move: ready, the profile's start adapters
+        get their rows and every loaded adapter its local channel on its route; out of ready (stopping, asleep, a
+        restart) the engine no longer holds what was loaded at run time: the rows go, their channels switch off."""
+        if self.state == DeploymentState.READY:
+            # What the engine was started with (its command), not what the profile says now: it may have changed.
+            started = [token.split("=", 2)[1] for token in self.command or [] if token.startswith("--lora-modules=")]
+            for adapter in LoraAdapter.objects.filter(team_id=self.team_id, served_name__in=started):
+                DeploymentAdapter.objects.get_or_create(deployment=self, adapter=adapter, defaults={"at_start": True})
+        for served in self.adapters.values_list("adapter__served_name", flat=True):
+            adapter_channel_sync(self, served_name=served, serving=self.state == DeploymentState.READY)
+        if self.state != DeploymentState.READY:
+            self.adapters.all().delete()
 
     def nap_seconds(self, *, since, until):
         """Seconds asleep within [since, until] (epoch seconds): its GPU hours stop meanwhile."""
@@ -243,3 +269,18 @@ class ScalePolicy(models.Model):
 
     def __str__(self):
         return f"{self.min_replicas}-{self.max_replicas} replicas"
+
+
+class DeploymentAdapter(models.Model):
+    """A LoRA adapter a running engine serves: loaded at start (its profile's) or at run time through vLLM's load
+    endpoint. Its local channel sends `model` = the adapter's served name to the deployment's engine
+    (channels.local_channels.adapter_channel_sync); the row goes when the adapter is unloaded or the engine stops."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="adapters")
+    adapter = models.ForeignKey("registry.LoraAdapter", on_delete=models.CASCADE, related_name="deployments")
+    at_start = models.BooleanField(default=False)
+    loaded_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["adapter__name"]
+        constraints = [models.UniqueConstraint(fields=["deployment", "adapter"], name="adapter_once_per_deployment")]

@@ -26,7 +26,7 @@ from panel.jobs.services import (
 from panel.registry import memory
 from panel.registry.models import RegisteredModel
 from panel.registry.services import serving_refusal
-from panel.serving import configfile, drain, placement, quota, rules, sleep, supervisor
+from panel.serving import adapters, configfile, drain, placement, quota, rules, sleep, supervisor
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ScalePolicy, ServingProfile
 from panel.serving.profile_fields import FIELDS, FIELDS_BY_NAME
 
@@ -132,11 +132,11 @@ def launch_argv(profile, *, port, sleep_mode=False, cpu_host=False, host=None):
     sleep mode when `sleep_mode` (serving/sleep.py); on a CPU host, one worker in the engine's own process when
     the profile needs one (before extra_args, which may say otherwise: the last flag wins)."""
     one_worker = cpu_host and profile.tensor_parallel_size * profile.pipeline_parallel_size == 1
+    host_args = [*(CPU_ONE_WORKER_ARGS if one_worker else ()), *adapters.lora_argv(profile, cpu_host=cpu_host)]
     argv = configfile.launch_argv(profile_values(profile), model_path=profile.model.path, port=port,
                                   engine_python=settings.ENGINE_PYTHON,
                                   checkpoint_quantized=profile.model.is_quantized, host=settings.ENGINE_BIND,
-                                  key_guard=True, host_args=CPU_ONE_WORKER_ARGS if one_worker else (),
-                                  engine_flags=engine_flags(host))
+                                  key_guard=True, host_args=host_args, engine_flags=engine_flags(host))
     return [*argv, "--enable-sleep-mode"] if sleep_mode else argv
 
 
@@ -243,7 +243,7 @@ class DeploymentHooks:
 
 def engine_env(deployment, host_is_gpu):
     """What the engine gets on top of the engine environment (`processes.engine_environment`)."""
-    env = {}
+    env = adapters.lora_env(deployment.profile)
     if host_is_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in deployment.gpu_indices)
     else:

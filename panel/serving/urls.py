@@ -1,6 +1,6 @@
 from django.urls import path
 
-from panel.serving import views
+from panel.serving import adapter_views, views
 
 urlpatterns = [
     path("serving/", views.serving_home, name="serving"),
@@ -14,4 +14,9 @@ urlpatterns = [
     path("serving/deployments/<int:deployment_id>/live/", views.deployment_live, name="deployment_live"),
     path("serving/deployments/<int:deployment_id>/stop/", views.deployment_stop_view, name="deployment_stop"),
     path("serving/deployments/<int:deployment_id>/scale/", views.deployment_scale_view, name="deployment_scale"),
+    path("serving/profiles/<int:profile_id>/lora/", adapter_views.profile_lora, name="profile_lora"),
+    path("serving/deployments/<int:deployment_id>/adapters/load/", adapter_views.deployment_adapter_load,
+         name="deployment_adapter_load"),
+    path("serving/deployments/<int:deployment_id>/adapters/<int:adapter_id>/unload/",
+         adapter_views.deployment_adapter_unload, name="deployment_adapter_unload"),
 ]

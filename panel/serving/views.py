@@ -12,10 +12,11 @@ from panel.accounts.roles import may, may_on
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.jobs.services import job_events
+from panel.registry.adapters import adapters_of
 from panel.registry.models import ModelState, RegisteredModel
 from panel.registry.services import check_failed_refusal
 from panel.serving.configfile import ConfigFileError
-from panel.serving.forms import ImportForm, LaunchForm, ScaleForm, ServingProfileForm
+from panel.serving.forms import ImportForm, LaunchForm, ProfileLoraForm, ScaleForm, ServingProfileForm
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ScalePolicy, ServingProfile
 from panel.serving.profile_fields import PRESETS
 from panel.serving.scaling import policy_off, policy_save
@@ -172,6 +173,7 @@ def profile_detail(request, profile_id):
         "launch_refusal": (check_failed_refusal(profile.model, doing="served")
                            if profile.model.state == ModelState.BROKEN else None),  # no Launch button then
         "deployments": _listed(profile.deployments.all())[:20],
+        "lora_form": ProfileLoraForm(profile=profile),
     }
     return render(request, "serving/profile_detail.html", context)
 
@@ -244,6 +246,10 @@ def deployment_detail(request, deployment_id):
     context = _detail_context(deployment)
     context["scale_form"] = ScaleForm(initial=ScaleForm.initial_for(context["scale_policy"], len(
         [replica for replica in context["replicas"] if replica.is_active])))
+    loaded = list(deployment.adapters.select_related("adapter"))
+    context["loaded_adapters"] = loaded
+    context["loadable_adapters"] = adapters_of(deployment.profile.model).exclude(
+        pk__in=[row.adapter_id for row in loaded]) if deployment.profile.serves_lora else []
     return render(request, "serving/deployment_detail.html", context)
 
 
