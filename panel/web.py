@@ -1,5 +1,7 @@
 """The web server, as `make run` and compose start it: uvicorn serving the panel and the gateway (panel.asgi) in
-TOKENWISE_WEB_PROCESSES processes, by default one per core this process may run on.
+TOKENWISE_WEB_PROCESSES processes, by default one per core this process may run on but one (at least one): the
+Celery workers, Redis and the database that `make run` starts beside it need a core, and on a 2-core host one web
+process served as many streams as two at a third less CPU per request (docs/benchmarks.md, issue 50).
 
 Every process serves every path; what a process keeps for itself is either shared through Redis or safe to keep
 per process (docs/ARCHITECTURE.md, "Several web processes"). The Prometheus counters are the one thing that needs
@@ -20,9 +22,10 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 def default_processes():
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
 
 
 def metrics_dir():

@@ -19,13 +19,13 @@ from tests.support.gateway_server import free_port
 from tests.support.waiting import run_coroutine
 
 
-def test_the_process_count_defaults_to_the_cores_and_is_validated(monkeypatch, tmp_path):
+def test_the_process_count_defaults_to_the_cores_but_one_and_is_validated(monkeypatch, tmp_path):
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "counter_1.db").write_bytes(b"old run")
     monkeypatch.delenv("TOKENWISE_WEB_PROCESSES", raising=False)
     argv, env = web.command(["--port", "9"])
-    assert argv[argv.index("--workers") + 1] == str(len(os.sched_getaffinity(0)))
+    assert argv[argv.index("--workers") + 1] == str(max(1, len(os.sched_getaffinity(0)) - 1))
     assert argv[-2:] == ["--port", "9"] and env["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path / "metrics")
     assert list((tmp_path / "metrics").iterdir()) == []  # a previous run's counters are not this run's
     monkeypatch.setenv("TOKENWISE_WEB_PROCESSES", "3")
