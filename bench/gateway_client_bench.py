@@ -5,7 +5,7 @@ calling the upstream directly and with LiteLLM's proxy, in one run (not a test; 
                                                  [--cpu-requests 400] [--cpu-concurrency 8] [--chunk-delay 0.005]
                                                  [--litellm /tmp/litellm-venv/bin/litellm] [--parts ttft,rps,cpu]
                                                  [--gateways make-run,one-worker,two-workers,single,bare-proxy]
-                                                 [--celery] [--limited-key] [--profile FILE]
+                                                 [--celery] [--limited-key] [--interleave] [--profile FILE]
 
 Every piece runs in a process of its own: the fake upstream (tests/support/fake_upstream.py: content pieces
 --chunk-delay apart, the end at once), a Redis of the bench's own (started by the launcher's `start_redis`, with a
@@ -32,8 +32,10 @@ bench/gateway_overhead.py starts it (no supervisor, no Prometheus folder) and be
 gateway's HTTP client out, nothing else: the floor of a Python proxy on this stack), each a path of its own in the
 same turns; --celery also starts the Celery processes `make run` starts (the default, long and GPU workers and beat)
 beside the web server; --limited-key adds a path through the first gateway with a second key that has a
-requests-per-minute limit and a monthly token budget (its admission waits on Redis before the upstream call, its
-budget is counted after; the bench's own key has neither, as a new key made on the keys page); --chunk-delay 0 serves
+requests-per-minute limit and a monthly token budget (admitted from its web process's advance once it is busy,
+else by a Redis call before the upstream call; its budget is counted after; the bench's own key has neither, as a new
+key made on the keys page); --interleave sends the TTFT streams one per path in turn instead of in blocks, so that
+the machine's busy spells fall on every path alike (others' work on a shared machine); --chunk-delay 0 serves
 every stream at once; --cpu-concurrency 16 as the older benches. The CPU measure also says which threads spent it
 (the supervisor, the workers' event loops, their other threads), user and system apart. --profile FILE adds a pass of
 20-chunk streams through one gateway process whose event loop runs under cProfile on its CPU clock
@@ -225,13 +227,25 @@ def ttft_client(spec):
     clients = {path["name"]: httpx.Client(timeout=60) for path in paths}
     rounds = {path["name"]: [] for path in paths}
     for index in range(spec["rounds"]):
-        for path in paths[index % len(paths):] + paths[:index % len(paths)]:
-            http = clients[path["name"]]
-            for _ in range(5):  # warm-up: the path was idle while the others ran
-                first_times(http, path["url"], path["token"], body)
-            times = [first_times(http, path["url"], path["token"], body) for _ in range(spec["requests"])]
-            rounds[path["name"]].append({"content": percentiles([content for _, content in times]),
-                                         "first_event": percentiles([event for event, _ in times])})
+        order = paths[index % len(paths):] + paths[:index % len(paths)]
+        if spec.get("interleave"):  # one request of each path in turn: the machine's moods fall on all alike
+            times = {path["name"]: [] for path in paths}
+            for number in range(5 + spec["requests"]):
+                for path in order:
+                    found = first_times(clients[path["name"]], path["url"], path["token"], body)
+                    if number >= 5:
+                        times[path["name"]].append(found)
+        else:
+            times = {}
+            for path in order:
+                http = clients[path["name"]]
+                for _ in range(5):  # warm-up: the path was idle while the others ran
+                    first_times(http, path["url"], path["token"], body)
+                times[path["name"]] = [first_times(http, path["url"], path["token"], body)
+                                       for _ in range(spec["requests"])]
+        for name, found in times.items():
+            rounds[name].append({"content": percentiles([content for _, content in found]),
+                                 "first_event": percentiles([event for event, _ in found])})
     for http in clients.values():
         http.close()
     return rounds
@@ -289,7 +303,7 @@ def run_client(spec):
 def ttft_rounds(paths, args):
     """1.: per path, the rounds' figures and the median of their p50s; what each adds over the direct call."""
     rounds = run_client({"mode": "ttft", "paths": paths, "rounds": args.rounds, "requests": args.requests,
-                         "chunks": 20})
+                         "chunks": 20, "interleave": args.interleave})
     result = {}
     for name, runs in rounds.items():
         result[name] = {kind: statistics.median(run[kind]["p50_ms"] for run in runs)
@@ -455,6 +469,8 @@ def main():
                              "single (one uvicorn process, as gateway_overhead.py), bare-proxy (bench/bare_proxy.py): "
                              "each a path of its own")
     parser.add_argument("--celery", action="store_true", help="also start make run's Celery workers and beat")
+    parser.add_argument("--interleave", action="store_true",
+                        help="TTFT: one request of each path in turn, rather than each path's block in turn")
     parser.add_argument("--limited-key", action="store_true",
                         help="also call the first gateway with a key that has a limit and a budget")
     parser.add_argument("--parts", default="ttft,rps,cpu", help="which of ttft, rps, cpu to measure")

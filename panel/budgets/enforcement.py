@@ -200,10 +200,26 @@ async def count(key, cost, tokens, *, team_id=None, reservation=None, tags=()):
     against its team), and release what it held (`reservation`, from admission); one that used more than it held
     teaches its channels (`learn`). Counted whether or not a budget exists yet, so a budget set later counts this
     month's spend at once. A request that takes a budget past 80% or 100% raises that notice (once a month, through
-    panel/notifications) in the background."""
+    panel/notifications) in the background. One script call; the gateway sends it with its other calls at a
+    request's end (`counting`)."""
+    counted = counting(key, cost, tokens, team_id=team_id, reservation=reservation, tags=tags)
+    if counted is None:
+        return
+    try:
+        _, keys, args = counted.call
+        results = await add_script()(keys=keys, args=args)
+    except (RedisError, OSError) as error:
+        counted.failed(error)
+        return
+    await counted.done(results)
+
+
+def counting(key, cost, tokens, *, team_id=None, reservation=None, tags=()):
+    """`count` in two halves, for a caller that sends the call with others: a `Counting` whose `call` is the script's
+    (text, keys, args) and whose `done(results)` does the rest; None when there is nothing to count."""
     team_id = key.team_id if key is not None else team_id
     if team_id is None or (cost <= 0 and tokens <= 0 and reservation is None):
-        return
+        return None
     month = month_of()
     units = money_units(cost)
     keyed = key is not None and key.id is not None  # the panel's own requests come with their team, without a key
@@ -212,32 +228,52 @@ async def count(key, cost, tokens, *, team_id=None, reservation=None, tags=()):
     held = reservation or reservations.Reservation((), 0, 0)
     released = (held.money_units, held.tokens) if held.pool is None else held.pool.settle(
         held.money_units, held.tokens, units, tokens)  # taken from an advance: the rest goes back to it
-    try:
-        counters = [name for scope, ident in scopes for name in counter_keys(month, scope, ident)]
-        results = await add_script()(keys=[*counters, *held.keys],
-                                     args=[units, tokens, TTL_SECONDS, len(counters), *released])
-    except (RedisError, OSError) as error:
+    counters = [name for scope, ident in scopes for name in counter_keys(month, scope, ident)]
+    call = (ADD, [*counters, *held.keys], [units, tokens, TTL_SECONDS, len(counters), *released])
+    return Counting(call, key, team_id, keyed, scopes, held, units, tokens, tags, month)
+
+
+@dataclass
+class Counting:
+    """One request's count, sent (`call`), then finished with what Redis answered (`done`)."""
+
+    call: tuple
+    key: object
+    team_id: int
+    keyed: bool
+    scopes: list
+    held: reservations.Reservation
+    units: int
+    tokens: int
+    tags: tuple
+    month: str
+
+    def failed(self, error):
         log.warning("budget counters not updated (%s); the reconciliation will catch up", type(error).__name__)
-        return
-    await learn(team_id, held, tokens)
-    budgets = await budgets_for(team_id)
-    if budgets is None:
-        return
-    limits_of = {("team", team_id): budgets.team, **({("key", key.id): budgets.keys.get(key.id)} if keyed else {}),
-                 **{("tag", tag_ident(team_id, tag)): budgets.tags.get(tag) for tag in tags}}
-    for index, (scope, ident) in enumerate(scopes):
-        limits = limits_of.get((scope, ident))
-        if limits is None:
-            continue
-        money, tokens_now = money_from_units(results[2 * index]), int(results[2 * index + 1])
-        levels = crossed(limits, before=(money - money_from_units(units), tokens_now - tokens),
-                         after=(money, tokens_now))
-        if levels:
-            task = asyncio.ensure_future(sync_to_async(budget_crossed, thread_sensitive=False)(
-                team_id=team_id, key_id=ident if scope == "key" else None, levels=levels, month=month,
-                tag=ident.split(":", 1)[1] if scope == "tag" else ""))
-            _pending.add(task)
-            task.add_done_callback(_pending.discard)
+
+    async def done(self, results):
+        """Teach the channels what the request used past its hold, and raise the notices its spend crossed."""
+        key, team_id, tags = self.key, self.team_id, self.tags
+        await learn(team_id, self.held, self.tokens)
+        budgets = await budgets_for(team_id)
+        if budgets is None:
+            return
+        limits_of = {("team", team_id): budgets.team,
+                     **({("key", key.id): budgets.keys.get(key.id)} if self.keyed else {}),
+                     **{("tag", tag_ident(team_id, tag)): budgets.tags.get(tag) for tag in tags}}
+        for index, (scope, ident) in enumerate(self.scopes):
+            limits = limits_of.get((scope, ident))
+            if limits is None:
+                continue
+            money, tokens_now = money_from_units(results[2 * index]), int(results[2 * index + 1])
+            levels = crossed(limits, before=(money - money_from_units(self.units), tokens_now - self.tokens),
+                             after=(money, tokens_now))
+            if levels:
+                task = asyncio.ensure_future(sync_to_async(budget_crossed, thread_sensitive=False)(
+                    team_id=team_id, key_id=ident if scope == "key" else None, levels=levels, month=self.month,
+                    tag=ident.split(":", 1)[1] if scope == "tag" else ""))
+                _pending.add(task)
+                task.add_done_callback(_pending.discard)
 
 
 _pending = set()  # notices being raised: kept referenced until done

@@ -45,3 +45,26 @@ def registered_script(text):
     if found is None or found[0] is not client:
         found = _scripts[(id(client), text)] = (client, client.register_script(text))
     return found[1]
+
+
+async def together(calls):
+    """Several calls in one round trip (a pipeline, not a transaction): each (script text, keys, args) or (None,
+    command, *arguments). Returns their results in order; a failed call's result is its exception. A script Redis
+    does not hold (after a restart or a flush) is sent again alone, which loads it, so no call runs twice."""
+    client = async_redis()
+    pipe = client.pipeline(transaction=False)
+    for call in calls:
+        if call[0] is None:
+            pipe.execute_command(*call[1:])
+        else:
+            text, keys, args = call
+            pipe.evalsha(registered_script(text).sha, len(keys), *keys, *args)
+    results = await pipe.execute(raise_on_error=False)
+    for index, (call, result) in enumerate(zip(calls, results)):
+        if call[0] is not None and isinstance(result, redis.exceptions.NoScriptError):
+            text, keys, args = call
+            try:
+                results[index] = await registered_script(text)(keys=keys, args=args)
+            except redis.exceptions.RedisError as error:
+                results[index] = error
+    return results

@@ -9,19 +9,17 @@ over it is refused with 400); a counted request over a budget, or whose maximum 
 what requests in flight hold, is refused (402); an admitted request holds its maximum against each budget
 (budgets/reservations.py) and becomes a turn of a session. A part that does not apply (no limits, no budget, no prompt
 to hash) is left out, and a request with none of them costs no call. A key with neither limits nor budgets does not
-wait for its session at all: the lookup (the prompt's hashes, then Redis) runs once the answer's first byte is on
-its way, and its fields reach the usage row when the request ends. When Redis cannot be reached the request goes,
+wait for its session at all: the lookup (the prompt's hashes, then Redis) runs when the request ends, in one round
+trip with its count, and its fields reach the usage row. When Redis cannot be reached the request goes,
 without session fields.
 
 A busy key's requests mostly skip the script: each web process holds an advance on the key's limits and budgets
 (gateway/advances.py), and a request whose most fits what is left of it is admitted in memory, its session looked
-up after the first byte as a plain key's is."""
+up at its end as a plain key's is."""
 import asyncio
 import dataclasses
-import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -139,25 +137,51 @@ def _session_request(key, asked):
             "ttl": sessions.SESSION_SECONDS}
 
 
-async def _session_only(key, asked):
-    """The session part of the admission script alone: the usage row's session fields ({} when Redis cannot be
-    reached)."""
+def _session_call(key, asked):
+    """The admission script's call for the session part alone: (text, keys, args)."""
     request = {"rate_keys": 0, "rpm": 0, "tpm": 0, "tpm_hold": 0, "budgets": [], "hold": False,
                "held_ttl": reservations.HELD_SECONDS, "counted": False, "session": _session_request(key, asked)}
-    try:
-        answer = await admit_script()(keys=sessions.prefix_keys(key.id, asked.hashes),
-                                      args=[json.dumps(request), json.dumps(asked.hashes)])
-    except (RedisError, OSError) as error:
-        log.warning("session of key %s unreadable (%s); the request is recorded without it", key.id,
-                    type(error).__name__)
-        return {}
-    return sessions.session_fields(asked, session_id=answer[2].decode(), turn=answer[3], previous=answer[4])
+    return ADMIT, sessions.prefix_keys(key.id, asked.hashes), [json.dumps(request), json.dumps(asked.hashes)]
 
 
-async def _session_later(key, body, headers):
-    """A key without limits or budgets: its request's session fields, looked up after the first byte."""
-    asked = sessions.session_ask(body=body, headers=headers)
-    return {} if asked is None else await _session_only(key, asked)
+@dataclass
+class SessionLookup:
+    """The session of a request admitted without a Redis call (a key without limits or budgets, or one admitted from
+    its process's advance): looked up when the request ends, in the same round trip as its count
+    (`Exchange.settle`), or alone (`await lookup()`)."""
+
+    key: object
+    body: dict
+    headers: list
+    asked: object = None
+
+    def call(self):
+        """The lookup's (script text, keys, args), None when the request has no prompt to hash."""
+        self.asked = sessions.session_ask(body=self.body, headers=self.headers)
+        return None if self.asked is None else _session_call(self.key, self.asked)
+
+    def fields(self, answer):
+        """The usage row's session fields from the script's answer ({} for an error: the row goes without)."""
+        try:
+            if isinstance(answer, Exception):
+                raise answer
+            return sessions.session_fields(self.asked, session_id=answer[2].decode(), turn=answer[3],
+                                           previous=answer[4])
+        except Exception as error:  # noqa: BLE001 - an outage or an answer of another shape: the row goes without
+            log.warning("session of key %s unreadable (%s); the request is recorded without it", self.key.id,
+                        type(error).__name__)
+            return {}
+
+    async def __call__(self):
+        call = self.call()
+        if call is None:
+            return {}
+        text, keys, args = call
+        try:
+            answer = await registered_script(text)(keys=keys, args=args)
+        except (RedisError, OSError) as error:
+            answer = error
+        return self.fields(answer)
 
 
 SESSION_WAIT_SECONDS = 5.0  # past the Redis client's own socket timeout
@@ -182,10 +206,10 @@ class Admission:
     too_large: str | None = None  # the request's most alone is over its key's tokens per minute
     session: dict = field(default_factory=dict)
     reservation: reservations.Reservation | None = None  # what the request holds against its budgets
-    # A key without limits or budgets: its session is looked up once the answer's first byte is on its way to the
-    # client (`Exchange.look_up_session`; the usage row waits for it: `session_fields`), so that neither the
-    # lookup's round trip nor its CPU is in the first token's way.
-    session_lookup: Callable[[], Awaitable[dict]] | None = None
+    # A key without limits or budgets, or one admitted from its advance: its session is looked up when the request
+    # ends, in one round trip with its count (`Exchange.settle`), so that neither the lookup's round trip nor its
+    # CPU is in the first token's way.
+    session_lookup: SessionLookup | None = None
     lowered: tuple | None = None  # (asked, given): max_tokens fitted to what a budget had left
     # The request set no max_tokens and a budget holds it: the limit the gateway set in its body, so that the answer
     # cannot outgrow the hold (the default, or what the budget had left: then `lowered` says from what).
@@ -220,7 +244,7 @@ async def _admit(key, *, body, headers, session, hold, channels, counted, tags, 
     limited = bool(key.rpm_limit or key.tpm_limit)
     scopes, month = await budgets.scopes_for(key, tags)
     if not limited and not scopes:  # the prompt's hashes too are worked out after the first byte
-        return Admission(session_lookup=functools.partial(_session_later, key, body, headers) if session else None)
+        return Admission(session_lookup=SessionLookup(key, body, headers) if session else None)
     minute, retry_after = rate_limits.window()
     held = reservations.scope_held_keys(scopes, month) if hold else []
     # A budget holds the prompt's bound (what it may be billed at most); the per-minute window its estimate, as
@@ -238,7 +262,7 @@ async def _admit(key, *, body, headers, session, hold, channels, counted, tags, 
         return Admission(reservation=reservations.reservation(
             held, request_max, window_key=window_keys[1] if tpm_hold else None, window_tokens=tpm_hold, prompt=prompt,
             channels=channels, pool=taken, window_minute=minute), limit_added=limit_added,
-            session_lookup=functools.partial(_session_later, key, body, headers) if session else None)
+            session_lookup=SessionLookup(key, body, headers) if session else None)
     asked = sessions.session_ask(body=body, headers=headers) if session else None
     keys = [*window_keys, *counter_keys, *held, *(sessions.prefix_keys(key.id, asked.hashes) if asked else ())]
     request = {"rate_keys": 2 if limited else 0, "rpm": key.rpm_limit or 0, "tpm": key.tpm_limit or 0,

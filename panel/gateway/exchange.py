@@ -8,6 +8,7 @@ from decimal import Decimal
 
 from panel.budgets import enforcement as budgets
 from panel.channels.rules import input_token_estimate
+from panel.core import redis_client
 from panel.gateway import admission, metrics, rate_limits, sampling
 from panel.gateway.apis import adapted_header, openai_usage
 from panel.usage import tags as request_tags
@@ -56,8 +57,9 @@ class Exchange:
         self.pieces = 0
         self.reservation = None  # what the request holds against its budgets until it is settled
         self.tags = None  # the request's tags as stored ("|a|b|"): their budgets count it too
-        self.session_lookup = None  # the deferred session lookup of a key without limits (gateway/admission.py)
-        self.session_task = None  # that lookup, once started
+        # The session lookup of a request admitted without a Redis call (gateway/admission.py), done with its count
+        self.session_lookup = None
+        self.counting = None  # the count (and that lookup) under way, shielded from a client that leaves
         self.adapted = []  # what the gateway changed in the request for the channel that answered (apis.Passage)
         self.fitted = []  # what admission changed for every channel (max_tokens fitted to a budget)
         self.sampling = None  # the route's SamplePlan when it keeps samples
@@ -153,24 +155,19 @@ class Exchange:
                                  fields["server_tool_calls"] or 0)
         if self.key is not None or self.team_id is not None:
             # Shielded: a client that leaves mid-count does not undo it (the relay is cancelled, the count is not).
-            await asyncio.shield(count_against_limits(self.key, fields["cost"],
-                                                      fields["prompt_tokens"] + fields["completion_tokens"],
-                                                      team_id=self.team_id, reservation=self.reservation,
-                                                      tags=self.tags))
-
-    def look_up_session(self):
-        """Start the deferred session lookup, once: called when the answer's first byte is on its way to the
-        client (it then runs after that byte is written), else at the request's end."""
-        if self.session_lookup is not None and self.session_task is None:
-            self.session_task = asyncio.ensure_future(self.session_lookup())
+            session, self.session_lookup = self.session_lookup, None
+            self.counting = asyncio.ensure_future(count_against_limits(
+                self.key, fields["cost"], fields["prompt_tokens"] + fields["completion_tokens"], team_id=self.team_id,
+                reservation=self.reservation, tags=self.tags, session=session))
+            fields.update(await asyncio.shield(self.counting))
+            self.counting = None
 
     async def finish(self):
         try:
             await self.settle()  # a request that ended without an answer (an error, a client that left)
         finally:
-            self.look_up_session()
-            if self.session_task is not None:
-                self.fields.update(await admission.session_fields(self.session_task))
+            if self.counting is not None:  # the client left while it was counted: its session fields, when done
+                self.fields.update(await admission.session_fields(self.counting))
             self.record()
 
     def record(self):
@@ -203,15 +200,35 @@ class Exchange:
                                    json_requested=self.fields["json_requested"])
 
 
-async def count_against_limits(key, cost, tokens, *, team_id=None, reservation=None, tags=None):
+async def count_against_limits(key, cost, tokens, *, team_id=None, reservation=None, tags=None, session=None):
     """Add a request's tokens to its key's per-minute window and its cost and tokens to the budget counters (its
     team's, its key's and its tags'; a request made inside the panel, without a key, to its team's), releasing what
-    it held against them."""
+    it held against them, and look up its agent session (`session`, admission's SessionLookup, when it was not looked
+    up at admission): one round trip to Redis. Returns the usage row's session fields."""
+    calls, counted = [], None
     try:
-        if key is not None:
-            await rate_limits.count_tokens(key, tokens, reservation)
-        await budgets.count(key, cost, tokens, team_id=team_id, reservation=reservation,
-                            tags=request_tags.tags_read(tags))
+        calls += rate_limits.token_commands(key, tokens, reservation) if key is not None else []
+        window = len(calls)
+        counted = budgets.counting(key, cost, tokens, team_id=team_id, reservation=reservation,
+                                   tags=request_tags.tags_read(tags))
+        if counted is not None:
+            calls.append(counted.call)
+        asked = session.call() if session is not None else None
+        if asked is not None:
+            calls.append(asked)
+        results = await redis_client.together(calls) if calls else []
     except Exception as error:  # a Redis outage must not turn a good answer into an error
         log.warning("request not counted against the limits of key %s / team %s (%s); the budget reconciliation "
                     "catches up", key.id if key else "-", team_id, type(error).__name__)
+        if session is not None:
+            session.fields(error)  # logged: the row goes without its session
+        return {}
+    answer = results[window] if counted is not None else None
+    if isinstance(answer, Exception):
+        counted.failed(answer)
+    elif counted is not None:
+        try:
+            await counted.done(answer)
+        except Exception as error:  # noqa: BLE001 - the notices and what the channels learn wait for the next request
+            log.warning("budget notices of team %s not raised (%s)", team_id, type(error).__name__)
+    return session.fields(results[-1]) if asked is not None else {}

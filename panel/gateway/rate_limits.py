@@ -22,19 +22,27 @@ def window_keys(key_id, minute):
 async def count_tokens(key, tokens, reservation=None):
     """Count a finished request's tokens in its key's window: in the window that holds its most (admission), the
     difference between what it used and what it held (what it did not use back to its advance, when it took its hold
-from one: gateway/advances.py); without a hold, in the current window."""
+    from one: gateway/advances.py); without a hold, in the current window."""
+    commands = token_commands(key, tokens, reservation)
+    if commands:
+        pipe = async_redis().pipeline()
+        for command in commands:
+            pipe.execute_command(*command[1:])
+        await pipe.execute()
+
+
+def token_commands(key, tokens, reservation=None):
+    """`count_tokens`'s Redis commands, as (None, command, *arguments) for redis_client.together; none when the
+    window does not move."""
     if reservation is not None and reservation.window_key:
         token_key, change = reservation.window_key, tokens - reservation.window_tokens
-        pool = reservation.pool  # taken from an advance: what it did not use goes back there, while of its minute
+        pool = reservation.pool
         if pool is not None and change <= 0 and pool.window_back(reservation.window_minute, -change):
-            return
+            return []
     elif key.tpm_limit and tokens > 0:
         token_key, change = window_keys(key.id, window()[0])[1], tokens
     else:
-        return
+        return []
     if change == 0:
-        return
-    pipe = async_redis().pipeline()
-    pipe.incrby(token_key, change)
-    pipe.expire(token_key, 120)
-    await pipe.execute()
+        return []
+    return [(None, "INCRBY", token_key, change), (None, "EXPIRE", token_key, 120)]

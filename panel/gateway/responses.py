@@ -145,7 +145,6 @@ async def relay_events(exchange, opened, adapter, send):
     try:
         for line in opened.first:
             await forward(line)
-        exchange.look_up_session()  # the first byte is on its way
         if not adapter.finished:
             async for line in opened.lines:
                 await forward(line)
@@ -213,7 +212,6 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send, s
     try:
         for line in opened.first:
             await forward(line)
-        exchange.look_up_session()  # the first byte is on its way
         if not finished:
             async for line in opened.lines:
                 await forward(line)

@@ -243,13 +243,13 @@ def test_it_warns_on_every_page_from_80_percent(client, team_setup):
 
 
 def in_process(priced, monkeypatch, *, stream, count):
-    """One request through the gateway's ASGI application in this process, with budgets.count replaced by `count`
-    and the usage writer by a list: the steps in the order they happened."""
+    """One request through the gateway's ASGI application in this process, with its round trip to Redis at the end
+    (the count among it) replaced by `count` and the usage writer by a list: the steps in the order they happened."""
     import asyncio
     import concurrent.futures
     import json
 
-    from panel.budgets import enforcement
+    from panel.budgets.counters import ADD
     from panel.channels import routing as routes
     from panel.core import redis_client
     from panel.gateway import app, upstream
@@ -270,11 +270,12 @@ def in_process(priced, monkeypatch, *, stream, count):
                     "more_body": False}
         await asyncio.sleep(3600)  # the client never leaves
 
-    async def counted(key, cost, tokens, **_):
-        steps.append(("counted", cost, tokens))
+    async def together(calls):  # the request's one round trip at its end: its count among them
+        steps.extend(("counted", money_from_units(args[0]), args[1]) for text, _, args in calls if text == ADD)
         await count()
+        return [[b"0"] * 8 if call[0] == ADD else None for call in calls]
 
-    monkeypatch.setattr(enforcement, "count", counted)
+    monkeypatch.setattr(redis_client, "together", together)
     monkeypatch.setattr(usage, "record", lambda **fields: steps.append(("recorded", fields["status_code"])))
     monkeypatch.setattr(redis_client, "_client", None)  # clients of this test's event loop
     routes._cache.clear()
