@@ -39,6 +39,7 @@ class Stream:
         self.used_at = time.monotonic()
         self.sub = self.dealer = None
         self.asked_at = None  # when the replay request in flight was sent (None: none in flight)
+        self.asked_from = 0  # ... and the first batch it asked for
         self.pending = []  # live batches that arrived while a replay was in flight: (seq, payload)
         self.first_replayed = None  # the first batch the replay in flight answered with
 
@@ -48,7 +49,14 @@ class KvEvents:
         self.streams = {}  # endpoint -> Stream
         self._lock = threading.Lock()
         self._thread = None
+        self._stopping = threading.Event()
         self._decoder = BatchDecoder()
+
+    def stop(self):
+        """End the subscriber thread (a process ending needs nothing: the thread is a daemon)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
     def blocks(self, endpoint, replay):
         """The replica's ReplicaBlocks (subscribing on first use: empty and silent until its first answer)."""
@@ -82,7 +90,7 @@ class KvEvents:
         poller = zmq.Poller()
         beat_at = 0.0
         try:
-            while True:
+            while not self._stopping.is_set():
                 now = time.monotonic()
                 with self._lock:
                     streams = list(self.streams.values())
@@ -131,7 +139,7 @@ class KvEvents:
         stream.sub = stream.dealer = None
 
     def _ask(self, stream, start):
-        stream.asked_at, stream.first_replayed = time.monotonic(), None
+        stream.asked_at, stream.asked_from, stream.first_replayed = time.monotonic(), start, None
         stream.dealer.send_multipart([b"", start.to_bytes(8, "big")], flags=zmq.NOBLOCK)
 
     def _heartbeat(self, context, poller, stream, now):
@@ -202,6 +210,10 @@ class KvEvents:
         blocks.heard_at = time.monotonic()
         stream.asked_at = None
         pending, stream.pending = sorted(stream.pending, key=lambda item: item[0]), []
+        if pending and pending[0][0] < stream.asked_from:  # numbered below what was asked: the engine started again
+            self._resync(stream)
+            stream.pending = pending
+            return
         for seq, payload in pending:
             if seq <= blocks.seq:
                 continue  # the replay had it

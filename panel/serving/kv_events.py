@@ -39,5 +39,6 @@ def publisher_args(deployment, *, free_port, engine_flags=None):
     else:
         folder = socket_folder()
         endpoint, replay = f"ipc://{folder}/kv-{deployment.pk}.sock", f"ipc://{folder}/kv-{deployment.pk}-replay.sock"
-    return [FLAG, json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint,
-                              "replay_endpoint": replay, "buffer_steps": BUFFER_STEPS})]
+    config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint,
+                         "replay_endpoint": replay, "buffer_steps": BUFFER_STEPS}, separators=(",", ":"))
+    return [f"{FLAG}={config}"]  # one word: a value that starts with "{" is refused as a word of its own
