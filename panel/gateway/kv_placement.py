@@ -24,6 +24,7 @@ class KvChoice:
 
 def kv_choice(pool, body):
     """The KvChoice for one request over the pool's targets."""
+    model = TOKENIZERS.get(pool[0].tokenizer_dir)  # first: its loading starts with the subscriptions
     indexes = []
     for target in pool:
         if not target.kv_events:
@@ -34,7 +35,6 @@ def kv_choice(pool, body):
         silence = KV_EVENTS.silence(blocks, now)
         if silence:
             return KvChoice(None, FALLBACK, f"KV events of {target.name}: {silence}; placed by prefix")
-    model = TOKENIZERS.get(pool[0].tokenizer_dir)
     if model is None:
         return KvChoice(None, FALLBACK, "the model's tokenizer is not loaded (yet): placed by prefix")
     tokens = model.ids(body)

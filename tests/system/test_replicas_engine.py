@@ -150,7 +150,7 @@ def kv_events_place_and_fall_back(gateway, raw, team, first, second):
     assert ask(gateway, raw, cached, "through the gateway").status_code == 200
     wait_until(lambda: RequestLog.objects.count() >= 2, seconds=10, message="two usage rows")
     row = RequestLog.objects.order_by("-created_at").first()
-    assert row.channel_id == far, row.attempt_trail  # where the engine holds it, not where the hash points
+    assert row.channel_id == far, kv_step(row)  # where the engine holds it, not where the hash points
     assert kv_step(row)["outcome"] == "kv_placed" and kv_step(row)["channel_id"] == far, row.attempt_trail
     blocks = dict(zip([link.id for link in pool], kv_step(row)["blocks"]))
     assert blocks[far] >= 5 and blocks[near] == 0, blocks  # its system prompt's blocks, on the second engine only
