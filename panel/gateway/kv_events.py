@@ -5,9 +5,10 @@ keeps each replica's ReplicaBlocks (gateway/kv_index.py). A replica is first hea
 vLLM sends no heartbeat and numbers its batches (0, 1, 2 … from each start). Every HEARTBEAT_SECONDS the thread asks
 each replay socket for the batches after the last one it applied: the engine answers with those it missed (none,
 usually) and an end marker, which proves the stream alive while nothing is cached. A replica not heard from for
-STALE_SECONDS, or whose index was just cleared after a gap the engine could no longer replay, is "silent": a
-request on its route is then placed by the prefix-aware rule, and its trail says why. A batch numbered below the
-last one means the engine started again (its cache is empty): the index starts again with it."""
+STALE_SECONDS is "silent" (its index is rebuilt from a replay from 0 once it answers again: it may have started
+again, empty), and so is one whose index was just cleared after a gap the engine no longer buffers: a request on
+its route is then placed by the prefix-aware rule, and its trail says why. A batch numbered below the last one
+means the engine started again: the index is rebuilt the same way."""
 import logging
 import threading
 import time
@@ -19,8 +20,8 @@ from panel.gateway.kv_index import BatchDecoder, ReplicaBlocks
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
-STALE_SECONDS = 5.0  # no batch and no answer from the replay socket this long: the replica's index is not trusted
-REPLAY_WAIT_SECONDS = 2.0  # a replay request unanswered this long is sent again on a new socket
+STALE_SECONDS = 10.0  # no batch and no answer from the replay socket this long: the replica's index is not trusted
+REPLAY_WAIT_SECONDS = 2.0  # a replay request unanswered this long is sent again
 FORGET_SECONDS = 600.0  # a replica no request asked about this long is unsubscribed
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 POLL_MS = 100
@@ -42,6 +43,7 @@ class Stream:
         self.asked_from = 0  # ... and the first batch it asked for
         self.pending = []  # live batches that arrived while a replay was in flight: (seq, payload)
         self.first_replayed = None  # the first batch the replay in flight answered with
+        self.doubt = False  # silent past STALE_SECONDS: the index is rebuilt at its next answer
 
 
 class KvEvents:
@@ -124,9 +126,6 @@ class KvEvents:
         self._ask(stream, 0)  # what the engine still buffers: its cache from before this process subscribed
 
     def _new_dealer(self, context, poller, stream):
-        if stream.dealer is not None:
-            poller.unregister(stream.dealer)
-            stream.dealer.close(linger=0)
         stream.dealer = context.socket(zmq.DEALER)
         stream.dealer.connect(stream.replay)
         poller.register(stream.dealer, zmq.POLLIN)
@@ -145,12 +144,11 @@ class KvEvents:
     def _heartbeat(self, context, poller, stream, now):
         if stream.asked_at is not None and now - stream.asked_at < REPLAY_WAIT_SECONDS:
             return
-        if stream.asked_at is not None:  # unanswered: the engine is gone or starting again (its cache with it)
-            self._new_dealer(context, poller, stream)
-            self._resync(stream)
-            return
-        try:
-            self._ask(stream, stream.blocks.seq + 1)
+        heard = stream.blocks.heard_at
+        if heard is None or now - heard > STALE_SECONDS:
+            stream.doubt = True  # gone, or starting again with an empty cache: rebuild once it answers
+        try:  # the same socket: a slow answer still counts, and ZMQ reconnects to an engine started again
+            self._ask(stream, stream.blocks.seq + 1 if stream.asked_at is None else stream.asked_from)
         except zmq.Again:
             stream.asked_at = now
 
@@ -209,6 +207,10 @@ class KvEvents:
         blocks = stream.blocks
         blocks.heard_at = time.monotonic()
         stream.asked_at = None
+        if stream.doubt:  # silent a while: whatever it held may be gone; rebuild from what it buffers
+            stream.doubt = False
+            self._resync(stream)
+            return
         pending, stream.pending = sorted(stream.pending, key=lambda item: item[0]), []
         if pending and pending[0][0] < stream.asked_from:  # numbered below what was asked: the engine started again
             self._resync(stream)
