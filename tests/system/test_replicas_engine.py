@@ -120,8 +120,13 @@ def homed_on(pool, home, label):
     raise AssertionError("no prompt hashes there")
 
 
-def kv_step(row):
-    return row.attempt_trail[0]
+def served(reply):
+    """The usage row of a request through the gateway (by its x-request-id), once the writer has written it."""
+    assert reply.status_code == 200, reply.text[:300]
+    request_id = reply.headers["x-request-id"]
+    wait_until(lambda: RequestLog.objects.filter(request_id=request_id).exists(), seconds=10, message="its row")
+    row = RequestLog.objects.get(request_id=request_id)
+    return row, row.attempt_trail[0]
 
 
 def kv_events_place_and_fall_back(gateway, raw, team, first, second):
@@ -139,7 +144,8 @@ def kv_events_place_and_fall_back(gateway, raw, team, first, second):
     time.sleep(1.5)  # past the gateway's routing version check
     started = time.monotonic()
     # The first request subscribes the gateway to both engines' events: heard from within a heartbeat or two.
-    assert ask(gateway, raw, homed_on(pool, near, "opening"), "hello").status_code == 200
+    _, step = served(ask(gateway, raw, homed_on(pool, near, "opening"), "hello"))
+    assert step["outcome"] == "kv_fallback" and "not heard from yet" in step["note"], step
     time.sleep(2.5)
     cached = homed_on(pool, near, "cached")
     engine_key = crypto.decrypt(second.engine_key_ciphertext)
@@ -147,31 +153,25 @@ def kv_events_place_and_fall_back(gateway, raw, team, first, second):
                       headers={"Authorization": f"Bearer {engine_key}"})
     assert warm.status_code == 200, warm.text[:300]
     time.sleep(1)
-    assert ask(gateway, raw, cached, "through the gateway").status_code == 200
-    wait_until(lambda: RequestLog.objects.count() >= 2, seconds=10, message="two usage rows")
-    row = RequestLog.objects.order_by("-created_at").first()
-    assert row.channel_id == far, kv_step(row)["note"]  # where the engine holds it, not where the hash points
-    assert kv_step(row)["outcome"] == "kv_placed" and kv_step(row)["channel_id"] == far, row.attempt_trail
-    blocks = dict(zip([link.id for link in pool], kv_step(row)["blocks"]))
+    row, step = served(ask(gateway, raw, cached, "through the gateway"))
+    assert row.channel_id == far, step  # where the engine holds it, not where the hash points
+    assert step["outcome"] == "kv_placed" and step["channel_id"] == far, step
+    blocks = dict(zip([link.id for link in pool], step["blocks"]))
     assert blocks[far] >= 5 and blocks[near] == 0, blocks  # its system prompt's blocks, on the second engine only
 
     # The second engine paused: its events stop. Past the stale time a request is placed by the prefix rule.
     os.killpg(second.pid, signal.SIGSTOP)
     try:
         time.sleep(12)  # past the stale time (10 s)
-        assert ask(gateway, raw, homed_on(pool, near, "paused"), "while paused").status_code == 200
-        wait_until(lambda: RequestLog.objects.count() >= 3, seconds=10, message="three usage rows")
-        row = RequestLog.objects.order_by("-created_at").first()
-        assert row.channel_id == near and kv_step(row)["outcome"] == "kv_fallback", row.attempt_trail
-        assert "silent for" in kv_step(row)["note"] and channels[second.pk].name in kv_step(row)["note"]
+        row, step = served(ask(gateway, raw, homed_on(pool, near, "paused"), "while paused"))
+        assert row.channel_id == near and step["outcome"] == "kv_fallback", step
+        assert "silent for" in step["note"] and channels[second.pk].name in step["note"], step
     finally:
         os.killpg(second.pid, signal.SIGCONT)
     # Running again: the gateway rebuilds its index from what the engine buffered, and places by it again.
     time.sleep(5)
-    assert ask(gateway, raw, cached, "after the pause").status_code == 200
-    wait_until(lambda: RequestLog.objects.count() >= 4, seconds=10, message="four usage rows")
-    row = RequestLog.objects.order_by("-created_at").first()
-    assert row.channel_id == far and kv_step(row)["outcome"] == "kv_placed", kv_step(row)["note"]
+    row, step = served(ask(gateway, raw, cached, "after the pause"))
+    assert row.channel_id == far and step["outcome"] == "kv_placed", step
     print(f"KV-event placement segment: {time.monotonic() - started:.1f} s")
     # Back to the prefix rule for the rest, with no prefix homes left from here.
     route.balance = "prefix_aware"
