@@ -282,10 +282,12 @@ class ThroughGateway:
         return self.replicas
 
 
-async def one_request(client, router, system, user, record, *, max_tokens, model=SERVED):
+async def one_request(client, router, system, user, record, *, max_tokens, model=SERVED, in_user=False):
+    # in_user: the tenant's shared text opens the user turn (a document asked about), with no system prompt
+    messages = ([{"role": "user", "content": f"{system}\n\n{user}"}] if in_user else
+                [{"role": "system", "content": system}, {"role": "user", "content": user}])
     body = {"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+            "stream_options": {"include_usage": True}, "messages": messages}
     started = time.perf_counter()
     record.update(sent=started, ttft=None, error=None, replica=None, cached=None, fallbacks=0, request_id=None)
     order = router.order(system)
@@ -374,7 +376,8 @@ async def drive(args, router, prompts, events, *, model=SERVED, side=None):
             record = {"tenant": tenant, "at": at}
             records.append(record)
             tasks.append(asyncio.create_task(one_request(client, router, prompts[tenant], user, record,
-                                                         max_tokens=args.output_tokens, model=model)))
+                                                         max_tokens=args.output_tokens, model=model,
+                                                         in_user=args.shared_in_user)))
         await asyncio.gather(*tasks)
         wall = time.perf_counter() - start
         side_result = await side_task if side_task else None
@@ -564,6 +567,8 @@ def build_parser():
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="don't pin each engine to one core")
     parser.add_argument("--arms", default="round_robin,prefix_aware")
+    parser.add_argument("--shared-in-user", action="store_true",
+                        help="each tenant's shared text opens the user turn (no system prompt): a document asked about")
     parser.add_argument("--bound", choices=("gateway", "issue"), default="gateway",
                         help="client-side prefix_aware's load bound: the gateway's (this request counted: spill when "
                              "in flight + 1 > ceil(1.25 x (total + 1) / N)) or the issue's literal one (spill when "

@@ -23,6 +23,7 @@ import shlex
 import shutil
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -189,8 +190,13 @@ def replicas_through_the_gateway(lab):
         homes = homes_of(records, len(prompts))
         result = rb.summarize(policy, records, wall, before, after, homes=homes,
                               spills=sum(1 for r in records if r.get("replica") is not None
-                                         and r["replica"] != homes[r["tenant"]]) if policy == "prefix_aware" else None)
+                                         and r["replica"] != homes[r["tenant"]])
+                              if policy in ("prefix_aware", "kv_events") else None)
         result["fell_back_rows"] = sum(1 for row in rows.values() if row.fell_back)
+        # How the KV-event arm placed each request (its trail's first step): by an engine's events, a miss or a
+        # tie left to the prefix rule, or the prefix rule because a replica's events were not heard.
+        result["kv_steps"] = dict(Counter(row.attempt_trail[0]["outcome"] for row in rows.values()
+                                          if row.attempt_trail and row.attempt_trail[0]["outcome"].startswith("kv_")))
         return result, records, side_result
 
     # Warm-up (prompts no arm uses), then the arms.

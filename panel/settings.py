@@ -195,6 +195,12 @@ STARTER_MODEL_NAME = envstr("TOKENWISE_STARTER_MODEL_NAME", "SmolLM2-135M-Instru
 ENGINE_BIND = envstr("TOKENWISE_ENGINE_BIND", "127.0.0.1")
 ENGINE_ADVERTISE_HOST = envstr("TOKENWISE_ENGINE_ADVERTISE_HOST",
                                "127.0.0.1" if ENGINE_BIND in ("", "0.0.0.0", "::") else ENGINE_BIND)
+# How an engine publishes its KV-cache events for routes balanced by them (decision 0099): "ipc" (a Unix socket
+# under the data dir, only this user's processes on this machine reach it), "tcp" (a port on every interface, no
+# authentication: a private network only; the events carry the prompts' token ids), "off".
+ENGINE_KV_EVENTS = envstr("TOKENWISE_ENGINE_KV_EVENTS", "ipc")
+if ENGINE_KV_EVENTS not in ("ipc", "tcp", "off"):
+    raise EnvError(f"TOKENWISE_ENGINE_KV_EVENTS={ENGINE_KV_EVENTS!r}: must be ipc, tcp or off")
 CPU_KVCACHE_GIB = envint("TOKENWISE_CPU_KVCACHE_GIB", 1, minimum=1)
 DEPLOYMENT_STOP_GRACE_SECONDS = envint("TOKENWISE_DEPLOYMENT_STOP_GRACE_SECONDS", 15, minimum=1)
 

@@ -18,7 +18,7 @@ from panel.dashboards.selectors import RANGES, DashboardQuery
 from panel.registry.models import RegisteredModel
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, ServingProfile
 from panel.serving.services import profile_check
-from panel.usage.models import RequestLog
+from panel.usage.models import PLACEMENT_STEPS, RequestLog
 
 SEVERITY_ORDER = {"problem": 0, "warning": 1, "info": 2}
 CHECKS = [  # what the page lists as looked at, in the order
@@ -119,7 +119,7 @@ def _channel_failures(team, since):
     rows = _traffic(team, since).filter(Q(attempts__gt=1) | ~Q(outcome="ok")).order_by("-created_at")
     for trail in rows.values_list("attempt_trail", flat=True)[:SCAN_LIMIT]:
         for step in trail or ():
-            if step.get("outcome") != "ok" and step.get("channel_id"):
+            if step.get("outcome") != "ok" and step.get("outcome") not in PLACEMENT_STEPS and step.get("channel_id"):
                 failures.setdefault(step["channel_id"], Counter())[step.get("outcome") or "?"] += 1
     answered = dict(_traffic(team, since).filter(outcome="ok").values_list("channel_id").annotate(Count("id")))
     live = Q(kind=ChannelKind.REMOTE) | Q(deployment__state__in=list(ACTIVE_DEPLOYMENT_STATES))

@@ -78,6 +78,7 @@ class RouteBalance(models.TextChoices):
     LEAST_IN_FLIGHT = "least_in_flight", "Least in flight"
     SESSION_AFFINITY = "session_affinity", "Session affinity"
     PREFIX_AWARE = "prefix_aware", "Prefix-aware (system prompt and tools)"
+    KV_EVENTS = "kv_events", "By the engines' KV-cache events (longest cached prefix; else prefix-aware)"
 
 
 class RouteStrategy(models.TextChoices):

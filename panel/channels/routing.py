@@ -8,10 +8,12 @@ ROUTE_VERSION_CHECK_SECONDS, so a change such as a canary rollback reaches every
 long. A refresher (panel/core/refresher.py) reads the versions of the teams in use, one Redis call per round, and
 reloads their routes ahead of expiry, so a request waits on neither; if Redis is unreachable the TTL alone
 applies."""
+import json
 import logging
 import random
 import time
 from dataclasses import dataclass, replace
+from urllib.parse import urlsplit
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -53,6 +55,9 @@ class Target:
     gpu_hourly: float | None = None  # a local engine's GPU price per hour (None: its host has none), shared out by
     # the minute among the requests it served (dashboards/local_cost.py)
     sleeping: int | None = None  # the deployment's id while it sleeps or wakes: a request wakes it (gateway/waking.py)
+    kv_events: str = ""  # a local engine's KV-cache event stream (ZMQ), "" where it publishes none (decision 0099)
+    kv_replay: str = ""  # ... and its replay socket
+    tokenizer_dir: str = ""  # the served model's folder, where its tokenizer.json is (gateway/prompt_tokens.py)
 
 
 @dataclass(frozen=True)
@@ -174,7 +179,38 @@ def _engine_facts(deployment):
     profile = deployment.profile
     return {"context_tokens": profile.max_model_len, "tool_calling": bool(profile.tool_call_parser),
             "engine_words": f"deployment #{deployment.pk} (profile {profile.name})",
-            "batch_slots": profile.max_num_seqs, "gpu_hourly": deployment.hourly_price()}
+            "batch_slots": profile.max_num_seqs, "gpu_hourly": deployment.hourly_price(),
+            **kv_event_endpoints(deployment)}
+
+
+KV_EVENTS_FLAG = "--kv-events-config"  # as serving/kv_events.py passes it
+
+
+def kv_event_endpoints(deployment):
+    """Where the deployment's engine publishes its KV-cache events, read from the command it was started with
+    (serving/kv_events.py adds the flag): {kv_events, kv_replay, tokenizer_dir}, or {} where it publishes none. A
+    TCP endpoint bound on every interface is reached at the engine's own address."""
+    argv = list(deployment.command or ())
+    value = None
+    for index, word in enumerate(argv):
+        if word == KV_EVENTS_FLAG and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif isinstance(word, str) and word.startswith(KV_EVENTS_FLAG + "="):
+            value = word.split("=", 1)[1]
+    try:
+        config = json.loads(value) if value else None
+    except ValueError:
+        return {}
+    if not isinstance(config, dict) or not config.get("enable_kv_cache_events") or not config.get("replay_endpoint"):
+        return {}
+    host = urlsplit(deployment.base_url).hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+
+    def reachable(endpoint):
+        return str(endpoint).replace("tcp://*:", f"tcp://{host}:")
+
+    return {"kv_events": reachable(config.get("endpoint", "")), "kv_replay": reachable(config["replay_endpoint"]),
+            "tokenizer_dir": deployment.profile.model.path}
 
 
 def _load(team_id, model_name):

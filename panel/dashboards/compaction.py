@@ -13,7 +13,7 @@ from panel.dashboards.selectors import merge_histogram
 
 # (rows older than this, are merged into rows of this period)
 TIERS = ((timedelta(hours=1), MINUTE), (timedelta(hours=6), HOUR), (timedelta(days=7), DAY))
-COUNTERS = ("prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens", "seconds")
+COUNTERS = ("prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens", "preemptions", "seconds")
 GAUGES = ("kv_cache_usage", "running", "waiting")
 
 

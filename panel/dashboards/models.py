@@ -169,6 +169,7 @@ class EngineSample(models.Model):
     prefix_hits = models.FloatField(default=0)
     prompt_tokens = models.FloatField(default=0)
     generation_tokens = models.FloatField(default=0)
+    preemptions = models.FloatField(default=0)  # requests the engine preempted (KV cache full)
     kv_cache_usage = models.FloatField(null=True, blank=True)  # 0..1
     running = models.FloatField(null=True, blank=True)
     waiting = models.FloatField(null=True, blank=True)

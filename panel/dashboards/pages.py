@@ -9,6 +9,7 @@ from panel.channels.models import Channel, ChannelKind
 from panel.core.money import money, money_text
 from panel.dashboards import figures as fig
 from panel.dashboards.agents import agents as agents_page
+from panel.dashboards.cache_causes import causes_table
 from panel.dashboards.cost import cost_summary
 from panel.dashboards.ledger import TOLERANCE_PERCENT, deployment_ledger
 from panel.dashboards.models import (
@@ -248,6 +249,7 @@ def cache(query):
         [[deployments.get(row["source"], "?"), int(row["prefix_queries"]), int(row["prefix_hits"]),
           _rate(row["prefix_hits"], row["prefix_queries"]), _pct(row["kv"]), _pct(row["last_kv"]), row["samples"],
           row["gaps"]] for row in totals]))
+    page.tables.append(causes_table(query, totals, deployments))
     rows = sorted(usage_grouped(query, by=("channel_id",), columns=("prompt_tokens", "cached_tokens")),
                   key=lambda row: -row["prompt_tokens"])
     page.tables.append(Table("cached_tokens", "Cached prompt tokens by channel (gateway usage)", [

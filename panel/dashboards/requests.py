@@ -13,7 +13,7 @@ from panel.accounts.decorators import team_view
 from panel.accounts.models import TeamKey
 from panel.dashboards.selectors import usage_grouped
 from panel.dashboards.tables import Table
-from panel.usage.models import RequestLog
+from panel.usage.models import PLACEMENT_STEPS, RequestLog
 
 LIST_LIMIT = 100
 SCAN_LIMIT = 20_000  # the most usage rows one failures table reads (the newest of the range)
@@ -53,7 +53,7 @@ def failures_table(query, channel_names):
     for trail, outcome, channel_id in rows.values_list("attempt_trail", "outcome", "channel_id")[:SCAN_LIMIT]:
         seen = set()
         for step in trail or ():
-            if step.get("outcome") == "ok":
+            if step.get("outcome") == "ok" or step.get("outcome") in PLACEMENT_STEPS:
                 continue
             if query.channel_id is not None and step.get("channel_id") != query.channel_id:
                 continue
@@ -138,6 +138,6 @@ def request_detail(request, request_id):
                             request_id=request_id)
     row.key_name = _keys(request.team).get(row.key_id, "(panel traffic)" if row.key_id is None else "(deleted key)")
     row.hit_rate = _rate(row.cached_tokens, row.prompt_tokens)
-    trail = [{**step, "words": OUTCOME_WORDS.get(step.get("outcome"), step.get("outcome"))}
+    trail = [{**step, "words": step.get("note") or OUTCOME_WORDS.get(step.get("outcome"), step.get("outcome"))}
              for step in row.attempt_trail or ()]
     return render(request, "dashboards/request_detail.html", {"row": row, "trail": trail})

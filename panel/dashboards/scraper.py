@@ -35,6 +35,7 @@ COUNTERS = {
     "prefix_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
     "prompt_tokens": ("vllm:prompt_tokens",),
     "generation_tokens": ("vllm:generation_tokens",),
+    "preemptions": ("vllm:num_preemptions",),  # requests evicted mid-run for want of KV blocks
 }
 GAUGES = {
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),

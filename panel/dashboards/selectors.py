@@ -249,10 +249,12 @@ def engine_by_step(query, *, histograms=True):
     the JSON histograms are not read (decoding their JSON is most of the cost)."""
     steps = {}
     fields = ("deployment_id", "channel_id", "at", "ok", "gaps", "prefix_queries", "prefix_hits", "prompt_tokens",
-              "generation_tokens", "kv_cache_usage", "running", "waiting") + (("ttft", "itl") if histograms else ())
+              "generation_tokens", "kv_cache_usage", "running", "waiting", "preemptions") + (
+        ("ttft", "itl") if histograms else ())
     for row in engine_samples(query).values_list(*fields).iterator(chunk_size=5000):
-        (deployment_id, channel_id, at, ok, gaps, queries, hits, prompt, generation, kv, running, waiting) = row[:12]
-        ttft, itl = row[12:] if histograms else (None, None)
+        (deployment_id, channel_id, at, ok, gaps, queries, hits, prompt, generation, kv, running, waiting,
+         preemptions) = row[:13]
+        ttft, itl = row[13:] if histograms else (None, None)
         t = int(at.timestamp() // query.step * query.step)
         key = (t, source(deployment_id, channel_id))
         step = steps.get(key)
@@ -260,7 +262,7 @@ def engine_by_step(query, *, histograms=True):
             step = steps[key] = {
                 "t": t, "source": key[1], "deployment_id": deployment_id, "prefix_queries": 0.0, "prefix_hits": 0.0,
                 "prompt_tokens": 0.0, "generation_tokens": 0.0, "kv": [], "running": [], "waiting": [],
-                "ttft": {}, "itl": {}, "gaps": 0, "samples": 0}
+                "ttft": {}, "itl": {}, "gaps": 0, "samples": 0, "preemptions": 0.0, "kv_max": None}
         step["samples"] += 1
         step["gaps"] += gaps
         if not ok:
@@ -269,6 +271,9 @@ def engine_by_step(query, *, histograms=True):
         step["prefix_hits"] += hits
         step["prompt_tokens"] += prompt
         step["generation_tokens"] += generation
+        step["preemptions"] += preemptions
+        if kv is not None:
+            step["kv_max"] = kv if step["kv_max"] is None else max(step["kv_max"], kv)
         for name, value in (("kv", kv), ("running", running), ("waiting", waiting)):
             if value is not None:
                 step[name].append(value)
@@ -322,9 +327,13 @@ def engine_by_deployment(query, *, steps=None):
         total = totals.setdefault(step["source"], {
             "source": step["source"], "deployment_id": step["deployment_id"], "prefix_queries": 0.0,
             "prefix_hits": 0.0, "prompt_tokens": 0.0,
-            "generation_tokens": 0.0, "ttft": {}, "itl": {}, "gaps": 0, "samples": 0, "kv": [], "last_kv": None})
-        for name in ("prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens", "gaps", "samples"):
+            "generation_tokens": 0.0, "ttft": {}, "itl": {}, "gaps": 0, "samples": 0, "kv": [], "last_kv": None,
+            "preemptions": 0.0, "kv_max": None})
+        for name in ("prefix_queries", "prefix_hits", "prompt_tokens", "generation_tokens", "gaps", "samples",
+                     "preemptions"):
             total[name] += step[name]
+        if step["kv_max"] is not None:
+            total["kv_max"] = max(total["kv_max"] or 0.0, step["kv_max"])
         merge_histogram(total["ttft"], step["ttft"])
         merge_histogram(total["itl"], step["itl"])
         if step["kv"] is not None:

@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from panel.channels.models import ChannelKind, RouteBalance
 from panel.core.redis_client import async_redis
+from panel.gateway.kv_placement import kv_choice
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ HELD_SECONDS = 600  # a prefix unused this long is forgotten by its replica's sh
 PREFIX_CHARS = 8192  # how much of the leading text the prefix hash reads (tools + system prompt, or the prompt)
 
 POLICIES = {RouteBalance.ROUND_ROBIN: 1, RouteBalance.LEAST_IN_FLIGHT: 2, RouteBalance.SESSION_AFFINITY: 3,
-            RouteBalance.PREFIX_AWARE: 4}
+            RouteBalance.PREFIX_AWARE: 4, RouteBalance.KV_EVENTS: 4}
+KV_PLACED = 5  # the script's policy for a request whose prefix an engine's own events place (gateway/kv_placement.py)
 
 # KEYS: each replica's in-flight set, each replica's held-prefixes set, the route's round-robin counter.
 # ARGV: now ms, stale ms, request id, policy (POLICIES), load factor, load slack, the prefix digest, held ms, then
@@ -69,9 +71,10 @@ if policy == 1 then
   chosen = turn()
 elseif policy == 2 then
   chosen = least(turn())
-elseif policy == 4 then
+elseif policy == 4 or policy == 5 then
   -- The prefix's home: the replica that holds it, else its preferred one unless that holds its share of the
   -- prefixes already (then the one holding fewest), so tenants split evenly and stay where their cache is.
+  -- Placed by an engine's KV events (5): the replica whose engine holds the longest prefix is its home.
   local held_ms, digest = tonumber(ARGV[8]), ARGV[7]
   local held, held_total, holder = {}, 0, nil
   for i = 1, n do
@@ -80,7 +83,11 @@ elseif policy == 4 then
     held_total = held_total + held[i]
     if not holder and redis.call('ZSCORE', KEYS[n + i], digest) then holder = i end
   end
-  if holder then
+  if policy == 5 then
+    for i = 1, n do
+      if i ~= chosen then redis.call('ZREM', KEYS[n + i], digest) end
+    end
+  elseif holder then
     chosen = holder
   else
     local share = math.ceil((held_total + 1) / n)
@@ -216,8 +223,9 @@ class Balancer:
             self._script = (client, client.register_script(PLACE))
         return self._script[1]
 
-    async def place(self, route, targets, *, body, headers, key_id, request_id):
-        """(targets in the order to try, Lease or None). Only the leading local channels are reordered."""
+    async def place(self, route, targets, *, body, headers, key_id, request_id, trail=None):
+        """(targets in the order to try, Lease or None). Only the leading local channels are reordered. A route
+        balanced by KV events adds a step to `trail` (the request's attempt trail) saying how it placed."""
         policy = route.balance
         if policy not in POLICIES:
             return targets, None
@@ -227,10 +235,14 @@ class Balancer:
         if size < 2:
             return targets, None
         pool, rest = targets[len(head):len(head) + size], targets[len(head) + size:]
-        digest = ""
-        if policy == RouteBalance.PREFIX_AWARE:
+        digest, code, kv = "", POLICIES[policy], None
+        if policy in (RouteBalance.PREFIX_AWARE, RouteBalance.KV_EVENTS):
             digest = prefix_digest(prefix_text(body))
             preferred = rendezvous(digest, pool)
+            if policy == RouteBalance.KV_EVENTS:
+                kv = kv_choice(pool, body)
+                if kv.index is not None:
+                    code, preferred = KV_PLACED, [kv.index, *(index for index in preferred if index != kv.index)]
         elif policy == RouteBalance.SESSION_AFFINITY:
             preferred = rendezvous(prefix_digest(affinity_text(body, headers, header_name=route.affinity_header,
                                                              key_id=key_id)), pool)
@@ -240,7 +252,7 @@ class Balancer:
                 + [f"tw:rr:{route.route_id}"])
         try:
             chosen, counts = await self.script()(keys=keys, args=[
-                int(time.time() * 1000), STALE_SECONDS * 1000, request_id, POLICIES[policy], LOAD_FACTOR,
+                int(time.time() * 1000), STALE_SECONDS * 1000, request_id, code, LOAD_FACTOR,
                 LOAD_SLACK, digest, int(self.held_seconds * 1000), *(index + 1 for index in preferred)])
             chosen -= 1
             counts = [int(count) for count in counts]
@@ -248,6 +260,12 @@ class Balancer:
         except (RedisError, OSError) as error:
             log.debug("replica balancing without Redis (%s)", type(error).__name__)
             chosen, counts, lease = self._local_choice(route, policy, preferred), [0] * size, None
+        if kv is not None and trail is not None:
+            words = kv.words if kv.index in (None, chosen) else f"{kv.words}; sent on by the load bound"
+            trail.append({"channel": pool[kv.index if kv.index is not None else chosen].name,
+                          "channel_id": pool[kv.index if kv.index is not None else chosen].id,
+                          "outcome": kv.outcome, "ms": 0, "status": None, "note": words,
+                          "blocks": list(kv.blocks)})
         return head + arrange(pool, preferred, chosen, counts) + rest, lease
 
     def _local_choice(self, route, policy, preferred):

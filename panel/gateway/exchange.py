@@ -13,6 +13,7 @@ from panel.gateway import admission, metrics, rate_limits, sampling
 from panel.gateway.apis import adapted_header, openai_usage
 from panel.usage import tags as request_tags
 from panel.usage import writer as usage_writer
+from panel.usage.models import PLACEMENT_STEPS
 
 log = logging.getLogger("panel.gateway")
 
@@ -133,7 +134,8 @@ class Exchange:
     def attempt_in_flight(self):
         """An upstream call was under way (started, not ended) when the request ended: every attempt ended adds a
         step to the trail; a channel skipped as misconfigured adds one without an attempt."""
-        ended = sum(1 for step in self.log["trail"] if step["outcome"] != "misconfigured")
+        ended = sum(1 for step in self.log["trail"]
+                    if step["outcome"] != "misconfigured" and step["outcome"] not in PLACEMENT_STEPS)
         return self.log["attempts"] > ended
 
     def client_left(self):

@@ -26,7 +26,7 @@ from panel.jobs.services import (
 from panel.registry import memory
 from panel.registry.models import RegisteredModel
 from panel.registry.services import serving_refusal
-from panel.serving import adapters, configfile, drain, placement, quota, rules, sleep, supervisor
+from panel.serving import adapters, configfile, drain, kv_events, placement, quota, rules, sleep, supervisor
 from panel.serving.models import ACTIVE_DEPLOYMENT_STATES, Deployment, DeploymentState, ScalePolicy, ServingProfile
 from panel.serving.profile_fields import FIELDS, FIELDS_BY_NAME
 
@@ -283,6 +283,8 @@ def deployment_execute(*, deployment_id, worker):
         port = deployment.profile.port or supervisor.free_port()
         argv = launch_argv(deployment.profile, port=port, sleep_mode=hooks.sleep.engine_sleeps,
                            cpu_host=not host_is_gpu, host=deployment.host)
+        argv += kv_events.publisher_args(deployment, free_port=supervisor.free_port,
+                                         engine_flags=engine_flags(deployment.host))
         base_url = f"http://{settings.ENGINE_ADVERTISE_HOST}:{port}/v1"
         engine_key = secrets.token_urlsafe(32)  # a new one each start; only the local channel learns it
         env = engine_env(deployment, host_is_gpu) | {"VLLM_API_KEY": engine_key} | sleep_env

@@ -3,6 +3,9 @@ batches by `panel.usage.writer`; read by budgets, canaries, the advisor and the 
 from django.db import models
 from django.utils import timezone
 
+# Steps of an attempt trail that say how the request was placed (gateway/kv_placement.py), not attempts.
+PLACEMENT_STEPS = frozenset({"kv_placed", "kv_missed", "kv_fallback"})
+
 
 class RequestLog(models.Model):
     """Exactly one row per gateway request, whatever happened (a request refused before its key was known has no

@@ -2,7 +2,9 @@
 addresses, each with its GPU worker and engines, the database and Redis on the main host between them
 (tests/support/hosts.py). One replica launched with room to scale to two: a burst of requests through the gateway
 keeps requests waiting, the scaler (reading what the scraper stores, as on beat) adds the second replica on the other
-host, and every burst request is answered. Both on one prefix-aware route, each tenant's requests on one replica; one
+host, and every burst request is answered. The route balanced by the engines' own KV-cache events: a prompt the
+second engine holds goes there; while that engine's events stop, requests are placed by the prefix rule, and by its
+events again once it runs. Both on one prefix-aware route, each tenant's requests on one replica; one
 replica SIGKILLed mid-traffic (every request still answered, by the other replica; the killed one restarted and back
 on the route). Then its whole host is lost: requests go around it, the reaper fails its replica, and the scaler,
 held at two, adds one on the host that is left. Quiet again, the scaler drains that replica while a long request runs
@@ -15,11 +17,14 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+import redis
 
 from panel.accounts.keys import key_issue
 from panel.channels.models import Channel, Route
+from panel.channels.routing import routing_changed
+from panel.core import crypto
 from panel.dashboards.scraper import deployments_scrape, engine_readings
-from panel.gateway.balancing import prefix_digest, prefix_text, rendezvous
+from panel.gateway.balancing import held_key, prefix_digest, prefix_text, rendezvous
 from panel.hosts.models import WorkerHost
 from panel.jobs.models import JobEvent
 from panel.jobs.services import jobs_reap
@@ -106,6 +111,76 @@ def engine_answers_on_loopback(port):
         return False
 
 
+def homed_on(pool, home, label):
+    """A system prompt the prefix rule's hash sends to `home` (a channel id)."""
+    for number in range(50):
+        system = f"You are the {label} assistant number {number}. " * 30
+        if pool[rendezvous(prefix_digest(prefix_text(body(system, ""))), pool)[0]].id == home:
+            return system
+    raise AssertionError("no prompt hashes there")
+
+
+def served(reply):
+    """The usage row of a request through the gateway (by its x-request-id), once the writer has written it."""
+    assert reply.status_code == 200, reply.text[:300]
+    request_id = reply.headers["x-request-id"]
+    wait_until(lambda: RequestLog.objects.filter(request_id=request_id).exists(), seconds=10, message="its row")
+    row = RequestLog.objects.get(request_id=request_id)
+    return row, row.attempt_trail[0]
+
+
+def kv_events_place_and_fall_back(gateway, raw, team, first, second):
+    """The route balanced by the engines' own KV-cache events: a prompt whose prefix the second replica's engine
+    holds (it was sent to that engine directly, not through the gateway) goes there, though the prefix rule's hash
+    sends it to the first; while that engine's events stop (the engine paused: no batch and no answer on its replay
+    socket), requests are placed by the prefix rule, said in their trail; once it runs again, by its events."""
+    route = Route.objects.get(team=team, model_name="tiny-chat")
+    channels = {channel.deployment_id: channel for channel in Channel.objects.filter(deployment__in=[first, second])}
+    near, far = channels[first.pk].pk, channels[second.pk].pk
+    pool = [SimpleNamespace(id=link.channel_id) for link in route.routechannel_set.order_by("position")]
+    route.balance = "kv_events"
+    route.save(update_fields=["balance"])
+    routing_changed(team.pk)
+    time.sleep(1.5)  # past the gateway's routing version check
+    started = time.monotonic()
+    # The first request subscribes the gateway to both engines' events: heard from within a heartbeat or two.
+    _, step = served(ask(gateway, raw, homed_on(pool, near, "opening"), "hello"))
+    assert step["outcome"] == "kv_fallback" and "not heard from yet" in step["note"], step
+    time.sleep(2.5)
+    cached = homed_on(pool, near, "cached")
+    engine_key = crypto.decrypt(second.engine_key_ciphertext)
+    warm = httpx.post(f"{second.base_url}/chat/completions", json=body(cached, "warm up"), timeout=60,
+                      headers={"Authorization": f"Bearer {engine_key}"})
+    assert warm.status_code == 200, warm.text[:300]
+    time.sleep(1)
+    row, step = served(ask(gateway, raw, cached, "through the gateway"))
+    assert row.channel_id == far, step  # where the engine holds it, not where the hash points
+    assert step["outcome"] == "kv_placed" and step["channel_id"] == far, step
+    blocks = dict(zip([link.id for link in pool], step["blocks"]))
+    assert blocks[far] >= 5 and blocks[near] == 0, blocks  # its system prompt's blocks, on the second engine only
+
+    # The second engine paused: its events stop. Past the stale time a request is placed by the prefix rule.
+    os.killpg(second.pid, signal.SIGSTOP)
+    try:
+        time.sleep(12)  # past the stale time (10 s)
+        row, step = served(ask(gateway, raw, homed_on(pool, near, "paused"), "while paused"))
+        assert row.channel_id == near and step["outcome"] == "kv_fallback", step
+        assert "silent for" in step["note"] and channels[second.pk].name in step["note"], step
+    finally:
+        os.killpg(second.pid, signal.SIGCONT)
+    # Running again: the gateway rebuilds its index from what the engine buffered, and places by it again.
+    time.sleep(5)
+    row, step = served(ask(gateway, raw, cached, "after the pause"))
+    assert row.channel_id == far and step["outcome"] == "kv_placed", step
+    print(f"KV-event placement segment: {time.monotonic() - started:.1f} s")
+    # Back to the prefix rule for the rest, with no prefix homes left from here.
+    route.balance = "prefix_aware"
+    route.save(update_fields=["balance"])
+    routing_changed(team.pk)
+    redis.Redis(port=REDIS_PORT).delete(*(held_key(channel_id) for channel_id in (near, far)))
+    time.sleep(1.5)
+
+
 def test_replicas_on_two_hosts_scale_balance_survive_a_kill_and_a_lost_host_and_drain_without_cutting(
         hosts, start_worker, team_setup, tmp_path, gateway, settings):  # noqa: F811
     team = team_setup["team_a"]
@@ -157,6 +232,7 @@ def test_replicas_on_two_hosts_scale_balance_survive_a_kill_and_a_lost_host_and_
     Channel.objects.filter(deployment=second).update(first_byte_timeout_seconds=120, idle_timeout_seconds=120)
     first, second = head.replicas()
     assert (first.state, second.state) == (S.READY, S.READY), (first.failure_reason, second.failure_reason)
+    kv_events_place_and_fall_back(gateway, raw, team, first, second)
     RequestLog.objects.all().delete()  # the burst's rows; the tenants' requests are counted below
 
     route = Route.objects.get(team=team, model_name="tiny-chat")
