@@ -125,8 +125,9 @@ def cpu_slot_problem(deployment):
     loaded, limit = deployment.adapters.count(), deployment.profile.max_loras
     if loaded < limit:
         return ""
-    return (f"This engine runs on a CPU host and serves {loaded} adapter(s), its profile's {limit} at once: on the "
-            "CPU one more would be applied to the base's own requests too (vLLM's CPU kernels, decision 0098). "
+    adapters = "adapter" if loaded == 1 else "adapters"
+    return (f"This engine runs on a CPU host and serves {loaded} {adapters}, its profile's {limit} at once: on the "
+            "CPU one more would be applied to the base's own requests too (a flaw of vLLM's CPU kernels). "
             "Unload one first, or raise the profile's adapters at once and launch again.")
 
 
