@@ -41,7 +41,7 @@ def test_flags_the_profile_owns_stay_refused(extra):
 
 @pytest.mark.parametrize("extra, words", [
     ("--trust-remote", "may not set --trust-remote"),  # argparse would take a prefix of --trust-remote-code
-    ("--enable-lora", "not among the engine flags Tokenwise allows"),
+    ("--enable-lora", "which the profile already sets (the profile's LoRA settings)"),
     ("--chat-template /proc/self/environ", "inside the model's folder"),
     ("--chat-template /models/tiny/../other/t.jinja", "inside the model's folder"),
     ("--chat-template relative.jinja", "inside the model's folder"),
