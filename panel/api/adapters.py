@@ -16,7 +16,7 @@ from panel.audit.services import audit_record
 from panel.registry.adapters import adapter_delete, adapter_register, adapters_of
 from panel.registry.forms import AdapterRegisterForm
 from panel.registry.models import LoraAdapter, RegisteredModel
-from panel.serving.adapters import adapter_load, adapter_unload, profile_lora_set
+from panel.serving.adapters import adapter_audit_target, adapter_load, adapter_unload, profile_lora_set
 from panel.serving.models import Deployment, ServingProfile
 
 router = Router(tags=["LoRA adapters"])
@@ -130,7 +130,7 @@ def deployments_adapter_load(request, deployment_id: int, adapter_id: int):
     except ValidationError as error:
         raise Invalid({"__all__": error.messages}) from None
     audit_record(action=AuditAction.DEPLOYMENT_STARTED, request=request,
-                 target=f"adapter {adapter.served_name} on {deployment.profile.name} #{deployment.pk}")
+                 target=adapter_audit_target(deployment, adapter))
     return loaded_out(deployment)
 
 
@@ -143,5 +143,5 @@ def deployments_adapter_unload(request, deployment_id: int, adapter_id: int):
     except ValidationError as error:
         raise Invalid({"__all__": error.messages}) from None
     audit_record(action=AuditAction.DEPLOYMENT_STOPPED, request=request,
-                 target=f"adapter {adapter.served_name} on {deployment.profile.name} #{deployment.pk}")
+                 target=adapter_audit_target(deployment, adapter))
     return loaded_out(deployment)

@@ -9,7 +9,7 @@ from panel.accounts.decorators import maker_check, team_view
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.registry.models import LoraAdapter
-from panel.serving.adapters import adapter_load, adapter_unload, profile_lora_set
+from panel.serving.adapters import adapter_audit_target, adapter_load, adapter_unload, profile_lora_set
 from panel.serving.forms import ProfileLoraForm
 from panel.serving.models import Deployment, ServingProfile
 
@@ -49,7 +49,7 @@ def deployment_adapter_load(request, deployment_id):
         messages.error(request, " ".join(error.messages))
     else:
         audit_record(action=AuditAction.DEPLOYMENT_STARTED, request=request,
-                     target=f"adapter {adapter.served_name} on {deployment.profile.name} #{deployment.pk}")
+                     target=adapter_audit_target(deployment, adapter))
         messages.success(request, f"Loaded {adapter.name}: requests for {adapter.served_name} go to this engine.")
     return redirect("deployment_detail", deployment_id=deployment.pk)
 
@@ -64,6 +64,6 @@ def deployment_adapter_unload(request, deployment_id, adapter_id):
         messages.error(request, " ".join(error.messages))
     else:
         audit_record(action=AuditAction.DEPLOYMENT_STOPPED, request=request,
-                     target=f"adapter {adapter.served_name} on {deployment.profile.name} #{deployment.pk}")
+                     target=adapter_audit_target(deployment, adapter))
         messages.success(request, f"Unloaded {adapter.name}.")
     return redirect("deployment_detail", deployment_id=deployment.pk)

@@ -144,3 +144,8 @@ def adapter_unload(*, deployment, adapter):
     with transaction.atomic():
         row.delete()
         adapter_channel_sync(deployment, served_name=adapter.served_name, serving=False)
+
+
+def adapter_audit_target(deployment, adapter):
+    """How an adapter's load or unload is named in the audit log, from the pages and the API alike."""
+    return f"adapter {adapter.served_name} on {deployment.profile.name} #{deployment.pk}"
