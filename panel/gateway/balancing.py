@@ -223,7 +223,7 @@ class Balancer:
             self._script = (client, client.register_script(PLACE))
         return self._script[1]
 
-    async def place(self, route, targets, *, body, headers, key_id, request_id, trail=None):
+    async def place(self, route, targets, *, body, headers, key_id, request_id, trail=None, api="chat"):
         """(targets in the order to try, Lease or None). Only the leading local channels are reordered. A route
         balanced by KV events adds a step to `trail` (the request's attempt trail) saying how it placed."""
         policy = route.balance
@@ -240,7 +240,7 @@ class Balancer:
             digest = prefix_digest(prefix_text(body))
             preferred = rendezvous(digest, pool)
             if policy == RouteBalance.KV_EVENTS:
-                kv = kv_choice(pool, body)
+                kv = await kv_choice(pool, body, api)
                 if kv.index is not None:
                     code, preferred = KV_PLACED, [kv.index, *(index for index in preferred if index != kv.index)]
         elif policy == RouteBalance.SESSION_AFFINITY:

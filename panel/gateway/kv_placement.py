@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from panel.gateway.kv_events import KV_EVENTS
 from panel.gateway.kv_index import prompt_chain
-from panel.gateway.prompt_tokens import TOKENIZERS
+from panel.gateway.prompt_tokens import TOKENIZERS, TOKENIZING
 
 PLACED, MISSED, FALLBACK = "kv_placed", "kv_missed", "kv_fallback"  # the trail step's outcomes
 
@@ -22,8 +22,9 @@ class KvChoice:
     blocks: tuple = ()  # leading blocks of the prompt each replica holds
 
 
-def kv_choice(pool, body):
-    """The KvChoice for one request over the pool's targets."""
+async def kv_choice(pool, body, api="chat"):
+    """The KvChoice for one request over the pool's targets. Its prompt is tokenized off the event loop, within a
+    deadline (gateway/prompt_tokens.py)."""
     model = TOKENIZERS.get(pool[0].tokenizer_dir)  # first: its loading starts with the subscriptions
     indexes = []
     for target in pool:
@@ -37,7 +38,9 @@ def kv_choice(pool, body):
             return KvChoice(None, FALLBACK, f"KV events of {target.name}: {silence}; placed by prefix")
     if model is None:
         return KvChoice(None, FALLBACK, "the model's tokenizer is not loaded (yet): placed by prefix")
-    tokens = model.ids(body)
+    tokens, trouble = await TOKENIZING.ids(model, body, api)
+    if trouble:
+        return KvChoice(None, FALLBACK, f"{trouble}: placed by prefix")
     if tokens is None:
         return KvChoice(None, FALLBACK, "a prompt the gateway does not tokenize: placed by prefix")
     chains = {}

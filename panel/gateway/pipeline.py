@@ -151,7 +151,8 @@ async def place(call, route, exchange):
     replicas' balance (the lease this request counts in flight on) and the spill past the local engines' wait."""
     targets, exchange.lease = await BALANCER.place(route, route.ordered(exchange.fields), body=call.body,
                                                    headers=call.headers, key_id=call.key.id,
-                                                   request_id=exchange.request_id, trail=exchange.log["trail"])
+                                                   request_id=exchange.request_id, trail=exchange.log["trail"],
+                                                   api=call.endpoint)
     targets, exchange.lease = await SPILL.place(route, targets, lease=exchange.lease, request_id=exchange.request_id,
                                                 fields=exchange.fields, trail=exchange.log["trail"])
     exchange.spill_watch = bool(route.spill_wait_ms)
