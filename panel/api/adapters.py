@@ -13,7 +13,7 @@ from panel.api.errors import Invalid, errors
 from panel.api.form_bodies import schema_from_form, validated
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
-from panel.registry.adapters import adapter_delete, adapter_register, adapters_of
+from panel.registry.adapters import adapter_audit_name, adapter_delete, adapter_register, adapters_of
 from panel.registry.forms import AdapterRegisterForm
 from panel.registry.models import LoraAdapter, RegisteredModel
 from panel.serving.adapters import adapter_audit_target, adapter_load, adapter_unload, profile_lora_set
@@ -82,6 +82,7 @@ def adapters_register(request, model_id: int, body: AdapterRegister):
         adapter = adapter_register(team=request.team, user=request.user, base=model, **data)
     except ValidationError as error:
         raise Invalid({"source": error.messages}) from None  # where the page shows it
+    audit_record(action=AuditAction.ADAPTER_REGISTERED, request=request, target=adapter_audit_name(adapter))
     return Status(201, adapter_out(adapter))
 
 
@@ -93,6 +94,7 @@ def adapters_delete(request, adapter_id: int):
         adapter_delete(adapter=adapter)
     except ValidationError as error:
         raise Invalid({"__all__": error.messages}) from None
+    audit_record(action=AuditAction.ADAPTER_REMOVED, request=request, target=adapter_audit_name(adapter))
     return Status(204, None)
 
 
@@ -129,7 +131,7 @@ def deployments_adapter_load(request, deployment_id: int, adapter_id: int):
         adapter_load(deployment=deployment, adapter=adapter)
     except ValidationError as error:
         raise Invalid({"__all__": error.messages}) from None
-    audit_record(action=AuditAction.DEPLOYMENT_STARTED, request=request,
+    audit_record(action=AuditAction.ADAPTER_LOADED, request=request,
                  target=adapter_audit_target(deployment, adapter))
     return loaded_out(deployment)
 
@@ -142,6 +144,6 @@ def deployments_adapter_unload(request, deployment_id: int, adapter_id: int):
         adapter_unload(deployment=deployment, adapter=adapter)
     except ValidationError as error:
         raise Invalid({"__all__": error.messages}) from None
-    audit_record(action=AuditAction.DEPLOYMENT_STOPPED, request=request,
+    audit_record(action=AuditAction.ADAPTER_UNLOADED, request=request,
                  target=adapter_audit_target(deployment, adapter))
     return loaded_out(deployment)

@@ -42,6 +42,10 @@ class AuditAction(models.TextChoices):
     AUTOPILOT_CHANGED = "autopilot_changed", "Autopilot changed"
     AUTOPILOT_PROPOSED = "autopilot_proposed", "Autopilot proposed a candidate"
     AUTOPILOT_RECHECKED = "autopilot_rechecked", "Autopilot re-ran an evaluation set after a change"
+    ADAPTER_REGISTERED = "adapter_registered", "LoRA adapter registered"
+    ADAPTER_REMOVED = "adapter_removed", "LoRA adapter removed"
+    ADAPTER_LOADED = "adapter_loaded", "LoRA adapter loaded"
+    ADAPTER_UNLOADED = "adapter_unloaded", "LoRA adapter unloaded"
 
 
 class AppendOnlyQuerySet(models.QuerySet):

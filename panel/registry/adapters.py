@@ -228,12 +228,18 @@ def adapter_delete(*, adapter):
     serves it."""
     profiles = list(adapter.serving_profiles.values_list("name", flat=True))
     if profiles:
-        raise ValidationError(f"{adapter.name} is loaded at start by the serving profile(s) {', '.join(profiles)}: "
-                              "take it out of them first.")
+        which = (f"the serving profile {profiles[0]}" if len(profiles) == 1
+                 else f"the serving profiles {', '.join(profiles)}")
+        raise ValidationError(f"{adapter.name} is loaded at start by {which}: take it out first.")
     running = list(adapter.deployments.values_list("deployment_id", flat=True))
     if running:
         raise ValidationError(f"{adapter.name} is loaded on deployment #{running[0]}: unload it there first.")
     adapter.delete()
+
+
+def adapter_audit_name(adapter):
+    """How an adapter's registration and removal are named in the audit log, from the pages and the API alike."""
+    return f"adapter {adapter.served_name} of {adapter.base.name}"
 
 
 def adapters_of(model):

@@ -11,7 +11,7 @@ from panel.audit.services import audit_record
 from panel.jobs.services import job_cancel as cancel_job
 from panel.jobs.services import job_events
 from panel.registry import memory
-from panel.registry.adapters import adapter_delete, adapter_register, adapters_of
+from panel.registry.adapters import adapter_audit_name, adapter_delete, adapter_register, adapters_of
 from panel.registry.forms import AdapterRegisterForm, EvaluationForm, ModelRegisterForm, QuantizationForm
 from panel.registry.model_check import model_check_launch, model_check_refusal
 from panel.registry.models import EvaluationJob, LoraAdapter, QuantizationJob, RegisteredModel
@@ -92,6 +92,7 @@ def adapter_create(request, model_id):
         except ValidationError as error:
             form.add_error("source", error)
         else:
+            audit_record(action=AuditAction.ADAPTER_REGISTERED, request=request, target=adapter_audit_name(adapter))
             messages.success(request, f"Registered the adapter {adapter.name}, served as {adapter.served_name}.")
             return redirect(f"{reverse('model_detail', args=[model.pk])}#adapters")
     context = _detail_context(request, model, EvaluationForm(model=model), adapter_form=form)
@@ -107,6 +108,7 @@ def adapter_remove(request, model_id, adapter_id):
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
     else:
+        audit_record(action=AuditAction.ADAPTER_REMOVED, request=request, target=adapter_audit_name(adapter))
         messages.success(request, f"Removed the adapter {adapter.name} (its files stay where they are).")
     return redirect(f"{reverse('model_detail', args=[model_id])}#adapters")
 

@@ -48,7 +48,7 @@ def deployment_adapter_load(request, deployment_id):
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
     else:
-        audit_record(action=AuditAction.DEPLOYMENT_STARTED, request=request,
+        audit_record(action=AuditAction.ADAPTER_LOADED, request=request,
                      target=adapter_audit_target(deployment, adapter))
         messages.success(request, f"Loaded {adapter.name}: requests for {adapter.served_name} go to this engine.")
     return redirect("deployment_detail", deployment_id=deployment.pk)
@@ -63,7 +63,7 @@ def deployment_adapter_unload(request, deployment_id, adapter_id):
     except ValidationError as error:
         messages.error(request, " ".join(error.messages))
     else:
-        audit_record(action=AuditAction.DEPLOYMENT_STOPPED, request=request,
+        audit_record(action=AuditAction.ADAPTER_UNLOADED, request=request,
                      target=adapter_audit_target(deployment, adapter))
         messages.success(request, f"Unloaded {adapter.name}.")
     return redirect("deployment_detail", deployment_id=deployment.pk)

@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from panel.channels.local_channels import adapter_channel_sync
+from panel.jobs.services import job_heartbeat
 from panel.registry.adapters import VLLM_MAX_RANKS, adapters_of
 from panel.serving.models import DeploymentAdapter, DeploymentState
 
@@ -144,6 +145,33 @@ def adapter_unload(*, deployment, adapter):
     with transaction.atomic():
         row.delete()
         adapter_channel_sync(deployment, served_name=adapter.served_name, serving=False)
+
+
+def adapters_reload(deployment):
+    """A new engine of the deployment answers (a restart after a crash, a wake), before its move to ready: load the
+    adapters the last one served from run-time loads into it, so their routes come back with the move. One the
+    engine refuses is dropped (its row, its channel), said in the deployment's log. Called by its supervisor with
+    its own row (the new engine's key, the log it appends to); these are HTTP calls, outside any transaction."""
+    back, dropped = [], []
+    for row in deployment.adapters.filter(at_start=False).select_related("adapter"):
+        adapter = row.adapter
+        try:
+            _engine_post(deployment, "load_lora_adapter", {"lora_name": adapter.served_name, "lora_path": adapter.path})
+        except AdapterLoadError as error:
+            if "already been loaded" not in str(error):  # an engine woken in place still holds it
+                log.warning("deployment #%s: adapter %s not loaded again: %s", deployment.pk, adapter.served_name,
+                            error)
+                dropped.append(f"{adapter.served_name} ({error})")
+                with transaction.atomic():
+                    row.delete()
+                    adapter_channel_sync(deployment, served_name=adapter.served_name, serving=False)
+                continue
+        back.append(adapter.served_name)
+    if back:
+        job_heartbeat(deployment, log_lines=[f"tokenwise: LoRA adapters loaded again: {', '.join(back)}"])
+    if dropped:
+        job_heartbeat(deployment, log_lines=[f"tokenwise: LoRA adapters dropped: {'; '.join(dropped)}"])
+    return back
 
 
 def adapter_audit_target(deployment, adapter):

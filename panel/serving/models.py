@@ -183,17 +183,25 @@ class Deployment(Job):
         self.adapters_follow()
 
     def adapters_follow(self):
-        """Its LoRA adapters follow its state, in the transaction of the move: ready, the profile's start adapters
-        get their rows and every loaded adapter its local channel on its route; out of ready (stopping, asleep, a
-        restart) the engine no longer holds what was loaded at run time: the rows go, their channels switch off."""
-        if self.state == DeploymentState.READY:
+        """Its LoRA adapters follow its state, in the transaction of the move. Ready: the adapters its engine was
+        started with get their rows, and every adapter its local channel on the route. Asleep or waking: the
+        channels stay on, where a request wakes the engine, as the deployment's own does. Otherwise (a restart,
+        stopping) they are off. An adapter loaded at run time keeps its row until the deployment stops or fails:
+        its next engine (after a crash or a wake) loads it again before the move to ready
+        (serving/adapters.adapters_reload)."""
+        ready = self.state == DeploymentState.READY
+        if ready:
             # What the engine was started with (its command), not what the profile says now: it may have changed.
             started = [token.split("=", 2)[1] for token in self.command or [] if token.startswith("--lora-modules=")]
+            gone = self.adapters.filter(at_start=True).exclude(adapter__served_name__in=started)
+            for served in gone.values_list("adapter__served_name", flat=True):
+                adapter_channel_sync(self, served_name=served, serving=False)
+            gone.delete()
             for adapter in LoraAdapter.objects.filter(team_id=self.team_id, served_name__in=started):
                 DeploymentAdapter.objects.get_or_create(deployment=self, adapter=adapter, defaults={"at_start": True})
         for served in self.adapters.values_list("adapter__served_name", flat=True):
-            adapter_channel_sync(self, served_name=served, serving=self.state == DeploymentState.READY)
-        if self.state != DeploymentState.READY:
+            adapter_channel_sync(self, served_name=served, serving=ready or self.sleeping)
+        if self.state in self.FINAL_STATES:
             self.adapters.all().delete()
 
     def nap_seconds(self, *, since, until):

@@ -221,6 +221,7 @@ class DeploymentHooks:
         GPU all along and its GPU hours run from there (dashboards/cost.py)."""
         now = timezone.now()
         first = Deployment.objects.filter(pk=self.deployment.pk).values_list("ready_at", flat=True).first()
+        adapters.adapters_reload(self.deployment)  # a restarted engine: what the last one loaded at run time
         job_transition(self.deployment, to=DeploymentState.READY, allowed_from=[DeploymentState.STARTING],
                        reason="GET /v1/models lists " + self.deployment.served_model_name, ready_at=first or now,
                        heartbeat_at=now, verification=verification)

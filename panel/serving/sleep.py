@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from panel.jobs.services import job_heartbeat, job_transition
 from panel.serving import drain
+from panel.serving.adapters import adapters_reload
 from panel.serving.models import Deployment, DeploymentState, Nap
 from panel.serving.supervisor import engine_root
 
@@ -145,6 +146,7 @@ class SleepHooks:
                 reason = (f"woken in {time.monotonic() - started:.1f} s: the engine kept its process in vLLM's "
                           "sleep mode")
             self.asleep_since = None
+            adapters_reload(self.deployment)  # an engine woken in place still holds them: checked all the same
             job_transition(self.deployment, to=DeploymentState.READY, allowed_from=[DeploymentState.WAKING],
                            reason=reason)
             return False

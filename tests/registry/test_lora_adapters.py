@@ -217,6 +217,13 @@ def test_the_pages_and_the_api_register_adapters_and_set_a_profiles_lora(client,
     assert "--lora-modules=tiny-tone=" in client.get(reverse("profile_detail", args=[profile.pk])).content.decode()
     assert call(client, "delete", f"/adapters/{tone.pk}", owner).status_code == 400  # loaded at start
     assert call(client, "delete", f"/adapters/{created.json()['id']}", owner).status_code == 204
+    # Registrations and removals are audited, by the page and the API alike; what was refused is not.
+    from panel.audit.models import AuditEvent
+    audited = list(AuditEvent.objects.filter(action__startswith="adapter_").order_by("pk")
+                   .values_list("action", "target", "actor_id"))
+    assert audited == [("adapter_registered", "adapter tiny-tone of tiny", alice.pk),
+                       ("adapter_registered", "adapter tiny-api of tiny", alice.pk),
+                       ("adapter_removed", "adapter tiny-api of tiny", alice.pk)]
 
 
 @pytest.mark.engine  # vLLM's own parser, in ENGINE_PYTHON

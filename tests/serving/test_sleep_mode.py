@@ -5,11 +5,7 @@ paths vLLM 0.32 serves for it with VLLM_SERVER_DEV_MODE (vllm/entrypoints/serve/
 /sleep?level=N, POST /wake_up, GET /is_sleeping, each behind the engine's key. Whether a host's engine has the sleep
 mode is its engine check's (engine/engine_probe.py; the real check on this CPU host:
 tests/benchmarks/test_engine.py)."""
-import json
-import threading
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.utils import timezone
@@ -23,73 +19,12 @@ from panel.serving.models import Deployment, DeploymentState
 from panel.serving.services import engine_sleeps, launch_argv
 from panel.serving.sleep import SleepHooks, deployment_fall_asleep, deployment_wake
 from tests.support.dashboards import make_deployment
-
-KEY = "engine-key-1234"
-
-
-class FakeSleepingEngine:
-    """The sleep-mode paths of a vLLM server, with its key; `fail` names a path that answers 500."""
-
-    def __init__(self):
-        self.calls, self.sleeping, self.fail = [], False, ""
-        engine = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _answer(self, method):
-                url = urlsplit(self.path)
-                engine.calls.append((method, url.path, parse_qs(url.query)))
-                if self.headers.get("Authorization") != f"Bearer {KEY}":
-                    return self._send(401, {"error": "Unauthorized"})
-                if url.path == engine.fail:
-                    return self._send(500, {"error": "failed"})
-                if (method, url.path) == ("POST", "/sleep"):
-                    engine.sleeping = True
-                    return self._send(200, {"status": "sleeping", "level": int(parse_qs(url.query)["level"][0])})
-                if (method, url.path) == ("POST", "/wake_up"):
-                    engine.sleeping = False
-                    return self._send(200, {"status": "awake", "tags": None})
-                if (method, url.path) == ("GET", "/is_sleeping"):
-                    return self._send(200, {"is_sleeping": engine.sleeping})
-                if (method, url.path) == ("GET", "/metrics"):  # the drain's look: nothing running
-                    body = b"vllm:prompt_tokens_total 10\nvllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    return self.wfile.write(body)
-                return self._send(404, {"error": "Not Found"})
-
-            def _send(self, status, payload):
-                body = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):
-                self._answer("GET")
-
-            def do_POST(self):
-                self._answer("POST")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def paths(self, method):
-        return [path for called, path, _ in self.calls if called == method]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+from tests.support.fake_engine import KEY, FakeEngine
 
 
 @pytest.fixture
 def engine():
-    fake = FakeSleepingEngine()
+    fake = FakeEngine()
     yield fake
     fake.close()
 
