@@ -8,6 +8,9 @@ ENGINE_PIP_EXTRA ?=
 # --no-compile: pip would compile every module of every package (torch, vLLM, transformers...) to bytecode; Python
 # compiles the ones a process imports on first use instead (the engine venv builds faster: docs/benchmarks.md).
 TW_PIP_FLAGS ?= -q --no-compile
+# Python writes the bytecode of what it imports, once, even where the machine sets PYTHONDONTWRITEBYTECODE (an empty
+# value is unset): else every panel process compiles Django and the panel again (2.5 s of CPU to import, 0.8 s after).
+export PYTHONDONTWRITEBYTECODE =
 
 .PHONY: run test test-setup test-fast lint venv engine browser claude-code codex oidc-provider helm clean-venvs help
 .DEFAULT_GOAL := help
@@ -23,11 +26,13 @@ run:
 	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed $(ENGINE_VENV)/.installed
 	@$(VENV)/bin/python -m panel.launcher
 
-# The whole suite in one run on $(TEST_WORKERS) pytest-xdist workers, each pinned to its own share of the cores with
-# everything it starts (tests/settings.py): two vLLM engines side by side then take about as long as one alone, where
-# unpinned they slowed each other many-fold (docs/benchmarks.md). The controller builds the demo model first and the
-# files of engine tests go out first (tests/conftest.py), hence --no-loadscope-reorder.
-TEST_WORKERS ?= 2
+# The whole suite in one run on $(TEST_WORKERS) pytest-xdist workers. One per core at most is pinned to its own share
+# of the cores with everything it starts (tests/settings.py): two vLLM engines side by side then take about as long as
+# one alone, where unpinned they slowed each other many-fold (docs/benchmarks.md). Only those run files of engine
+# tests; the third runs the other files, which mostly wait (the two alone kept the cores 38% busy on them). The
+# controller builds the demo model first and the files of engine tests go out first (tests/conftest.py), hence
+# --no-loadscope-reorder.
+TEST_WORKERS ?= 3
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # What the suite needs is set up three at a time: the two venvs side by side (pip unpacks on one core), apt and npm

@@ -185,6 +185,12 @@ def pytest_collection_modifyitems(session, config, items):
         browser = 0 if item.get_closest_marker("browser") else 1
         weight[file] = min(weight.get(file, (2, 1)), (heavy, browser))
     items.sort(key=lambda item: weight[item.nodeid.split("::")[0]])
+    listed = os.environ.get("TOKENWISE_ENGINE_FILES")
+    if listed and hasattr(config, "workerinput"):  # every worker collects the same: the last write is as good
+        engine = sorted(file for file, (heavy, _) in weight.items() if heavy == 0)
+        scratch = Path(f"{listed}.{config.workerinput['workerid']}")
+        scratch.write_text("\n".join(engine))
+        scratch.replace(listed)
 
 
 # Markers by the fixtures a test uses (its whole fixture closure), so that a new test is marked by what it needs:
@@ -220,19 +226,50 @@ def shared_engine_files_check(items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile`, with the files of the shared engine's tests as one unit: one worker starts that engine."""
+    """`--dist loadfile`, with the files of the shared engine's tests as one unit: one worker starts that engine.
+    Files of engine tests go only to the workers pinned to cores of their own (tests/settings.py); a worker past
+    those takes the first file without engine tests, and waits idle when only engine files are left."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    from tests.settings import engine_workers
     from tests.support.shared_engine import SHARED_ENGINE_FILES
+
+    count = config.getvalue("numprocesses")
+    pinned = engine_workers(count if isinstance(count, int) else 1, len(os.sched_getaffinity(0)))
 
     class SharedEngineTogether(LoadFileScheduling):
         def _split_scope(self, nodeid):
             file = super()._split_scope(nodeid)
             return "shared-engine" if file in SHARED_ENGINE_FILES else file
 
+        def _assign_work_unit(self, node):
+            if int(node.workerinput["workerid"].removeprefix("gw")) >= pinned:
+                engine = engine_files()
+                light = next((scope for scope in self.workqueue
+                              if scope not in engine and scope != "shared-engine"), None)
+                if light is None:
+                    return
+                self.workqueue.move_to_end(light, last=False)
+            super()._assign_work_unit(node)
+
     return SharedEngineTogether(config, log)
+
+
+def engine_files():
+    """The files holding engine tests, as the workers' collection wrote them (pytest_collection_modifyitems)."""
+    path = os.environ.get("TOKENWISE_ENGINE_FILES")
+    try:
+        return set(Path(path).read_text().split()) if path else set()
+    except OSError:
+        return set()
+
+
+def pytest_configure(config):
+    """The controller of an xdist run names the file where the workers write which files hold engine tests."""
+    if not hasattr(config, "workerinput") and "TOKENWISE_ENGINE_FILES" not in os.environ:
+        os.environ["TOKENWISE_ENGINE_FILES"] = str(DATA_DIR / "engine-files.txt")
 
 
 # One Chromium for the whole run: the fixtures live here, not in each browser test module, because a second

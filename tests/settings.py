@@ -36,17 +36,25 @@ def _own_slot_for_this_xdist_worker():
 
 
 def _own_cores(index, count):
-    """Each worker and everything it starts (engines, Celery workers, Chromium inherit the affinity) run on their own
-    share of the cores, and a vLLM engine binds its OpenMP threads to that share: two engines on two cores then take
-    about as long side by side as one alone, where unpinned their spinning threads slowed each other many-fold
-    (docs/benchmarks.md)."""
+    """The first workers, one per core at most (`engine_workers`), each run with everything they start (engines,
+    Celery workers, Chromium inherit the affinity) on their own share of the cores, and a vLLM engine binds its
+    OpenMP threads to that share: two engines on two cores then take about as long side by side as one alone, where
+    unpinned their spinning threads slowed each other many-fold (docs/benchmarks.md). A worker past those runs on
+    every core and gets no file of engine tests (tests/conftest.py): the files it runs mostly wait (on timeouts,
+    worker starts, a browser), and it fills the cores the engine workers leave idle."""
     cores = sorted(os.sched_getaffinity(0))
-    if count < 2 or len(cores) < count:
+    workers = engine_workers(count, len(cores))
+    if workers < 2 or index >= workers:
         return
-    share = len(cores) // count
-    mine = cores[index * share:(index + 1) * share] if index < count else cores
+    share = len(cores) // workers
+    mine = cores[index * share:(index + 1) * share]
     os.sched_setaffinity(0, mine)
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, mine))
+
+
+def engine_workers(count, cores):
+    """How many of `count` xdist workers run files of engine tests: one per core at most."""
+    return min(count, cores)
 
 
 _own_slot_for_this_xdist_worker()
