@@ -1,6 +1,7 @@
 """Runs inside the engine venv: measure a model's quality the way vLLM will serve it.
 
-    ENGINE_PYTHON -m engine.evaluate --model DIR [--model DIR ...] [--file PROMPTS.jsonl] [--max-tokens 4096]
+    ENGINE_PYTHON -m engine.evaluate --model DIR [--model DIR ...] [--lora ADAPTER_DIR ...] [--lora-only]
+                                     [--file PROMPTS.jsonl] [--max-tokens 4096]
 
 For each model, in a process of its own (one engine at a time, all of its memory back between models), vLLM's
 offline engine loads the checkpoint exactly as a deployment would (its quantization from config.json) and:
@@ -14,6 +15,12 @@ offline engine loads the checkpoint exactly as a deployment would (its quantizat
   true), answered greedily; an expected answer counts when the output starts with it;
 - speed on this host's engine, one request at a time: time to the first token and tokens per second after it;
 - the size on disk.
+
+`--lora ADAPTER_DIR` (PEFT's adapter_config.json + adapter_model.safetensors) also measures the first --model with
+that LoRA adapter applied, in a process of its own: vLLM's offline engine with LoRA on (one adapter slot more than
+used: on a CPU a request without an adapter takes the last slot, which must stay empty) and the adapter's request on
+every call, the perplexity's prompt log-probabilities included. Its result carries "adapter": ADAPTER_DIR.
+`--lora-only`: the first --model is measured only with its adapters (its own measurement is kept from before).
 
 A checkpoint vLLM cannot load at all (2- or 3-bit weights, kept for comparison) is measured the same way with
 transformers instead (compressed-tensors decompresses it), and its result says so ("engine": "transformers").
@@ -41,6 +48,9 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # loading bars would fold into the j
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 MAX_FILE_PROMPTS = 200
+# vLLM's --max-lora-rank takes one of these (vllm/config/lora.py, MaxLoRARanks); panel/registry/adapters.py holds the
+# same list for the registration's check.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class EvaluationError(RunnerError):
@@ -50,6 +60,10 @@ class EvaluationError(RunnerError):
 def parse_args(argv):
     parser = JsonArgumentParser(description="Evaluate models as vLLM serves them.")
     parser.add_argument("--model", action="append", required=True, type=Path)
+    parser.add_argument("--lora", action="append", default=[], type=Path,
+                        help="also measure the first --model with this LoRA adapter applied (repeatable)")
+    parser.add_argument("--lora-only", action="store_true",
+                        help="measure the first --model only with its adapters, not on its own")
     parser.add_argument("--file", type=Path, default=None)
     parser.add_argument("--max-tokens", type=int, default=4096, help="held-out tokens for the perplexity")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one model, no relay
@@ -84,12 +98,13 @@ def read_prompt_file(path):
     return items
 
 
-def perplexity(llm, windows, SamplingParams):
+def perplexity(llm, windows, SamplingParams, lora=None):
     """(perplexity, tokens scored, the most likely token at each scored position)."""
     import math
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0)
-    outputs = llm.generate([{"prompt_token_ids": window} for window in windows], params, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": window} for window in windows], params, use_tqdm=False,
+                           lora_request=lora)
     total, count, argmax = 0.0, 0, []
     for window, output in zip(windows, outputs):
         for position, entry in enumerate(output.prompt_logprobs or []):
@@ -112,13 +127,31 @@ def vllm_can_load(config):
     return bits <= {4, 8, None}
 
 
-def evaluate_one(model_dir, *, file_items, max_tokens):
+def lora_rank(adapter_dir):
+    """The smallest --max-lora-rank vLLM takes that holds the adapter's rank (adapter_config.json's `r`)."""
+    try:
+        rank = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8")).get("r")
+    except (OSError, ValueError) as error:
+        raise EvaluationError("failed", f"the adapter's adapter_config.json cannot be read: {error}") from None
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise EvaluationError("failed", "the adapter's adapter_config.json has no rank (r) as a whole number above 0")
+    fitting = [allowed for allowed in LORA_RANKS if allowed >= rank]
+    if not fitting:
+        raise EvaluationError("failed", f"the adapter's rank {rank} is above vLLM's largest, {LORA_RANKS[-1]}")
+    return fitting[0]
+
+
+def evaluate_one(model_dir, *, file_items, max_tokens, adapter_dir=None):
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     if not vllm_can_load(config):
+        if adapter_dir is not None:
+            raise EvaluationError("unsupported_quantization", f"vLLM cannot load {model_dir.name} (2- or 3-bit "
+                                                              "weights): its adapters cannot be measured on it")
         return evaluate_transformers.evaluate_one(model_dir, config=config, file_items=file_items,
                                                   max_tokens=max_tokens)
     started = time.monotonic()
-    say(phase=f"loading {model_dir.name} in vLLM", progress=5)
+    label = model_dir.name + (f" with the adapter {adapter_dir.name}" if adapter_dir else "")
+    say(phase=f"loading {label} in vLLM", progress=5)
     import torch
     from vllm import LLM, SamplingParams
 
@@ -126,12 +159,21 @@ def evaluate_one(model_dir, *, file_items, max_tokens):
     if compute is not None:
         say(log=compute_dtype.describe(torch, "cpu"))
     max_positions = int(config.get("max_position_embeddings") or 2048)
+    lora_options, lora = {}, None
+    if adapter_dir is not None:
+        from vllm.lora.request import LoRARequest
+
+        # One slot more than used: a request without an adapter takes the last slot on a CPU, kept empty.
+        lora_options = {"enable_lora": True, "max_loras": 2, "max_lora_rank": lora_rank(adapter_dir)}
+        lora = LoRARequest(lora_name="measured-adapter", lora_int_id=1, lora_path=str(adapter_dir))
     llm = LLM(model=str(model_dir), enforce_eager=True, max_model_len=min(2048, max_positions), seed=0,
               max_num_seqs=16, trust_remote_code=False, gpu_memory_utilization=0.5,
-              dtype="float32" if compute is not None else "auto")
+              dtype="float32" if compute is not None else "auto", **lora_options)
     tokenizer = llm.get_tokenizer()
     result = {"path": str(model_dir), "size_bytes": folder_size(model_dir), "engine": "vllm",
               "quantization": (config.get("quantization_config") or {}).get("quant_method") or "none"}
+    if adapter_dir is not None:
+        result.update(adapter=str(adapter_dir), size_bytes=result["size_bytes"] + folder_size(adapter_dir))
     if not torch.cuda.is_available():
         # On a CPU, whether this processor's int8 products are exact: W8A8 measured where they saturate is worse
         # than the same model on a GPU (the report says so).
@@ -139,43 +181,46 @@ def evaluate_one(model_dir, *, file_items, max_tokens):
 
     say(phase="perplexity on held-out text", progress=40)
     windows = held_out_windows(tokenizer, max_tokens)
-    result["perplexity"], result["tokens_scored"], result["argmax"] = perplexity(llm, windows, SamplingParams)
+    result["perplexity"], result["tokens_scored"], result["argmax"] = perplexity(llm, windows, SamplingParams, lora)
 
     say(phase="greedy continuations", progress=60)
     greedy = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0)
-    outputs = llm.generate(list(evaluation_text.AGREEMENT_PROMPTS), greedy, use_tqdm=False)
+    outputs = llm.generate(list(evaluation_text.AGREEMENT_PROMPTS), greedy, use_tqdm=False, lora_request=lora)
     result["greedy"] = [list(output.outputs[0].token_ids) for output in outputs]
 
     say(phase="the task set", progress=70)
     items = quality_tasks.tasks()
     answers = llm.chat([item["messages"] for item in items],
-                       SamplingParams(max_tokens=quality_tasks.ANSWER_TOKENS, temperature=0.0), use_tqdm=False)
+                       SamplingParams(max_tokens=quality_tasks.ANSWER_TOKENS, temperature=0.0), use_tqdm=False,
+                       lora_request=lora)
     result["tasks"] = quality_tasks.score(items, [answer.outputs[0].text for answer in answers])
 
     say(phase="speed, one request at a time", progress=80)
 
     def generate(prompt, tokens):
         params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-        return len(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+        return len(llm.generate([prompt], params, use_tqdm=False, lora_request=lora)[0].outputs[0].token_ids)
 
     result["speed"] = speed(generate)
     if file_items:
         say(phase=f"{len(file_items)} prompts of the evaluation file", progress=85)
-        result["file"] = answer_file(llm, tokenizer, file_items, SamplingParams)
+        result["file"] = answer_file(llm, file_items, SamplingParams, lora)
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
 
 
-def answer_file(llm, tokenizer, items, SamplingParams):
+def answer_file(llm, items, SamplingParams, lora=None):
     params = SamplingParams(max_tokens=FILE_TOKENS, temperature=0.0)
     chats = [item for item in items if "messages" in item]
     plain = [item for item in items if "messages" not in item]
     texts = {}
     if chats:
-        for item, answer in zip(chats, llm.chat([item["messages"] for item in chats], params, use_tqdm=False)):
+        answers = llm.chat([item["messages"] for item in chats], params, use_tqdm=False, lora_request=lora)
+        for item, answer in zip(chats, answers):
             texts[id(item)] = answer.outputs[0].text
     if plain:
-        for item, answer in zip(plain, llm.generate([item["prompt"] for item in plain], params, use_tqdm=False)):
+        answers = llm.generate([item["prompt"] for item in plain], params, use_tqdm=False, lora_request=lora)
+        for item, answer in zip(plain, answers):
             texts[id(item)] = answer.outputs[0].text
     return file_result(items, [texts[id(item)] for item in items])
 
@@ -192,10 +237,13 @@ def classify(text):
     return "failed"
 
 
-def run_child(model_dir, args, index, count):
-    """Evaluate one model in a child process; relay its phases scaled into this model's share of the bar."""
+def run_child(model_dir, args, index, count, adapter_dir=None):
+    """Evaluate one model (with `adapter_dir` applied, if given) in a child process; relay its phases scaled into
+    this measurement's share of the bar."""
     argv = [sys.executable, "-m", "engine.evaluate", "--one", "--model", str(model_dir),
             "--max-tokens", str(args.max_tokens)]
+    if adapter_dir is not None:
+        argv += ["--lora", str(adapter_dir)]
     if args.file:
         argv += ["--file", str(args.file)]
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -230,7 +278,8 @@ def run_child(model_dir, args, index, count):
     text = "\n".join(tail)
     kind = classify(text)
     last = next((line for line in reversed(tail) if "Error" in line or "error" in line), tail[-1] if tail else "")
-    raise EvaluationError(kind, f"vLLM could not evaluate {model_dir.name} (exit {code}): {last[:600]}")
+    what = model_dir.name + (f" with the adapter {adapter_dir.name}" if adapter_dir is not None else "")
+    raise EvaluationError(kind, f"vLLM could not evaluate {what} (exit {code}): {last[:600]}")
 
 
 def main(argv=None):
@@ -242,9 +291,18 @@ def evaluate(args):
     missing = [str(path) for path in args.model if not (path / "config.json").is_file()]
     if missing:
         raise EvaluationError("failed", f"not a model folder (no config.json): {', '.join(missing)}")
+    missing = [str(path) for path in args.lora if not (path / "adapter_config.json").is_file()]
+    if missing:
+        raise EvaluationError("failed", f"not a LoRA adapter (no adapter_config.json): {', '.join(missing)}")
+    if args.lora_only and not args.lora:
+        raise EvaluationError("failed", "--lora-only needs at least one --lora")
     if args.one:
-        return evaluate_one(args.model[0].absolute(), file_items=file_items, max_tokens=args.max_tokens)
-    models = [run_child(path.absolute(), args, index, len(args.model)) for index, path in enumerate(args.model)]
+        return evaluate_one(args.model[0].absolute(), file_items=file_items, max_tokens=args.max_tokens,
+                            adapter_dir=args.lora[0].absolute() if args.lora else None)
+    plain = args.model[1:] if args.lora_only else args.model
+    runs = [(path, None) for path in plain] + [(args.model[0], adapter) for adapter in args.lora]
+    models = [run_child(path.absolute(), args, index, len(runs), adapter.absolute() if adapter else None)
+              for index, (path, adapter) in enumerate(runs)]
     say(phase="done", progress=100)
     return {"models": models, "file": str(args.file) if args.file else None}
 

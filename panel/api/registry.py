@@ -1,6 +1,6 @@
 """Models, their quantization jobs and quality reports (as on Models and Quantization): register, read, quantize,
-follow a job, cancel it, read its result (the quantized child model), measure a model's quality report, and check a
-model as a model again (Re-check)."""
+follow a job, cancel it, read its result (the quantized child model), measure a model's quality report (or a LoRA
+adapter's on it, against the model alone), and check a model as a model again (Re-check)."""
 import datetime
 from typing import Any
 
@@ -19,7 +19,7 @@ from panel.registry import memory
 from panel.registry.forms import EvaluationForm, ModelRegisterForm, QuantizationForm
 from panel.registry.model_check import model_check_launch
 from panel.registry.models import EvaluationJob, ModelCheckJob, QuantizationJob, RegisteredModel
-from panel.registry.quality import evaluation_from_form
+from panel.registry.quality import evaluation_audit_name, evaluation_from_form
 from panel.registry.services import model_register, quantization_cancel, quantization_from_form, quantization_refusal
 
 router = Router(tags=["models and quantization"])
@@ -157,6 +157,7 @@ EvaluationLaunch = schema_from_form(EvaluationForm, "EvaluationLaunch", extra={
 class EvaluationJobOut(JobOut):
     model_id: int
     baseline_id: int | None
+    adapter_id: int | None = Field(description="The LoRA adapter measured on the model, against the model alone.")
     host_id: int | None
     inputs_key: str
     result: dict[str, Any] = Field(description="The measured report (perplexity, agreement, JSON validity) once done.")
@@ -175,14 +176,15 @@ def evaluation_out(job, *, detail=False):
 
 
 @router.post("/models/{model_id}/evaluate", auth=gate("models.evaluate"), response=errors({201: EvaluationJobOut}),
-             summary="A quality report: measure the model against its parent (or another model) on a GPU worker")
+             summary="A quality report: measure the model against its parent (or another model), or the model with "
+                     "one of its LoRA adapters applied against the model alone, on a GPU worker")
 def evaluation_launch_op(request, model_id: int, body: EvaluationLaunch):
     model = get_object_or_404(RegisteredModel.objects.select_related("parent"), pk=model_id, team=request.team)
     text = body.prompt_text
     form = validated(EvaluationForm, body.dict(exclude={"prompt_text"}, exclude_unset=True), model=model,
                      files={"prompt_file": text_file("prompts.jsonl", text)} if text else None)
     job = evaluation_from_form(team=request.team, user=request.user, model=model, form=form)
-    audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"quality report #{job.pk}")
+    audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=evaluation_audit_name(job))
     return Status(201, evaluation_out(job))
 
 
@@ -197,7 +199,7 @@ def evaluation_get(request, job_id: int):
 def evaluation_cancel_op(request, job_id: int):
     job = get_object_or_404(EvaluationJob.objects.filter(team=request.team), pk=job_id)
     if job_cancel(job, actor=request.user):
-        audit_record(action=AuditAction.JOB_CANCELLED, request=request, target=f"quality report #{job.pk}")
+        audit_record(action=AuditAction.JOB_CANCELLED, request=request, target=evaluation_audit_name(job))
     return evaluation_out(get_object_or_404(EvaluationJob.objects.filter(team=request.team), pk=job_id))
 
 

@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from panel.registry.inspection import CheckpointError, folder_size, read_json, safetensors_header
-from panel.registry.models import LoraAdapter, ModelState
+from panel.registry.models import EvaluationJob, LoraAdapter, ModelState
 from panel.registry.services import folder_check, resolve_source
 
 CONFIG = "adapter_config.json"
@@ -224,8 +224,8 @@ def adapter_register(*, team, user, base, source, name="", served_name=""):
 
 
 def adapter_delete(*, adapter):
-    """Remove the registration (the files stay). Refused while a serving profile loads it at start or an engine
-    serves it."""
+    """Remove the registration and its quality reports (the files stay). Refused while a serving profile loads it at
+    start, an engine serves it or a report measures it."""
     profiles = list(adapter.serving_profiles.values_list("name", flat=True))
     if profiles:
         which = (f"the serving profile {profiles[0]}" if len(profiles) == 1
@@ -234,6 +234,10 @@ def adapter_delete(*, adapter):
     running = list(adapter.deployments.values_list("deployment_id", flat=True))
     if running:
         raise ValidationError(f"{adapter.name} is loaded on deployment #{running[0]}: unload it there first.")
+    report = adapter.evaluation_jobs.filter(state__in=EvaluationJob.ACTIVE_STATES).first()
+    if report is not None:
+        raise ValidationError(f"{adapter.name} is being measured (quality report #{report.pk}): wait for it to end "
+                              "or cancel it first.")
     adapter.delete()
 
 
@@ -245,5 +249,4 @@ def adapter_audit_name(adapter):
 def adapters_of(model):
     """The adapters a deployment of `model` may serve: those registered on it, or on the model it was quantized
     from (an adapter trained on the full-precision weights runs on a quantized copy)."""
-    bases = [model.pk] + ([model.parent_id] if model.parent_id and model.is_quantized else [])
-    return LoraAdapter.objects.filter(team=model.team_id, base__in=bases).order_by("name")
+    return LoraAdapter.objects.filter(team=model.team_id, base__in=model.adapter_bases).order_by("name")

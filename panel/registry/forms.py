@@ -4,6 +4,7 @@ from django.core.exceptions import ValidationError
 from panel.core.regexes import PatternError, user_regex
 from panel.hosts.models import WorkerHost
 from panel.hosts.services import gpu_hosts_online
+from panel.registry.adapters import adapters_of
 from panel.registry.models import CalibrationSource, RegisteredModel
 from panel.registry.quality import engine_of, prompt_file_check
 from panel.registry.schemes import (
@@ -214,6 +215,12 @@ def best_scheme(hosts):
 class EvaluationForm(forms.Form):
     baseline = forms.ModelChoiceField(queryset=None, required=False, label="Compare with",
                                       empty_label="its parent", help_text="Any other model of this team.")
+    adapter = forms.ModelChoiceField(
+        queryset=None, required=False, widget=forms.HiddenInput, label="LoRA adapter",
+        error_messages={"invalid_choice": "No such adapter runs on this model: choose one registered on it or on the "
+                                          "model it was quantized from."},
+        help_text="A LoRA adapter that runs on this model: the report measures the model with it applied against "
+                  "the model alone (leave the model to compare with empty).")
     prompt_file = forms.FileField(required=False, label="Your own prompts (optional)",
                                   help_text="JSONL: {\"prompt\": ...} or {\"messages\": [...]}, optionally "
                                             "\"expected\" and \"json\": true; up to 200 lines.")
@@ -224,12 +231,16 @@ class EvaluationForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.model = model
         self.fields["baseline"].queryset = RegisteredModel.objects.filter(team=model.team).exclude(pk=model.pk)
+        self.fields["adapter"].queryset = adapters_of(model)
         self.fields["host"].queryset = WorkerHost.objects.filter(kind="gpu").order_by("host")
         self.prompt_data = None
 
     def clean(self):
         cleaned = super().clean()
-        if cleaned.get("baseline") is None and self.model.parent is None:
+        if cleaned.get("adapter") is not None:
+            if cleaned.get("baseline") is not None:
+                self.add_error("baseline", f"An adapter is compared with {self.model.name} alone: leave this empty.")
+        elif cleaned.get("baseline") is None and self.model.parent is None and "adapter" not in self.errors:
             self.add_error("baseline", f"{self.model.name} has no parent: choose the model to compare it with.")
         upload = cleaned.get("prompt_file")
         if upload:

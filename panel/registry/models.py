@@ -77,6 +77,12 @@ class RegisteredModel(models.Model):
         return " ".join(part for part in [method, f"{bits}-bit" if bits else "", f"g{group}" if group else ""] if part)
 
     @property
+    def adapter_bases(self):
+        """The models whose LoRA adapters run on this one: itself, and the model it was quantized from (an adapter
+        trained on the full-precision weights runs on a quantized copy)."""
+        return [self.pk] + ([self.parent_id] if self.parent_id and self.is_quantized else [])
+
+    @property
     def size_reduction(self):
         """1 - size / parent's size, for a derived model."""
         if self.parent is None or not self.parent.size_bytes:
@@ -142,9 +148,12 @@ class QuantizationJob(Job):
 
 class ModelEvaluation(models.Model):
     """One model measured as vLLM serves it, on one set of inputs (`inputs_key`: "builtin", or a prompt file's
-    digest): what the quality report compares between a quantized model, its parent and its siblings."""
+    digest): what the quality report compares between a quantized model, its parent and its siblings. With an
+    `adapter`, the model measured with that LoRA adapter applied, compared with the model's own measurement."""
 
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="evaluations")
+    adapter = models.ForeignKey("registry.LoraAdapter", null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="evaluations")
     job = models.ForeignKey("registry.EvaluationJob", null=True, blank=True, on_delete=models.SET_NULL,
                             related_name="evaluations")
     inputs_key = models.CharField(max_length=80, default="builtin-tasks")  # quality.BUILTIN
@@ -176,14 +185,28 @@ class ModelEvaluation(models.Model):
         right, total = self.task_counts
         return 100.0 * right / total if total else None
 
+    @property
+    def file_counts(self):
+        """(matched, total) of the evaluation file's expected answers; (0, 0) without a file or expected answers."""
+        file = self.details.get("file") or {}
+        return file.get("expected_matched", 0), file.get("expected_total", 0)
+
+    @property
+    def file_percent(self):
+        matched, total = self.file_counts
+        return 100.0 * matched / total if total else None
+
 
 class EvaluationJob(Job):
     """A quality report: `model` and `baseline` (its parent, or any model of the team) evaluated on the same
-    inputs on a GPU worker; a model already measured on those inputs is not measured again."""
+    inputs on a GPU worker; a model already measured on those inputs is not measured again. With an `adapter`: the
+    model with that LoRA adapter applied against the model alone (no baseline)."""
 
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="evaluation_jobs")
     baseline = models.ForeignKey(RegisteredModel, null=True, blank=True, on_delete=models.CASCADE,
                                  related_name="+")
+    adapter = models.ForeignKey("registry.LoraAdapter", null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="evaluation_jobs")
     host = models.ForeignKey("hosts.WorkerHost", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     prompt_file = models.CharField(max_length=1000, blank=True)
     prompt_file_name = models.CharField(max_length=255, blank=True)
@@ -194,6 +217,8 @@ class EvaluationJob(Job):
         pass
 
     def __str__(self):
+        if self.adapter_id:
+            return f"quality report of the adapter {self.adapter} on {self.model}"
         against = f" against {self.baseline}" if self.baseline_id else ""
         return f"quality report of {self.model}{against}"
 

@@ -1,9 +1,11 @@
 """Quality reports: a model measured as vLLM serves it (engine/evaluate.py, on a GPU worker, in the engine venv),
-compared with its parent and its siblings on the same inputs.
+compared with its parent and its siblings on the same inputs; or a LoRA adapter, measured on the model it runs on,
+compared with that model alone.
 
 A model is measured once per set of inputs ("builtin", or a prompt file's digest): a second report against the
 same parent reuses the parent's numbers, so every sibling (AWQ, W8A8, FP8 of one model) is compared with the same
-parent measurement."""
+parent measurement. A model with an adapter applied is a measurement of its own (ModelEvaluation.adapter), never
+taken for the model's."""
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -97,36 +99,75 @@ def serving_refusal(model, host):
     return None
 
 
-def unmeasured(models, inputs_key):
+def unmeasured(models, inputs_key, adapter=None):
+    """Those of `models` not measured on `inputs_key` yet: alone, or with `adapter` applied when one is given (the
+    two are different measurements)."""
     return [model for model in models
-            if not ModelEvaluation.objects.filter(model=model, inputs_key=inputs_key).exists()]
+            if not ModelEvaluation.objects.filter(model=model, adapter=adapter, inputs_key=inputs_key).exists()]
 
 
-def evaluation_launch(*, team, user, model, baseline=None, host=None, prompt_file="", prompt_file_name="",
-                      inputs_key=BUILTIN, enqueue=True):
-    """Queue a quality report of `model` against `baseline` (default: its parent). Raises ValidationError,
-    saving nothing, when a model is another team's, the two are one, or the host cannot serve one of them."""
-    baseline = baseline if baseline is not None else model.parent
-    for candidate in (model, baseline):
-        if candidate is not None and candidate.team_id != team.pk:
-            raise ValidationError("Both models must belong to this team.")
+def adapter_refusal(adapter, *, team, model, baseline):
+    """Why a report of `adapter` on `model` cannot be queued, or None."""
+    if adapter.team_id != team.pk:
+        return "The adapter must belong to this team."
+    if adapter.base_id not in model.adapter_bases:
+        return (f"The adapter {adapter.name} was registered on {adapter.base.name}: it runs on that model or a "
+                f"quantized copy of it, not on {model.name}.")
+    if baseline is not None and baseline.pk != model.pk:
+        return (f"An adapter is compared with the model it runs on ({model.name}) alone: leave out the model to "
+                f"compare with.")
+    if (model.quantization or {}).get("bits") in (2, 3):
+        return f"vLLM cannot load {model.name} (2- or 3-bit weights): an adapter cannot be measured on it."
+    return None
+
+
+def report_baseline(*, team, model, baseline=None, adapter=None, host=None):
+    """The model a report of `model` is compared with (`baseline`, default its parent; None for an adapter's report,
+    compared with `model` alone), or ValidationError when a model or the adapter is another team's, the two models
+    are one, the adapter does not run on `model`, or the host cannot serve a model."""
+    if model.team_id != team.pk:
+        raise ValidationError("Both models must belong to this team.")
+    if adapter is not None:
+        refusal = adapter_refusal(adapter, team=team, model=model, baseline=baseline)
+        if refusal:
+            raise ValidationError(refusal)
+        baseline = None
+    else:
+        baseline = baseline if baseline is not None else model.parent
+    if baseline is not None and baseline.team_id != team.pk:
+        raise ValidationError("Both models must belong to this team.")
     if baseline is not None and baseline.pk == model.pk:
         raise ValidationError("Compare the model with another model, not with itself.")
     for candidate in (model, baseline):
         refusal = serving_refusal(candidate, host) if candidate is not None else None
         if refusal:
             raise ValidationError(refusal)
+    return baseline
+
+
+def evaluation_launch(*, team, user, model, baseline=None, adapter=None, host=None, prompt_file="",
+                      prompt_file_name="", inputs_key=BUILTIN, enqueue=True):
+    """Queue a quality report of `model` against `baseline` (default: its parent), or, with a LoRA `adapter`, of
+    `model` with the adapter applied against `model` alone. Raises ValidationError (report_baseline's), saving
+    nothing."""
+    baseline = report_baseline(team=team, model=model, baseline=baseline, adapter=adapter, host=host)
     measured = unmeasured([m for m in (baseline, model) if m is not None], inputs_key)
     with transaction.atomic():
         job = EvaluationJob.objects.create(
-            team=team, created_by=user, model=model, baseline=baseline, host=host, prompt_file=str(prompt_file),
-            prompt_file_name=prompt_file_name[:255], inputs_key=inputs_key, measured=[m.pk for m in measured],
-            queue=host.host_queue if host else "gpu")
-        job_created(job, actor=user, reason=f"quality report of {model.name}"
-                                            + (f" against {baseline.name}" if baseline else "") + " requested")
+            team=team, created_by=user, model=model, baseline=baseline, adapter=adapter, host=host,
+            prompt_file=str(prompt_file), prompt_file_name=prompt_file_name[:255], inputs_key=inputs_key,
+            measured=[m.pk for m in measured], queue=host.host_queue if host else "gpu")
+        job_created(job, actor=user, reason=f"{job} requested")
         if enqueue:
             job_enqueue(job, "panel.registry.tasks.run_evaluation")
     return job
+
+
+def evaluation_audit_name(job):
+    """How a quality report is named in the audit log, by the pages and the API alike."""
+    if job.adapter_id:
+        return f"quality report #{job.pk} of the adapter {job.adapter.served_name} on {job.model.name}"
+    return f"quality report #{job.pk}"
 
 
 def evaluation_after_quantization(*, job, model):
@@ -144,22 +185,37 @@ def evaluation_after_quantization(*, job, model):
 
 # --- running ------------------------------------------------------------------------------------------------
 
+def adapter_due(job):
+    """Whether the job's model still has to be measured with the job's adapter applied."""
+    return job.adapter_id is not None and bool(unmeasured([job.model], job.inputs_key, job.adapter))
+
+
 def evaluation_argv(job):
+    """The engine's command: each model of `job.measured` alone and, where the job's adapter is still to be
+    measured, the job's model (the first --model) with it applied (--lora; --lora-only when the model alone was
+    measured before)."""
     models = RegisteredModel.objects.in_bulk(job.measured)
+    paths = [models[model_id].path for model_id in job.measured]
+    lora = []
+    if adapter_due(job):
+        lora = ["--lora", job.adapter.path] + ([] if job.model_id in job.measured else ["--lora-only"])
+        paths = [job.model.path] + [path for path in paths if path != job.model.path]
     argv = processes.engine_argv(settings.ENGINE_PYTHON, "evaluate")
-    for model_id in job.measured:
-        argv += ["--model", models[model_id].path]
+    for path in paths:
+        argv += ["--model", path]
+    argv += lora
     if job.prompt_file:
         argv += ["--file", job.prompt_file]
     return argv
 
 
 def evaluation_execute(*, job_id, worker):
-    """Body of the evaluation task: measure, in the engine venv, the models of job `job_id` not yet measured."""
-    job = EvaluationJob.objects.select_related("model", "baseline").get(pk=job_id)
+    """Body of the evaluation task: measure, in the engine venv, what job `job_id` asks for that is not measured
+    yet (its models alone, its model with its adapter)."""
+    job = EvaluationJob.objects.select_related("model", "baseline", "adapter").get(pk=job_id)
     job.measured = [m.pk for m in unmeasured(RegisteredModel.objects.filter(pk__in=job.measured),
                                              job.inputs_key)]
-    if not job.measured:  # measured meanwhile (by another report): nothing to run
+    if not job.measured and not adapter_due(job):  # measured meanwhile (by another report): nothing to run
         if job_claim(job, worker=worker):
             job_succeed(job, result={"models": [], "reused": True})
         return True
@@ -169,17 +225,36 @@ def evaluation_execute(*, job_id, worker):
                    time_limit=settings.EVALUATION_TIME_LIMIT_SECONDS, on_success=evaluation_record)
 
 
+def same_folder(measured_path, stored_path):
+    return bool(measured_path) and (measured_path == stored_path
+                                    or Path(measured_path).resolve() == Path(stored_path).resolve())
+
+
+def measured_subject(job, measured, by_path):
+    """(model, adapter) of one measurement in the engine's result, or ValueError for one the job did not ask for."""
+    path, adapter_path = measured.get("path"), measured.get("adapter")
+    if adapter_path:
+        if job.adapter_id is None or not same_folder(adapter_path, job.adapter.path) \
+                or not same_folder(path, job.model.path):
+            raise ValueError(f"the evaluation measured {path} with the adapter {adapter_path}, which this job did "
+                             "not ask for")
+        return job.model, job.adapter
+    model = by_path.get(path) or by_path.get(str(Path(path or "").resolve()))
+    if model is None:
+        raise ValueError(f"the evaluation measured {path}, which this job did not ask for")
+    return model, None
+
+
 def evaluation_record(job, result):
-    """One ModelEvaluation per measured model, in one transaction with nothing else: the report reads them."""
+    """One ModelEvaluation per measurement (a model alone, or the job's model with the job's adapter), in one
+    transaction with nothing else: the report reads them."""
     by_path = {model.path: model for model in RegisteredModel.objects.filter(pk__in=job.measured)}
     with transaction.atomic():
         for measured in result.get("models") or []:
-            model = by_path.get(measured.get("path")) or by_path.get(str(Path(measured.get("path", "")).resolve()))
-            if model is None:
-                raise ValueError(f"the evaluation measured {measured.get('path')}, which this job did not ask for")
+            model, adapter = measured_subject(job, measured, by_path)
             json_right, json_total = ((measured.get("tasks") or {}).get("kinds") or {}).get("json", [0, 0])
             ModelEvaluation.objects.create(
-                model=model, job=job, inputs_key=job.inputs_key, perplexity=measured["perplexity"],
+                model=model, adapter=adapter, job=job, inputs_key=job.inputs_key, perplexity=measured["perplexity"],
                 tokens_scored=measured["tokens_scored"], json_valid=json_right, json_total=json_total,
                 size_bytes=measured["size_bytes"],
                 details={key: measured.get(key) for key in ("argmax", "greedy", "tasks", "speed", "file", "seconds",
@@ -206,6 +281,9 @@ class Comparison:
     json_drop: float | None = None  # points of the JSON tasks answered right
     task_drop: float | None = None  # points of the other tasks answered right
     same_answers: float | None = None  # percent of the task set answered word for word as the baseline did
+    # Points of the evaluation file's expected answers gained (the user's own prompts: shown, not judged; an
+    # adapter is meant to change them).
+    file_gain: float | None = None
     size_ratio: float | None = None
     flags: tuple = ()
     verdict: str = ""  # "safe", "check" or "reject" (not for production); "" without a baseline
@@ -238,6 +316,7 @@ def compare(evaluation, baseline):
     result.json_drop = drop(evaluation.json_percent, baseline.json_percent)
     result.task_drop = drop(evaluation.task_percent, baseline.task_percent)
     result.same_answers = same_task_answers(evaluation, baseline)
+    result.file_gain = drop(baseline.file_percent, evaluation.file_percent)
     if baseline.size_bytes:
         result.size_ratio = evaluation.size_bytes / baseline.size_bytes
     result.flags, severe = judge(result)
@@ -281,22 +360,45 @@ def judge(result):
 
 def verdict_words(result):
     """e.g. "W8A8 INT8: perplexity +3.9%, keeps every JSON answer and 13 of 14 task answers: safe to serve."."""
-    model = result.evaluation.model
-    label = model.quantization_label if model.is_quantized else model.name
+    model, adapter = result.evaluation.model, result.evaluation.adapter
+    label = adapter.name if adapter else model.quantization_label if model.is_quantized else model.name
+    reference = "base" if adapter else "parent"
     if result.verdict == "reject":
         return f"{label}: {'; '.join(result.flags)}: not for production."
     if result.verdict == "check":
         return f"{label}: {'; '.join(result.flags)}: check its answers before serving it."
     mine, theirs = result.evaluation, result.baseline
     json_words = ("keeps every JSON answer" if mine.json_valid >= theirs.json_valid
-                  else f"{mine.json_valid} of {mine.json_total} JSON answers (parent {theirs.json_valid})")
+                  else f"{mine.json_valid} of {mine.json_total} JSON answers ({reference} {theirs.json_valid})")
     right, total = mine.task_counts
     change = round(result.perplexity_change, 1) or 0.0  # not "-0.0%"
     return f"{label}: perplexity {change:+.1f}%, {json_words} and {right} of {total} other task answers: safe to serve."
 
 
 def latest_evaluation(model, inputs_key=BUILTIN):
-    return ModelEvaluation.objects.filter(model=model, inputs_key=inputs_key).first()
+    """`model`'s latest measurement on `inputs_key` alone (not with an adapter)."""
+    return ModelEvaluation.objects.filter(model=model, adapter=None, inputs_key=inputs_key).first()
+
+
+def adapter_reports(model, adapters):
+    """The model page's report of each LoRA adapter of `adapters` (those that run on `model`) against the base: its
+    latest measurement on `model`, on whichever inputs, compared with `model`'s own on the same inputs, and its
+    latest report. [{"adapter", "comparison" (None until measured), "inputs" (words), "job"}]."""
+    rows = []
+    for adapter in adapters:
+        evaluation = (ModelEvaluation.objects.filter(model=model, adapter=adapter).select_related("job", "adapter")
+                      .first())
+        comparison = compare(evaluation, latest_evaluation(model, evaluation.inputs_key)) if evaluation else None
+        rows.append({"adapter": adapter, "comparison": comparison, "inputs": inputs_words(evaluation),
+                     "job": adapter.evaluation_jobs.filter(model=model).first()})
+    return rows
+
+
+def inputs_words(evaluation):
+    if evaluation is None or evaluation.inputs_key == BUILTIN:
+        return "the built-in set"
+    name = evaluation.job.prompt_file_name if evaluation.job else ""
+    return f"{name or 'your prompts'} and the built-in set"
 
 
 def quality_report(model, inputs_key=BUILTIN):
@@ -309,7 +411,8 @@ def quality_report(model, inputs_key=BUILTIN):
     for member in family:
         evaluation = latest_evaluation(member, inputs_key)
         rows.append({"model": member, "is_subject": member.pk == model.pk, "is_root": member.pk == root.pk,
-                     "comparison": compare(evaluation, root_evaluation) if evaluation else None})
+                     "comparison": compare(evaluation, root_evaluation) if evaluation else None,
+                     "job": None if evaluation else member.evaluation_jobs.filter(adapter=None).first()})
     safe = [row for row in rows if row["comparison"] and row["comparison"].verdict == "safe"]
     recommended = min(safe, key=lambda row: row["comparison"].evaluation.size_bytes) if safe else None
     for row in rows:
@@ -376,13 +479,16 @@ def quality_flags(model):
 
 
 def evaluation_from_form(*, team, user, model, form):
-    """Launch the report a valid EvaluationForm describes (storing its prompt file first)."""
+    """Launch the report a valid EvaluationForm describes (storing its prompt file first, once the report is known
+    to be allowed)."""
     data = form.cleaned_data
+    report_baseline(team=team, model=model, baseline=data["baseline"], adapter=data.get("adapter"), host=data["host"])
     prompt_file, inputs_key = "", BUILTIN
     if form.prompt_data is not None:
         prompt_file, inputs_key = prompt_file_store(team=team, data=form.prompt_data)
-    return evaluation_launch(team=team, user=user, model=model, baseline=data["baseline"], host=data["host"],
-                             prompt_file=prompt_file, inputs_key=inputs_key,
+    return evaluation_launch(team=team, user=user, model=model, baseline=data["baseline"],
+                             adapter=data.get("adapter"), host=data["host"], prompt_file=prompt_file,
+                             inputs_key=inputs_key,
                              prompt_file_name=data["prompt_file"].name if data["prompt_file"] else "")
 
 

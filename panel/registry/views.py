@@ -15,7 +15,7 @@ from panel.registry.adapters import adapter_audit_name, adapter_delete, adapter_
 from panel.registry.forms import AdapterRegisterForm, EvaluationForm, ModelRegisterForm, QuantizationForm
 from panel.registry.model_check import model_check_launch, model_check_refusal
 from panel.registry.models import EvaluationJob, LoraAdapter, QuantizationJob, RegisteredModel
-from panel.registry.quality import evaluation_from_form, quality_report
+from panel.registry.quality import adapter_reports, evaluation_audit_name, evaluation_from_form, quality_report
 from panel.registry.services import (
     model_register,
     quantization_cancel,
@@ -52,10 +52,14 @@ def model_create(request):
     return render(request, "registry/model_list.html", {"models": models, "form": form}, status=400)
 
 
-def _detail_context(request, model, evaluation_form, adapter_form=None):
+def _detail_context(request, model, evaluation_form, adapter_form=None, adapter_report_form=None):
+    adapters = adapters_of(model).select_related("base")
     return {
-        "adapters": adapters_of(model).select_related("base"),
+        "adapters": adapters,
         "adapter_form": adapter_form or AdapterRegisterForm(),
+        "adapter_reports": adapter_reports(model, adapters),
+        "adapter_report_form": adapter_report_form,
+        "can_evaluate": may(request.membership, "models.evaluate"),
         "can_register": may(request.membership, "models.register"),
         "model": model,
         "estimate": memory.estimate(model),
@@ -198,23 +202,28 @@ def evaluation_create(request, model_id):
         except ValidationError as error:
             form.add_error(None, error)
         else:
-            audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=f"quality report #{job.pk}")
+            audit_record(action=AuditAction.JOB_LAUNCHED, request=request, target=evaluation_audit_name(job))
             return redirect("evaluation_job", job_id=job.pk)
-    return render(request, "registry/model_detail.html", _detail_context(request, model, form), status=400)
+    if form.data.get("adapter"):  # an adapter's button: its words go to the adapters' section
+        context = _detail_context(request, model, EvaluationForm(model=model), adapter_report_form=form)
+    else:
+        context = _detail_context(request, model, form)
+    return render(request, "registry/model_detail.html", context, status=400)
 
 
 @team_view("models.view")
 def evaluation_detail(request, job_id):
-    job = get_object_or_404(EvaluationJob.objects.select_related("model", "baseline"), pk=job_id, team=request.team)
+    job = get_object_or_404(EvaluationJob.objects.select_related("model", "baseline", "adapter"), pk=job_id,
+                            team=request.team)
     return render(request, "registry/evaluation_detail.html", {"job": job, "events": job_events(job)})
 
 
 @require_POST
 @team_view("models.evaluate")
 def evaluation_cancel(request, job_id):
-    job = get_object_or_404(EvaluationJob, pk=job_id, team=request.team)
+    job = get_object_or_404(EvaluationJob.objects.select_related("model", "adapter"), pk=job_id, team=request.team)
     if cancel_job(job, actor=request.user):
-        audit_record(action=AuditAction.JOB_CANCELLED, request=request, target=f"quality report #{job.pk}")
+        audit_record(action=AuditAction.JOB_CANCELLED, request=request, target=evaluation_audit_name(job))
         messages.info(request, "Cancelling: the worker stops the measurement within a few seconds.")
     else:
         messages.error(request, f"The report is already {job.get_state_display().lower()}.")
@@ -223,5 +232,6 @@ def evaluation_cancel(request, job_id):
 
 @team_view("models.view")
 def evaluation_live(request, job_id):
-    job = get_object_or_404(EvaluationJob.objects.select_related("model", "baseline"), pk=job_id, team=request.team)
+    job = get_object_or_404(EvaluationJob.objects.select_related("model", "baseline", "adapter"), pk=job_id,
+                            team=request.team)
     return render(request, "registry/_evaluation_live.html", {"job": job, "events": job_events(job)})
