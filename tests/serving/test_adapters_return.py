@@ -18,14 +18,7 @@ from panel.serving.models import Deployment, DeploymentState
 from panel.serving.services import DeploymentHooks
 from panel.serving.sleep import SleepHooks, deployment_fall_asleep, deployment_wake
 from tests.support.dashboards import make_deployment
-from tests.support.fake_engine import KEY, FakeEngine
-
-
-@pytest.fixture
-def engine():
-    fake = FakeEngine()
-    yield fake
-    fake.close()
+from tests.support.fake_engine import KEY, engine  # noqa: F401 (a fixture)
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
+
 KEY = "engine-key-1234"
 
 
@@ -82,3 +84,10 @@ class FakeEngine:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+@pytest.fixture
+def engine():
+    fake = FakeEngine()
+    yield fake
+    fake.close()
