@@ -40,7 +40,7 @@ class AdapterRegisterForm(forms.Form):
         widget=forms.TextInput(attrs={"placeholder": "/data/adapters/support-tone"}))
     name = forms.CharField(max_length=200, required=False, help_text="Defaults to the folder name.")
     served_name = forms.CharField(max_length=200, required=False, label="Served name",
-                                  help_text="The `model` clients send for it; its route has this name. Defaults to "
+                                  help_text="The model name clients send for it; its route has this name. Defaults to "
                                             "the name.")
 
 
