@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass
 
 from panel.gateway.kv_events import KV_EVENTS
-from panel.gateway.kv_index import prompt_chain
 from panel.gateway.prompt_tokens import TOKENIZERS, TOKENIZING
 
 PLACED, MISSED, FALLBACK = "kv_placed", "kv_missed", "kv_fallback"  # the trail step's outcomes
@@ -38,21 +37,16 @@ async def kv_choice(pool, body, api="chat"):
             return KvChoice(None, FALLBACK, f"KV events of {target.name}: {silence}; placed by prefix")
     if model is None:
         return KvChoice(None, FALLBACK, "the model's tokenizer is not loaded (yet): placed by prefix")
-    tokens, trouble = await TOKENIZING.ids(model, body, api)
+    sizes = {blocks.block_size for blocks in indexes if blocks.block_size}
+    if not sizes:
+        return KvChoice(None, MISSED, "no engine holds this prompt's first block: placed by prefix",
+                        (0,) * len(indexes))
+    chains, trouble = await TOKENIZING.chains(model, body, api, sizes)
     if trouble:
         return KvChoice(None, FALLBACK, f"{trouble}: placed by prefix")
-    if tokens is None:
+    if chains is None:
         return KvChoice(None, FALLBACK, "a prompt the gateway does not tokenize: placed by prefix")
-    chains = {}
-    matched = []
-    for blocks in indexes:
-        size = blocks.block_size
-        if not size:
-            matched.append(0)
-            continue
-        if size not in chains:
-            chains[size] = prompt_chain(tokens, size)
-        matched.append(blocks.matched(chains[size]))
+    matched = [blocks.matched(chains[blocks.block_size]) if blocks.block_size else 0 for blocks in indexes]
     best = max(matched)
     if best == 0:
         return KvChoice(None, MISSED, "no engine holds this prompt's first block: placed by prefix",

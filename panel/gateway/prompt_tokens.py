@@ -23,6 +23,8 @@ from pathlib import Path
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from panel.gateway.kv_index import prompt_chain
+
 log = logging.getLogger(__name__)
 
 TOKENIZED_CHARS = 32768  # about 8,000 tokens of English: far past any system prompt and tools worth placing on
@@ -258,13 +260,21 @@ class Tokenizing:
 
     async def ids(self, model, body, api="chat"):
         """(the prompt's leading token ids or None, "" or why there are none)"""
+        return await self._run(model.ids, body, api)
+
+    async def chains(self, model, body, api="chat", sizes=()):
+        """({block size: the chain keys of the prompt's whole blocks} or None, "" or why there are none): the
+        chain keys too are made in the thread (BLAKE2b over every block: most of the rest of the work)."""
+        return await self._run(_chains, model, body, api, tuple(sizes))
+
+    async def _run(self, function, *args):
         with self._lock:
             if self.queued >= QUEUED_AT_MOST:
                 return None, f"{self.queued} prompts are waiting for the gateway's tokenizer"
             self.queued += 1
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
-        work = self._executor.submit(model.ids, body, api)
+        work = self._executor.submit(function, *args)
         work.add_done_callback(self._done)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(work), ENCODE_SECONDS), ""
@@ -277,6 +287,11 @@ class Tokenizing:
     def _done(self, _work):
         with self._lock:
             self.queued -= 1
+
+
+def _chains(model, body, api, sizes):
+    tokens = model.ids(body, api)
+    return None if tokens is None else {size: prompt_chain(tokens, size) for size in sizes}
 
 
 TOKENIZERS = Tokenizers()

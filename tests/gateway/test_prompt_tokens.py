@@ -177,6 +177,7 @@ def test_a_prompt_its_client_stopped_waiting_for_is_taken_out_of_the_queue(monke
         queued = asyncio.create_task(tokenizing.ids(types.SimpleNamespace(ids=lambda body, api: ran.append(body)), {}))
         await asyncio.sleep(0.01)
         queued.cancel()  # its client left before the thread reached it
+        await asyncio.sleep(0.05)  # the cancel reaches the queue on the loop's next turns
         stuck.release.set()
         return await running
 
