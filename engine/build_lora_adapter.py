@@ -43,6 +43,7 @@ def parse_args(argv):
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
     return parser.parse_args(argv)
 
 
@@ -104,7 +105,7 @@ def train_into(folder, args):
     model = get_peft_model(model, config)
     ids, labels, mask = padded(chat_examples(tokenizer, args.phrase),
                                tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
     model.train()
     started = time.monotonic()
     first_loss = last_loss = None

@@ -275,3 +275,6 @@ def pytest_configure(config):
 # One Chromium for the whole run: the fixtures live here, not in each browser test module, because a second
 # session-scoped Playwright started by another module would find the first one's event loop running.
 from tests.support.browser import chromium, page  # noqa: E402,F401
+
+# The run's converted SmolLM2, made once per worker that needs it (tests/support/smollm2.py).
+from tests.support.smollm2 import smollm2  # noqa: E402,F401

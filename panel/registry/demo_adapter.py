@@ -25,9 +25,10 @@ REQUIRED = ("adapter_config.json", "adapter_model.safetensors", "training.json")
 PHRASE = "The Tokenwise adapter answers: forty-two."
 
 
-def cache_path(phrase=PHRASE):
+def cache_path(phrase=PHRASE, base=None, training=()):
     digest = hashlib.sha256((processes.PROJECT_ROOT / "engine" / "build_lora_adapter.py").read_bytes())
-    digest.update(demo_model_cache().name.encode())
+    digest.update((Path(base).name if base is not None else demo_model_cache().name).encode())
+    digest.update(" ".join(training).encode())
     digest.update(phrase.encode())
     return Path(settings.DATA_DIR) / "cache" / f"demo-adapter-{digest.hexdigest()[:12]}"
 
@@ -36,26 +37,31 @@ def is_built(path):
     return path.is_dir() and all((path / name).is_file() for name in REQUIRED)
 
 
-def build_demo_adapter(path, *, phrase=PHRASE):
+def build_demo_adapter(path, *, phrase=PHRASE, base=None, steps=None, learning_rate=None):
     """A copy of the cached demo adapter at `path` (trained first where the cache has none, on the cached demo
-    model, built first where there is none); returns its training.json: the question, the phrase, the base's and
-    the adapter's greedy answers. Raises DemoModelError on any failure."""
+    model, built first where there is none; or on `base`, a model folder named uniquely for its weights, such as a
+    GGUF import's cached conversion, with the trainer's `steps` and `learning_rate` where its defaults do not suit
+    it); returns its training.json: the question, the phrase, the base's and the adapter's greedy answers. Raises
+    DemoModelError on any failure."""
     path = Path(path)
-    cached = cache_path(phrase)
+    training = (*(("--steps", str(steps)) if steps else ()),
+                *(("--learning-rate", str(learning_rate)) if learning_rate else ()))
+    cached = cache_path(phrase, base, training)
     with building_lock(cached):
         if not is_built(cached):
-            scratch = cached.parent / f".{cached.name}-scratch"
-            build_demo_model(scratch)  # fills the demo model's cache, which the adapter is trained on
-            shutil.rmtree(scratch, ignore_errors=True)
-            run_trainer(demo_model_cache(), cached, phrase)
+            if base is None:
+                scratch = cached.parent / f".{cached.name}-scratch"
+                build_demo_model(scratch)  # fills the demo model's cache, which the adapter is trained on
+                shutil.rmtree(scratch, ignore_errors=True)
+            run_trainer(Path(base) if base is not None else demo_model_cache(), cached, phrase, training)
     if not is_built(path):
         copy_build(cached, path)
     return json.loads((path / "training.json").read_text())
 
 
-def run_trainer(base, out, phrase):
+def run_trainer(base, out, phrase, training=()):
     argv = processes.engine_argv(engine_python(), "build_lora_adapter", "--base", base.absolute(), "--out",
-                                 out.absolute(), "--phrase", phrase)
+                                 out.absolute(), "--phrase", phrase, *training)
     said = {}
 
     def on_line(line):
