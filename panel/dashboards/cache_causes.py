@@ -1,7 +1,11 @@
-"""Why a replica's prefix-cache hit rate is low, on the Cache tab: the workload (few requests share a system prompt
-with an earlier one: the gateway's keyed hashes of system prompts in the usage rows), the routing (requests whose
-system prompt an earlier request had went to another replica than that one: the prefix was cached elsewhere), or
-evictions (its KV cache was full: the engine's own KV usage gauge at its peak and its preemptions, as scraped).
+"""Why a replica's prefix-cache hit rate is low, on the Cache tab: the workload (few requests open like an earlier
+one), the routing (requests that open like an earlier one went to another replica than that one: the prefix was
+cached elsewhere), or evictions (its KV cache was full: the engine's own KV usage gauge at its peak and its
+preemptions, as scraped).
+
+"Open like an earlier one": the same first 1,024 characters of the prompt as the model reads it, or the same system
+prompt (the gateway's keyed hashes in the usage rows, gateway/fingerprint.py). The first catches shared text wherever
+it sits, a document opening the user turn included; the second a short system prompt followed by varied turns.
 
 The usage rows are read one by one, the newest SCAN_LIMIT of the range, as the failures table reads them."""
 from panel.channels.models import Channel
@@ -9,28 +13,32 @@ from panel.dashboards.requests import SCAN_LIMIT, rows_in
 from panel.dashboards.tables import Table
 
 LOW_HIT_RATE = 0.5  # under this, the row says why
-FEW_SHARED = 0.5  # fewer requests than this share a system prompt with an earlier one: the workload
+FEW_SHARED = 0.5  # fewer requests than this share a prefix with an earlier one: the workload
 SENT_AWAY = 0.25  # more repeats than this went to another replica than the previous one: the routing
 FULL_KV = 0.9  # a peak KV cache usage at or past this (or any preemption): evictions
 
 
 def prefix_sharing(query):
-    """Per deployment (replica): {"requests": with a system prompt, "repeats": whose system prompt an earlier
-    request of the range had, "sent_away": of those, sent to another replica than the previous one}."""
-    rows = rows_in(query).exclude(system_prompt_hash="").filter(channel__deployment__isnull=False)
-    rows = list(rows.order_by("-created_at").values_list("system_prompt_hash", "channel_id")[:SCAN_LIMIT])
-    deployment_of = dict(Channel.objects.filter(pk__in={channel for _, channel in rows})
+    """Per deployment (replica): {"requests": with a prompt, "repeats": that open like an earlier request of the
+    range, "sent_away": of those, sent to another replica than that earlier one}."""
+    rows = rows_in(query).filter(channel__deployment__isnull=False).exclude(prompt_head_hash="",
+                                                                             system_prompt_hash="")
+    rows = list(rows.order_by("-created_at").values_list("prompt_head_hash", "system_prompt_hash", "channel_id")
+                [:SCAN_LIMIT])
+    deployment_of = dict(Channel.objects.filter(pk__in={channel for *_, channel in rows})
                          .values_list("pk", "deployment_id"))
     last_replica, sharing = {}, {}
-    for prompt_hash, channel_id in reversed(rows):
+    for head, system, channel_id in reversed(rows):
         replica = deployment_of.get(channel_id)
         counts = sharing.setdefault(replica, {"requests": 0, "repeats": 0, "sent_away": 0})
         counts["requests"] += 1
-        before = last_replica.get(prompt_hash)
+        keys = [key for key in (("head", head), ("system", system)) if key[1]]
+        before = next((last_replica[key] for key in keys if key in last_replica), None)  # the longer match first
         if before is not None:
             counts["repeats"] += 1
             counts["sent_away"] += before != replica
-        last_replica[prompt_hash] = replica
+        for key in keys:
+            last_replica[key] = replica
     return sharing
 
 
@@ -46,10 +54,10 @@ def causes(hit_rate, sharing, kv_max, preemptions):
                      f"{int(preemptions)} preempted)")
     requests, repeats = sharing.get("requests", 0), sharing.get("repeats", 0)
     if repeats and sharing.get("sent_away", 0) / repeats > SENT_AWAY:
-        found.append("routing: requests sharing a system prompt went to different replicas")
+        found.append("routing: requests sharing a prefix went to different replicas")
     if requests and repeats / requests < FEW_SHARED:
-        found.append("workload: few requests share a system prompt with an earlier one")
-    return "; ".join(found) or "none of these (short prompts, or prefixes other than the system prompt)"
+        found.append("workload: few requests share a prefix with an earlier one")
+    return "; ".join(found) or "none of these (short shared prefixes)"
 
 
 def causes_table(query, engine_totals, engine_names):
@@ -68,13 +76,14 @@ def causes_table(query, engine_totals, engine_names):
                      int(total["preemptions"]),
                      causes(total["hit_rate"], counts, total["kv_max"], total["preemptions"])])
     return Table("cache_causes", "Why a replica's prefix-cache hit rate is low", [
-        "deployment", "hit rate %", "requests with a system prompt", "sharing an earlier one's %",
+        "deployment", "hit rate %", "requests", "sharing a prefix with an earlier one %",
         "of those, sent to another replica %", "peak KV usage %", "preempted", "likely cause"], rows,
-        note="Workload: few requests share a system prompt with an earlier one (the gateway's hashes of system "
-             "prompts). Routing: requests whose system prompt an earlier one had went to another replica than that "
-             "one, whose cache held it (balance the route prefix-aware or by KV events). Evictions: the KV cache "
-             f"was full (peak usage {round(100 * FULL_KV)}% or more, or requests preempted). Shared prefixes other "
-             "than the system prompt (a document in the first user turn) are not counted here.")
+        note="A request shares a prefix with an earlier one when its prompt opens with the same 1,024 characters "
+             "(a system prompt, tools, or a document opening the user turn) or has the same system prompt; the "
+             "gateway keeps keyed hashes of these, never the text. Workload: few requests share a prefix. Routing: "
+             "requests sharing a prefix went to another replica than the earlier one, whose cache held it (balance "
+             "the route by KV events, or prefix-aware when the shared text is the system prompt). Evictions: the "
+             f"KV cache was full (peak usage {round(100 * FULL_KV)}% or more, or requests preempted).")
 
 
 def _pct(value):

@@ -181,7 +181,8 @@ async def application(scope, receive, send):
         except request_tags.TagError as error:
             raise Refusal(400, str(error), code="too_many_tags") from None
         exchange.fields["tags"] = exchange.tags = request_tags.tags_stored(tags)
-        exchange.fields.update(fingerprint.system_prompt_hashes(body))  # hashes only, never the prompt
+        exchange.fields.update(fingerprint.system_prompt_hashes(body),  # hashes only, never the prompt
+                               prompt_head_hash=fingerprint.prompt_head_hash(body))
         exchange.fields.update(model=body["model"][:200], stream=bool(body.get("stream")),
                                json_requested=json_requested(body))
         exchange.model_served = False  # the client's words until a route serves that name

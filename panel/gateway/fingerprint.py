@@ -9,6 +9,7 @@ import hmac
 import json
 import re
 from functools import lru_cache
+from itertools import islice
 
 from django.conf import settings
 
@@ -169,6 +170,11 @@ def prompt_blocks(body):
     prompt or the (Responses) instructions, then one block per message or input item; a completions prompt in
     fixed-size pieces. OpenAI chat, completions, Responses and Anthropic Messages bodies alike. A Responses input
     that is one string is a block only after tools or instructions: an embeddings body's is no agent's turn."""
+    return list(islice(_blocks(body), MAX_BLOCKS))
+
+
+def _blocks(body):
+    """prompt_blocks, one block at a time (a reader of the prompt's head stops early)."""
     blocks = []
     tools = body.get("tools") or body.get("functions")
     if tools:
@@ -180,16 +186,16 @@ def prompt_blocks(body):
         blocks.append(json.dumps(system, sort_keys=True, ensure_ascii=False))
     if isinstance(body.get("instructions"), str) and body["instructions"]:
         blocks.append(body["instructions"])
-    blocks.extend(_message_block(message) for message in _conversation(body))
-    if isinstance(body.get("input"), str) and blocks:
-        blocks.append(body["input"])
+    yield from blocks
+    conversation = _conversation(body)
+    yield from (_message_block(message) for message in conversation)
+    if isinstance(body.get("input"), str) and (blocks or conversation):
+        yield body["input"]
     prompt = body.get("prompt")
     if isinstance(prompt, list):
         prompt = "\x00".join(item for item in prompt if isinstance(item, str))
     if isinstance(prompt, str):
-        blocks.extend(prompt[start:start + PROMPT_CHUNK_CHARS] for start in range(0, len(prompt),
-                                                                                  PROMPT_CHUNK_CHARS))
-    return blocks[:MAX_BLOCKS]
+        yield from (prompt[start:start + PROMPT_CHUNK_CHARS] for start in range(0, len(prompt), PROMPT_CHUNK_CHARS))
 
 
 def _message_block(message):
@@ -218,6 +224,23 @@ def prefix_hashes(body):
         total += len(block)
         ends.append(total)
     return hashes, ends
+
+
+HEAD_CHARS = 1024  # about 250 tokens: prompts that open with this much of the same text share cache blocks worth having
+
+
+def prompt_head_hash(body):
+    """A keyed hash of the first HEAD_CHARS characters of the prompt as the model reads it (prompt_blocks), "" for
+    a request without a prompt (embeddings). Requests whose prompts open alike -- by a system prompt, or by a
+    document at the start of the user turn -- hash alike; a shorter prompt is hashed whole."""
+    running = hmac.new(_prefix_key(), b"head:", digestmod=hashlib.sha256)
+    left = HEAD_CHARS
+    for block in _blocks(body):
+        if left <= 0:
+            break
+        running.update(block[:left].encode("utf-8", "replace") + b"\x00")
+        left -= len(block) + 1
+    return "" if left == HEAD_CHARS else running.hexdigest()[:HASH_CHARS]
 
 
 @lru_cache(maxsize=1)

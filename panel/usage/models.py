@@ -62,6 +62,9 @@ class RequestLog(models.Model):
     # many raw hashes under one masked hash = a prompt that defeats the prefix cache. Never the prompt itself.
     system_prompt_hash = models.CharField(max_length=16, blank=True, default="")
     system_prompt_shape_hash = models.CharField(max_length=16, blank=True, default="")
+    # A keyed hash of the prompt's first 1,024 characters as the model reads them (tools, system prompt, messages):
+    # requests that open alike, by a system prompt or by a document starting the user turn (the Cache tab).
+    prompt_head_hash = models.CharField(max_length=16, blank=True, default="")
     # True: the route's local engine was expected to keep this request waiting longer than the route's spill wait,
     # so it went to a remote channel first (panel/gateway/spill.py). None: not spilled. Nullable: an ALTER TABLE.
     spilled = models.BooleanField(null=True, blank=True)

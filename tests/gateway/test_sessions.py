@@ -1,5 +1,6 @@
 """Agent sessions: by the x-session-id header, by Anthropic metadata.user_id, by prefix chaining (a prompt that
-extends an earlier one of the same key); the repeated share from keyed prefix-block hashes; no prompt text stored."""
+extends an earlier one of the same key); the repeated share from keyed prefix-block hashes; the keyed hash of a
+prompt's head, which the Cache tab reads; no prompt text stored."""
 import httpx
 
 from panel.gateway import fingerprint
@@ -96,6 +97,36 @@ def test_requests_join_sessions_by_header_metadata_and_prefix(gateway, setup, pr
     _, ends = fingerprint.prefix_hashes(turns(2)[1])
     assert abs(chained[1].repeated_share - ends[2] / ends[-1]) < 0.001
     assert rows[6].session_id not in {chained[0].session_id, ""} and rows[6].session_turn == 1
+
+
+DOCUMENT = "Clause {n}. The supplier delivers the goods within thirty days of the order. " * 30
+
+
+def test_the_head_hash_is_the_prompts_first_characters_wherever_the_shared_text_sits():
+    def asking(document, question, system=None):
+        messages = [{"role": "user", "content": document + "\n\n" + question}]
+        return {**CHAT, "messages": ([{"role": "system", "content": system}] if system else []) + messages}
+
+    one, other = DOCUMENT.format(n=1), DOCUMENT.format(n=2)
+    head = fingerprint.prompt_head_hash
+    assert head(asking(one, "Who delivers?")) == head(asking(one, "Within how many days?"))
+    assert head(asking(one, "Who delivers?")) != head(asking(other, "Who delivers?"))
+    assert head(asking(one, "Who delivers?", system="Be brief.")) != head(asking(one, "Who delivers?"))
+    assert head(asking("short", "a")) != head(asking("short", "b"))  # a short prompt is hashed whole
+    assert head({"model": "m", "prompt": one + "A"}) == head({"model": "m", "prompt": one + "B"})
+    assert head({"model": "m", "input": "embed me"}) == ""
+    tools = {**asking("x", "y"), "tools": [{"type": "function", "function": {"name": "n" * 2000}}]}
+    assert head(tools) == head({**tools, "messages": [{"role": "user", "content": "other"}]})  # the tools fill it
+    assert len(head(asking(one, "q"))) == fingerprint.HASH_CHARS
+
+
+def test_requests_opening_with_the_same_document_are_stored_with_one_head_hash(gateway, setup, primary):
+    for document, question in ((1, "Who delivers?"), (1, "Within how many days?"), (2, "Who delivers?")):
+        body = {**CHAT, "messages": [{"role": "user", "content": DOCUMENT.format(n=document) + question}]}
+        assert post(gateway, setup["raw"], body).status_code == 200
+    rows = records(3)
+    assert rows[0].prompt_head_hash == rows[1].prompt_head_hash != rows[2].prompt_head_hash
+    assert {row.system_prompt_hash for row in rows} == {""}
 
 
 def test_no_prompt_text_is_stored(gateway, setup, primary):
