@@ -1,5 +1,6 @@
-"""DATABASE_URL=postgres://... works: migrations apply, a job is claimed exactly once, and a lock wait or a
-transaction left open has a deadline on PostgreSQL."""
+"""DATABASE_URL=postgres://... works: migrations apply, a job is claimed exactly once, a lock wait or a
+transaction left open has a deadline, and the usage writer's own INSERT stores what bulk_create stores, on
+PostgreSQL."""
 import secrets
 import subprocess
 import sys
@@ -25,6 +26,9 @@ with connection.cursor() as cursor:
     lock = cursor.fetchone()[0]
     cursor.execute("SHOW idle_in_transaction_session_timeout")
     print("timeouts", lock, cursor.fetchone()[0])
+from tests.support.usage_rows import rows_written_both_ways
+by_writer, by_bulk_create = rows_written_both_ways()
+print("usage rows agree", by_writer == by_bulk_create, by_writer["attempt_trail"][1]["ms"], by_writer["cost"])
 """
 
 
@@ -48,3 +52,4 @@ def test_it_migrates_and_claims_once_on_postgres(postgres_url):
     assert shell.returncode == 0, shell.stderr
     assert "claims True False" in shell.stdout
     assert "timeouts 20s 10min" in shell.stdout  # a lock wait and a forgotten transaction both end
+    assert "usage rows agree True 7.25 0.00003217" in shell.stdout

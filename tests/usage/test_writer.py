@@ -1,5 +1,6 @@
 """The usage writer (panel/usage/writer.py): rows queued when the process exits are all written (the exit hook
-drains the queue beside the background thread's last batch), also when uvicorn is stopped by SIGTERM."""
+drains the queue beside the background thread's last batch), also when uvicorn is stopped by SIGTERM; its own
+INSERT stores every kind of value as bulk_create does."""
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import httpx
 from panel.usage.models import RequestLog
 from tests.support.environment import ROOT, panel_env
 from tests.support.gateway_server import free_port
+from tests.support.usage_rows import rows_written_both_ways
 from tests.support.waiting import wait_until
 
 RECORD_THEN_EXIT = textwrap.dedent("""
@@ -41,15 +43,14 @@ HOLD_A_BATCH_THEN_EXIT = textwrap.dedent("""
     import django, threading, time
     django.setup()
     from panel.usage import writer
-    from panel.usage.models import RequestLog
     writing = threading.Event()
-    bulk_create = RequestLog.objects.bulk_create
-    def slow_bulk_create(rows):
+    insert = writer._insert
+    def slow_insert(rows):
         if threading.current_thread().name == "tokenwise-usage-writer":
             writing.set()
             time.sleep(1)  # the process exits while the writer thread holds this batch
-        return bulk_create(rows)
-    RequestLog.objects.bulk_create = slow_bulk_create
+        return insert(rows)
+    writer._insert = slow_insert
     for number in range(300):
         writer.record(endpoint="chat", model="m", status_code=200, outcome="ok", latency_ms=1.0,
                       request_id=f"r{number}")
@@ -78,13 +79,12 @@ SERVE_HOLDING_A_BATCH = textwrap.dedent("""
     django.setup()
     import uvicorn
     from panel.usage import writer
-    from panel.usage.models import RequestLog
-    bulk_create = RequestLog.objects.bulk_create
-    def slow_bulk_create(rows):
+    insert = writer._insert
+    def slow_insert(rows):
         if threading.current_thread().name == "tokenwise-usage-writer":
             time.sleep(2)  # SIGTERM comes while the writer thread holds this batch
-        return bulk_create(rows)
-    RequestLog.objects.bulk_create = slow_bulk_create
+        return insert(rows)
+    writer._insert = slow_insert
     for number in range(200):
         writer.record(endpoint="chat", model="m", status_code=200, outcome="ok", latency_ms=1.0,
                       request_id=f"r{number}")
@@ -146,3 +146,23 @@ def test_a_batch_whose_rule_channel_or_key_was_deleted_meanwhile_is_written_with
     assert set(written) == {"deleted-rule", "untouched"}
     assert written["deleted-rule"].route_rule_id is None and written["deleted-rule"].channel_id == channel.pk
     assert written["deleted-rule"].key_id == key.pk and written["untouched"].route_id == route.pk
+
+
+def test_the_writers_insert_stores_every_value_as_bulk_create_does(db):
+    by_writer, by_bulk_create = rows_written_both_ways()
+    assert by_writer == by_bulk_create
+    assert by_writer["attempt_trail"][0]["outcome"] == "upstream_429" and str(by_writer["cost"]) == "0.00003217"
+    assert by_writer["session_id"] == "" and by_writer["gpu_cost"] is None  # absent: the field's default
+
+
+def test_a_row_with_a_name_the_writer_does_not_know_is_refused_as_bulk_create_refuses_it(db):
+    from panel.usage import writer
+
+    try:
+        writer._insert([dict(endpoint="chat", model="m", status_code=200, outcome="ok", latency_ms=1.0,
+                             no_such_field=1)])
+    except TypeError as error:
+        assert "no_such_field" in str(error)
+    else:
+        raise AssertionError("a row with an unknown name was written")
+    assert not RequestLog.objects.exists()
