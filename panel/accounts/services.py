@@ -229,7 +229,7 @@ def member_role_change(*, actor, membership, role):
     membership = Membership.objects.select_for_update().get(pk=membership.pk)
     _check_actor(actor=actor, target_role=membership.role, new_role=role)
     previous = membership.role
-    if previous == Role.OWNER and role != Role.OWNER and _owners(membership.team).count() <= 1:
+    if role != Role.OWNER and last_owner(membership):
         raise ValidationError(f"{membership.user} is the last owner of {membership.team}: make someone else an "
                               "owner first.")
     membership.role = role
@@ -245,19 +245,33 @@ def member_remove(*, actor, membership, request=None):
     each kind revoked, with the count. Returns the number of keys revoked."""
     membership = Membership.objects.select_for_update().get(pk=membership.pk)
     _check_actor(actor=actor, target_role=membership.role)
-    if membership.role == Role.OWNER and _owners(membership.team).count() <= 1:
+    if last_owner(membership):
         raise ValidationError(f"{membership.user} is the last owner of {membership.team} and cannot be removed.")
+    return membership_end(membership=membership, request=request, actor=actor.user)
+
+
+def last_owner(membership):
+    """Whether `membership` is its team's only owner (a team never loses its last owner)."""
+    return membership.role == Role.OWNER and _owners(membership.team).count() <= 1
+
+
+def membership_end(*, membership, request=None, actor=None, username=""):
+    """Delete `membership` and revoke what would still act for its member in the team: their personal access
+    tokens, and, when they were below admin, the gateway keys they issued themself. One audit event for each kind
+    revoked, with the count, by `actor` (a user) or `username` (the identity provider). Returns the number of keys
+    revoked. The caller checks who may (member_remove) and holds the transaction."""
     team, user, now = membership.team, membership.user, timezone.now()
     membership.delete()
     keys = 0
     if not may(membership, "keys.manage"):  # effective in every gateway process within TOKENWISE_KEY_CACHE_SECONDS
         keys = TeamKey.objects.filter(team=team, created_by=user, revoked_at__isnull=True).update(revoked_at=now)
     tokens = AccessToken.objects.filter(team=team, user=user, revoked_at__isnull=True).update(revoked_at=now)
+    by = {"actor": actor} if actor is not None else {"username": username}
     for action, count, kind in ((AuditAction.KEY_REVOKED, keys, "keys"), (AuditAction.TOKEN_REVOKED, tokens,
                                                                             "tokens")):
         if count:
-            audit_record(action=action, request=request, team=team, actor=actor.user, target=user.get_username(),
-                         reason="member removed", **{kind: count})
+            audit_record(action=action, request=request, team=team, target=user.get_username(),
+                         reason="member removed", **by, **{kind: count})
     return keys
 
 

@@ -46,6 +46,7 @@ class AuditAction(models.TextChoices):
     ADAPTER_REMOVED = "adapter_removed", "LoRA adapter removed"
     ADAPTER_LOADED = "adapter_loaded", "LoRA adapter loaded"
     ADAPTER_UNLOADED = "adapter_unloaded", "LoRA adapter unloaded"
+    OWNER_KEPT = "owner_kept", "Last owner kept"
 
 
 class AppendOnlyQuerySet(models.QuerySet):

@@ -7,8 +7,8 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
-from panel.accounts.models import Membership, Team
-from panel.accounts.services import membership_add
+from panel.accounts.models import Membership, Role, Team
+from panel.accounts.services import last_owner, membership_add, membership_end
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
 from panel.sso.mapping import grants_for, groups_in, teams_named
@@ -54,21 +54,40 @@ def identity_sign_in(*, issuer, claims, groups_claim, group_map, request=None):
 
 def memberships_sync(*, user, roles, managed, request=None):
     """Make `user`'s memberships in the teams whose slugs are in `managed` exactly `roles` ({Team: role}), each
-    change audited."""
+    change audited. A membership that ends takes its member's tokens and own keys with it, as a removal in the panel
+    does. A team's last owner stays its owner whatever the groups say (audited as kept, and logged): a team without
+    an owner could not be managed, and the panel's own pages refuse the same change."""
     current = {membership.team_id: membership for membership in
-               Membership.objects.filter(user=user, team__slug__in=managed).select_related("team")}
+               Membership.objects.select_for_update().filter(user=user, team__slug__in=managed).select_related("team")}
     for team, role in roles.items():
         membership = current.pop(team.pk, None)
         if membership is not None and membership.role == role:
+            continue
+        if membership is not None and role != Role.OWNER and last_owner(membership):
+            _owner_kept(membership, role, request)
             continue
         membership_add(team=team, user=user, role=role)
         action = AuditAction.MEMBER_ADDED if membership is None else AuditAction.ROLE_CHANGED
         audit_record(action=action, request=request, team=team, target=user.get_username(), role=role,
                      username=PROVIDER)
     for membership in current.values():
-        membership.delete()
+        if last_owner(membership):
+            _owner_kept(membership, None, request)
+            continue
+        membership_end(membership=membership, request=request, username=PROVIDER)
         audit_record(action=AuditAction.MEMBER_REMOVED, request=request, team=membership.team,
                      target=user.get_username(), role=membership.role, username=PROVIDER)
+
+
+def _owner_kept(membership, role, request):
+    """The provider's groups would take the team's last owner away (`role`: the lower role, None: out): kept."""
+    change = f"the role {role}" if role else "no membership"
+    logger.warning("%s is the last owner of team %s: kept as owner, though the identity provider's groups give %s "
+                   "(make someone else an owner, or map a group of theirs to owner)", membership.user,
+                   membership.team.slug, change)
+    audit_record(action=AuditAction.OWNER_KEPT, request=request, team=membership.team,
+                 target=membership.user.get_username(), role=Role.OWNER, groups_give=role or "none",
+                 username=PROVIDER)
 
 
 def _refusal(groups):

@@ -3,8 +3,10 @@ roles from its groups, refusals. The browser test (test_browser.py) goes through
 import pytest
 from django.contrib.auth import get_user_model
 
-from panel.accounts.models import Membership, Role
+from panel.accounts.keys import key_issue
+from panel.accounts.models import AccessToken, Membership, Role, Team, TeamKey
 from panel.accounts.services import membership_add, team_create
+from panel.accounts.tokens import token_issue
 from panel.audit.models import AuditAction, AuditEvent
 from panel.sso.models import Identity
 from panel.sso.services import SignInRefused, identity_sign_in
@@ -12,7 +14,7 @@ from tests.support.teams import user_create
 
 ISSUER = "https://id.example.com"
 GROUPS = {"ml-admins": {"team-a": "admin"}, "ml": {"team-a": "member"}, "b-viewers": {"team-b": "viewer"},
-          "ghosts": {"no-such-team": "member"}}
+          "ghosts": {"no-such-team": "member"}, "solo-owners": {"solo": "owner"}, "solo": {"solo": "member"}}
 
 
 def sign_in(sub, groups, **claims):
@@ -91,3 +93,41 @@ def test_it_keeps_an_email_the_provider_has_not_verified_off_the_account(db):
     team_create(name="Team A", owner=user_create("owner", "pw-owner-123"))
     user = sign_in("eve-1", ["ml"], preferred_username="eve", email="ceo@acme.test", email_verified=False)
     assert user.email == ""
+
+
+def test_a_teams_last_owner_stays_its_owner_whatever_the_groups_say(teams):
+    """The panel's pages refuse to lower or remove a team's last owner; the provider's groups cannot either. The
+    change is kept out, audited and logged, until the team has another owner."""
+    solo = Team.objects.create(name="Solo", slug="solo")
+    user = sign_in("olga-1", ["solo-owners"], preferred_username="olga")
+    assert roles(user) == {"solo": Role.OWNER}
+    sign_in("olga-1", ["solo"])  # the group now gives member
+    sign_in("olga-1", ["ml"])  # no group of team solo any more
+    assert roles(user) == {"solo": Role.OWNER, "team-a": Role.MEMBER}
+    kept = AuditEvent.objects.filter(action=AuditAction.OWNER_KEPT, team=solo, target="olga")
+    assert [event.detail["groups_give"] for event in kept.order_by("pk")] == ["member", "none"]
+    assert {event.actor_name for event in kept} == {"identity provider"}
+
+    membership_add(team=solo, user=teams["bob"], role=Role.OWNER)  # now there is another owner
+    sign_in("olga-1", ["solo"])
+    assert roles(user) == {"solo": Role.MEMBER}
+
+
+def test_a_membership_the_groups_end_takes_the_members_tokens_and_own_keys_with_it(teams):
+    """As a removal in the panel does: their access tokens of the team and the gateway keys they issued as a member
+    stop; the team's other keys stay."""
+    team = teams["team_a"]
+    user = sign_in("ada-1", ["ml"], preferred_username="ada")
+    membership = Membership.objects.get(user=user, team=team)
+    token, _ = token_issue(membership=membership, name="deploy script")
+    own_key, _ = key_issue(team=team, user=user, name="ada's notebook")
+    team_key, _ = key_issue(team=team, user=teams["alice"], name="the app")
+    sign_in("ada-1", ["b-viewers"])  # out of team A
+    assert roles(user) == {"team-b": Role.VIEWER}
+    assert AccessToken.objects.get(pk=token.pk).revoked_at is not None
+    assert TeamKey.objects.get(pk=own_key.pk).revoked_at is not None
+    assert TeamKey.objects.get(pk=team_key.pk).revoked_at is None
+    revoked = AuditEvent.objects.filter(team=team, target="ada", action__in=[AuditAction.KEY_REVOKED,
+                                                                              AuditAction.TOKEN_REVOKED])
+    assert {(event.action, event.actor_name) for event in revoked} == {
+        (AuditAction.KEY_REVOKED, "identity provider"), (AuditAction.TOKEN_REVOKED, "identity provider")}
