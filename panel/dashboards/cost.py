@@ -263,9 +263,12 @@ def deployment_asleep_hours(deployment, *, since, until):
 
 
 def baseline_channel(team, rows, channels):
+    """The cloud channel that local traffic is priced against: the remote channel that carried the most tokens in
+    the range, else the team's first enabled remote one. A vLLM pool is self-hosted GPUs, never the baseline."""
     carried = {}
     for row in rows:
-        if not row["local"] and row["channel_id"] in channels:
+        channel = channels.get(row["channel_id"])
+        if channel is not None and channel.kind == ChannelKind.REMOTE:
             tokens = row["prompt_tokens"] + row["completion_tokens"]
             carried[row["channel_id"]] = carried.get(row["channel_id"], 0) + tokens
     if carried:

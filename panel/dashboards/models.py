@@ -38,7 +38,7 @@ class RollupPeriod(models.Model):
 class UsageRollup(RollupPeriod):
     """The usage records of one period for one team / channel / key / model (RollupPeriod)."""
 
-    local = models.BooleanField(default=False)  # served by a local channel (a deployment)
+    local = models.BooleanField(default=False)  # served by a deployment (a vLLM pool is not: cost.py tells it by kind)
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
     # The part of `errors` that the clients caused (4xx: an unknown model, a bad key, a spent budget, a bad

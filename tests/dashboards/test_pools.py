@@ -22,6 +22,7 @@ from panel.dashboards.rollup import usage_rollup_run
 from panel.dashboards.scraper import pool_scrape, pools_scrape
 from panel.dashboards.selectors import DashboardQuery, engine_by_deployment
 from panel.usage.models import RequestLog
+from tests.support.channels import remote
 from tests.support.dashboards import make_deployment
 from tests.support.prometheus_text import PrometheusText, vllm_metrics
 
@@ -177,6 +178,23 @@ def test_the_cost_tab_charges_the_pools_gpus_at_its_price_per_gpu_hour(engines, 
     unknown = cost_summary(DashboardQuery(team=team, range="1h", now=now))
     assert unknown.local_unknown and unknown.missing_prices == [
         "the vLLM pool gpu-pool (its channel's price per GPU-hour)"]
+
+
+def test_a_pool_is_never_the_cloud_baseline_even_when_it_carried_the_most(engines, team_setup):
+    """The cloud figure prices local traffic at the remote channel that carried the most; a pool is local GPUs."""
+    team = team_setup["team_a"]
+    pool = make_pool(team, engines, gpu_count=1, price_per_gpu_hour=Decimal("1"))
+    cloud = remote(team, price_input_per_million=Decimal("2"), price_output_per_million=Decimal("8"))
+    at = timezone.now() - timedelta(minutes=5)
+    for channel, tokens in ((pool, 9000), (cloud, 100)):
+        RequestLog.objects.create(team=team, channel=channel, created_at=at, endpoint="chat", model="m",
+                                  status_code=200, outcome="ok", prompt_tokens=tokens, completion_tokens=tokens,
+                                  latency_ms=100)
+    usage_rollup_run()
+    summary = cost_summary(DashboardQuery(team=team, range="1h", now=timezone.now().timestamp()))
+    assert summary.baseline_channel == cloud
+    [pool_line] = [line for line in summary.lines if line.name == "gpu-pool"]
+    assert pool_line.baseline == pytest.approx(9000 * (2 + 8) / 1e6)  # the pool's tokens at the cloud's prices
 
 
 def test_compaction_keeps_a_pools_samples_apart_from_a_deployments(team_setup, engines):
