@@ -3,8 +3,9 @@ batches by `panel.usage.writer`; read by budgets, canaries, the advisor and the 
 from django.db import models
 from django.utils import timezone
 
-# Steps of an attempt trail that say how the request was placed (gateway/kv_placement.py), not attempts.
-PLACEMENT_STEPS = frozenset({"kv_placed", "kv_missed", "kv_fallback"})
+# Steps of an attempt trail that say how the request was placed, not attempts: by KV events (gateway/kv_placement.py),
+# or past a busy local engine to the cloud (gateway/spill.py): no call was made, so nothing failed.
+PLACEMENT_STEPS = frozenset({"kv_placed", "kv_missed", "kv_fallback", "spilled"})
 
 
 class RequestLog(models.Model):

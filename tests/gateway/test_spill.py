@@ -92,6 +92,34 @@ def test_the_wait_is_the_queue_beyond_the_slots_times_the_time_per_request():
     assert spill_order([local, cloud, other]) == [cloud, other, local]
 
 
+def test_a_spill_is_no_failed_attempt_of_the_engine_it_passed_by(setup):
+    """The engine was not called: the Latency tab's failures and the advisor's failing channels leave it out, and a
+    client that leaves during the cloud call after a spill was being answered (its prompt is charged)."""
+    import time
+
+    from panel.advisor.services import advice
+    from panel.dashboards.requests import failures_table
+    from panel.dashboards.selectors import DashboardQuery
+    from panel.gateway.exchange import Exchange
+
+    team, local, cloud = setup["team"], setup["local"], setup["cloud"]
+    spill = {"channel": local.name, "channel_id": local.pk, "outcome": "spilled", "ms": 0, "expected_wait_ms": 900}
+    for outcome in ("ok", "ok", "client_closed", "ok", "ok"):
+        RequestLog.objects.create(team=team, route=setup["route"], channel=cloud, endpoint="chat", model="chat",
+                                  outcome=outcome, status_code=200 if outcome == "ok" else 499, latency_ms=10,
+                                  spilled=True, attempts=1, attempt_trail=[
+                                      spill, {"channel": cloud.name, "channel_id": cloud.pk, "outcome": outcome,
+                                              "ms": 9}])
+    table = failures_table(DashboardQuery(team=team, range="1h"), {local.pk: local.name, cloud.pk: cloud.name})
+    assert [row[:2] for row in table.rows] == [[cloud.name, "client_closed"]]
+    assert not [item for item in advice(team=team) if item.rule == "channel_failing"]
+
+    exchange = Exchange("chat", time.perf_counter())
+    exchange.log["trail"].append(spill)
+    exchange.log["attempts"] = 1  # the cloud call, under way
+    assert exchange.attempt_in_flight()
+
+
 def test_the_cost_tab_counts_what_spilled_and_what_it_cost(setup, client):
     from panel.dashboards.pages import dashboard_page
     from panel.dashboards.rollup import usage_rollup_run
