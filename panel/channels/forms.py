@@ -89,6 +89,7 @@ SECTIONS = [
                 "price_cache_write_per_million", "price_tool_calls_per_thousand"]),
     ("vLLM pool", ["scrape_urls", "scrape_token", "gpu_count", "price_per_gpu_hour", "batch_slots"]),
 ]
+KIND_SECTIONS = {"vLLM pool": (ChannelKind.POOL,)}  # shown while the kind is one of these (all without JavaScript)
 
 
 class ChannelForm(forms.ModelForm):
@@ -167,7 +168,9 @@ class ChannelForm(forms.ModelForm):
         return cleaned
 
     def sections(self):
-        return [(title, [self[name] for name in names]) for title, names in SECTIONS]
+        """(title, bound fields, the kinds it is for: "" for every kind) per section of the form."""
+        return [(title, [self[name] for name in names], " ".join(KIND_SECTIONS.get(title, ())))
+                for title, names in SECTIONS]
 
     def channel_fields(self):
         fields = {name: self.cleaned_data[name] for name in CHANNEL_FIELDS}

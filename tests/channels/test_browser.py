@@ -113,3 +113,18 @@ def test_the_taotoken_preset_keeps_a_typed_key_and_asks_for_prices(page, live_se
     assert (channel.credential_kind, channel.credential_last4, channel.misconfigured) == ("stored", GOOD_KEY[-4:], "")
     assert str(channel.price_output_per_million.normalize()) == "2.2"
     screenshot(page, "channel-taotoken-key-kept")
+
+
+def test_the_channel_form_shows_the_pool_section_for_a_vllm_pool_only(page, live_server, team_setup):
+    sign_in(page, live_server.url, "alice", "pw-alice-123")
+    page.goto(f"{live_server.url}/channels/new/")
+    pool = page.locator('section[data-when-field="kind"]')
+    expect(pool).to_contain_text("vLLM pool")
+    for kind, shown in (("remote", False), ("pool", True), ("local", False), ("pool", True)):
+        page.select_option("#id_kind", kind)
+        if shown:
+            expect(page.locator("#id_scrape_urls")).to_be_visible()
+        else:
+            expect(page.locator("#id_scrape_urls")).to_be_hidden()
+    page.fill("#id_name", "gpu-pool")
+    screenshot(page, "channel-form-pool")
