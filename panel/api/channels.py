@@ -53,6 +53,12 @@ class ChannelOut(Schema):
     price_cache_write_per_million: Money | None
     price_tool_calls_per_thousand: Money
     enabled: bool
+    scrape_urls: list[str] = Field(description="A vLLM pool's /metrics URLs, one per engine (empty for other kinds).")
+    scrape_token: str = Field(description="A vLLM pool's stored bearer token for its /metrics, as its last four "
+                                          "characters only; empty when none is stored.")
+    gpu_count: int = Field(description="A vLLM pool's GPUs (0 for other kinds).")
+    price_per_gpu_hour: Money | None = Field(description="What one of a vLLM pool's GPUs costs an hour.")
+    batch_slots: int | None = Field(description="The requests a vLLM pool's engines run at once (for spilling).")
     misconfigured: str
     warnings: list[str] = []
     last_test: dict[str, Any] | None
@@ -81,9 +87,11 @@ class SettingsImported(Schema):
 
 def channel_out(channel):
     out = {name: getattr(channel, name) for name in ChannelOut.model_fields
-           if name not in ("credential", "warnings", "last_test")}
+           if name not in ("credential", "warnings", "last_test", "scrape_urls", "scrape_token")}
     out.update(credential=channel.credential_display, warnings=list(getattr(channel, "warnings", [])),
-               last_test=channel.last_test or None, misconfigured=channel.problem)
+               last_test=channel.last_test or None, misconfigured=channel.problem,
+               scrape_urls=channel.scrape_url_list(),
+               scrape_token=f"••••{channel.scrape_token_last4}" if channel.scrape_token_ciphertext else "")
     return out
 
 

@@ -2,6 +2,8 @@
 and price per GPU-hour; its token stored encrypted and shown only as its last four; bad input refused in words with
 nothing written; a stored token never follows the scrape URLs to another server; what the gateway's target and the
 evaluation runs read of it."""
+import json
+
 import pytest
 from django.urls import reverse
 
@@ -138,9 +140,14 @@ def test_the_api_takes_a_pool_with_the_pages_rules_and_never_returns_its_token(c
     made = call(client, "post", "/channels", raw, body)
     assert made.status_code == 201, made.content
     assert TOKEN not in made.content.decode() and made.json()["kind"] == "pool"
+    answer = made.json()
+    assert answer["scrape_urls"] == ["http://127.0.0.1:18001/metrics"] and answer["scrape_token"] == "••••" + TOKEN[-4:]
+    assert (answer["gpu_count"], answer["price_per_gpu_hour"], answer["batch_slots"]) == (1, "2", None)
     pool = Channel.objects.get()
     assert crypto.decrypt(pool.scrape_token_ciphertext) == TOKEN and pool.gpu_hourly_price() == 2.0
     changed = call(client, "patch", f"/channels/{pool.pk}", raw, {"gpu_count": 4})
     assert changed.status_code == 200, changed.content
     pool.refresh_from_db()
     assert pool.gpu_count == 4 and crypto.decrypt(pool.scrape_token_ciphertext) == TOKEN
+    listed = {channel["name"]: channel for channel in call(client, "get", "/channels", raw).json()}
+    assert listed["gpu-pool"]["gpu_count"] == 4 and TOKEN not in json.dumps(listed)
