@@ -3,7 +3,9 @@ time it was up in that minute (as the Cost tab counts it: `Deployment.hourly_pri
 cost is split among the requests its local channels served in the minute, by prompt + completion tokens (by request
 count when none has any), written to each row's `gpu_cost` and added to its `cost`. The roll-ups and the spend per
 key and team then count it, and the budget counters move by the same amounts once the minute commits ([0091]). A
-minute without requests is charged to no one ([0050]).
+minute without requests is charged to no one ([0050]). A vLLM pool's GPUs are split the same way among the requests
+its channel served: its GPUs × its price per GPU-hour, every minute since the channel was made (as the Cost tab counts
+a pool), from this month's start at the earliest.
 
 - A minute is allocated SETTLE_SECONDS after it ended: the usage writer stamps a row when it writes it (a batch every
   FLUSH_SECONDS, a write waits at most SQLite's busy timeout), so by then the minute's rows are in.
@@ -73,7 +75,7 @@ def local_cost_allocate(*, now=None):
             result.skipped = True
             return result
         top = RequestLog.objects.order_by("-id").values_list("id", flat=True).first() or 0
-        watermarks = LocalCostWatermark.objects.in_bulk(field_name="deployment_id")
+        watermarks = LocalCostWatermark.objects.filter(deployment__isnull=False).in_bulk(field_name="deployment_id")
         deployments = (Deployment.objects.filter(ready_at__isnull=False)
                        .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=month_start))
                        .select_related("host").order_by("pk"))
@@ -89,7 +91,18 @@ def local_cost_allocate(*, now=None):
                     deployment=deployment, allocated_since=first, allocated_until=first, checked_id=top)
             watermark = watermarks[deployment.pk]
             if not _done(deployment, watermark, now):
-                _deployment_allocate(deployment, watermark, hourly, horizon=horizon, top=top, result=result)
+                _source_allocate(_DeploymentSource(deployment, hourly), watermark, horizon=horizon, top=top,
+                                 result=result)
+        pool_marks = LocalCostWatermark.objects.filter(channel__isnull=False).in_bulk(field_name="channel_id")
+        for pool in Channel.objects.filter(kind=ChannelKind.POOL).order_by("pk"):
+            hourly = pool.gpu_hourly_price()
+            if hourly is None:
+                continue  # the Cost tab names an unpriced pool
+            if pool.pk not in pool_marks:  # from when it was made, as the Cost tab charges it, within this month
+                first = _floor(max(pool.created_at, month_start).timestamp())
+                pool_marks[pool.pk] = LocalCostWatermark.objects.create(
+                    channel=pool, allocated_since=first, allocated_until=first, checked_id=top)
+            _source_allocate(_PoolSource(pool, hourly), pool_marks[pool.pk], horizon=horizon, top=top, result=result)
     if result.unpriced:
         log.info("no GPU price on %s: their requests carry no GPU cost", ", ".join(sorted(set(result.unpriced))))
     return result
@@ -102,12 +115,40 @@ def _done(deployment, watermark, now):
             and now - ended.timestamp() > LATE_ROWS_WINDOW_SECONDS)
 
 
-def _deployment_allocate(deployment, watermark, hourly, *, horizon, top, result):
-    channels = list(Channel.objects.filter(deployment=deployment, kind=ChannelKind.LOCAL).values_list("id", flat=True))
+class _DeploymentSource:
+    """A deployment's GPUs: their cost while it was up (less its sleep), split among its local channels' rows."""
+
+    def __init__(self, deployment, hourly):
+        self.deployment, self.hourly = deployment, hourly
+        self.finished_at = deployment.finished_at
+        self.channels = list(Channel.objects.filter(deployment=deployment, kind=ChannelKind.LOCAL)
+                             .values_list("id", flat=True))
+
+    def units_until(self, until):
+        """The GPU cost from its ready time to `until`, in 1e-8 units."""
+        hours = deployment_up_hours(self.deployment, since=self.deployment.ready_at.timestamp(), until=until)
+        return round(hours * self.hourly * UNIT)
+
+
+class _PoolSource:
+    """A vLLM pool's GPUs: always up since its channel was made (engines the panel did not start), split among the
+    pool channel's rows."""
+
+    finished_at = None
+
+    def __init__(self, pool, hourly):
+        self.created, self.hourly, self.channels = pool.created_at.timestamp(), hourly, [pool.pk]
+
+    def units_until(self, until):
+        return round(max(until - self.created, 0) / 3600 * self.hourly * UNIT)
+
+
+def _source_allocate(source, watermark, *, horizon, top, result):
+    channels = source.channels
     start = watermark.allocated_until
     end = min(horizon, start + MAX_MINUTES_PER_RUN * MINUTE)
-    if deployment.finished_at is not None:
-        end = min(end, _ceil(deployment.finished_at.timestamp()))
+    if source.finished_at is not None:
+        end = min(end, _ceil(source.finished_at.timestamp()))
     late = busy = ()
     if channels:
         late = {_floor(created.timestamp()) for created in RequestLog.objects.filter(
@@ -119,28 +160,28 @@ def _deployment_allocate(deployment, watermark, hourly, *, horizon, top, result)
             .annotate(minute=TruncMinute("created_at")).values_list("minute", flat=True).distinct()} if end > start \
             else ()
     for minute in sorted(late):
-        result.rows += _minute_allocate(deployment, watermark, channels, minute, hourly, result)
+        result.rows += _minute_allocate(source, watermark, minute, result)
         result.minutes += 1
         result.late_minutes += 1
     for minute in sorted(busy):
-        result.rows += _minute_allocate(deployment, watermark, channels, minute, hourly, result)
+        result.rows += _minute_allocate(source, watermark, minute, result)
         result.minutes += 1
     # The idle minutes up to `end` are passed: charged to no one.
     LocalCostWatermark.objects.filter(pk=watermark.pk).update(allocated_until=Greatest("allocated_until", end),
                                                               checked_id=Greatest("checked_id", top))
 
 
-def _minute_allocate(deployment, watermark, channels, minute, hourly, result):
+def _minute_allocate(source, watermark, minute, result):
     """Split one minute's GPU cost among the rows of that minute, with the watermark and the roll-up of the minute
     in the same transaction, and move the budget counters by the rows' changes once it commits. Returns the number
     of rows."""
-    units = _units_until(deployment, hourly, minute + MINUTE) - _units_until(deployment, hourly, minute)
+    units = source.units_until(minute + MINUTE) - source.units_until(minute)
     with transaction.atomic():
         # The watermark first: its UPDATE takes the write lock (SQLite) or the row's lock (PostgreSQL) before the
         # rows are read, so two runs never split one minute from a stale read.
         LocalCostWatermark.objects.filter(pk=watermark.pk).update(
             allocated_until=Greatest("allocated_until", minute + MINUTE))
-        rows = list(RequestLog.objects.filter(channel_id__in=channels, created_at__gte=_moment(minute),
+        rows = list(RequestLog.objects.filter(channel_id__in=source.channels, created_at__gte=_moment(minute),
                                               created_at__lt=_moment(minute + MINUTE)).order_by("id")
                     .only("id", "team_id", "key_id", "tags", "created_at", "prompt_tokens", "completion_tokens",
                           "cost", "gpu_cost"))
@@ -181,12 +222,6 @@ def shares_split(units, weights):
     for i in order[:units - sum(shares)]:
         shares[i] += 1
     return shares
-
-
-def _units_until(deployment, hourly, until):
-    """The deployment's GPU cost from its ready time to `until`, in 1e-8 units."""
-    hours = deployment_up_hours(deployment, since=deployment.ready_at.timestamp(), until=until)
-    return round(hours * hourly * UNIT)
 
 
 def _moment(seconds):

@@ -137,14 +137,22 @@ class RollupWatermark(models.Model):
 
 
 class LocalCostWatermark(models.Model):
-    """How far a deployment's GPU cost has been allocated to its requests (panel/dashboards/local_cost.py): every
-    minute from `allocated_since` to before `allocated_until` (epoch seconds); `checked_id` is the highest RequestLog
-    id seen when it last looked, from which it looks for rows written late into an allocated minute."""
+    """How far a deployment's (or a vLLM pool's) GPU cost has been allocated to its requests
+    (panel/dashboards/local_cost.py): every minute from `allocated_since` to before `allocated_until` (epoch
+    seconds); `checked_id` is the highest RequestLog id seen when it last looked, from which it looks for rows
+    written late into an allocated minute. Exactly one of `deployment` and `channel` (the pool's) is set."""
 
-    deployment = models.OneToOneField("serving.Deployment", on_delete=models.CASCADE, related_name="+")
+    deployment = models.OneToOneField("serving.Deployment", null=True, blank=True, on_delete=models.CASCADE,
+                                      related_name="+")
+    channel = models.OneToOneField("channels.Channel", null=True, blank=True, on_delete=models.CASCADE,
+                                   related_name="+")
     allocated_since = models.BigIntegerField()  # the first minute allocated: nothing before it is ever rewritten
     allocated_until = models.BigIntegerField()
     checked_id = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.CheckConstraint(
+            condition=models.Q(deployment__isnull=True) ^ models.Q(channel__isnull=True), name="watermark_one_source")]
 
 
 class EngineSample(models.Model):

@@ -1,6 +1,7 @@
 """Local requests carry their GPU cost (panel/dashboards/local_cost.py): a minute's GPU cost split by tokens adds up
 exactly, an unpriced host allocates nothing and says so, a late row re-splits its minute, a second run changes
-nothing, and the roll-up, the budget counters and the API count it while the Cost tab's totals stay as they were.
+nothing, and the roll-up, the budget counters and the API count it while the Cost tab's totals stay as they were;
+a vLLM pool's GPUs are split among its requests the same way.
 Beside the dashboards' tests: the allocation needs deployments and the Cost tab's math, which sit above `usage`."""
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -175,6 +176,39 @@ def test_the_rollup_and_the_budgets_count_it_and_the_cost_tabs_totals_do_not_cha
     assert counted("key", web.pk) == web_share
     assert counted("key", batch.pk) == Decimal("0.0032") + gpu - web_share
     assert counted("team", team.pk) == Decimal("0.0032") + gpu
+
+
+def test_a_pools_gpus_are_split_among_its_requests_and_counted_by_the_budgets(local):
+    """2 GPUs at 1.50 an hour: 0.05 a minute since the pool's channel was made, as the Cost tab charges it."""
+    team = local["team"]
+    pool = Channel.objects.create(team=team, name="gpu-pool", kind="pool", base_url="http://pool/v1",
+                                  model_id="pool-chat", scrape_urls="http://pool/metrics", gpu_count=2,
+                                  price_per_gpu_hour=Decimal("1.5"))
+    Channel.objects.filter(pk=pool.pk).update(created_at=T - timedelta(minutes=90))
+    unpriced = Channel.objects.create(team=team, name="free-pool", kind="pool", base_url="http://free/v1",
+                                      model_id="pool-chat", scrape_urls="http://free/metrics")
+    big = request(local, M, 300, 0, channel=pool)
+    small = request(local, M + timedelta(seconds=40), 60, 40, key=local["batch"], channel=pool)
+    other = request(local, M, 10, 10, channel=unpriced)
+    budget_set(team=team, money_per_month=Decimal("100"))
+    usage_rollup_run()
+    query = DashboardQuery(team=team, range="24h", now=T.timestamp())
+    before = cost_summary(query)
+
+    done = local_cost_allocate(now=T.timestamp())
+
+    assert done.minutes == 1 and done.rows == 2
+    assert (fresh(big).gpu_cost, fresh(small).gpu_cost) == (Decimal("0.0375"), Decimal("0.0125"))
+    assert fresh(big).cost == Decimal("0.0375") and (fresh(other).gpu_cost, fresh(other).cost) == (None, 0)
+    watermark = LocalCostWatermark.objects.get(channel=pool)
+    assert watermark.allocated_since == int((T - timedelta(minutes=90)).timestamp())
+    assert not LocalCostWatermark.objects.filter(channel=unpriced).exists()
+    assert local_cost_allocate(now=T.timestamp()).rows == 0  # done once
+    after = cost_summary(query)
+    assert (after.local_cost, after.cloud_cost, after.actual) == pytest.approx(
+        (before.local_cost, before.cloud_cost, before.actual))  # the Cost tab charges the pool by its hours
+    budgets_reconcile(month=MONTH)
+    assert counted("team", team.pk) == Decimal("0.05") and counted("key", local["batch"].pk) == Decimal("0.0125")
 
 
 def counted(scope, ident):
