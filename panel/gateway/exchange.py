@@ -67,6 +67,7 @@ class Exchange:
         self.shadow = None  # the route's ShadowPlan when a shadow test runs on it
         self.answer_parts = []  # the answer's text, collected for a sample or a shadow test only
         self.trace_text = False  # the team lets its prompts and answers into its trace (gateway/tracing.py)
+        self.trace_ids = None  # its span's ids, while OpenTelemetry is on (tracing.TraceIds)
         self.spill_watch = False  # the route spills on overload: an engine's answer times its requests
         self.error = None  # what ended the request when it failed (`fail`)
         self.lease = None  # the replica this request counts in flight on (gateway/balancing.py), given back at its end

@@ -16,7 +16,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from panel.gateway import otlp_metrics
 
@@ -36,7 +37,8 @@ class Exporters:
         interval = settings.OTEL_EXPORT_INTERVAL_SECONDS
         self.resource = Resource.create({"service.name": settings.OTEL_SERVICE_NAME,
                                          "service.instance.id": f"{socket.gethostname()}-{self.pid}"})
-        self.provider = TracerProvider(resource=self.resource, shutdown_on_exit=False)
+        self.ids = PresetIds()
+        self.provider = TracerProvider(resource=self.resource, shutdown_on_exit=False, id_generator=self.ids)
         self.processor = BatchSpanProcessor(
             OTLPSpanExporter(endpoint=f"{endpoint}/v1/traces", headers=headers, timeout=EXPORT_TIMEOUT_SECONDS),
             schedule_delay_millis=interval * 1000)
@@ -49,10 +51,21 @@ class Exporters:
         self.thread.start()
         atexit.register(self.stop)  # the spans still queued and the last figures go out as the process ends
 
-    def emit(self, request, attempts):
+    def emit(self, request, attempts, ids=None):
         """Make the request's span (a server span) and its attempts' (client spans, its children) from their
-        tracing.Span, ended at their own times: the batch processor queues them for its thread."""
-        parent = self._start(request, SpanKind.SERVER, None)
+        tracing.Span, ended at their own times: the batch processor queues them for its thread. `ids`
+        (tracing.TraceIds): the request span's own ids, under the client's span when it named one."""
+        outer = None
+        if ids is not None:
+            self.ids.preset(ids.trace_id, ids.span_id)
+            if ids.parent_span_id is not None:
+                outer = trace.set_span_in_context(NonRecordingSpan(SpanContext(
+                    ids.trace_id, ids.parent_span_id, is_remote=True, trace_flags=TraceFlags(ids.flags),
+                    trace_state=TraceState.from_header([ids.tracestate]) if ids.tracestate else None)))
+        try:
+            parent = self._start(request, SpanKind.SERVER, outer)
+        finally:
+            self.ids.preset(None, None)
         context = trace.set_span_in_context(parent)
         for attempt in attempts:
             self._start(attempt, SpanKind.CLIENT, context).end(end_time=attempt.end_ns)
@@ -84,6 +97,25 @@ class Exporters:
         self.send_metrics()
         self.provider.shutdown()
         self.metric_exporter.shutdown()
+
+
+class PresetIds(RandomIdGenerator):
+    """Random ids, except those chosen for the next span this thread makes: a request's span gets the ids its
+    upstream calls already carried in their traceparent (gateway/tracing.py)."""
+
+    def __init__(self):
+        self._next = threading.local()
+
+    def preset(self, trace_id, span_id):
+        self._next.trace_id, self._next.span_id = trace_id, span_id
+
+    def generate_trace_id(self):
+        return getattr(self._next, "trace_id", None) or super().generate_trace_id()
+
+    def generate_span_id(self):
+        chosen = getattr(self._next, "span_id", None)
+        self._next.span_id = None  # one span only: its children get ids of their own
+        return chosen or super().generate_span_id()
 
 
 _exporters = None

@@ -101,8 +101,10 @@ async def _steps(call, exchange, send):
         await token_count.respond(exchange, route, body, send)
         return
     exchange.body = body  # its prompt is charged by estimate if the upstream reports no usage
-    if settings.OTEL_ENDPOINT and call.endpoint in SAMPLED_ENDPOINTS:  # the team's text in its trace, if it lets it
-        exchange.trace_text = await tracing.team_shares_text(call.key.team_id)
+    if settings.OTEL_ENDPOINT:
+        exchange.trace_ids = tracing.trace_ids(call.headers)  # the client's trace continued, or a new one
+        if call.endpoint in SAMPLED_ENDPOINTS:  # the team's text in its trace, if it lets it
+            exchange.trace_text = await tracing.team_shares_text(call.key.team_id)
     if call.client and call.endpoint in SAMPLED_ENDPOINTS:
         exchange.sampling, exchange.shadow = route.sampling, route.shadow
     targets = await place(call, route, exchange)

@@ -6,6 +6,7 @@ import time
 
 from panel.channels.diagnosis import describe_upstream_error
 from panel.core import safejson
+from panel.gateway import tracing
 from panel.gateway.apis import openai_error_body as error_body
 from panel.gateway.attempts import first_success
 from panel.gateway.sampling import answer_of
@@ -44,7 +45,7 @@ async def plain_response(exchange, route, passage, send):
     async def attempt(target, limits):
         api, path, payload = passage.request(target, stream=False)
         return passage.answer(target, await post_json(target, path, payload, limits, api,
-                                                      passage.upstream_headers(api)))
+                                                      upstream_headers(exchange, passage, api, target)))
 
     try:
         target, (data, usage) = await first_success(passage.targets, attempt,
@@ -84,6 +85,11 @@ def is_json(text):
     return True
 
 
+def upstream_headers(exchange, passage, api, target):
+    """The client's headers that go with its body, and the trace context for the team's own engines."""
+    return {**passage.upstream_headers(api), **tracing.engine_headers(exchange, target)}
+
+
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
 
@@ -91,7 +97,7 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-
 async def stream_response(exchange, route, passage, send):
     def attempt(target, limits):
         api, path, payload = passage.request(target, stream=True)
-        return open_stream(target, path, payload, limits, api, passage.upstream_headers(api))
+        return open_stream(target, path, payload, limits, api, upstream_headers(exchange, passage, api, target))
 
     try:
         target, opened = await first_success(

@@ -5,10 +5,18 @@ OpenTelemetry's GenAI semantic conventions (gen_ai.*) plus the panel's own (toke
 cost, outcome). The request's text (gen_ai.input.messages, gen_ai.output.messages) is added only for a team whose
 owner turned on "prompts in traces" (Team.trace_prompts), and never otherwise.
 
+A client's W3C `traceparent` is continued: the request's span is a child of the client's span, in the client's
+trace. The span's ids are chosen when the request arrives (TraceIds), so each call of the team's own engines (a
+deployment, a vLLM pool) carries a `traceparent` naming it, and an engine that exports its own spans (vLLM's
+--otlp-traces-endpoint) puts them under the gateway's request span. A cloud provider is sent none: it never joins the
+team's trace.
+
 The spans are handed to the SDK's batch processor, which exports them on its own thread: the request never waits
 on the collector. With TOKENWISE_OTEL_ENDPOINT empty, none of this runs (pipeline.py checks the setting)."""
 import json
 import logging
+import random
+import re
 import time
 from typing import NamedTuple
 from urllib.parse import urlsplit
@@ -47,6 +55,52 @@ async def team_shares_text(team_id):
     return shares
 
 
+# W3C Trace Context: version-trace id-parent id-flags; a later version may add fields after the flags.
+TRACEPARENT_RE = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+TRACESTATE_MAX_CHARS = 512  # the spec's limit for what a vendor must pass on
+
+
+class TraceIds(NamedTuple):
+    """The ids of a request's span, chosen as it arrives: in the trace a valid client traceparent named (its span
+    the parent) or in a new trace."""
+
+    trace_id: int
+    span_id: int
+    parent_span_id: int | None
+    flags: int
+    tracestate: str
+
+
+def trace_ids(headers):
+    """TraceIds for a request's ASGI headers. A traceparent is continued when valid: version 00 with nothing after
+    the flags, or a later version (read as 00; never ff), ids not all zeros. Otherwise a new, sampled trace."""
+    given, state = "", ""
+    for name, value in headers:
+        if name == b"traceparent":
+            given = value.decode("latin-1").strip().lower()
+        elif name == b"tracestate":
+            state = value.decode("latin-1").strip()
+    span_id = random.getrandbits(64) or 1
+    match = TRACEPARENT_RE.match(given)
+    if match and match[1] != "ff" and (match[1] != "00" or match[5] is None):
+        trace, parent = int(match[2], 16), int(match[3], 16)
+        if trace and parent:
+            return TraceIds(trace, span_id, parent, int(match[4], 16), state[:TRACESTATE_MAX_CHARS])
+    return TraceIds(random.getrandbits(128) or 1, span_id, None, 1, "")
+
+
+def engine_headers(exchange, target):
+    """The trace context for a call of `target`: to the team's own engines only (a deployment, a vLLM pool), and only
+    while OpenTelemetry is on."""
+    ids = exchange.trace_ids
+    if ids is None or not (target.channel.is_local or target.channel.is_pool):
+        return {}
+    headers = {"traceparent": f"00-{ids.trace_id:032x}-{ids.span_id:016x}-{ids.flags:02x}"}
+    if ids.tracestate:
+        headers["tracestate"] = ids.tracestate
+    return headers
+
+
 class Span(NamedTuple):
     """What one span says, before the SDK makes it (panel/gateway/otlp.py)."""
 
@@ -66,7 +120,7 @@ def request_ended(exchange):
 
     try:
         request, attempts = spans_of(exchange)
-        otlp.exporters().emit(request, attempts)
+        otlp.exporters().emit(request, attempts, exchange.trace_ids)
     except Exception:  # a trace that cannot be made is lost, never the request's end (its usage row is written)
         log.exception("request %s: its spans were not made", exchange.request_id)
 

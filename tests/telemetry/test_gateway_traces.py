@@ -1,8 +1,9 @@
 """A gateway process (uvicorn, as it runs in production) with TOKENWISE_OTEL_ENDPOINT set sends a span per request
 and one per upstream attempt, and the panel's metrics, to an OTLP/HTTP receiver; the request's text only for a team
-whose owner turned it on."""
+whose owner turned it on; a client's traceparent continued, and passed to the team's own engines only."""
 import json
 
+import httpx
 import pytest
 
 from panel.accounts.models import Team
@@ -144,3 +145,33 @@ def test_it_sends_the_panels_metrics(traced, receiver, setup):
               if point["name"] == "tokenwise_gateway_tokens" and point["attributes"]["model"] == "chat"}
     assert tokens["prompt"] >= 4 and tokens["completion"] >= 1
     assert points[-1]["resource"]["service.instance.id"]
+
+
+def test_it_continues_a_clients_trace_and_passes_it_to_the_teams_own_engine_only(traced, receiver, setup, primary,
+                                                                                  fallback):
+    trace_id, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    headers = {"Authorization": f"Bearer {setup['raw']}", "traceparent": f"00-{trace_id}-{client_span}-01",
+               "tracestate": "vendor=abc"}
+    primary.behave("status_500", times=2)  # the local engine fails twice, then the cloud answers
+    response = httpx.post(f"{traced.url}/v1/chat/completions", json=CHAT, headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    request, attempts = trace_of(receiver, response.headers["x-request-id"], 3)
+    assert (request["trace_id"], request["parent_span_id"]) == (trace_id, client_span)
+    assert {span["trace_id"] for span in attempts} == {trace_id}
+    # The engine's calls carried the trace, the request span as their parent; the cloud got none.
+    sent = [call.headers.get("traceparent") for call in primary.requests]
+    assert sent == [f"00-{trace_id}-{request['span_id']}-01"] * 2
+    assert {call.headers.get("tracestate") for call in primary.requests} == {"vendor=abc"}
+    assert [call.headers.get("traceparent") for call in fallback.requests] == [None]
+
+    # No traceparent, or one that cannot be continued: a trace of the gateway's own, still passed to the engine.
+    for given in (None, "00-00000000000000000000000000000000-00f067aa0ba902b7-01", f"ff-{trace_id}-{client_span}-01"):
+        primary.reset()
+        extra = {"traceparent": given} if given else {}
+        answered = httpx.post(f"{traced.url}/v1/chat/completions", json=CHAT, timeout=30,
+                              headers={"Authorization": f"Bearer {setup['raw']}", **extra})
+        assert answered.status_code == 200
+        own, _ = trace_of(receiver, answered.headers["x-request-id"], 1)
+        assert own["trace_id"] != trace_id and not own["parent_span_id"]
+        assert [call.headers["traceparent"] for call in primary.requests] == [
+            f"00-{own['trace_id']}-{own['span_id']}-01"]
