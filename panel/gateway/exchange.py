@@ -184,7 +184,8 @@ class Exchange:
                             channel_id=channel.id if channel else None, attempts=self.log["attempts"],
                             rate_limited_attempts=self.log["rate_limited"], fell_back=self.log["fell_back"],
                             attempt_trail=self.log["trail"], request_id=self.request_id, **fields)
-        metrics.gateway_request_observe(fields=fields, fell_back=self.log["fell_back"], refused=not self.model_served)
+        metrics.gateway_request_observe(fields=fields, fell_back=self.log["fell_back"], refused=not self.model_served,
+                                        trail=self.log["trail"])
         if self.sampling is not None and self.responded and fields["outcome"] == "ok" and fields["status_code"] == 200:
             self.sample(channel)
         if fields["outcome"] != "ok" or fields["status_code"] >= 400:

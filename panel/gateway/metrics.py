@@ -4,6 +4,8 @@ Labels are the endpoint, the outcome and the model name of a route (REFUSED for 
 was found: a name the client made up must not grow the label set); never a key or a team's secret."""
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from panel.usage.models import PLACEMENT_STEPS
+
 registry = CollectorRegistry(auto_describe=True)
 REFUSED = "(refused)"  # the model label of a request refused before a route was found
 
@@ -11,6 +13,10 @@ REQUESTS = Counter("tokenwise_gateway_requests", "Gateway requests, by endpoint,
                    ("endpoint", "model", "outcome"), registry=registry)
 ERRORS = Counter("tokenwise_gateway_errors", "Gateway requests that ended in an error, by kind",
                  ("endpoint", "model", "kind"), registry=registry)
+# Per failed upstream attempt, retried or fallen back from or not: which channel fails, and how (the channel's name,
+# which its team chose; a placement step such as a spill is no attempt).
+ATTEMPT_FAILURES = Counter("tokenwise_gateway_attempt_failures", "Failed upstream attempts, by channel and outcome",
+                           ("channel", "outcome"), registry=registry)
 FALLBACKS = Counter("tokenwise_gateway_fallbacks", "Requests answered by a later channel than the first",
                     ("endpoint", "model"), registry=registry)
 TOKENS = Counter("tokenwise_gateway_tokens", "Tokens through the gateway, by direction", ("model", "direction"),
@@ -25,9 +31,10 @@ LATENCY = Histogram("tokenwise_gateway_request_latency_seconds", "Whole request,
                     buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60))
 
 
-def gateway_request_observe(*, fields, fell_back, refused=False):
+def gateway_request_observe(*, fields, fell_back, refused=False, trail=()):
     """Count one finished gateway request (the same facts as its usage record); `refused`: it never reached a
-    route (no key, a model the key may not use or no route serves), so its model name is the client's."""
+    route (no key, a model the key may not use or no route serves), so its model name is the client's; `trail`: its
+    attempt trail, whose failed attempts are counted by channel."""
     endpoint, outcome = fields.get("endpoint", ""), fields.get("outcome", "")
     model = REFUSED if refused else fields.get("model", "")[:80]
     REQUESTS.labels(endpoint, model, outcome).inc()
@@ -35,6 +42,9 @@ def gateway_request_observe(*, fields, fell_back, refused=False):
         ERRORS.labels(endpoint, model, fields.get("error_kind") or "unknown").inc()
     if fell_back:
         FALLBACKS.labels(endpoint, model).inc()
+    for step in trail:
+        if step.get("outcome") not in ("ok", *PLACEMENT_STEPS):
+            ATTEMPT_FAILURES.labels(str(step.get("channel") or "?")[:80], step.get("outcome") or "?").inc()
     TOKENS.labels(model, "prompt").inc(fields.get("prompt_tokens") or 0)
     TOKENS.labels(model, "completion").inc(fields.get("completion_tokens") or 0)
     COST.labels(model).inc(float(fields.get("cost") or 0))

@@ -364,8 +364,13 @@ def test_it_exposes_the_gateways_own_metrics(client, settings):
                                             "latency_ms": 300}, fell_back=True)
     metrics.gateway_request_observe(fields={"endpoint": "chat", "model": "m1", "status_code": 502,
                                             "outcome": "error", "error_kind": "upstream_5xx", "latency_ms": 50},
-                                    fell_back=False)
+                                    fell_back=False, trail=[
+                                        {"channel": "busy-engine", "outcome": "spilled"},  # passed by: no attempt
+                                        {"channel": "cloud-metrics-test", "outcome": "upstream_5xx"},
+                                        {"channel": "cloud-metrics-test", "outcome": "upstream_5xx"}])
     text = client.get("/metrics").content.decode()
+    assert 'tokenwise_gateway_attempt_failures_total{channel="cloud-metrics-test",outcome="upstream_5xx"} 2.0' in text
+    assert 'channel="busy-engine"' not in text
     assert 'tokenwise_gateway_requests_total{endpoint="chat",model="m1",outcome="ok"}' in text
     assert 'tokenwise_gateway_errors_total{endpoint="chat",kind="upstream_5xx",model="m1"}' in text
     assert 'tokenwise_gateway_fallbacks_total{endpoint="chat",model="m1"}' in text
