@@ -128,7 +128,15 @@ def test_an_adapter_is_registered_served_beside_its_base_routed_and_billed(smoll
     wait_until(lambda: rows.filter(endpoint="compare").exists(), message="the adapter's rows")
     row = rows.get(endpoint="chat")
     assert (row.channel_id, row.outcome, row.completion_tokens > 0) == (channel.pk, "ok", True)
-    local_cost_allocate(now=time.time() + 180)  # every minute of these requests settled
+    served = RequestLog.objects.filter(channel__deployment=deployment)
+
+    def allocated():
+        """Every minute of these requests settled; a row its writer (a worker's, Compare's) wrote after a run is
+        found by the next run, as beat's next run finds it."""
+        local_cost_allocate(now=time.time() + 180)
+        return not served.filter(gpu_cost__isnull=True).exists()
+
+    wait_until(allocated, seconds=30, interval=1, message="every row of the deployment's channels allocated")
     row.refresh_from_db()
     assert row.gpu_cost > 0 and row.cost == row.gpu_cost, (row.gpu_cost, row.cost)
     assert all(base.gpu_cost > 0 for base in RequestLog.objects.filter(model="smol-chat"))
