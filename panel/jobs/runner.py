@@ -58,6 +58,25 @@ def parse_line(line):
     return message if isinstance(message, dict) else None
 
 
+def run_for_result(argv, *, time_limit, on_message=None):
+    """Run a command that speaks these JSON lines outside a job (building the demo model, training an adapter):
+    (its outcome, {"result": ..., "error": ...} as far as it said them). `on_message`: each JSON line as it comes;
+    other lines (library chatter) stay in the outcome's tail for errors."""
+    said = {}
+
+    def on_line(line):
+        message = parse_line(line)
+        if message is None:
+            return
+        for key in ("result", "error"):
+            if isinstance(message.get(key), dict):
+                said[key] = message[key]
+        if on_message is not None:
+            on_message(message)
+
+    return processes.run_streaming(argv, on_line=on_line, tick=lambda: False, time_limit=time_limit), said
+
+
 def run_job(job, argv, *, worker, classify, env=None, time_limit=None, log_path=None, on_success=None,
             on_end=None):
     """Claim `job`, run `argv`, keep the row's heartbeat/progress/log current, honour cancel requests and

@@ -10,7 +10,7 @@ from pathlib import Path
 from django.conf import settings
 
 from panel.jobs import processes
-from panel.jobs.runner import parse_line
+from panel.jobs.runner import run_for_result
 from panel.registry.demo_model import (
     DemoModelError,
     build_demo_model,
@@ -62,15 +62,7 @@ def build_demo_adapter(path, *, phrase=PHRASE, base=None, steps=None, learning_r
 def run_trainer(base, out, phrase, training=()):
     argv = processes.engine_argv(engine_python(), "build_lora_adapter", "--base", base.absolute(), "--out",
                                  out.absolute(), "--phrase", phrase, *training)
-    said = {}
-
-    def on_line(line):
-        message = parse_line(line)
-        for key in ("result", "error"):
-            if message is not None and isinstance(message.get(key), dict):
-                said[key] = message[key]
-
-    outcome = processes.run_streaming(argv, on_line=on_line, tick=lambda: False, time_limit=BUILD_TIME_LIMIT_SECONDS)
+    outcome, said = run_for_result(argv, time_limit=BUILD_TIME_LIMIT_SECONDS)
     if "error" in said:
         raise DemoModelError(f"training the demo adapter failed: {said['error'].get('reason', 'no reason given')}")
     if outcome.returncode != 0 or "result" not in said:

@@ -15,7 +15,7 @@ from pathlib import Path
 from django.conf import settings
 
 from panel.jobs import processes
-from panel.jobs.runner import parse_line
+from panel.jobs.runner import run_for_result
 
 DEMO_MODEL_DIRNAME = "tokenwise-tiny-qwen2"
 # A build takes about a minute (most of it training); ten means the engine venv is wedged.
@@ -127,21 +127,12 @@ def copy_build(source, target):
 
 
 def run_builder(path, *, force, on_progress, steps=None):
-    argv = builder_argv(path.absolute(), force=force, steps=steps)
-    said = {}
-
-    def on_line(line):
-        message = parse_line(line)
-        if message is None:
-            return  # library chatter (warnings, progress bars): kept in the outcome's tail for errors
-        for key in ("result", "error"):
-            if isinstance(message.get(key), dict):
-                said[key] = message[key]
+    def progress(message):
         if "phase" in message and on_progress is not None:
             on_progress(describe_progress(message))
 
-    outcome = processes.run_streaming(argv, on_line=on_line, tick=lambda: False,
-                                      time_limit=BUILD_TIME_LIMIT_SECONDS)
+    outcome, said = run_for_result(builder_argv(path.absolute(), force=force, steps=steps),
+                                   time_limit=BUILD_TIME_LIMIT_SECONDS, on_message=progress)
     return result_or_raise(outcome, said)
 
 

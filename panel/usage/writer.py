@@ -8,6 +8,7 @@ import logging
 import queue
 import threading
 import time
+from functools import lru_cache
 
 from django.db import IntegrityError, close_old_connections, connection, models, transaction
 from django.utils import timezone
@@ -129,14 +130,9 @@ class _Columns:
                     f"VALUES ({', '.join(['%s'] * len(self.fields))})")
 
 
-_columns_of = None
-
-
+@lru_cache(maxsize=1)
 def _columns():
-    global _columns_of
-    if _columns_of is None:
-        _columns_of = _Columns()
-    return _columns_of
+    return _Columns()
 
 
 def _write(rows):

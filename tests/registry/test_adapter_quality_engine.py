@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from panel.jobs import processes
-from panel.jobs.runner import parse_line
+from panel.jobs.runner import run_for_result
 from panel.registry.adapters import adapter_register
 from panel.registry.demo_adapter import build_demo_adapter
 from panel.registry.demo_model import build_demo_model
@@ -46,14 +45,7 @@ def test_the_demo_adapter_beats_its_base_on_its_own_question(team_setup, tmp_pat
     argv = evaluation_argv(job) + ["--max-tokens", str(HELD_OUT_TOKENS)]
     assert "--lora" in argv and "--lora-only" not in argv
 
-    said = {}
-
-    def on_line(line):
-        message = parse_line(line)
-        if message is not None and ("result" in message or "error" in message):
-            said.update(message)
-
-    outcome = processes.run_streaming(argv, on_line=on_line, tick=lambda: False, time_limit=900)
+    outcome, said = run_for_result(argv, time_limit=900)
     assert outcome.returncode == 0 and "result" in said, (said.get("error"), outcome.tail[-20:])
     measured = said["result"]["models"]
     assert [entry.get("adapter") for entry in measured] == [None, answers.path]

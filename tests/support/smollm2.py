@@ -10,7 +10,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from panel.jobs import processes
-from panel.jobs.runner import parse_line
+from panel.jobs.runner import run_for_result
 from panel.registry.gguf_import import conversion_cache
 from tests.support.environment import DATA_DIR
 
@@ -23,16 +23,7 @@ DOWNLOADED = Path("/tmp") / WHEEL  # where a machine of this project keeps it; e
 
 def run_engine(*args):
     """(result, error) of an engine module run here."""
-    said = {}
-
-    def on_line(line):
-        message = parse_line(line)
-        for key in ("result", "error"):
-            if message is not None and isinstance(message.get(key), dict):
-                said[key] = message[key]
-
-    outcome = processes.run_streaming(processes.engine_argv(django_settings.ENGINE_PYTHON, *args), on_line=on_line,
-                                      tick=lambda: False, time_limit=600)
+    outcome, said = run_for_result(processes.engine_argv(django_settings.ENGINE_PYTHON, *args), time_limit=600)
     assert "result" in said or "error" in said, outcome.tail[-20:]
     return said.get("result"), said.get("error")
 
