@@ -50,7 +50,8 @@ def test_answered_requests_are_mirrored_to_the_candidate_and_judged_against_the_
     assert whole.choices[0].message.content == content_text(5)  # the route's own answer, never the candidate's
     streamed = list(client.chat.completions.create(model="chat", max_tokens=3, stream=True,
                                                    messages=[{"role": "user", "content": "Three words."}]))
-    assert streamed and fake.requests  # the candidate was asked in the background
+    assert streamed
+    wait_until(lambda: fake.requests, seconds=10, message="the candidate asked in the background (after the answer)")
     first, second = results(2)
     assert fake.requests[0].json["messages"] == [{"role": "system", "content": "Be brief."},
                                                  {"role": "user", "content": "Name five words."}]
