@@ -173,12 +173,14 @@ def prompt_blocks(body):
     return list(islice(_blocks(body), MAX_BLOCKS))
 
 
-def _blocks(body):
-    """prompt_blocks, one block at a time (a reader of the prompt's head stops early)."""
+def _blocks(body, tools_chars=None):
+    """prompt_blocks, one block at a time (a reader of the prompt's head stops early). `tools_chars`: a reader
+    of the head needs no more of the tools block than this many characters, and a tools list is written out only
+    that far (a client's tools list may be megabytes)."""
     blocks = []
     tools = body.get("tools") or body.get("functions")
     if tools:
-        blocks.append(json.dumps(tools, sort_keys=True, ensure_ascii=False))
+        blocks.append(_tools_json(tools, tools_chars))
     system = body.get("system")
     if isinstance(system, str) and system:
         blocks.append(system)
@@ -196,6 +198,22 @@ def _blocks(body):
         prompt = "\x00".join(item for item in prompt if isinstance(item, str))
     if isinstance(prompt, str):
         yield from (prompt[start:start + PROMPT_CHUNK_CHARS] for start in range(0, len(prompt), PROMPT_CHUNK_CHARS))
+
+
+def _tools_json(tools, chars=None):
+    """The tools as sorted JSON; with `chars`, a text that starts with the same `chars` characters as the whole,
+    written one tool at a time until it is that long."""
+    if chars is None or not isinstance(tools, list):
+        return json.dumps(tools, sort_keys=True, ensure_ascii=False)
+    parts, length = [], 1
+    for tool in tools:
+        parts.append(json.dumps(tool, sort_keys=True, ensure_ascii=False))
+        length += len(parts[-1]) + 2
+        if length > chars:
+            break
+    else:
+        return "[" + ", ".join(parts) + "]"
+    return "[" + ", ".join(parts)
 
 
 def _message_block(message):
@@ -235,7 +253,7 @@ def prompt_head_hash(body):
     document at the start of the user turn -- hash alike; a shorter prompt is hashed whole."""
     running = hmac.new(_prefix_key(), b"head:", digestmod=hashlib.sha256)
     left = HEAD_CHARS
-    for block in _blocks(body):
+    for block in _blocks(body, tools_chars=HEAD_CHARS):
         if left <= 0:
             break
         running.update(block[:left].encode("utf-8", "replace") + b"\x00")

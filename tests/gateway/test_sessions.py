@@ -1,6 +1,8 @@
 """Agent sessions: by the x-session-id header, by Anthropic metadata.user_id, by prefix chaining (a prompt that
 extends an earlier one of the same key); the repeated share from keyed prefix-block hashes; the keyed hash of a
 prompt's head, which the Cache tab reads; no prompt text stored."""
+import json
+
 import httpx
 
 from panel.gateway import fingerprint
@@ -118,6 +120,30 @@ def test_the_head_hash_is_the_prompts_first_characters_wherever_the_shared_text_
     tools = {**asking("x", "y"), "tools": [{"type": "function", "function": {"name": "n" * 2000}}]}
     assert head(tools) == head({**tools, "messages": [{"role": "user", "content": "other"}]})  # the tools fill it
     assert len(head(asking(one, "q"))) == fingerprint.HASH_CHARS
+
+
+def test_the_head_hash_writes_out_only_the_head_of_a_long_tools_list(monkeypatch):
+    tools = [{"type": "function", "function": {"name": f"tool_{n}", "description": "d" * 300}} for n in range(5000)]
+    body = {**CHAT, "tools": tools}
+    whole = json.dumps(tools, sort_keys=True, ensure_ascii=False)
+    for chars in (1, 10, 400, 1024, len(whole) - 1, len(whole), len(whole) + 5):
+        assert whole.startswith(fingerprint._tools_json(tools, chars)[:chars])
+    assert fingerprint._tools_json(tools[:2], 10_000) == json.dumps(tools[:2], sort_keys=True, ensure_ascii=False)
+    expected = head_hash_by_hand(whole + "\x00" + fingerprint._message_block(CHAT["messages"][0]))
+    written = []
+    real_dumps = json.dumps
+    monkeypatch.setattr(fingerprint.json, "dumps", lambda value, **options: written.append(
+        real_dumps(value, **options)) or written[-1])
+    assert fingerprint.prompt_head_hash(body) == expected
+    assert sum(map(len, written)) < 2 * fingerprint.HEAD_CHARS  # four tools of 5,000, not the list
+
+
+def head_hash_by_hand(text):
+    import hashlib
+    import hmac
+    head = text[:fingerprint.HEAD_CHARS]
+    return hmac.new(fingerprint._prefix_key(), b"head:" + head.encode() + b"\x00",
+                    hashlib.sha256).hexdigest()[:fingerprint.HASH_CHARS]
 
 
 def test_requests_opening_with_the_same_document_are_stored_with_one_head_hash(gateway, setup, primary):
