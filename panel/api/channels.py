@@ -22,6 +22,7 @@ from panel.channels.services import (
     channel_test,
     channel_update,
 )
+from panel.channels.settings_export import export_a, export_b
 
 router = Router(tags=["channels"])
 
@@ -175,8 +176,8 @@ def settings_export(request, query: Query[ExportQuery]):
     if query.format == "a":
         if route is None:
             raise Invalid({"route": ["Format A describes one route: pick the route to export."]})
-        return json.loads(settings_json.export_a(route=route))
-    return json.loads(settings_json.export_b(team=request.team, route=route))
+        return json.loads(export_a(route=route))
+    return json.loads(export_b(team=request.team, route=route))
 
 
 @router.post("/settings.json", auth=gate("settings.import"), response=errors({201: SettingsImported}),

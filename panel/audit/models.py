@@ -1,6 +1,8 @@
 from django.conf import settings
 from django.db import models
 
+from panel.audit.display import detail_items
+
 
 class AuditAction(models.TextChoices):
     SIGNIN = "signin", "Signed in"
@@ -83,3 +85,7 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):
         raise PermissionError("the audit log is append-only")
+
+    def detail_items(self):
+        """The details in words for the audit page (panel/audit/display.py)."""
+        return detail_items(self.detail)

@@ -1,4 +1,4 @@
-"""settings.json in and out, in both shapes people write it in.
+"""settings.json in, in both shapes people write it in (panel/channels/settings_export.py writes them).
 
 Format A: provider, base_url, api_key_env, default_model, timeout_seconds, max_retries,
 retry_backoff, endpoints {local_vllm, cloud_fallback}, routing {strategy, fallback_on_error}. It becomes a local
@@ -10,9 +10,13 @@ Format B: channels {name: {base_url, api_key, model_id}} and default_channel. `a
 keys do not belong in files). A channel whose key is EMPTY or whose host is loopback is local. The route is named
 after the default channel's model_id, with the default channel first (strategy priority).
 
+A format B channel may carry `pool` {scrape_urls, gpu_count, price_per_gpu_hour, batch_slots}: it is then a vLLM
+pool (an engine fleet outside Tokenwise, called like a remote channel, its /metrics scraped). The articles' formats
+have no place for these; Tokenwise's own export writes them so a pool survives the round trip. A pool's scrape token
+is never in the file: it is typed on the channel's page (and one already stored is kept on replace).
+
 Import validates the whole file before touching the database and writes everything in one transaction: any error
-and nothing is saved. Every error names its JSON path. Export never writes a stored secret: a stored key becomes a
-`${TOKENWISE_UPSTREAM_<CHANNEL>}` placeholder, and `_note` says so (the importer accepts `_note`)."""
+and nothing is saved. Every error names its JSON path. `_note` (what the export says about secrets) is accepted."""
 import json
 import math
 import re
@@ -21,7 +25,6 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from panel.channels.credential_env import display_origin
 from panel.channels.models import EMPTY_KEY, Channel, ChannelKind, CredentialKind, Route, RouteStrategy
 from panel.channels.services import (
     LIMITS,
@@ -37,7 +40,6 @@ from panel.channels.services import (
     route_save,
 )
 from panel.core import safejson
-from panel.env import url_origin
 
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 8
@@ -48,7 +50,8 @@ KEYS_A = ("provider", "base_url", "api_key_env", "default_model", "timeout_secon
 KEYS_B = ("channels", "default_channel", "_note")
 ENDPOINT_KEYS = ("local_vllm", "cloud_fallback")
 ROUTING_KEYS = ("strategy", "fallback_on_error")
-CHANNEL_KEYS = ("base_url", "api_key", "model_id")
+CHANNEL_KEYS = ("base_url", "api_key", "model_id", "pool")
+POOL_KEYS = ("scrape_urls", "gpu_count", "price_per_gpu_hour", "batch_slots")
 ENV_REF_RE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]{0,99})\}$")
 DEFAULTS = {"timeout_seconds": 120.0, "max_retries": 3, "retry_backoff": 1.5}
 LOCAL_NAME_A = "local_vllm"
@@ -68,6 +71,7 @@ class ChannelPlan:
     max_retries: int = DEFAULTS["max_retries"]
     retry_backoff: float = DEFAULTS["retry_backoff"]
     credential_path: str = ""
+    pool: dict = field(default_factory=dict)  # a vLLM pool's own fields (pools.POOL_ONLY), {} for another channel
 
 
 @dataclass
@@ -375,12 +379,14 @@ def _parse_b(data):
         model = c.model(f"{path}.model_id", spec["model_id"]) if "model_id" in spec else None
         key = c.string(f"{path}.api_key", spec.get("api_key", EMPTY_KEY))
         credential = _credential(c, f"{path}.api_key", key)
-        if url is None or model is None or credential is None:
+        pool = _pool(c, f"{path}.pool", spec["pool"]) if "pool" in spec else {}
+        if url is None or model is None or credential is None or pool is None:
             continue
-        kind = ChannelKind.LOCAL if credential[0] == CredentialKind.NONE or is_loopback(url) else ChannelKind.REMOTE
+        kind = ChannelKind.POOL if pool else ChannelKind.LOCAL if (
+            credential[0] == CredentialKind.NONE or is_loopback(url)) else ChannelKind.REMOTE
         plans.append(ChannelPlan(path=path, name=name, kind=kind, base_url=url, model_id=model,
                                  credential_kind=credential[0], credential_env=credential[1],
-                                 api_key=credential[2], credential_path=f"{path}.api_key"))
+                                 api_key=credential[2], credential_path=f"{path}.api_key", pool=pool))
     default = data.get("default_channel")
     if "default_channel" not in data:
         c.error("$.default_channel", "is missing: the name of the channel tried first")
@@ -393,6 +399,34 @@ def _parse_b(data):
         return None, c
     plans.sort(key=lambda plan: plan.name != default)  # stable: the default first, then file order
     return Plan("B", plans, plans[0].model_id, RouteStrategy.PRIORITY, True), c
+
+
+def _pool(c, path, data):
+    """A format B channel's `pool` as channel fields, or None after recording the errors. The values' ranges and the
+    URLs are checked where every channel is saved (channels/pools.py), and their errors name these paths."""
+    if not isinstance(data, dict):
+        c.error(path, f"must be an object {{scrape_urls, gpu_count, price_per_gpu_hour, batch_slots}}, not "
+                      f"{_type_name(data)}")
+        return None
+    errors = len(c.errors)
+    c.unknown_keys(path, data, POOL_KEYS, "a pool")
+    urls = data.get("scrape_urls")
+    if not isinstance(urls, list) or not urls or not all(isinstance(url, str) for url in urls):
+        c.error(f"{path}.scrape_urls", "must be a list of the /metrics URLs of the pool's engines, for example "
+                                       '["http://10.0.0.5:8000/metrics"]')
+    gpus = data.get("gpu_count", 0)
+    if isinstance(gpus, bool) or not isinstance(gpus, int):
+        c.error(f"{path}.gpu_count", f"must be a whole number, not {_type_name(gpus)}")
+    price = data.get("price_per_gpu_hour")
+    if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float))):
+        c.error(f"{path}.price_per_gpu_hour", f"must be a number or null, not {_type_name(price)}")
+    slots = data.get("batch_slots")
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int)):
+        c.error(f"{path}.batch_slots", f"must be a whole number or null, not {_type_name(slots)}")
+    if len(c.errors) > errors:
+        return None
+    return {"scrape_urls": "\n".join(urls), "gpu_count": gpus,
+            "price_per_gpu_hour": None if price is None else str(price), "batch_slots": slots}
 
 
 def _credential(c, path, key):
@@ -467,7 +501,7 @@ def _import_channel(team, user, spec, replace, errors):
     fields = {"kind": spec.kind, "base_url": spec.base_url, "model_id": spec.model_id,
               "credential_kind": spec.credential_kind, "credential_env": spec.credential_env,
               **time_budgets(spec.timeout_seconds), "max_retries": spec.max_retries,
-              "retry_backoff": spec.retry_backoff, "enabled": True}
+              "retry_backoff": spec.retry_backoff, "enabled": True, **spec.pool}
     existing = Channel.objects.filter(team=team, name=spec.name).first()
     if existing is not None and not replace:
         errors.append(f"{spec.path}: this team already has a channel named {spec.name!r} (tick \"replace\" to "
@@ -480,101 +514,7 @@ def _import_channel(team, user, spec, replace, errors):
     except ValidationError as error:
         for name, messages in error.message_dict.items():
             where = spec.credential_path if name in ("api_key", "credential_env", "credential_kind") else (
+                f"{spec.path}.pool.{name}" if name in POOL_KEYS or name == "scrape_token" else
                 f"{spec.path}.{name}" if spec.path.startswith("$.channels") else spec.path)
             errors += [f"{where}: {message}" for message in messages]
         return None
-
-
-# ------------------------------------------------------------------------------------------------- export
-
-def placeholder_env(channel):
-    return "TOKENWISE_UPSTREAM_" + re.sub(r"[^A-Za-z0-9]", "_", channel.name).upper()
-
-
-def placeholder_note(channel, name):
-    """What to do where the file is used: a Tokenwise there sends the variable only where its operator binds it."""
-    origin = url_origin(channel.base_url)
-    return (f"{channel.name}: its key is stored encrypted in Tokenwise and is not exported; set {name} where this file "
-            f"is used (in Tokenwise, bound to {display_origin(origin) if origin else 'its server'} in "
-            "TOKENWISE_CREDENTIAL_ENV_BINDINGS).")
-
-
-def _key_b(channel, notes):
-    if channel.credential_kind == CredentialKind.ENV:
-        return f"${{{channel.credential_env}}}"
-    if channel.credential_kind == CredentialKind.STORED:
-        name = placeholder_env(channel)
-        notes.append(placeholder_note(channel, name))
-        return f"${{{name}}}"
-    return EMPTY_KEY
-
-
-def _number(value):
-    value = float(value)
-    return int(value) if value.is_integer() else value
-
-
-def _route_entries(route):
-    entries = route.entries()
-    if route.strategy == RouteStrategy.LOCAL_FIRST:
-        entries.sort(key=lambda entry: 0 if entry.channel.kind == ChannelKind.LOCAL else 1)
-    return [entry.channel for entry in entries]
-
-
-def export_b(*, team, route=None):
-    """Format B text: the route's channels (default channel first) or, without a route, every channel."""
-    channels = _route_entries(route) if route is not None else sorted(
-        Channel.objects.filter(team=team), key=lambda channel: (channel.kind != ChannelKind.LOCAL, channel.priority,
-                                                                channel.name))
-    if not channels:
-        raise ValidationError("Nothing to export: add a channel first.")
-    notes = []
-    document = {"channels": {channel.name: {"base_url": channel.base_url, "api_key": _key_b(channel, notes),
-                                            "model_id": channel.model_id} for channel in channels},
-                "default_channel": channels[0].name}
-    if notes:
-        document["_note"] = " ".join(notes)
-    return json.dumps(document, ensure_ascii=False, indent=2) + "\n"
-
-
-def export_a(*, route):
-    """Format A text for a route: its first local channel as local_vllm, its first remote one as cloud_fallback."""
-    channels = _route_entries(route)
-    local = next((channel for channel in channels if channel.kind == ChannelKind.LOCAL), None)
-    remote = next((channel for channel in channels if channel.kind == ChannelKind.REMOTE), None)
-    if local is None and remote is None:
-        raise ValidationError("Nothing to export: the route has no channel.")
-    notes, document = [], {}
-    if remote is not None:
-        document["provider"] = remote.name
-        document["base_url"] = re.sub(r"/v1$", "", remote.base_url)
-        if remote.credential_kind == CredentialKind.ENV:
-            document["api_key_env"] = remote.credential_env
-        elif remote.credential_kind == CredentialKind.STORED:
-            document["api_key_env"] = placeholder_env(remote)
-            notes.append(placeholder_note(remote, document["api_key_env"]))
-        else:
-            document["api_key_env"] = ""
-    source = remote or local
-    document["default_model"] = route.model_name
-    document["timeout_seconds"] = _number(source.timeout_seconds)
-    document["max_retries"] = source.max_retries
-    document["retry_backoff"] = _number(source.retry_backoff)
-    document["endpoints"] = {}
-    if local is not None:
-        document["endpoints"]["local_vllm"] = local.base_url
-    if remote is not None:
-        document["endpoints"]["cloud_fallback"] = remote.base_url
-    document["routing"] = {"strategy": route.strategy, "fallback_on_error": route.fallback_on_error}
-    different = [channel for channel in (local, remote) if channel is not None
-                 and channel.model_id != route.model_name]
-    if different:
-        notes.append("Format A has one model name for every endpoint; the channels' own model ids ("
-                     + ", ".join(f"{channel.name}: {channel.model_id}" for channel in different) + ") are not in it.")
-    left_out = [channel.name for channel in channels if channel not in (local, remote)]
-    if left_out:
-        notes.append("Format A holds one local and one cloud endpoint; not in this file: " + ", ".join(left_out)
-                     + " (export format B for every channel).")
-    if notes:
-        document["_note"] = " ".join(notes)
-    return json.dumps(document, ensure_ascii=False, indent=2) + "\n"

@@ -11,7 +11,7 @@ from panel.accounts.models import Role
 from panel.accounts.roles import may
 from panel.audit.models import AuditAction
 from panel.audit.services import audit_record
-from panel.channels import canary, rules, settings_json
+from panel.channels import canary, rules, settings_export, settings_json
 from panel.channels.forms import CanaryForm, ChannelForm, ImportForm, RouteForm, RuleForm, RuleSampleForm, ShadowForm
 from panel.channels.models import Channel, Route, RouteRule, listed_channels, listed_routes
 from panel.channels.sampling import sampling_words
@@ -215,9 +215,9 @@ def settings_export_view(request):
         if kind == "a":
             if route is None:
                 raise ValidationError("Format A describes one route: pick the route to export.")
-            body = settings_json.export_a(route=route)
+            body = settings_export.export_a(route=route)
         elif kind == "b":
-            body = settings_json.export_b(team=request.team, route=route)
+            body = settings_export.export_b(team=request.team, route=route)
         else:
             raise Http404("unknown format")
     except ValidationError as error:

@@ -80,6 +80,24 @@ def test_it_filters_exports_and_shows_only_the_teams_events(client, team_setup):
     assert client.get(reverse("audit")).status_code == 403
 
 
+def test_the_page_shows_each_events_details_in_words(client, team_setup):
+    from panel.audit.services import audit_record
+
+    audit_record(action=AuditAction.CANARY_ROLLED_BACK, team=team_setup["team_a"], target="chat", percent_from=25,
+                 reason="JSON parse failures 40.0% <b>" + "x" * 400, auto=True, groups=["ml", "ops"])
+    audit_record(action=AuditAction.JOB_LAUNCHED, team=team_setup["team_a"], target="plain")
+    audit_record(action=AuditAction.SETTING_CHANGED, team=team_setup["team_a"], target="many",
+                 **{f"field_{n}": n for n in range(12)})
+    client.force_login(team_setup["alice"])
+    page = client.get(reverse("audit")).content.decode()
+    assert '<span class="muted">percent from:</span> 25' in page
+    assert "auto:</span> yes" in page and "groups:</span> ml, ops" in page
+    assert "JSON parse failures 40.0% &lt;b&gt;" + "x" * 100 in page and "x" * 400 not in page  # escaped, cut
+    assert "field 7:</span> 7" in page and "field 8:" not in page and "and 4 more in the CSV export" in page
+    csv_text = client.get(reverse("audit_csv")).content.decode()
+    assert "x" * 400 in csv_text and "field_11" in csv_text  # the export keeps every detail whole
+
+
 def test_it_records_deployment_start_and_stop(client, team_setup):
     from django.utils import timezone
 

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from panel.channels import settings_json
 from panel.channels.models import Channel, ChannelKind, CredentialKind, Route, RouteChannel, RouteStrategy
-from panel.channels.services import channel_create, route_save
-from panel.channels.settings_json import export_a, export_b, parse, settings_import
+from panel.channels.services import channel_create, channel_update, route_save
+from panel.channels.settings_export import export_a, export_b
+from panel.channels.settings_json import parse, settings_import
 from tests.support.credential_env import bind_credential_env
 from tests.support.environment import FIXTURES
 
@@ -127,6 +128,70 @@ def test_export_a_notes_what_format_a_cannot_hold(team_setup):
     assert document["endpoints"] == {"local_vllm": "http://127.0.0.1:8000/v1"} and "provider" not in document
     assert "box: tiny-served" in document["_note"] and "not in this file: box2" in document["_note"]
     assert parse(export_a(route=route)).format == "A"  # still importable
+
+
+POOL_FILE = {"channels": {
+    "fleet": {"base_url": "http://127.0.0.1:8100/v1", "api_key": "EMPTY", "model_id": "qwen",
+              "pool": {"scrape_urls": ["http://127.0.0.1:8101/metrics", "http://127.0.0.1:8102/metrics"],
+                       "gpu_count": 4, "price_per_gpu_hour": 1.75, "batch_slots": 64}},
+    "cloud": {"base_url": "https://api.example.com/v1", "api_key": "${TAOTOKEN_API_KEY}", "model_id": "qwen"}},
+    "default_channel": "fleet"}
+
+
+def test_a_vllm_pool_round_trips_through_format_b_without_its_scrape_token(team_setup, monkeypatch):
+    team = team_setup["team_a"]
+    bind_credential_env(monkeypatch, "TAOTOKEN_API_KEY", "https://api.example.com")
+    result = settings_import(team=team, text=json.dumps(POOL_FILE))
+    fleet = Channel.objects.get(team=team, name="fleet")
+    assert [channel.name for channel in result.channels] == ["fleet", "cloud"]
+    assert (fleet.kind, fleet.scrape_url_list(), fleet.gpu_count, str(fleet.price_per_gpu_hour), fleet.batch_slots) \
+        == (ChannelKind.POOL, ["http://127.0.0.1:8101/metrics", "http://127.0.0.1:8102/metrics"], 4, "1.750000", 64)
+    assert Channel.objects.get(team=team, name="cloud").kind == ChannelKind.REMOTE
+    route = Route.objects.get(team=team)
+    assert json.loads(export_b(team=team, route=route)) == POOL_FILE  # exactly what was imported
+
+    token = "scrape-token-that-stays-9876"
+    channel_update(channel=fleet, scrape_token=token)
+    text = export_b(team=team)
+    assert token not in text and "9876" not in text and "fleet: its scrape token" in json.loads(text)["_note"]
+    settings_import(team=team, text=text, replace=True)  # the stored token is kept on replace
+    assert Channel.objects.get(pk=fleet.pk).scrape_token_last4 == "9876"
+    assert "not in this file: fleet" in json.loads(export_a(route=route))["_note"]
+
+
+@pytest.mark.parametrize("pool, expected", [
+    ([], "$.channels.fleet.pool: must be an object {scrape_urls, gpu_count, price_per_gpu_hour, batch_slots}"),
+    ({"gpu_count": 1}, "$.channels.fleet.pool.scrape_urls: must be a list of the /metrics URLs"),
+    ({"scrape_urls": "http://127.0.0.1:8101/metrics"}, "$.channels.fleet.pool.scrape_urls: must be a list"),
+    ({"scrape_urls": ["http://127.0.0.1:8101/metrics"], "gpu_count": "4"},
+     "$.channels.fleet.pool.gpu_count: must be a whole number, not a string"),
+    ({"scrape_urls": ["http://127.0.0.1:8101/metrics"], "price_per_gpu_hour": "1.75"},
+     "$.channels.fleet.pool.price_per_gpu_hour: must be a number or null"),
+    ({"scrape_urls": ["http://127.0.0.1:8101/metrics"], "batch_slots": 1.5},
+     "$.channels.fleet.pool.batch_slots: must be a whole number or null"),
+    ({"scrape_urls": ["http://127.0.0.1:8101/metrics"], "scrape_token": "x"},
+     "$.channels.fleet.pool.scrape_token: unknown key"),
+])
+def test_a_pools_errors_name_their_json_path(pool, expected):
+    document = json.loads(json.dumps(POOL_FILE))
+    document["channels"]["fleet"]["pool"] = pool
+    assert any(message.startswith(expected) for message in problems_of(json.dumps(document))), expected
+
+
+@pytest.mark.parametrize("pool, expected", [
+    ({"scrape_urls": ["file:///etc/passwd"]}, "$.channels.fleet.pool.scrape_urls: "),
+    ({"scrape_urls": ["http://127.0.0.1:8101/metrics"], "gpu_count": -1}, "$.channels.fleet.pool.gpu_count: "),
+    ({"scrape_urls": ["http://127.0.0.1:8101/metrics"], "price_per_gpu_hour": 1e12},
+     "$.channels.fleet.pool.price_per_gpu_hour: "),
+])
+def test_a_pool_the_channel_rules_refuse_saves_nothing(team_setup, monkeypatch, pool, expected):
+    bind_credential_env(monkeypatch, "TAOTOKEN_API_KEY", "https://api.example.com")
+    document = json.loads(json.dumps(POOL_FILE))
+    document["channels"]["fleet"]["pool"] = pool
+    before = counts()
+    messages = problems_of(json.dumps(document), team=team_setup["team_a"])
+    assert any(message.startswith(expected) for message in messages), messages
+    assert counts() == before
 
 
 # ------------------------------------------------------------------------------------------------ refusals
