@@ -2,7 +2,8 @@
 calling the upstream directly and with LiteLLM's proxy, in one run (not a test; results in docs/benchmarks.md):
 
   .venv/bin/python bench/gateway_client_bench.py [--rounds 3] [--requests 100] [--rps-rounds 2] [--seconds 8]
-                                                 [--cpu-requests 400] [--cpu-concurrency 8] [--chunk-delay 0.005]
+                                                 [--cpu-requests 400] [--cpu-concurrency 8] [--cpu-rounds 1]
+                                                 [--chunk-delay 0.005]
                                                  [--litellm /tmp/litellm-venv/bin/litellm] [--parts ttft,rps,cpu]
                                                  [--gateways make-run,one-worker,two-workers,single,bare-proxy]
                                                  [--celery] [--limited-key] [--interleave] [--profile FILE]
@@ -36,8 +37,10 @@ requests-per-minute limit and a monthly token budget (admitted from its web proc
 else by a Redis call before the upstream call; its budget is counted after; the bench's own key has neither, as a new
 key made on the keys page); --interleave sends the TTFT streams one per path in turn instead of in blocks, so that
 the machine's busy spells fall on every path alike (others' work on a shared machine); --chunk-delay 0 serves
-every stream at once; --cpu-concurrency 16 as the older benches. The CPU measure also says which threads spent it
-(the supervisor, the workers' event loops, their other threads), user and system apart. --profile FILE adds a pass of
+every stream at once; --cpu-concurrency 16 as the older benches; --cpu-rounds N measures CPU N times by turns and
+reports medians, and beside the bare proxy each path's cost per chunk less the bare proxy's of the same round. The
+CPU measure also says which threads spent it (the supervisor, the workers' event loops, their other threads), user
+and system apart. --profile FILE adds a pass of
 20-chunk streams through one gateway process whose event loop runs under cProfile on its CPU clock
 (bench/gateway_cpu_bench.py's --serve-profiled) and writes the report to FILE.
 The whole run prints the machine's busy CPU over it and the share of it that was not the bench's (others' work)."""
@@ -407,18 +410,37 @@ def profile(env, key, args):
     return {"event_loop_cpu_ms_per_request": loop_ms * 1000 / args.cpu_requests, "report": str(report)}
 
 
+def cpu_line(small, large):
+    """The line through a path's two sizes, as measured and less idle."""
+    line = {}
+    for measure, name in (("ms_per_request", "measured"), ("less_idle_ms_per_request", "less_idle")):
+        per_chunk = (large[measure] - small[measure]) / (large["chunks"] - small["chunks"])
+        line[name] = {"fixed_ms": small[measure] - per_chunk * small["chunks"], "ms_per_chunk": per_chunk}
+    return line
+
+
 def cpu_rows(paths, servers, fake, args):
-    """3. for every path with a server of its own: both sizes and the line through them, as measured and less idle."""
+    """3. for every path with a server of its own: both sizes and the line through them, as measured and less idle.
+    With --cpu-rounds N the paths take turns N times and each figure is the median of the rounds; beside the bare
+    proxy, each path's per-chunk cost less the bare proxy's of the same round (the machine's state moves between
+    rounds far more than between two paths measured one after the other)."""
+    measured = [path for path in paths if path["name"] in servers]
+    rounds = {path["name"]: [] for path in measured}
+    for _ in range(args.cpu_rounds):
+        for path in measured:
+            small, large = (cpu_per_request(path, servers[path["name"]], fake, chunks, args) for chunks in (20, 200))
+            rounds[path["name"]].append({"rows": [small, large], **cpu_line(small, large)})
     result = {}
-    for path in paths:
-        if path["name"] not in servers:
-            continue
-        small, large = (cpu_per_request(path, servers[path["name"]], fake, chunks, args) for chunks in (20, 200))
-        row = {"rows": [small, large]}
-        for measure, name in (("ms_per_request", "measured"), ("less_idle_ms_per_request", "less_idle")):
-            per_chunk = (large[measure] - small[measure]) / (large["chunks"] - small["chunks"])
-            row[name] = {"fixed_ms": small[measure] - per_chunk * small["chunks"], "ms_per_chunk": per_chunk}
-        result[path["name"]] = row
+    for name, runs in rounds.items():
+        row = dict(runs[len(runs) // 2], rounds=len(runs))
+        for line in ("measured", "less_idle"):
+            row[line] = {figure: statistics.median(run[line][figure] for run in runs)
+                         for figure in ("fixed_ms", "ms_per_chunk")}
+        if "bare_proxy" in rounds and name != "bare_proxy":
+            row["per_chunk_over_bare_proxy_ms"] = [
+                run["measured"]["ms_per_chunk"] - bare["measured"]["ms_per_chunk"]
+                for run, bare in zip(runs, rounds["bare_proxy"])]
+        result[name] = row
     return result
 
 
@@ -436,6 +458,11 @@ def report(results):
                      f"200: {row['measured']['fixed_ms']:.2f} ms + {row['measured']['ms_per_chunk']:.4f}/chunk "
                      f"(less idle {row['less_idle']['fixed_ms']:.2f} + {row['less_idle']['ms_per_chunk']:.4f}); "
                      f"upstream {small['upstream_ms_per_request']:.2f} / {large['upstream_ms_per_request']:.2f} ms")
+        if "per_chunk_over_bare_proxy_ms" in row:
+            over = row["per_chunk_over_bare_proxy_ms"]
+            lines.append(f"    per chunk over the bare proxy of the same round: median "
+                         f"{statistics.median(over):+.4f} ms ({', '.join(f'{value:+.4f}' for value in over)}; "
+                         f"{row['rounds']} rounds)")
         for size in row["rows"]:
             lines.append(f"    {size['chunks']} chunks by thread, user + system ms per request: " + ", ".join(
                 f"{part} {spent['user_ms']:.2f} + {spent['system_ms']:.2f}"
@@ -461,6 +488,8 @@ def main():
     parser.add_argument("--rps-rounds", type=int, default=2, help="requests/s rounds, the paths by turns")
     parser.add_argument("--cpu-requests", type=int, default=400, help="streams per CPU measure")
     parser.add_argument("--cpu-concurrency", type=int, default=8, help="concurrency of the CPU measure")
+    parser.add_argument("--cpu-rounds", type=int, default=1,
+                        help="CPU measures, the paths by turns; medians, and each path less the bare proxy by round")
     parser.add_argument("--chunk-delay", type=float, default=0.005, help="seconds between the upstream's pieces")
     parser.add_argument("--litellm", default=LITELLM if Path(LITELLM).exists() else None,
                         help=f"the litellm command of a venv with litellm[proxy] (default {LITELLM} when there)")

@@ -59,9 +59,11 @@ def test_it_sweeps_max_num_seqs_with_a_real_benchmark_at_each_value(engine_setup
         assert run.deployment.state == DeploymentState.STOPPED  # each step stops its engine
         assert run.deployment.profile.max_num_seqs == int(run.step.split("=")[1])
     one, four = runs["max_num_seqs=1"].result, runs["max_num_seqs=4"].result
-    # Four requests in flight: one sequence at a time queues them, four batch them.
+    # Four requests in flight: one sequence at a time queues them (a request's first token waits for the whole
+    # answers before it), four batch them. The slowest answer (p99 E2EL) is no signal: on two busy cores a batch of
+    # four took as long as four answers in a row (394 against 395 ms once).
     assert four["output_throughput"] > one["output_throughput"]
-    assert one["p99_e2el_ms"] > four["p99_e2el_ms"]
+    assert one["median_ttft_ms"] > four["median_ttft_ms"], (one, four)
     assert sweep.result["best"] == 4 and "within the 600,000 ms target" in sweep.result["best_reason"]
     assert not Deployment.objects.exclude(state=DeploymentState.STOPPED).exists()
 
