@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from panel.channels import pools
 from panel.channels.models import EMPTY_KEY, Channel, ChannelKind, CredentialKind, Route, RouteStrategy
 from panel.channels.services import (
     LIMITS,
@@ -51,7 +52,7 @@ KEYS_B = ("channels", "default_channel", "_note")
 ENDPOINT_KEYS = ("local_vllm", "cloud_fallback")
 ROUTING_KEYS = ("strategy", "fallback_on_error")
 CHANNEL_KEYS = ("base_url", "api_key", "model_id", "pool")
-POOL_KEYS = ("scrape_urls", "gpu_count", "price_per_gpu_hour", "batch_slots")
+POOL_KEYS = pools.POOL_ONLY  # a pool's own fields, named as on the channel
 ENV_REF_RE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]{0,99})\}$")
 DEFAULTS = {"timeout_seconds": 120.0, "max_retries": 3, "retry_backoff": 1.5}
 LOCAL_NAME_A = "local_vllm"
@@ -71,7 +72,7 @@ class ChannelPlan:
     max_retries: int = DEFAULTS["max_retries"]
     retry_backoff: float = DEFAULTS["retry_backoff"]
     credential_path: str = ""
-    pool: dict = field(default_factory=dict)  # a vLLM pool's own fields (pools.POOL_ONLY), {} for another channel
+    pool: dict = field(default_factory=dict)  # a vLLM pool's own fields (POOL_KEYS), {} for another channel
 
 
 @dataclass
