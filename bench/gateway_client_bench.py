@@ -85,7 +85,8 @@ def own_redis(folder):
 
 
 GATEWAYS = {"make-run": "gateway", "one-worker": "gateway_one_worker", "two-workers": "gateway_two_workers",
-            "single": "gateway_single", "bare-proxy": "bare_proxy"}
+            "single": "gateway_single", "bare-proxy": "bare_proxy",
+            "lean-relay": "lean_relay"}
 
 
 def web_server(env, kind):
@@ -519,7 +520,8 @@ def main():
         paths = [{"name": "direct", "url": f"{fake_url}/chat/completions", "token": "unused"}]
         servers = {}
         for kind in args.gateways.split(","):
-            server, url = bare_proxy_to(fake_url) if kind == "bare-proxy" else web_server(env, kind)
+            server, url = (bare_proxy_to(fake_url, GATEWAYS[kind]) if kind in ("bare-proxy", "lean-relay")
+                           else web_server(env, kind))
             running.append(server)
             servers[GATEWAYS[kind]] = server
             paths.append({"name": GATEWAYS[kind], "url": f"{url}/chat/completions", "token": key})

@@ -72,15 +72,17 @@ def cpu_cost(args):
             "ms_per_chunk": statistics.median(run["ms_per_chunk"] for run in runs)}
 
 
-def bare_proxy_to(upstream_url):
-    """bench/bare_proxy.py on the gateway's server flags: the floor of any Python proxy on this stack."""
+def bare_proxy_to(upstream_url, app="bare_proxy"):
+    """bench/bare_proxy.py (or `app`, another bench relay) on the gateway's server flags: the floor of any Python
+    proxy on this stack."""
     port = free_port()
-    process = start([sys.executable, *SERVER[:2], "bare_proxy:application", "--app-dir", str(BENCH), *SERVER[3:],
+    process = start([sys.executable, *SERVER[:2], f"{app}:application", "--app-dir", str(BENCH), *SERVER[3:],
                      "--port", str(port)], env=dict(os.environ, UPSTREAM=upstream_url))
     url = f"http://127.0.0.1:{port}/v1"
     for _ in range(100):  # ready once it relays a stream
         try:
-            httpx.post(f"{url}/chat/completions", json={"model": "chat", "stream": True}, timeout=5)
+            httpx.post(f"{url}/chat/completions", timeout=5, json={
+                "model": "chat", "stream": True, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
             return process, url
         except httpx.HTTPError:
             time.sleep(0.1)

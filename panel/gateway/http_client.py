@@ -94,6 +94,7 @@ class Response:
         self.head = loop.create_future()
         self._blocks, self._size, self._waiter, self._ended, self._error = [], 0, None, False, None
         self._decoder, self._paused, self._flushed = None, False, False
+        self._sink, self._held = None, False  # push(): where the body's blocks go; hold(): the reader is backed up
         self._timer = None if total is None else loop.call_later(total, self._expire)
         self._loop, self._idle, self._idle_timer, self._last_byte, self._wait_began = loop, None, None, 0.0, 0.0
 
@@ -111,6 +112,11 @@ class Response:
             self.head.set_result(None)
 
     def on_body(self, body):
+        if self._sink is not None:
+            if not self._sink(bytes(body)):
+                self._sink = None
+                self._wake()
+            return
         # Kept as it came (still compressed, if it is): readany() decodes it a step at a time.
         self._blocks.append(bytes(body))
         self._size += len(body)
@@ -170,6 +176,55 @@ class Response:
                 self.connection.transport.resume_reading()
             if data:
                 return data
+
+    def pushable(self):
+        """Whether push() can deliver the body: it is sent as it is, not compressed."""
+        return self._decoder is None
+
+    async def push(self, sink):
+        """Hand each block of the body to `sink(block)` as it arrives, from the connection's read callback: no task
+        wakes for a block, which at a decode's pace was a third of what relaying a chunk cost (docs/benchmarks.md).
+        Returns once `sink` returns False (what comes after is kept for readany(), as before), at the body's end, or
+        raises its failure (a deadline, IdleTimeout, a lost connection). `sink` must not raise. Only for a body that
+        is not compressed (pushable()): readany() decodes a compressed one a step at a time."""
+        assert self.pushable() and self._sink is None
+        blocks, self._blocks, self._size = self._blocks, [], 0
+        if self._paused:
+            self._paused = False
+            self.connection.transport.resume_reading()
+        for index, block in enumerate(blocks):
+            if not sink(block):
+                self._blocks[:0] = blocks[index + 1:]
+                return
+        self._sink = sink
+        try:
+            while self._sink is not None:
+                if self._error is not None:
+                    raise self._error
+                if self._ended:
+                    return
+                self._waiter = self._loop.create_future()
+                self._wait_began = self._loop.time()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+        finally:
+            self._sink = None
+
+    def hold(self):
+        """The body's reader cannot take more for now (push()'s client is slow): stop reading from the socket; the
+        upstream's silence meanwhile is not its idleness."""
+        if not self._held:
+            self._held = True
+            self.connection.transport.pause_reading()
+
+    def unhold(self):
+        if self._held:
+            self._held = False
+            self._wait_began = self._loop.time()
+            if not self._paused:
+                self.connection.transport.resume_reading()
 
     def watch_idle(self, seconds):
         """From now on readany() raises IdleTimeout once it has waited `seconds` with no byte of the body coming.
@@ -260,7 +315,7 @@ class Response:
         if self._ended or self._error is not None:
             return
         now = self._loop.time()
-        if self._waiter is None:  # the reader is busy with what it has (or paused us): not the upstream's silence
+        if self._waiter is None or self._held:  # the reader is busy with what it has, or held us: not its silence
             due = now + self._idle
         else:
             due = max(self._last_byte, self._wait_began) + self._idle

@@ -6,7 +6,7 @@ import time
 
 from panel.channels.diagnosis import describe_upstream_error
 from panel.core import safejson
-from panel.gateway import tracing
+from panel.gateway import relay, tracing
 from panel.gateway.apis import openai_error_body as error_body
 from panel.gateway.attempts import first_success
 from panel.gateway.sampling import answer_of
@@ -138,63 +138,48 @@ def stream_failure(error):
 
 async def relay_events(exchange, opened, adapter, send):
     """Relay a stream through an adapter of panel/gateway/apis.py (translated, or in an API other than chat); after
-    the first byte a failure becomes the client's API's error event."""
+    the first byte a failure becomes the client's API's error event. The adapter's last events wait for the request
+    to be settled: a client may stop reading at them."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + exchange.headers})
+    last = []
 
-    async def forward(line):
+    def step(line):
         out = adapter.feed(line)
         if adapter.finished:
-            await exchange.settle()  # before the last event: a client may stop reading there
-        if out:
-            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+            last.extend(out)
+            return b""
+        return b"".join(out)
 
     try:
-        for line in opened.first:
-            await forward(line)
-        if not adapter.finished:
-            async for line in opened.lines:
-                await forward(line)
-                if adapter.finished:
-                    break
+        await relay.pump(opened, step, lambda: adapter.finished, send)
         if not adapter.finished:
             raise UpstreamError("cut", "the channel's stream ended before its last event")
+        await exchange.settle()
+        if last:
+            await send({"type": "http.response.body", "body": b"".join(last), "more_body": True})
     except Exception as error:  # any failure after the first byte ends the stream with an error event
         error = stream_failure(error)
         exchange.fail(502, error.kind, error=error)
         await send({"type": "http.response.body", "body": adapter.failure(error), "more_body": True})
-    await exchange.settle()
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
-    exchange.responded = True
-    if adapter.finished:
-        try:
-            async for _ in opened.lines:  # read to the end, so the connection goes back to the pool
-                pass
-        except (UpstreamError, *TRANSPORT_ERRORS):
-            pass
+    await end_stream(exchange, opened, send, adapter.finished)
 
 
 async def relay_stream(exchange, opened, model_name, client_wants_usage, send, strip_usage=False):
-    """Forward the upstream's SSE lines; after the first byte a failure becomes an SSE error event. `strip_usage`:
-    the usage on every chunk was the gateway's request, not the client's, and is taken out of its chunks."""
+    """Forward the upstream's SSE events, each checked, counted and named with the route's model; after the first
+    byte a failure becomes an SSE error event. `strip_usage`: the usage on every chunk was the gateway's request, not
+    the client's, and is taken out of its chunks. [DONE] waits for the request to be settled."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + exchange.headers})
     content = []
     finished = False
 
-    async def settle():
-        if exchange.fields["json_requested"]:
-            exchange.fields["json_valid"] = is_json("".join(content))
-        await exchange.settle()
-
-    async def forward(line):
+    def step(line):
         nonlocal finished
         if not line.startswith("data:"):
-            return
+            return b""
         data = line[5:].strip()
         if data == "[DONE]":
             finished = True
-            await settle()  # a client may stop reading at [DONE]
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
-            return
+            return b""
         event = safejson.loads(data) if data else {}
         if not isinstance(event, dict):
             raise UpstreamError("malformed", "an event that is not a JSON object")
@@ -203,7 +188,7 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send, s
         exchange.usage_from(event)
         choices = event.get("choices") or []
         if not choices and "usage" in event and not client_wants_usage:
-            return  # the usage chunk we asked for on our own account
+            return b""  # the usage chunk we asked for on our own account
         if choices and strip_usage:
             event.pop("usage", None)
         for choice in choices:
@@ -212,19 +197,19 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send, s
                 content.append(piece)
                 exchange.content_arrived(piece)
         event["model"] = model_name
-        await send({"type": "http.response.body", "body": b"data: " + safejson.dumps(event) + b"\n\n",
-                    "more_body": True})
+        return b"data: " + safejson.dumps(event) + b"\n\n"
+
+    async def settle():
+        if exchange.fields["json_requested"]:
+            exchange.fields["json_valid"] = is_json("".join(content))
+        await exchange.settle()
 
     try:
-        for line in opened.first:
-            await forward(line)
-        if not finished:
-            async for line in opened.lines:
-                await forward(line)
-                if finished:
-                    break
+        await relay.pump(opened, step, lambda: finished, send)
         if not finished:
             raise UpstreamError("cut", "the channel's stream ended without [DONE]")
+        await settle()  # a client may stop reading at [DONE]
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
     except Exception as error:  # any failure after the first byte ends the stream with an error event
         error = stream_failure(error)
         exchange.fail(502, error.kind, error=error)
@@ -232,11 +217,17 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send, s
         await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
                     "more_body": True})
     await settle()
+    await end_stream(exchange, opened, send, finished)
+
+
+async def end_stream(exchange, opened, send, finished):
+    """The client's stream ends; a finished upstream stream is read to its end, so its connection goes back to the
+    pool (a failure there only closes it)."""
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     exchange.responded = True
     if finished:
         try:
-            async for _ in opened.lines:  # read to the end, so the connection goes back to the pool
+            async for _ in opened.lines:
                 pass
         except (UpstreamError, *TRANSPORT_ERRORS):
-            pass  # the answer is complete; the connection is closed rather than reused
+            pass

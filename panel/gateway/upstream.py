@@ -2,6 +2,7 @@
 a non-streamed request is asked for as a stream too), idle (between two chunks) and total. The retry loop, fallback and
 cooldowns are in panel/gateway/attempts.py."""
 import asyncio
+import collections
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -246,33 +247,95 @@ class OpenStream:
     first: list = field(default_factory=list)
 
 
-async def stream_lines(response, idle):
-    """The stream's lines (without their line ends); UpstreamError("stalled") when nothing comes within `idle`
-    seconds, "upstream_too_large" for a line (one event's data) past TOKENWISE_GATEWAY_MAX_EVENT_BYTES. Read by
-    network block, not by line, under the response's one idle watchdog (http_client.Response.watch_idle): an event
-    and its blank line usually arrive together, and a block costs a wake-up, a split and the lines' decoding."""
-    content = response.content
-    content.watch_idle(idle)
-    pending = b""
-    limit = settings.GATEWAY_MAX_EVENT_BYTES
-    while True:
-        try:
-            block = await content.readany()
-        except http_client.IdleTimeout:
-            raise stalled(idle, "no next chunk") from None
+class StreamLines:
+    """A stream's lines (without their line ends), read by network block, not by line, under the response's one idle
+    watchdog (http_client.Response.watch_idle): an event and its blank line usually arrive together, and a block
+    costs a wake-up, a split and the lines' decoding. UpstreamError("stalled") when nothing comes within `idle`
+    seconds, "upstream_too_large" for a line (one event's data) past TOKENWISE_GATEWAY_MAX_EVENT_BYTES.
+
+    Read with `async for`, or with push(): the relay's way, each line handed over from the connection's read
+    callback."""
+
+    def __init__(self, response, idle):
+        self.response, self.idle = response, idle
+        self.ready = collections.deque()  # lines split off a block and not yet taken
+        self.pending = b""  # the start of a line whose end has not come
+        self.ended = False
+        self.limit = settings.GATEWAY_MAX_EVENT_BYTES
+        response.content.watch_idle(idle)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        while not self.ready:
+            if self.ended:
+                raise StopAsyncIteration
+            try:
+                block = await self.response.content.readany()
+            except http_client.IdleTimeout:
+                raise stalled(self.idle, "no next chunk") from None
+            self.split(block)
+        return self.ready.popleft()
+
+    def split(self, block):
+        """Add `block` (b"" at the body's end) to the lines ready."""
         if not block:
-            if pending:
-                yield pending.decode("utf-8", "replace").rstrip("\r")
+            self.ended = True
+            if self.pending:
+                self.ready.append(self.pending.decode("utf-8", "replace").rstrip("\r"))
+                self.pending = b""
             return
-        pending += block
+        pending = self.pending + block
         if b"\n" in block:
             *lines, pending = pending.split(b"\n")
             for raw in lines:
-                if len(raw) > limit:
-                    raise too_large("a stream event", limit)
-                yield raw.decode("utf-8", "replace").rstrip("\r")
-        if len(pending) > limit:  # a line without its end past the cap: nothing of it is kept
-            raise too_large("a stream event", limit)
+                if len(raw) > self.limit:
+                    raise too_large("a stream event", self.limit)
+                self.ready.append(raw.decode("utf-8", "replace").rstrip("\r"))
+        if len(pending) > self.limit:  # a line without its end past the cap: nothing of it is kept
+            raise too_large("a stream event", self.limit)
+        self.pending = pending
+
+    async def push(self, take):
+        """take(line) for every line from here on, while it returns True; returns once it returned False, or at
+        the stream's end (its last line, if unended, included), or raises the stream's failure. The lines are handed
+        over from the connection's read callback as their block arrives (http_client.Response.push), so a chunk
+        costs no task switch; a compressed body is read by `async for` instead. `take` must not raise."""
+        ready = self.ready
+        while ready:
+            if not take(ready.popleft()):
+                return
+        if not self.response.pushable():
+            async for line in self:
+                if not take(line):
+                    return
+            return
+        failure = None
+
+        def block_in(block):
+            nonlocal failure
+            try:
+                self.split(block)
+            except UpstreamError as error:
+                failure = error
+                return False
+            while ready:
+                if not take(ready.popleft()):
+                    return False
+            return True
+
+        try:
+            await self.response.push(block_in)
+        except http_client.IdleTimeout:
+            raise stalled(self.idle, "no next chunk") from None
+        if failure is not None:
+            raise failure
+        if self.response.at_eof() and not self.ended:
+            self.split(b"")
+            while ready:
+                if not take(ready.popleft()):
+                    return
 
 
 async def open_stream(target, path, payload, limits, api="chat", extra_headers=()):
@@ -287,7 +350,7 @@ async def open_stream(target, path, payload, limits, api="chat", extra_headers=(
 async def first_event(target, response, limits, began):
     """Read a 200 stream up to its first event, within what is left of `limits.first_byte` since `began`."""
     loop = asyncio.get_running_loop()
-    lines = stream_lines(response, target.idle_timeout)
+    lines = StreamLines(response, target.idle_timeout)
     first = []
     try:
         async with asyncio.timeout(max(limits.first_byte - (loop.time() - began), 0.001)):

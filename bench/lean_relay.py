@@ -1,0 +1,85 @@
+"""Experiment: a streaming relay whose stream bytes never pass through a coroutine. The upstream connection is an
+asyncio Protocol; each block it receives is written as it came (already chunk-framed) straight onto the client's
+transport from the callback, so a chunk costs one wake, one read and one write, with no task switch.
+
+    UPSTREAM=http://127.0.0.1:PORT/v1 python -m uvicorn lean_relay:application --app-dir bench --loop uvloop \
+        --http httptools --port N
+"""
+import asyncio
+import json
+import os
+from urllib.parse import urlsplit
+
+UPSTREAM = urlsplit(os.environ.get("UPSTREAM", "http://127.0.0.1:1/v1"))
+END = b"0\r\n\r\n"
+
+
+class Upstream(asyncio.Protocol):
+    def __init__(self):
+        self.head = asyncio.get_running_loop().create_future()
+        self.done = asyncio.get_running_loop().create_future()
+        self.pending = b""
+        self.out = None
+        self.tail = b""
+
+    def data_received(self, data):
+        if self.out is None:
+            self.pending += data
+            if not self.head.done() and b"\r\n\r\n" in self.pending:
+                head, self.pending = self.pending.split(b"\r\n\r\n", 1)
+                self.head.set_result(head)
+            return
+        self.relay(data)
+
+    def start(self, transport):
+        self.out = transport
+        if self.pending:
+            data, self.pending = self.pending, b""
+            self.relay(data)
+
+    def relay(self, data):
+        if data.endswith(END):
+            data = data[:-len(END)]
+            if data:
+                self.out.write(data)
+            if not self.done.done():
+                self.done.set_result(None)
+            return
+        self.out.write(data)
+
+    def connection_lost(self, exc):
+        if not self.done.done():
+            self.done.set_result(None)
+        if not self.head.done():
+            self.head.set_exception(ConnectionError("upstream closed"))
+
+
+async def application(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    payload = json.loads(body or b"{}")
+    payload["model"] = "fake-model"
+    data = json.dumps(payload).encode()
+    loop = asyncio.get_running_loop()
+    transport, upstream = await loop.create_connection(Upstream, UPSTREAM.hostname, UPSTREAM.port)
+    transport.write(b"POST %s/chat/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n" % (UPSTREAM.path.encode(), UPSTREAM.netloc.encode(), len(data))
+                    + data)
+    head = await upstream.head
+    status = int(head.split(b" ", 2)[1])
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/event-stream")]})
+    upstream.start(send.__self__.transport)
+    await upstream.done
+    transport.close()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,121 @@
+"""A stream relayed to the client from the upstream connection's read callback: each line of the upstream's stream
+goes through the relay's `step` (panel/gateway/responses.py: checked, counted, written in the client's API) and what
+it returns is written to the client there and then. No task wakes for a chunk: with a task reading the upstream and
+writing through `await send(...)`, the switch to it and back cost a third of the process's CPU per chunk at a
+decode's pace (docs/benchmarks.md). The request's task waits meanwhile, and takes over at the end (the settling, the
+last event) and on any failure.
+
+The client's body goes through the server's ASGI `send` as any other, run by `ClientWriter` rather than a task:
+uvicorn's finishes at once unless the client's socket is full. When it has to wait, the upstream's reading is held
+until the client has drained (a slow client does not fill the process's memory), and what came meanwhile follows in
+order."""
+import asyncio
+import collections
+
+
+async def pump(opened, step, finished, send):
+    """Run `step(line)` over the lines of the `opened` stream (upstream.OpenStream: the lines read with its first
+    event, then the rest) until `finished()` or the stream's end, writing what each returns (bytes; b"" for nothing)
+    to the client. Raises what a step raised, the stream's failure, or a failed write; returns once every write is
+    done."""
+    writer = ClientWriter(send, opened.response)
+    failure = None
+
+    def take(line):
+        nonlocal failure
+        try:
+            out = step(line)
+        except Exception as error:  # noqa: BLE001 - handed to the request's task, which words it for the client
+            failure = error
+            return False
+        if out:
+            writer.write(out)
+        return writer.error is None and not finished()
+
+    try:
+        for line in opened.first:
+            if not take(line):
+                break
+        else:
+            await opened.lines.push(take)
+        if failure is not None:
+            raise failure
+        await writer.drained()
+    finally:
+        writer.close()
+
+
+class ClientWriter:
+    """Writes body pieces to the client through the ASGI `send` from outside any task, running the coroutine `send`
+    returns: to its end at once when it does not wait (uvicorn's, unless the client's socket is full); when it
+    waits, on from the future it waits for, with the upstream `response` held meanwhile (http_client.Response.hold)
+    and later pieces queued in order. `error`: a failed write, after which nothing more is written."""
+
+    def __init__(self, send, response):
+        self.send, self.response = send, response
+        self.error = None
+        self.running = None  # the send coroutine waiting for the client
+        self.queued = collections.deque()
+        self.idle = None  # a future drained() waits on
+
+    def write(self, body):
+        if self.error is not None:
+            return
+        if self.running is not None:
+            self.queued.append(body)
+            return
+        self._run(self.send({"type": "http.response.body", "body": body, "more_body": True}))
+
+    async def drained(self):
+        """Once every piece is written; raises a write's failure."""
+        while self.running is not None:
+            self.idle = asyncio.get_running_loop().create_future()
+            await self.idle
+        if self.error is not None:
+            raise self.error
+
+    def close(self):
+        """The relay is over, however it ended: a write still waiting is abandoned."""
+        if self.running is not None:
+            self.running.close()
+            self.running = None
+            self.response.unhold()
+        self.queued.clear()
+
+    def _run(self, coroutine):
+        """Step `coroutine` as a task would, until it ends or waits for a future (whose outcome it reads when it
+        is stepped again)."""
+        try:
+            waited = coroutine.send(None)
+        except StopIteration:
+            self.running = None
+            self._next()
+            return
+        except BaseException as failure:  # noqa: BLE001 - the write failed: the relay stops with it
+            self.running = None
+            self.error = failure if isinstance(failure, Exception) else ConnectionError("the write was stopped")
+            self.queued.clear()
+            self._next()
+            return
+        self.running = coroutine
+        self.response.hold()
+        if waited is None:  # a bare yield (asyncio.sleep(0)): go on at the loop's next turn
+            asyncio.get_running_loop().call_soon(self._resume, None)
+        else:
+            waited._asyncio_future_blocking = False
+            waited.add_done_callback(self._resume)
+
+    def _resume(self, _future):
+        if self.running is not None:
+            self._run(self.running)
+
+    def _next(self):
+        """After a write ended: the queued pieces as one write, or, with none, the upstream read again."""
+        if self.queued and self.error is None:
+            body = b"".join(self.queued)
+            self.queued.clear()
+            self._run(self.send({"type": "http.response.body", "body": body, "more_body": True}))
+            return
+        self.response.unhold()
+        if self.running is None and self.idle is not None and not self.idle.done():
+            self.idle.set_result(None)
