@@ -2,6 +2,7 @@
 they arrive, a stop that keeps what follows, a held reader that is not taken for an idle upstream, and the client's
 writes run outside a task, in order, holding the upstream while the client is slow."""
 import asyncio
+import concurrent.futures
 
 import pytest
 
@@ -74,6 +75,12 @@ def test_a_held_reader_is_not_an_idle_upstream(held):
     assert run(scenario) == [b"one", b"two"]
 
 
+def run_alone(scenario):
+    """`scenario()` in an event loop of its own thread (the worker's may already run one)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, scenario()).result(timeout=30)
+
+
 class Upstream:
     """What ClientWriter holds and lets go of."""
 
@@ -109,7 +116,7 @@ def test_the_writer_runs_send_outside_a_task_and_queues_in_order_while_the_clien
         await writer.drained()
         return after_a, waiting, written, upstream.held
 
-    after_a, waiting, written, held = asyncio.run(scenario())
+    after_a, waiting, written, held = run_alone(scenario)
     assert after_a == [b"a"]  # written at once, no task switch
     assert waiting == ([b"a"], ["unhold", "hold"])  # the upstream held while "b" waits
     assert written == [b"a", b"b", b"cd"]  # what came meanwhile, in order, in one write
@@ -131,7 +138,7 @@ def test_a_failed_write_stops_the_writer_and_drained_raises_it():
             await writer.drained()
         return calls
 
-    assert asyncio.run(scenario()) == [b"a"]
+    assert run_alone(scenario) == [b"a"]
 
 
 def test_closing_the_writer_abandons_a_waiting_write_and_lets_the_upstream_go():
@@ -151,5 +158,5 @@ def test_closing_the_writer_abandons_a_waiting_write_and_lets_the_upstream_go():
         writer.close()
         return ended, upstream.held
 
-    ended, held = asyncio.run(scenario())
+    ended, held = run_alone(scenario)
     assert ended == [b"a"] and held == ["hold", "unhold"]
