@@ -3,12 +3,20 @@ they arrive, a stop that keeps what follows, a held reader that is not taken for
 writes run outside a task, in order, holding the upstream while the client is slow."""
 import asyncio
 import concurrent.futures
+import json
+import re
+import socket
+import time
+from urllib.parse import urlsplit
 
 import pytest
 
+from panel.channels.models import Channel
 from panel.gateway import http_client
 from panel.gateway.relay import ClientWriter
 from tests.gateway.test_http_client import OK_HEAD, chunk, post, run
+from tests.support.fake_upstream import content_text
+from tests.support.gateway import CHAT, fallback, gateway, primary, records, setup  # noqa: F401
 
 CHUNKED = OK_HEAD + b"transfer-encoding: chunked\r\n\r\n"
 
@@ -160,3 +168,34 @@ def test_closing_the_writer_abandons_a_waiting_write_and_lets_the_upstream_go():
 
     ended, held = run_alone(scenario)
     assert ended == [b"a"] and held == ["hold", "unhold"]
+
+
+def test_a_client_that_stops_reading_holds_the_upstream_and_gets_the_whole_stream_in_order(gateway, setup, primary):
+    """A client that reads nothing for 2.5 s while a 40,000-chunk answer (about 9 MB) comes: the gateway's writes
+    wait once the sockets' buffers are full (4 MiB at most here), the upstream is held meanwhile, and that silence
+    is not the channel's idleness (its idle limit is 1 s). Then the client gets every piece, in order."""
+    Channel.objects.filter(pk=setup["local"].pk).update(timeout_seconds=60, idle_timeout_seconds=1)
+    primary.chunks = 40000
+    body = json.dumps(dict(CHAT, stream=True, max_tokens=40000)).encode()
+    address = urlsplit(gateway.url)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+    client.connect((address.hostname, address.port))
+    client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer %s\r\n"
+                   b"content-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                   % (setup["raw"].encode(), len(body)) + body)
+    time.sleep(2.5)
+    received = bytearray()
+    client.settimeout(30)
+    while not received.endswith(b"\r\n0\r\n\r\n"):
+        data = client.recv(1 << 20)
+        if not data:
+            break
+        received += data
+    client.close()
+    assert len(received) > 6_000_000  # more than the sockets between them hold: the gateway had to wait
+    assert b'"error"' not in received and b"data: [DONE]" in received
+    pieces = [piece.decode() for piece in re.findall(rb'"content":"([^"]*)"', bytes(received))]
+    assert "".join(pieces) == content_text(40000)
+    [row] = records()
+    assert (row.outcome, row.completion_tokens) == ("ok", 40000)
