@@ -161,6 +161,7 @@ async def relay_events(exchange, opened, adapter, send):
         error = stream_failure(error)
         exchange.fail(502, error.kind, error=error)
         await send({"type": "http.response.body", "body": adapter.failure(error), "more_body": True})
+    await exchange.settle()  # a failed stream too is counted before its end
     await end_stream(exchange, opened, send, adapter.finished)
 
 
