@@ -22,13 +22,16 @@ from panel.gateway import http_client  # noqa: E402
 UPSTREAM = os.environ.get("UPSTREAM", "")
 
 
-async def application(scope, receive, send):
-    if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            await send({"type": message["type"] + ".complete"})
-            if message["type"] == "lifespan.shutdown":
-                return
+async def lifespan(receive, send):
+    while True:
+        message = await receive()
+        await send({"type": message["type"] + ".complete"})
+        if message["type"] == "lifespan.shutdown":
+            return
+
+
+async def upstream_payload(receive):
+    """The client's JSON body, for the fake upstream's model."""
     body = b""
     while True:
         message = await receive()
@@ -37,6 +40,14 @@ async def application(scope, receive, send):
             break
     payload = json.loads(body or b"{}")
     payload["model"] = "fake-model"
+    return payload
+
+
+async def application(scope, receive, send):
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+        return
+    payload = await upstream_payload(receive)
     response = await http_client.post(UPSTREAM + "/chat/completions", json.dumps(payload).encode(),
                                       {"content-type": "application/json"}, loopback_ok=True)
     await send({"type": "http.response.start", "status": response.status,

@@ -10,6 +10,8 @@ import json
 import os
 from urllib.parse import urlsplit
 
+from bare_proxy import lifespan, upstream_payload
+
 UPSTREAM = urlsplit(os.environ.get("UPSTREAM", "http://127.0.0.1:1/v1"))
 END = b"0\r\n\r\n"
 
@@ -56,19 +58,9 @@ class Upstream(asyncio.Protocol):
 
 async def application(scope, receive, send):
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            await send({"type": message["type"] + ".complete"})
-            if message["type"] == "lifespan.shutdown":
-                return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    payload = json.loads(body or b"{}")
-    payload["model"] = "fake-model"
+        await lifespan(receive, send)
+        return
+    payload = await upstream_payload(receive)
     data = json.dumps(payload).encode()
     loop = asyncio.get_running_loop()
     transport, upstream = await loop.create_connection(Upstream, UPSTREAM.hostname, UPSTREAM.port)
