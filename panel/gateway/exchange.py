@@ -116,6 +116,12 @@ class Exchange:
         if self.fields["ttft_ms"] is None:
             self.fields["ttft_ms"] = (time.perf_counter() - self.started) * 1000
 
+    def contents_arrived(self, count):
+        """`count` content pieces of a stream, whose text is not kept, are on their way to the client."""
+        self.pieces += count
+        if self.fields["ttft_ms"] is None and count:
+            self.fields["ttft_ms"] = (time.perf_counter() - self.started) * 1000
+
     def estimate_missing_usage(self):
         """Fill in the figures the upstream did not report, and say which ones are estimated. The prompt is charged
         once an upstream has read it: it answered (a stream cut later, a channel without usage), or the client left

@@ -6,18 +6,20 @@ decode's pace (docs/benchmarks.md). The request's task waits meanwhile, and take
 last event) and on any failure.
 
 The client's body goes through the server's ASGI `send` as any other, run by `ClientWriter` rather than a task:
-uvicorn's finishes at once unless the client's socket is full. When it has to wait, the upstream's reading is held
-until the client has drained (a slow client does not fill the process's memory), and what came meanwhile follows in
-order."""
+uvicorn's finishes at once unless the client's socket is full. Under uvicorn's httptools server (as `make run` starts
+it) a piece is written on its connection as that send would frame it, without the coroutine (`wire_of`), while the
+connection is not backed up. When a write has to wait, the upstream's reading is held until the client has drained
+(a slow client does not fill the process's memory), and what came meanwhile follows in order."""
 import asyncio
 import collections
 
 
-async def pump(opened, step, finished, send):
+async def pump(opened, step, finished, send, whole=None):
     """Run `step(line)` over the lines of the `opened` stream (upstream.OpenStream: the lines read with its first
     event, then the rest) until `finished()` or the stream's end, writing what each returns (bytes; b"" for nothing)
-    to the client. Raises what a step raised, the stream's failure, or a failed write; returns once every write is
-    done."""
+    to the client. `whole(block)`, where given, is offered each block of whole events first and returns what to
+    write for all of them, or None to have them stepped line by line (it must not raise, nor finish the stream).
+    Raises what a step raised, the stream's failure, or a failed write; returns once every write is done."""
     writer = ClientWriter(send, opened.response)
     failure = None
 
@@ -32,12 +34,19 @@ async def pump(opened, step, finished, send):
             writer.write(out)
         return writer.error is None and not finished()
 
+    def take_whole(block):
+        out = whole(block)
+        if out is None:
+            return None
+        writer.write(out)
+        return writer.error is None
+
     try:
         for line in opened.first:
             if not take(line):
                 break
         else:
-            await opened.lines.push(take)
+            await opened.lines.push(take, take_whole if whole is not None else None)
         if failure is not None:
             raise failure
         await writer.drained()
@@ -53,16 +62,22 @@ class ClientWriter:
 
     def __init__(self, send, response):
         self.send, self.response = send, response
+        self.wire = wire_of(send)
         self.error = None
         self.running = None  # the send coroutine waiting for the client
         self.queued = collections.deque()
         self.idle = None  # a future drained() waits on
 
     def write(self, body):
-        if self.error is not None:
+        if self.error is not None or not body:
             return
         if self.running is not None:
             self.queued.append(body)
+            return
+        wire = self.wire
+        if (wire is not None and wire.chunked_encoding and not wire.flow.write_paused and not wire.disconnected
+                and not wire.response_complete):
+            wire.transport.write(b"%x\r\n%b\r\n" % (len(body), body))  # as uvicorn's send frames a piece
             return
         self._run(self.send({"type": "http.response.body", "body": body, "more_body": True}))
 
@@ -119,3 +134,19 @@ class ClientWriter:
         self.response.unhold()
         if self.running is None and self.idle is not None and not self.idle.done():
             self.idle.set_result(None)
+
+
+def wire_of(send):
+    """The client's side of uvicorn's httptools server behind `send` (the server `make run` starts), on whose
+    connection a body piece can be written as uvicorn's send would write it, minus the coroutine: at a decode's
+    pace that send was the largest single cost of a chunk (docs/benchmarks.md). ClientWriter writes there only while
+    the response is chunked, started and not complete, and the connection neither gone nor backed up; otherwise,
+    and under any other server or a wrapped `send` (the panel's own requests), through `send`. None where it is not
+    that server's, or for a HEAD request."""
+    cycle = getattr(send, "__self__", None)
+    kind = type(cycle)
+    if kind.__name__ != "RequestResponseCycle" or kind.__module__ != "uvicorn.protocols.http.httptools_impl":
+        return None
+    if cycle.scope.get("method") == "HEAD" or not cycle.response_started:
+        return None
+    return cycle

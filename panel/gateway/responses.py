@@ -172,6 +172,7 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send, s
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + exchange.headers})
     content = []
     finished = False
+    blocks = EventBlocks(exchange)
 
     def step(line):
         nonlocal finished
@@ -186,6 +187,8 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send, s
             raise UpstreamError("malformed", "an event that is not a JSON object")
         if "error" in event:
             raise UpstreamError("error_event", "the channel sent an error event mid-stream")
+        if blocks.names is None and isinstance(event.get("model"), str):
+            blocks.learn(event["model"], model_name)
         exchange.usage_from(event)
         choices = event.get("choices") or []
         if not choices and "usage" in event and not client_wants_usage:
@@ -205,8 +208,9 @@ async def relay_stream(exchange, opened, model_name, client_wants_usage, send, s
             exchange.fields["json_valid"] = is_json("".join(content))
         await exchange.settle()
 
+    passed_as_is = not (strip_usage or exchange.keeps_answer or exchange.fields["json_requested"])
     try:
-        await relay.pump(opened, step, lambda: finished, send)
+        await relay.pump(opened, step, lambda: finished, send, blocks.take if passed_as_is else None)
         if not finished:
             raise UpstreamError("cut", "the channel's stream ended without [DONE]")
         await settle()  # a client may stop reading at [DONE]
@@ -232,3 +236,37 @@ async def end_stream(exchange, opened, send, finished):
                 pass
         except (UpstreamError, *TRANSPORT_ERRORS):
             pass
+
+
+class EventBlocks:
+    """A block of the upstream's chat events relayed as it came, with the route's model name put in, where its bytes
+    show that stepping each event (relay_stream's step) would change nothing else: every event a `data: {...}` line
+    and its blank line, none with an error, [DONE] or usage (`"usage":null`, as OpenAI sends it, aside), each with
+    the model field as the first event parsed spelled it (compact JSON, as vLLM, OpenAI and the fake upstream write
+    it). Any other block is stepped line by line. A raw quote cannot stand inside a JSON string, so these fields are
+    the events' own, not text of their content. Content pieces are counted as the step counts them (each non-empty
+    "content" or "text"), for the first token's time and the estimate where no usage comes. The events' JSON is not
+    parsed here: an event cut short, or one without the model field, is stepped and refused as before, but a broken
+    object that still has its braces and that field goes to the client as it came
+    (docs/decisions/0103-chat-events-relayed-as-they-came.md)."""
+
+    def __init__(self, exchange):
+        self.exchange = exchange
+        self.names = None  # (the upstream's model field, the route's), once the first event was parsed
+
+    def learn(self, upstream_model, route_model):
+        self.names = (b'"model":' + safejson.dumps(upstream_model), b'"model":' + safejson.dumps(route_model))
+
+    def take(self, block):
+        names = self.names
+        if names is None or b'"error"' in block or block.count(b'"usage"') != block.count(b'"usage":null'):
+            return None
+        events = block.count(b"\n\n")
+        if (block.count(b"\n") != 2 * events or block.count(b"data: {") != events
+                or block.count(b"}\n\n") != events or block.count(names[0]) != events):
+            return None
+        pieces = (block.count(b'"content":"') - block.count(b'"content":""')
+                  + block.count(b'"text":"') - block.count(b'"text":""'))
+        if pieces:
+            self.exchange.contents_arrived(pieces)
+        return block if names[0] == names[1] else block.replace(names[0], names[1])

@@ -297,11 +297,14 @@ class StreamLines:
             raise too_large("a stream event", self.limit)
         self.pending = pending
 
-    async def push(self, take):
+    async def push(self, take, whole=None):
         """take(line) for every line from here on, while it returns True; returns once it returned False, or at
         the stream's end (its last line, if unended, included), or raises the stream's failure. The lines are handed
         over from the connection's read callback as their block arrives (http_client.Response.push), so a chunk
-        costs no task switch; a compressed body is read by `async for` instead. `take` must not raise."""
+        costs no task switch; a compressed body is read by `async for` instead. `whole(block)`, where given, is
+        offered a block of whole lines first (one that begins where the last ended and ends with an event's blank
+        line): it returns None to have it split into lines after all, else True or False as take does. Neither
+        may raise."""
         ready = self.ready
         while ready:
             if not take(ready.popleft()):
@@ -315,6 +318,10 @@ class StreamLines:
 
         def block_in(block):
             nonlocal failure
+            if whole is not None and not self.pending and block.endswith(b"\n\n") and len(block) <= self.limit:
+                taken = whole(block)
+                if taken is not None:
+                    return taken
             try:
                 self.split(block)
             except UpstreamError as error:
