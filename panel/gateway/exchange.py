@@ -110,14 +110,13 @@ class Exchange:
     def content_arrived(self, text=""):
         """One content piece of a stream is on its way to the client (its text is kept for a sample or a shadow
         test only)."""
-        self.pieces += 1
         if text and self.keeps_answer:
             self.answer_parts.append(text)
-        if self.fields["ttft_ms"] is None:
-            self.fields["ttft_ms"] = (time.perf_counter() - self.started) * 1000
+        self.contents_arrived(1)
 
     def contents_arrived(self, count):
-        """`count` content pieces of a stream, whose text is not kept, are on their way to the client."""
+        """`count` content pieces of a stream, whose text is not kept, are on their way to the client (the first
+        one's time is the request's TTFT)."""
         self.pieces += count
         if self.fields["ttft_ms"] is None and count:
             self.fields["ttft_ms"] = (time.perf_counter() - self.started) * 1000
