@@ -60,17 +60,18 @@ def test_it_sweeps_max_num_seqs_with_a_real_benchmark_at_each_value(engine_setup
         assert run.deployment.profile.max_num_seqs == int(run.step.split("=")[1])
     one, four = runs["max_num_seqs=1"].result, runs["max_num_seqs=4"].result
     # Four requests in flight: one sequence at a time queues them (a request's first token waits for the whole
-    # answers before it), four batch them. The slowest answer (p99 E2EL) is no signal: on two busy cores a batch of
-    # four took as long as four answers in a row (394 against 395 ms once).
-    assert four["output_throughput"] > one["output_throughput"]
+    # answers before it), four batch them. Neither the slowest answer (p99 E2EL) nor the throughput is a signal on two
+    # cores shared with other machines: a batch of four once took as long as four answers in a row (394 against
+    # 395 ms), and in one CI run four gave 24.7 output tokens/s against one's 35.7.
     assert one["median_ttft_ms"] > four["median_ttft_ms"], (one, four)
-    assert sweep.result["best"] == 4 and "within the 600,000 ms target" in sweep.result["best_reason"]
+    faster = 4 if four["output_throughput"] > one["output_throughput"] else 1
+    assert sweep.result["best"] == faster and "within the 600,000 ms target" in sweep.result["best_reason"]
     assert not Deployment.objects.exclude(state=DeploymentState.STOPPED).exists()
 
     client = Client()
     client.force_login(team_setup["alice"])
     html = client.get(reverse("benchmark_sweep", args=[sweep.pk])).content.decode()
-    assert "Best: max_num_seqs = 4" in html and "data-plotly" in html and "Throughput against P99" in html
+    assert f"Best: max_num_seqs = {faster}" in html and "data-plotly" in html and "Throughput against P99" in html
     sign_in(page, live_server.url, "alice", "pw-alice-123")
     page.goto(f"{live_server.url}{reverse('benchmark_sweep', args=[sweep.pk])}")
     page.wait_for_selector("[data-plotly] .main-svg")

@@ -387,10 +387,12 @@ def test_the_form_refuses_settings_that_do_not_go_together(client, team_setup, m
 def test_the_report_form_stores_nothing_for_a_bad_file(client, team_setup, model, settings):
     child = child_of(model, "w8")
     client.force_login(team_setup["alice"])
+    stored = settings.DATA_DIR / "evaluation"  # this worker's earlier tests may have left files of their own there
+    before = sorted(stored.rglob("*"))
     response = client.post(reverse("evaluation_create", args=[child.pk]),
                            {"prompt_file": SimpleUploadedFile("p.jsonl", b'{"nope": 1}\n')})
     assert response.status_code == 400 and "needs &quot;prompt&quot;" in response.content.decode()
-    assert EvaluationJob.objects.count() == 0 and not (settings.DATA_DIR / "evaluation").exists()
+    assert EvaluationJob.objects.count() == 0 and sorted(stored.rglob("*")) == before
 
 
 def test_the_evaluation_inputs_were_never_trained_on_nor_calibrated_on():
