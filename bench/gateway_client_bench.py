@@ -5,7 +5,8 @@ calling the upstream directly and with LiteLLM's proxy, in one run (not a test; 
                                                  [--cpu-requests 400] [--cpu-concurrency 8] [--cpu-rounds 1]
                                                  [--chunk-delay 0.005]
                                                  [--litellm /tmp/litellm-venv/bin/litellm] [--parts ttft,rps,cpu]
-                                                 [--gateways make-run,one-worker,two-workers,single,bare-proxy]
+                                                 [--gateways make-run,one-worker,two-workers,single,bare-proxy,
+                                                             lean-relay,lean-parse,nginx]
                                                  [--celery] [--limited-key] [--interleave] [--profile FILE]
 
 Every piece runs in a process of its own: the fake upstream (tests/support/fake_upstream.py: content pieces
@@ -30,8 +31,10 @@ Options to find why two measures differ: --gateways make-run,one-worker,two-work
 beside the gateway as `make run` starts it, the same with one or two workers (TOKENWISE_WEB_PROCESSES), one uvicorn
 process as
 bench/gateway_overhead.py starts it (no supervisor, no Prometheus folder) and bench/bare_proxy.py (uvicorn in, the
-gateway's HTTP client out, nothing else: the floor of a Python proxy on this stack), each a path of its own in the
-same turns; --celery also starts the Celery processes `make run` starts (the default, long and GPU workers and beat)
+gateway's HTTP client out, nothing else: the floor of a Python proxy on this stack), bench/lean_relay.py (each block
+written as it came from the upstream connection's callback; lean-parse: the same with the answer parsed by httptools
+and framed again) and nginx (Debian's nginx-light, one worker, unbuffered: what a relay written in C pays on this
+machine), each a path of its own in the same turns; --celery also starts the Celery processes `make run` starts (the default, long and GPU workers and beat)
 beside the web server; --limited-key adds a path through the first gateway with a second key that has a
 requests-per-minute limit and a monthly token budget (admitted from its web process's advance once it is busy,
 else by a Redis call before the upstream call; its budget is counted after; the bench's own key has neither, as a new
@@ -61,7 +64,7 @@ from pathlib import Path
 import httpx
 import psutil
 from gateway_bench import ROOT, free_port, litellm_start, load, prepare_panel, start, stop
-from gateway_overhead import SERVER, bare_proxy_to, upstream
+from gateway_overhead import SERVER, bare_proxy_to, nginx_to, upstream
 
 LITELLM = "/tmp/litellm-venv/bin/litellm"
 PROMPT = [{"role": "user", "content": "tell me about prefix caching in one paragraph"}]
@@ -86,7 +89,7 @@ def own_redis(folder):
 
 GATEWAYS = {"make-run": "gateway", "one-worker": "gateway_one_worker", "two-workers": "gateway_two_workers",
             "single": "gateway_single", "bare-proxy": "bare_proxy",
-            "lean-relay": "lean_relay"}
+            "lean-relay": "lean_relay", "lean-parse": "lean_parse", "nginx": "nginx"}
 
 
 def web_server(env, kind):
@@ -521,7 +524,8 @@ def main():
         servers = {}
         for kind in args.gateways.split(","):
             server, url = (bare_proxy_to(fake_url, GATEWAYS[kind]) if kind in ("bare-proxy", "lean-relay")
-                           else web_server(env, kind))
+                           else bare_proxy_to(fake_url, "lean_relay", LEAN_PARSE="1") if kind == "lean-parse"
+                           else nginx_to(fake_url, folder) if kind == "nginx" else web_server(env, kind))
             running.append(server)
             servers[GATEWAYS[kind]] = server
             paths.append({"name": GATEWAYS[kind], "url": f"{url}/chat/completions", "token": key})

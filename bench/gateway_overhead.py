@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 from gateway_bench import BODY, free_port, load, prepare_panel, start, stop, ttft
@@ -72,12 +73,12 @@ def cpu_cost(args):
             "ms_per_chunk": statistics.median(run["ms_per_chunk"] for run in runs)}
 
 
-def bare_proxy_to(upstream_url, app="bare_proxy"):
-    """bench/bare_proxy.py (or `app`, another bench relay) on the gateway's server flags: the floor of any Python
-    proxy on this stack."""
+def bare_proxy_to(upstream_url, app="bare_proxy", **env):
+    """bench/bare_proxy.py (or `app`, another bench relay, with `env`) on the gateway's server flags: the floor of
+    any Python proxy on this stack."""
     port = free_port()
     process = start([sys.executable, *SERVER[:2], f"{app}:application", "--app-dir", str(BENCH), *SERVER[3:],
-                     "--port", str(port)], env=dict(os.environ, UPSTREAM=upstream_url))
+                     "--port", str(port)], env=dict(os.environ, UPSTREAM=upstream_url, **env))
     url = f"http://127.0.0.1:{port}/v1"
     for _ in range(100):  # ready once it relays a stream
         try:
@@ -87,6 +88,43 @@ def bare_proxy_to(upstream_url, app="bare_proxy"):
         except httpx.HTTPError:
             time.sleep(0.1)
     raise SystemExit("the bare proxy did not start")
+
+
+NGINX = "/usr/sbin/nginx"
+NGINX_CONF = """daemon off; worker_processes 1; pid {folder}/nginx.pid; error_log {folder}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off; client_body_temp_path {folder}/body; proxy_temp_path {folder}/proxy;
+  fastcgi_temp_path {folder}/fastcgi; uwsgi_temp_path {folder}/uwsgi; scgi_temp_path {folder}/scgi;
+  upstream fake {{ server {upstream}; keepalive 32; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location /v1/ {{ proxy_pass {upstream_path}; proxy_http_version 1.1; proxy_set_header Connection "";
+                    proxy_buffering off; }}
+  }}
+}}
+"""
+
+
+def nginx_to(upstream_url, folder):
+    """nginx (Debian's package: `apt-get install nginx-light`), one worker, streaming through unbuffered with pooled
+    upstream connections: what a relay written in C costs per chunk on this machine, the floor any proxy shares."""
+    port, parts = free_port(), urlsplit(upstream_url)
+    folder = Path(folder) / "nginx"
+    folder.mkdir(parents=True, exist_ok=True)
+    conf = folder / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(folder=folder, port=port, upstream=parts.netloc,
+                                      upstream_path=f"http://fake{parts.path}/"))
+    process = start([NGINX, "-c", str(conf), "-p", str(folder)])
+    url = f"http://127.0.0.1:{port}/v1"
+    for _ in range(100):
+        try:
+            httpx.post(f"{url}/chat/completions", timeout=5, json={
+                "model": "chat", "stream": True, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+            return process, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit(f"nginx did not start: {(folder / 'error.log').read_text()[-500:]}")
 
 
 def side_by_side(args):

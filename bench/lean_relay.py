@@ -10,6 +10,8 @@ import json
 import os
 from urllib.parse import urlsplit
 
+import httptools
+
 from bare_proxy import lifespan, upstream_payload
 
 UPSTREAM = urlsplit(os.environ.get("UPSTREAM", "http://127.0.0.1:1/v1"))
@@ -56,6 +58,37 @@ class Upstream(asyncio.Protocol):
             self.head.set_exception(ConnectionError("upstream closed"))
 
 
+class ParsedUpstream(Upstream):
+    """The same relay with the upstream's answer parsed by httptools as the gateway's client parses it, each body
+    piece framed again and written from the parser's callback (LEAN_PARSE=1): what the HTTP parse adds to a chunk."""
+
+    def __init__(self):
+        super().__init__()
+        self.parser = httptools.HttpResponseParser(self)
+        self.held = []
+
+    def data_received(self, data):
+        self.parser.feed_data(data)
+
+    def on_headers_complete(self):
+        self.head.set_result(b"HTTP/1.1 %d" % self.parser.get_status_code())
+
+    def on_body(self, body):
+        if self.out is None:
+            self.held.append(bytes(body))
+            return
+        self.out.write(b"%x\r\n%b\r\n" % (len(body), body))
+
+    def on_message_complete(self):  # the server's own send ends the client's body
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def start(self, transport):
+        self.out = transport
+        for body in self.held:
+            self.on_body(body)
+
+
 async def application(scope, receive, send):
     if scope["type"] == "lifespan":
         await lifespan(receive, send)
@@ -63,7 +96,8 @@ async def application(scope, receive, send):
     payload = await upstream_payload(receive)
     data = json.dumps(payload).encode()
     loop = asyncio.get_running_loop()
-    transport, upstream = await loop.create_connection(Upstream, UPSTREAM.hostname, UPSTREAM.port)
+    protocol = ParsedUpstream if os.environ.get("LEAN_PARSE") else Upstream
+    transport, upstream = await loop.create_connection(protocol, UPSTREAM.hostname, UPSTREAM.port)
     transport.write(b"POST %s/chat/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
                     b"content-length: %d\r\n\r\n" % (UPSTREAM.path.encode(), UPSTREAM.netloc.encode(), len(data))
                     + data)
