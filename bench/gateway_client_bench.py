@@ -27,26 +27,24 @@ than one, the Prometheus folder, DEBUG off), LiteLLM's proxy (one worker) on the
    the fixed cost and the cost per chunk. Reported as measured (idle time included, the reviewer's way) and less the
    server's idle rate measured just before; the upstream's own CPU per request beside it.
 
-Options to find why two measures differ: --gateways make-run,one-worker,two-workers,single,bare-proxy measures,
-beside the gateway as `make run` starts it, the same with one or two workers (TOKENWISE_WEB_PROCESSES), one uvicorn
-process as
+Options to find why two measures differ: --gateways make-run,one-worker,two-workers,single,bare-proxy measures, beside
+the gateway as `make run` starts it, the same with one or two workers (TOKENWISE_WEB_PROCESSES), one uvicorn process as
 bench/gateway_overhead.py starts it (no supervisor, no Prometheus folder) and bench/bare_proxy.py (uvicorn in, the
 gateway's HTTP client out, nothing else: the floor of a Python proxy on this stack), bench/lean_relay.py (each block
-written as it came from the upstream connection's callback; lean-parse: the same with the answer parsed by httptools
-and framed again) and nginx (Debian's nginx-light, one worker, unbuffered: what a relay written in C pays on this
-machine), each a path of its own in the same turns; --celery also starts the Celery processes `make run` starts (the default, long and GPU workers and beat)
-beside the web server; --limited-key adds a path through the first gateway with a second key that has a
-requests-per-minute limit and a monthly token budget (admitted from its web process's advance once it is busy,
-else by a Redis call before the upstream call; its budget is counted after; the bench's own key has neither, as a new
-key made on the keys page); --interleave sends the TTFT streams one per path in turn instead of in blocks, so that
-the machine's busy spells fall on every path alike (others' work on a shared machine); --chunk-delay 0 serves
-every stream at once; --cpu-concurrency 16 as the older benches; --cpu-rounds N measures CPU N times by turns and
-reports medians, and beside the bare proxy each path's cost per chunk less the bare proxy's of the same round. The
-CPU measure also says which threads spent it (the supervisor, the workers' event loops, their other threads), user
-and system apart. --profile FILE adds a pass of
-20-chunk streams through one gateway process whose event loop runs under cProfile on its CPU clock
-(bench/gateway_cpu_bench.py's --serve-profiled) and writes the report to FILE.
-The whole run prints the machine's busy CPU over it and the share of it that was not the bench's (others' work)."""
+written as it came from the upstream connection's callback; lean-parse: the same with the answer parsed by httptools and
+framed again) and nginx (Debian's nginx-light, one worker, unbuffered: what a relay written in C pays on this machine),
+each a path of its own in the same turns; --celery also starts the Celery processes `make run` starts (the default, long
+and GPU workers and beat) beside the web server; --limited-key adds a path through the first gateway with a second key
+that has a requests-per-minute limit and a monthly token budget (admitted from its web process's advance once it is
+busy, else by a Redis call before the upstream call; its budget is counted after; the bench's own key has neither, as a
+new key made on the keys page); --interleave sends the TTFT streams one per path in turn instead of in blocks, so that
+the machine's busy spells fall on every path alike (others' work on a shared machine); --chunk-delay 0 serves every
+stream at once; --cpu-concurrency 16 as the older benches; --cpu-rounds N measures CPU N times by turns and reports
+medians, and beside the bare proxy each path's cost per chunk less the bare proxy's of the same round. The CPU measure
+also says which threads spent it (the supervisor, the workers' event loops, their other threads), user and system apart.
+--profile FILE adds a pass of 20-chunk streams through one gateway process whose event loop runs under cProfile on its
+CPU clock (bench/gateway_cpu_bench.py's --serve-profiled) and writes the report to FILE. The whole run prints the
+machine's busy CPU over it and the share of it that was not the bench's (others' work)."""
 import argparse
 import asyncio
 import contextlib

@@ -11,7 +11,6 @@ import os
 from urllib.parse import urlsplit
 
 import httptools
-
 from bare_proxy import lifespan, upstream_payload
 
 UPSTREAM = urlsplit(os.environ.get("UPSTREAM", "http://127.0.0.1:1/v1"))

@@ -261,6 +261,9 @@ GATEWAY_BACKOFF_BASE_SECONDS = envint("TOKENWISE_GATEWAY_BACKOFF_BASE_MS", 200, 
 # (upstream_too_large). A Responses stream's last event repeats the whole answer: hence 4 MiB for an event.
 GATEWAY_MAX_ANSWER_BYTES = envint("TOKENWISE_GATEWAY_MAX_ANSWER_BYTES", 16 * 1024 * 1024, minimum=64 * 1024)
 GATEWAY_MAX_EVENT_BYTES = envint("TOKENWISE_GATEWAY_MAX_EVENT_BYTES", 4 * 1024 * 1024, minimum=16 * 1024)
+# A client that stops reading while the gateway has more to write to it is dropped once one write has waited this
+# long (panel/gateway/relay.py ClientSend): the upstream call ends and the usage row says client_stalled.
+GATEWAY_CLIENT_WRITE_SECONDS = envint("TOKENWISE_GATEWAY_CLIENT_WRITE_SECONDS", 60, minimum=1)
 # What a request may have the provider do with the channel's key beyond answering (panel/gateway/provider_tools.py):
 # off, MCP servers, code execution, web fetch and file search are refused (400) and only known betas go on.
 GATEWAY_PROVIDER_TOOLS = envbool("TOKENWISE_GATEWAY_PROVIDER_TOOLS", False)

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from panel.channels.routing import model_names, route_for
 from panel.core import outbound, safejson
-from panel.gateway import fingerprint, messages_api, pipeline, provider_tools
+from panel.gateway import fingerprint, messages_api, pipeline, provider_tools, relay
 from panel.gateway.exchange import Exchange
 from panel.gateway.keys import key_lookup
 from panel.gateway.pipeline import ANTHROPIC_ENDPOINTS, Refusal
@@ -153,6 +153,7 @@ async def application(scope, receive, send):
                                               code="not_found"))
         return
     exchange = Exchange(endpoint or path, started)
+    send = relay.ClientSend.wrap(send, settings.GATEWAY_CLIENT_WRITE_SECONDS, exchange.client_stalled)
     try:
         if any(name == HOP for name, _ in scope["headers"]):
             raise Refusal(508, "this request comes from a Tokenwise channel pointed at this panel; refused so "

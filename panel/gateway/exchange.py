@@ -18,7 +18,8 @@ from panel.usage.models import PLACEMENT_STEPS
 log = logging.getLogger("panel.gateway")
 
 # The record's outcome for an upstream error kind; every other failure is "error".
-OUTCOME_FOR_KIND = {"stalled": "upstream_stalled", "cut": "upstream_cut", "client_closed": "client_closed"}
+OUTCOME_FOR_KIND = {"stalled": "upstream_stalled", "cut": "upstream_cut", "client_closed": "client_closed",
+                    "client_stalled": "client_closed"}
 
 
 def cost_of(target, prompt, completion, cached, cache_write=0, tool_calls=0):
@@ -50,6 +51,7 @@ class Exchange:
         self.model_served = True
         self.recorded = True  # False for what is not a request for an answer (GET /v1/models)
         self.responded = False  # the whole response has been sent
+        self.client_stopped_reading = False  # its connection was dropped for it (relay.ClientSend)
         self.settled = False
         # What the request is charged when the upstream reports no usage (a client that left before the usage
         # chunk, a channel that sends none): the prompt's estimate from the body's text (panel/channels/rules.py,
@@ -148,7 +150,11 @@ class Exchange:
         """The client went away before the whole answer was sent: nothing more is done for it. A request that had
         already failed (a stream cut, its error event sent) keeps that outcome: the client left because of it."""
         if not self.responded and self.fields["outcome"] == "ok":
-            self.fail(499, "client_closed")
+            self.fail(499, "client_stalled" if self.client_stopped_reading else "client_closed")
+
+    def client_stalled(self):
+        """The client stopped reading, and the gateway dropped its connection (relay.ClientSend)."""
+        self.client_stopped_reading = True
 
     async def settle(self):
         """Price the request and count it against its key's token rate and budgets, once. Called before the last

@@ -9,7 +9,8 @@ The client's body goes through the server's ASGI `send` as any other, run by `Cl
 uvicorn's finishes at once unless the client's socket is full. Under uvicorn's httptools server (as `make run` starts
 it) a piece is written on its connection as that send would frame it, without the coroutine (`wire_of`), while the
 connection is not backed up. When a write has to wait, the upstream's reading is held until the client has drained
-(a slow client does not fill the process's memory), and what came meanwhile follows in order."""
+(a slow client does not fill the process's memory), and what came meanwhile follows in order; a client that does not
+drain within TOKENWISE_GATEWAY_CLIENT_WRITE_SECONDS is dropped (`ClientSend`)."""
 import asyncio
 import collections
 
@@ -136,6 +137,52 @@ class ClientWriter:
             self.idle.set_result(None)
 
 
+class ClientSend:
+    """The client's `send` with a deadline on a write that waits: uvicorn's send waits for as long as the client's
+    connection stays backed up, so a client that stops reading without closing would hold the request (its upstream
+    call, its engine's slot) for ever. Once one write has waited `seconds`, the connection is aborted (what is
+    buffered for it is dropped): the write returns, uvicorn tells the request that the client left, and the request
+    ends as one whose client left (`on_stall()` is called first, so that its row can say why). A write to a
+    connection that is not backed up costs one check more."""
+
+    def __init__(self, send, cycle, seconds, on_stall):
+        self.inner, self.cycle, self.seconds, self.on_stall = send, cycle, seconds, on_stall
+
+    @classmethod
+    def wrap(cls, send, seconds, on_stall):
+        """`send` with the deadline under uvicorn's httptools server; as it is under another server."""
+        cycle = _cycle(send)
+        return send if cycle is None else cls(send, cycle, seconds, on_stall).send
+
+    async def send(self, message):
+        cycle = self.cycle
+        if not cycle.flow.write_paused or cycle.disconnected:
+            await self.inner(message)
+            return
+        timer = asyncio.get_running_loop().call_later(self.seconds, self._abort)
+        try:
+            await self.inner(message)
+        finally:
+            timer.cancel()
+
+    def _abort(self):
+        if not self.cycle.disconnected:
+            self.on_stall()
+            self.cycle.transport.abort()
+
+
+def _cycle(send):
+    """The `RequestResponseCycle` of uvicorn's httptools server behind `send` (uvicorn's own, or a ClientSend's), or
+    None."""
+    owner = getattr(send, "__self__", None)
+    if isinstance(owner, ClientSend):
+        return owner.cycle
+    kind = type(owner)
+    if kind.__name__ != "RequestResponseCycle" or kind.__module__ != "uvicorn.protocols.http.httptools_impl":
+        return None
+    return owner
+
+
 def wire_of(send):
     """The client's side of uvicorn's httptools server behind `send` (the server `make run` starts), on whose
     connection a body piece can be written as uvicorn's send would write it, minus the coroutine: at a decode's
@@ -143,10 +190,7 @@ def wire_of(send):
     the response is chunked, started and not complete, and the connection neither gone nor backed up; otherwise,
     and under any other server or a wrapped `send` (the panel's own requests), through `send`. None where it is not
     that server's, or for a HEAD request."""
-    cycle = getattr(send, "__self__", None)
-    kind = type(cycle)
-    if kind.__name__ != "RequestResponseCycle" or kind.__module__ != "uvicorn.protocols.http.httptools_impl":
-        return None
-    if cycle.scope.get("method") == "HEAD" or not cycle.response_started:
+    cycle = _cycle(send)
+    if cycle is None or cycle.scope.get("method") == "HEAD" or not cycle.response_started:
         return None
     return cycle

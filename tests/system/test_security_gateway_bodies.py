@@ -1,15 +1,20 @@
 """Attack tests for what an upstream may send the gateway: a small gzip answer that decodes to hundreds of MB, and a
 stream event that never ends. The gateway reads neither whole: the attempt fails as upstream_too_large (the next
-channel answers, or the client gets a clean error), and the gateway process' peak memory hardly moves."""
+channel answers, or the client gets a clean error), and the gateway process' peak memory hardly moves. And one from
+the other side: a client that stops reading is dropped, and its upstream call ends."""
 import asyncio
 import concurrent.futures
 import gzip
+import json
+import socket
+import time
 
 import pytest
 
 from panel.channels.models import Route
 from panel.gateway import http_client
-from tests.support.gateway import CHAT, fallback, gateway, post, primary, records, setup, stream_events  # noqa: F401
+from tests.support.gateway import CHAT, fallback, gateway, gateway_for, post, primary, records, setup, stream_events  # noqa: F401
+from tests.support.waiting import wait_until
 
 BOMB = 200 * 1024 * 1024  # decoded; about 200 KB on the wire
 GROWTH_MB = 40  # the most the gateway's peak memory may grow while it meets one
@@ -108,3 +113,35 @@ def test_the_http_client_decodes_a_step_at_a_time_and_stops_at_the_limit():
         sizes = pool.submit(asyncio.run, scenario()).result(timeout=30)
     assert all(0 < size <= http_client.INFLATE_STEP for size in sizes), sizes
 
+
+
+@pytest.fixture
+def gateway_quick_to_drop(transactional_db, request):
+    yield from gateway_for(request, TOKENWISE_GATEWAY_CLIENT_WRITE_SECONDS="1")
+
+
+def test_a_client_that_stops_reading_is_dropped_and_its_upstream_call_ends(gateway_quick_to_drop, setup, primary,
+                                                                          fallback):
+    """A client that asks for a long stream and then reads nothing, without closing: once a write to it has waited
+    TOKENWISE_GATEWAY_CLIENT_WRITE_SECONDS, the gateway drops its connection and ends the upstream call, rather than
+    hold both for as long as the client likes."""
+    gateway = gateway_quick_to_drop
+    primary.chunks = 60_000  # about 9 MB of events, past every socket buffer on the way
+    body = json.dumps(dict(CHAT, stream=True, max_tokens=60_000)).encode()
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", int(gateway.url.rsplit(":", 1)[1])))
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+                       b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n%s"
+                       % (setup["raw"].encode(), len(body), body))
+        began = time.monotonic()
+        client.settimeout(20)
+        assert client.recv(64).startswith(b"HTTP/1.1 200")  # the stream began; then nothing more is read
+        [row] = records(1)
+        assert (row.outcome, row.error_kind, row.status_code) == ("client_closed", "client_stalled", 499)
+        assert time.monotonic() - began < 15  # the gateway's write deadline, not the test's, ended it
+        wait_until(lambda: primary.open_connections == 0, seconds=10, message="the upstream call ended")
+        received = bytearray()  # what the sockets still held, then the connection's end: no end of the stream
+        while data := client.recv(1 << 20):
+            received += data
+        assert b"[DONE]" not in received and not received.endswith(b"0\r\n\r\n")
