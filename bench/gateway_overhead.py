@@ -79,15 +79,20 @@ def bare_proxy_to(upstream_url, app="bare_proxy", **env):
     port = free_port()
     process = start([sys.executable, *SERVER[:2], f"{app}:application", "--app-dir", str(BENCH), *SERVER[3:],
                      "--port", str(port)], env=dict(os.environ, UPSTREAM=upstream_url, **env))
+    return process, relaying(port, lambda: "the bare proxy did not start")
+
+
+def relaying(port, failure):
+    """The base URL of a relay on `port`, once it relays a stream; SystemExit(failure()) after about 10 s."""
     url = f"http://127.0.0.1:{port}/v1"
-    for _ in range(100):  # ready once it relays a stream
+    for _ in range(100):
         try:
             httpx.post(f"{url}/chat/completions", timeout=5, json={
                 "model": "chat", "stream": True, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
-            return process, url
+            return url
         except httpx.HTTPError:
             time.sleep(0.1)
-    raise SystemExit("the bare proxy did not start")
+    raise SystemExit(failure())
 
 
 NGINX = "/usr/sbin/nginx"
@@ -116,15 +121,7 @@ def nginx_to(upstream_url, folder):
     conf.write_text(NGINX_CONF.format(folder=folder, port=port, upstream=parts.netloc,
                                       upstream_path=f"http://fake{parts.path}/"))
     process = start([NGINX, "-c", str(conf), "-p", str(folder)])
-    url = f"http://127.0.0.1:{port}/v1"
-    for _ in range(100):
-        try:
-            httpx.post(f"{url}/chat/completions", timeout=5, json={
-                "model": "chat", "stream": True, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
-            return process, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise SystemExit(f"nginx did not start: {(folder / 'error.log').read_text()[-500:]}")
+    return process, relaying(port, lambda: f"nginx did not start: {(folder / 'error.log').read_text()[-500:]}")
 
 
 def side_by_side(args):

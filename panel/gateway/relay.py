@@ -188,8 +188,8 @@ def wire_of(send):
     connection a body piece can be written as uvicorn's send would write it, minus the coroutine: at a decode's
     pace that send was the largest single cost of a chunk (docs/benchmarks.md). ClientWriter writes there only while
     the response is chunked, started and not complete, and the connection neither gone nor backed up; otherwise,
-    and under any other server or a wrapped `send` (the panel's own requests), through `send`. None where it is not
-    that server's, or for a HEAD request."""
+    and under any other server or a `send` wrapped other than by ClientSend (the panel's own requests), through
+    `send`. None where it is not that server's, or for a HEAD request."""
     cycle = _cycle(send)
     if cycle is None or cycle.scope.get("method") == "HEAD" or not cycle.response_started:
         return None
