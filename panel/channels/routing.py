@@ -3,11 +3,12 @@ process. The gateway (and Compare) call `route_for`, `model_names` and `target_f
 `routing_changed`.
 
 Routes are read from the database once and cached for ROUTE_CACHE_SECONDS. The cache honours the team's routing
-version (a Redis counter bumped after every routing change): an entry is re-validated against it at most every
-ROUTE_VERSION_CHECK_SECONDS, so a change such as a canary rollback reaches every gateway process within about that
-long. A refresher (panel/core/refresher.py) reads the versions of the teams in use, one Redis call per round, and
-reloads their routes ahead of expiry, so a request waits on neither; if Redis is unreachable the TTL alone
-applies."""
+version (a Redis counter bumped after every routing change, which also announces it: panel/core/changes.py). A
+version read while the process's subscription to announcements is live holds until the team's next announcement, so
+a change such as a canary rollback reaches every gateway process as soon as it is heard; without a live subscription
+an entry is re-validated at most every ROUTE_VERSION_CHECK_SECONDS. A refresher (panel/core/refresher.py) reads the
+versions not held so, one Redis call per round, and reloads the routes in use ahead of expiry, so a request waits on
+neither; if Redis is unreachable the TTL alone applies."""
 import json
 import logging
 import random
@@ -22,7 +23,7 @@ from django.db import transaction
 
 from panel.channels.models import ChannelKind, Route, RouteStrategy, ShadowState, listed_routes, order_channels
 from panel.channels.pools import pool_facts
-from panel.core import outbound
+from panel.core import changes, outbound
 from panel.core.redis_client import async_redis
 from panel.core.refresher import Refresher
 from panel.usage import samples
@@ -280,20 +281,39 @@ async def model_names(team_id):
     return await _cached(("names", team_id), team_id, lambda: _load_names(team_id))
 
 
-_versions = {}  # team id -> (checked at, version)
+_versions = {}  # team id -> (checked at, version, the live subscription it was read under or None)
+_heard_count = 0  # routing changes announced to this process: a version read across one is not held
+
+
+def _announced(seen, token):
+    """Whether a version read earlier (`seen`) was read under the subscription live now: it holds until its team's
+    next announcement drops it."""
+    return seen is not None and token is not None and seen[2] == token
 
 
 async def _version(team_id, now):
-    """The team's routing version (None: unknown), as the refresher last read it, or read here when it is older
-    than ROUTE_VERSION_CHECK_SECONDS (the first request of a while)."""
+    """The team's routing version (None: unknown), as last read and still held, or read here (the first request of
+    a while, or the first after an announced change)."""
+    token, heard = changes.token(), _heard_count
     seen = _versions.get(team_id)
-    if seen and now - seen[0] < settings.ROUTE_VERSION_CHECK_SECONDS:
+    if _announced(seen, token) or (seen and now - seen[0] < settings.ROUTE_VERSION_CHECK_SECONDS):
         return seen[1]
     version = (await _read_versions([team_id]))[0]
     if len(_versions) > 10_000:
         _versions.clear()
-    _versions[team_id] = (now, version)
+    _versions[team_id] = (now, version, token if heard == _heard_count else None)
     return version
+
+
+def _heard(ident):
+    """An announced routing change: the team's version is read again, by the next request or the refresher's next
+    round, whichever comes first."""
+    global _heard_count
+    _heard_count += 1
+    _versions.pop(int(ident), None)
+
+
+changes.on("route", _heard)
 
 
 async def _read_versions(team_ids):
@@ -331,15 +351,16 @@ async def _refresh():
     """The refresher's round: the routing versions of the teams whose routes were read lately, in one Redis call,
     then a reload (in a thread) of each such route whose version changed or that would expire before the round
     after next. A request then finds its route and version fresh in memory."""
-    now = time.monotonic()
+    now, token, heard = time.monotonic(), changes.token(), _heard_count
     in_use = REFRESHER.in_use()
-    teams = sorted({key[1] for key in in_use})
-    if not teams:
-        return
-    for team_id, version in zip(teams, await _read_versions(teams)):
-        if version is not None:
-            _versions[team_id] = (now, version)
-    ahead = 2 * _refresh_interval()
+    teams = sorted({key[1] for key in in_use if not _announced(_versions.get(key[1]), token)})
+    if teams:
+        read = await _read_versions(teams)
+        token = token if heard == _heard_count else None
+        for team_id, version in zip(teams, read):
+            if version is not None:
+                _versions[team_id] = (now, version, token)
+    ahead = _refresh_interval() + settings.ROUTE_VERSION_CHECK_SECONDS
     for key in in_use:
         hit = _cache.get(key)
         if hit is None or hit[1] is None or not settings.ROUTE_CACHE_SECONDS:
@@ -352,7 +373,12 @@ async def _refresh():
 
 
 def _refresh_interval():
-    return settings.ROUTE_VERSION_CHECK_SECONDS / 2
+    """Half the version check's time, so a version is read again before it is due; with a live subscription, which
+    holds the versions, a fifth of the cache's time, for the reloads ahead of expiry alone."""
+    check = settings.ROUTE_VERSION_CHECK_SECONDS
+    if not check or changes.token() is None:
+        return check / 2
+    return max(check / 2, settings.ROUTE_CACHE_SECONDS / 5)
 
 
 REFRESHER = Refresher("routes", _refresh, _refresh_interval)
@@ -370,6 +396,7 @@ def routing_changed(team_id):
             cache.incr(_version_key(team_id))
         except Exception:  # a cache outage must not undo a saved change; the gateway's TTL still applies
             log.warning("could not bump the routing version of team %s", team_id, exc_info=True)
+        changes.announce("route", team_id)
 
     transaction.on_commit(bump)
 

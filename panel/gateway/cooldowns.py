@@ -6,6 +6,10 @@ Per channel, in Redis: `tw:cd:<id>:fails` (consecutive failed requests, any proc
 while the channel rests) and `tw:cd:<id>:probe` (held by the one request that probes it). One script call orders a
 request's channels, one counts a failure; a success costs a call only for a channel that has failures on record.
 
+A set of channels with no failure on record is taken as clean without asking Redis again: while the process's
+subscription to announcements is live (panel/core/changes.py), until a failure of one of them is announced (the
+script that counts a failure announces it); without one, for CLEAN_SECONDS, renewed by a refresher while in use.
+
 When Redis cannot be reached the gateway keeps answering: each process falls back to its own per-process cooldowns
 (the behaviour before they were shared) and asks Redis again after REDIS_RETRY_SECONDS."""
 import logging
@@ -13,6 +17,7 @@ import time
 
 from redis.exceptions import RedisError
 
+from panel.core import changes
 from panel.core.redis_client import async_redis
 from panel.core.refresher import Refresher
 
@@ -23,10 +28,11 @@ COOLDOWN_SECONDS = 30.0
 PROBE_SECONDS = 60.0  # a probe that never ended (its client left, its process died) frees the channel after this
 FAILURES_TTL_SECONDS = 3600  # consecutive failures older than this are forgotten
 REDIS_RETRY_SECONDS = 5.0
-# A set of channels that Redis showed with no failure on record is taken as clean for this long without asking
-# again, so a channel that starts failing in another process is seen here this late. While requests use the set, a
-# refresher asks Redis every half of it and renews it, so they need no round trip of their own.
+# Without a live subscription, a set of channels that Redis showed with no failure on record is taken as clean for
+# this long without asking again, so a channel that starts failing in another process is seen here this late. While
+# requests use the set, a refresher asks Redis every half of it and renews it, so they need no round trip of their own.
 CLEAN_SECONDS = 0.5
+LIVE_ROUND_SECONDS = 5.0  # the refresher's round while the subscription holds the sets: it only looks for its loss
 
 # KEYS: per channel its fails, cool and probe keys. ARGV: threshold, probe ms.
 # Returns per channel: 0 usable, 1 resting (try last), 2 usable and this request is its probe; then failure counts.
@@ -50,10 +56,12 @@ end
 return {states, counts}
 """
 
-# KEYS: fails, cool, probe. ARGV: threshold, cooldown ms, failures ttl s. Returns {failures, 1 if a rest began}.
+# KEYS: fails, cool, probe. ARGV: threshold, cooldown ms, failures ttl s, the changes' channel, the announcement.
+# Returns {failures, 1 if a rest began}.
 FAILED = """
 local fails = redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 if fails < tonumber(ARGV[1]) then return {fails, 0} end
 local began = redis.call('EXISTS', KEYS[2]) == 0 and 1 or 0
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
@@ -104,9 +112,12 @@ class Cooldown:
         self._scripts = None
         self.redis_down_until = 0.0
         self.on_record = set()  # channels with failures on record in Redis, as this process last saw them
-        self.clean_until = {}  # tuple of channel ids -> monotonic time until which it is taken as clean
-        self.failures_seen = 0  # failed() calls in this process: a refresh that saw one begin renews nothing
-        self.refresher = Refresher("channel cooldowns", self.refresh, lambda: CLEAN_SECONDS / 2)
+        # tuple of channel ids -> (monotonic time until which it is taken as clean, the live subscription under
+        # which Redis showed it clean, which holds it until a failure is announced, or None)
+        self.clean_until = {}
+        self.failures_seen = 0  # failures counted here or announced: a read that saw one begin holds nothing
+        self.refresher = Refresher("channel cooldowns", self.refresh, self.refresh_interval)
+        changes.on("cool", self.heard)
 
     def client(self):
         return self._client if self._client is not None else async_redis()
@@ -133,9 +144,10 @@ class Cooldown:
         if not targets or not self.redis_usable():
             return self.local.order(targets)
         ids = tuple(target.id for target in targets)
-        now = time.monotonic()
+        now, token, seen = time.monotonic(), changes.token(), self.failures_seen
         self.refresher.touch(ids)
-        if self.clean_until.get(ids, 0) > now:
+        clean = self.clean_until.get(ids)
+        if clean is not None and (clean[0] > now or (token is not None and clean[1] == token)):
             return targets
         keys = [name for target in targets for name in _keys(target.id)]
         try:
@@ -149,22 +161,33 @@ class Cooldown:
                 self.on_record.add(target.id)
             else:
                 self.on_record.discard(target.id)
-        if not any(int(count) for count in counts):
-            self.taken_clean(ids, time.monotonic())
+        if not any(int(count) for count in counts) and seen == self.failures_seen:
+            self.taken_clean(ids, time.monotonic(), token)
         resting = {target.id for target, state in zip(targets, states) if int(state) == 1}
         return sorted(targets, key=lambda target: target.id in resting)
 
-    def taken_clean(self, ids, since):
+    def taken_clean(self, ids, since, token=None):
         if len(self.clean_until) > 10_000:
             self.clean_until.clear()
-        self.clean_until[ids] = since + CLEAN_SECONDS
+        self.clean_until[ids] = (since + CLEAN_SECONDS, token)
+
+    def heard(self, ident):
+        """A failure announced by any process (this one's too): no set is taken as clean any more."""
+        self.failures_seen += 1
+        self.clean_until.clear()
+        self.on_record.add(int(ident))
+
+    def refresh_interval(self):
+        return CLEAN_SECONDS / 2 if changes.token() is None else LIVE_ROUND_SECONDS
 
     async def refresh(self):
-        """The refresher's round: the failure counts of the channels of every set ordered lately, in one Redis
-        call; a set with none on record is taken as clean for another CLEAN_SECONDS, any other is dropped (its next
-        request runs the ordering script, probes and rests included)."""
-        now = time.monotonic()
-        sets = self.refresher.in_use()
+        """The refresher's round: the failure counts of the channels of every set ordered lately and not held by
+        the live subscription, in one Redis call; a set with none on record is taken as clean (held by the
+        subscription, or for another CLEAN_SECONDS without one), any other is dropped (its next request runs the
+        ordering script, probes and rests included)."""
+        now, token = time.monotonic(), changes.token()
+        sets = [ids for ids in self.refresher.in_use()
+                if token is None or self.clean_until.get(ids, (0, None))[1] != token]
         if not sets or not self.redis_usable():
             return
         channels = sorted({channel_id for ids in sets for channel_id in ids})
@@ -182,7 +205,7 @@ class Cooldown:
             if failing.intersection(ids):
                 self.clean_until.pop(ids, None)
             else:
-                self.taken_clean(ids, now)
+                self.taken_clean(ids, now, token)
 
     async def failed(self, channel_id):
         """Count a failed request: (consecutive failures, True when it starts a rest)."""
@@ -192,7 +215,7 @@ class Cooldown:
             try:
                 failures, began = await self.scripts()[2](
                     keys=_keys(channel_id), args=[COOLDOWN_AFTER_FAILURES, int(self.seconds * 1000),
-                                                  FAILURES_TTL_SECONDS])
+                                                  FAILURES_TTL_SECONDS, changes.CHANNEL, f"cool:{channel_id}"])
                 self.on_record.add(channel_id)
                 return int(failures), bool(int(began))
             except (RedisError, OSError) as error:

@@ -30,6 +30,7 @@ MAX_QUEUED_SAMPLES = 1000  # drafts waiting beyond this are dropped: a sample is
 _thread = None
 _lock = threading.Lock()
 _stop = threading.Event()
+_queued = threading.Event()  # set by the first row or sample after the thread took the last batch
 _key_used = {}  # key id -> when this process last wrote its last_used_at (monotonic)
 
 
@@ -37,6 +38,7 @@ def record(**fields):
     """Queue one RequestLog row (never blocks)."""
     _ensure_thread()
     _queue.put(fields)
+    _wake()
 
 
 def record_sample(**draft):
@@ -45,6 +47,13 @@ def record_sample(**draft):
         return
     _ensure_thread()
     _samples.put(draft)
+    _wake()
+
+
+def _wake():
+    """Wake the thread for the first row or sample since its last batch (the later ones cost one flag read)."""
+    if not _queued.is_set():
+        _queued.set()
 
 
 def _keep_samples():
@@ -157,9 +166,12 @@ def _write(rows):
 
 def _run():
     while not _stop.is_set():
-        # Rows wait in the queue (where the exit hook finds them) and go in one batch per FLUSH_SECONDS: waking on
-        # the first row wrote batches of one or two rows, a transaction each, most of a row's cost (benchmarks.md).
+        # Asleep until a row comes (an idle process does not wake for nothing), then the rows wait in the queue
+        # (where the exit hook finds them) and go in one batch per FLUSH_SECONDS: writing on the first row wrote
+        # batches of one or two rows, a transaction each, most of a row's cost (docs/benchmarks.md).
+        _queued.wait()
         _stop.wait(FLUSH_SECONDS)
+        _queued.clear()
         while not _stop.is_set() and (rows := _take(BATCH)):
             _write(rows)
         _keep_samples()
@@ -179,6 +191,7 @@ def _keys_used(rows):
 def flush():
     """Stop the thread after its current batch, then write every row still queued."""
     _stop.set()
+    _queued.set()
     thread = _thread
     if thread is not None and thread.is_alive():
         thread.join(EXIT_WAIT_SECONDS)

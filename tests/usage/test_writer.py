@@ -166,3 +166,39 @@ def test_a_row_with_a_name_the_writer_does_not_know_is_refused_as_bulk_create_re
     else:
         raise AssertionError("a row with an unknown name was written")
     assert not RequestLog.objects.exists()
+
+
+IDLE_THEN_RECORD = textwrap.dedent("""
+    import django, time
+    django.setup()
+    from panel.usage import writer
+    from panel.usage.models import RequestLog
+    row = dict(endpoint="chat", model="m", status_code=200, outcome="ok", latency_ms=1.0)
+    writer.record(request_id="first", **row)
+    deadline = time.monotonic() + 10
+    while not RequestLog.objects.filter(request_id="first").exists():
+        assert time.monotonic() < deadline, "the first row was never written"
+        time.sleep(0.05)
+    takes = []
+    take = writer._take
+    writer._take = lambda *args: takes.append(1) or take(*args)
+    time.sleep(1.0)  # five of the writer's batch times with nothing queued
+    idle_takes = len(takes)
+    writer.record(request_id="second", **row)
+    while not RequestLog.objects.filter(request_id="second").exists():
+        assert time.monotonic() < deadline + 10, "the row queued after the idle second was never written"
+        time.sleep(0.05)
+    print("idle takes", idle_takes)
+""")
+
+
+def test_an_idle_writer_sleeps_until_a_row_comes(transactional_db):
+    """The writer thread does not wake every batch time for nothing: with no row queued it looks at the queue not
+    once in a second, and the next row is written as soon as a batch time after it came."""
+    from django.db import connection
+
+    env = panel_env(DATABASE_URL=f"sqlite:///{connection.settings_dict['NAME']}")
+    done = subprocess.run([sys.executable, "-c", IDLE_THEN_RECORD], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "idle takes 0" in done.stdout, done.stdout
