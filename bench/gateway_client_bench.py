@@ -3,7 +3,7 @@ calling the upstream directly and with LiteLLM's proxy, in one run (not a test; 
 
   .venv/bin/python bench/gateway_client_bench.py [--rounds 3] [--requests 100] [--rps-rounds 2] [--seconds 8]
                                                  [--cpu-requests 400] [--cpu-concurrency 8] [--cpu-rounds 1]
-                                                 [--chunk-delay 0.005]
+                                                 [--chunk-delay 0.005] [--idle-seconds 5]
                                                  [--litellm /tmp/litellm-venv/bin/litellm] [--parts ttft,rps,cpu]
                                                  [--gateways make-run,one-worker,two-workers,single,bare-proxy,
                                                              lean-relay,lean-parse,nginx]
@@ -25,7 +25,7 @@ than one, the Prometheus folder, DEBUG off), LiteLLM's proxy (one worker) on the
    supervisor and every worker, every thread, from /proc/<pid>/stat through psutil; LiteLLM's whole tree), read
    before and after --cpu-requests streams at --cpu-concurrency, for 20 and for 200 chunks; a line through both gives
    the fixed cost and the cost per chunk. Reported as measured (idle time included, the reviewer's way) and less the
-   server's idle rate measured just before; the upstream's own CPU per request beside it.
+   server's idle rate measured just before (over --idle-seconds); the upstream's own CPU per request beside it.
 
 Options to find why two measures differ: --gateways make-run,one-worker,two-workers,single,bare-proxy measures, beside
 the gateway as `make run` starts it, the same with one or two workers (TOKENWISE_WEB_PROCESSES), one uvicorn process as
@@ -365,8 +365,8 @@ def cpu_per_request(path, server, fake, chunks, args):
     with streams_ready(path, chunks, args) as go:
         processes, upstream_processes = tree(server.pid), tree(fake.pid)
         idle_before = cpu_seconds(processes)
-        time.sleep(2)
-        idle_rate = (cpu_seconds(processes) - idle_before) / 2
+        time.sleep(args.idle_seconds)
+        idle_rate = (cpu_seconds(processes) - idle_before) / args.idle_seconds
         before, upstream_before = cpu_seconds(processes), cpu_seconds(upstream_processes)
         threads_before = thread_seconds(processes)
         started = time.perf_counter()
@@ -490,6 +490,9 @@ def main():
     parser.add_argument("--rps-rounds", type=int, default=2, help="requests/s rounds, the paths by turns")
     parser.add_argument("--cpu-requests", type=int, default=400, help="streams per CPU measure")
     parser.add_argument("--cpu-concurrency", type=int, default=8, help="concurrency of the CPU measure")
+    parser.add_argument("--idle-seconds", type=float, default=5,
+                        help="seconds over which each CPU measure first reads the server's idle rate (/proc counts "
+                             "10 ms ticks: 2 s read 0, 5 or 10 ms a second)")
     parser.add_argument("--cpu-rounds", type=int, default=1,
                         help="CPU measures, the paths by turns; medians, and each path less the bare proxy by round")
     parser.add_argument("--chunk-delay", type=float, default=0.005, help="seconds between the upstream's pieces")

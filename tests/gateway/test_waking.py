@@ -56,7 +56,7 @@ def trail(row):
 def test_a_request_wakes_the_engine_and_goes_to_the_next_channel_meanwhile(gateway, setup, primary, fallback):
     deployment = asleep(setup, primary, while_waking="fallback")
     response = post(gateway, setup["raw"], CHAT)
-    assert response.status_code == 200, gateway.log()[-3000:]
+    assert response.status_code == 200, (response.text, gateway.log()[-3000:])
     [row] = records()
     assert trail(row) == [("local", "waking"), ("cloud", "ok")] and row.fell_back and row.channel == setup["cloud"]
     assert not primary.requests  # the sleeping engine was not called
