@@ -483,7 +483,18 @@ def settings_import(*, team, user=None, text, replace=False):
                                entries=[(channel, position, 1) for position, channel in enumerate(channels)])
     except ValidationError as error:
         raise ValidationError(errors or error.messages) from None
-    return ImportResult(plan.format, channels, route, list(plan.warnings))
+    return ImportResult(plan.format, channels, route, _warnings(plan, channels))
+
+
+def _warnings(plan, channels):
+    """The file's own warnings, then what the channel form would have said of each channel saved (an environment
+    variable not set where the panel runs, a remote channel without a key...), each once, with its JSON path."""
+    warnings = list(plan.warnings)
+    for spec, channel in zip(plan.channels, channels):
+        for message in channel.warnings:
+            if not any(warning.endswith(message) for warning in warnings):
+                warnings.append(f"{spec.path}: {message}")
+    return warnings
 
 
 # The file has one `timeout_seconds`; the gateway has four budgets per attempt. The file's value becomes the total

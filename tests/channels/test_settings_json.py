@@ -35,8 +35,9 @@ def problems_of(text, **kwargs):
 
 # ------------------------------------------------------------------------------------------------ the seeds' files
 
-def test_it_imports_the_seeds_format_a(team_setup):
+def test_it_imports_the_seeds_format_a(team_setup, monkeypatch):
     team = team_setup["team_a"]
+    monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-from-the-environment")
     result = settings_import(team=team, user=team_setup["alice"], text=SEED_A)
     assert result.format == "A" and result.warnings == []
     local, cloud = result.channels
@@ -71,6 +72,22 @@ def test_it_imports_the_seeds_format_b_with_a_warning_for_the_missing_v1(team_se
     route = Route.objects.get(team=team)
     assert (route.model_name, route.strategy) == ("Qwen/Qwen2.5-7B-Instruct-AWQ", RouteStrategy.PRIORITY)
     assert route.ordered_channels() == [local, cloud]
+
+
+def test_an_import_says_what_the_channel_form_would_say_of_each_channel_once(team_setup, monkeypatch):
+    """The checks a channel gets when it is saved from its form (a key's variable not set where the panel runs, a
+    remote provider without a key) are said by the import too, with the channel's path, and not twice where the
+    file's own check said the same (the missing /v1)."""
+    monkeypatch.delenv("TAOTOKEN_API_KEY", raising=False)
+    result = settings_import(team=team_setup["team_a"], user=team_setup["alice"], text=SEED_A)
+    assert result.warnings == [
+        "$.endpoints.cloud_fallback: TAOTOKEN_API_KEY is not set in the panel's environment: the gateway reports "
+        "this channel as misconfigured until it is set where the panel runs."]
+    result = settings_import(team=team_setup["team_b"], text=SEED_B)
+    assert [w.split(": ")[0] for w in result.warnings] == ["$.channels.taotoken_cloud.base_url",
+                                                           "$.channels.taotoken_cloud"]
+    assert sum("/v1" in warning for warning in result.warnings) == 1
+    assert "TAOTOKEN_API_KEY is not set" in result.warnings[1]
 
 
 def test_the_default_channel_goes_first(team_setup):
