@@ -285,18 +285,12 @@ _versions = {}  # team id -> (checked at, version, the live subscription it was 
 _heard_count = 0  # routing changes announced to this process: a version read across one is not held
 
 
-def _announced(seen, token):
-    """Whether a version read earlier (`seen`) was read under the subscription live now: it holds until its team's
-    next announcement drops it."""
-    return seen is not None and token is not None and seen[2] == token
-
-
 async def _version(team_id, now):
     """The team's routing version (None: unknown), as last read and still held, or read here (the first request of
     a while, or the first after an announced change)."""
     token, heard = changes.token(), _heard_count
     seen = _versions.get(team_id)
-    if _announced(seen, token) or (seen and now - seen[0] < settings.ROUTE_VERSION_CHECK_SECONDS):
+    if seen and (changes.holds(seen[2], token) or now - seen[0] < settings.ROUTE_VERSION_CHECK_SECONDS):
         return seen[1]
     version = (await _read_versions([team_id]))[0]
     if len(_versions) > 10_000:
@@ -353,7 +347,7 @@ async def _refresh():
     after next. A request then finds its route and version fresh in memory."""
     now, token, heard = time.monotonic(), changes.token(), _heard_count
     in_use = REFRESHER.in_use()
-    teams = sorted({key[1] for key in in_use if not _announced(_versions.get(key[1]), token)})
+    teams = sorted({key[1] for key in in_use if not changes.holds(_versions.get(key[1], (0, None, None))[2], token)})
     if teams:
         read = await _read_versions(teams)
         token = token if heard == _heard_count else None

@@ -63,6 +63,12 @@ def token():
     return listener.epoch
 
 
+def holds(read_under, live):
+    """Whether a value read under the subscription numbered `read_under` (token() when it was read) still holds:
+    that subscription is the one live now (`live`, token() now), so every change since was announced to it."""
+    return live is not None and read_under == live
+
+
 class Listener:
     """One subscription to CHANNEL on one event loop, opened again whenever it is lost."""
 

@@ -147,7 +147,7 @@ class Cooldown:
         now, token, seen = time.monotonic(), changes.token(), self.failures_seen
         self.refresher.touch(ids)
         clean = self.clean_until.get(ids)
-        if clean is not None and (clean[0] > now or (token is not None and clean[1] == token)):
+        if clean is not None and (clean[0] > now or changes.holds(clean[1], token)):
             return targets
         keys = [name for target in targets for name in _keys(target.id)]
         try:
@@ -187,7 +187,7 @@ class Cooldown:
         ordering script, probes and rests included)."""
         now, token = time.monotonic(), changes.token()
         sets = [ids for ids in self.refresher.in_use()
-                if token is None or self.clean_until.get(ids, (0, None))[1] != token]
+                if not changes.holds(self.clean_until.get(ids, (0, None))[1], token)]
         if not sets or not self.redis_usable():
             return
         channels = sorted({channel_id for ids in sets for channel_id in ids})
